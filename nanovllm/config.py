@@ -1,0 +1,59 @@
+"""EngineConfig: every knob of the engine in one place, checked once.
+
+Names follow vLLM's engine arguments so that what a learner tunes here carries over:
+`block_size`, `num_kv_blocks` (vLLM: `num_gpu_blocks_override`), `max_num_seqs`,
+`max_num_batched_tokens`, `max_model_len`, `enable_prefix_caching`, `enable_chunked_prefill`,
+`dtype`, `seed`, plus `attention_backend` ("torch" or "triton").
+
+The KV cache is sized either by `num_kv_blocks` directly or by `kv_cache_memory_bytes` (a memory
+budget, converted into blocks once the model's shape is known). A bad value is a `ValueError`
+that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # checkpoint folder; None = the embedded default model
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None  # used when num_kv_blocks is None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    dtype: str = "float32"
+    seed: int = 0
+    attention_backend: str | None = None  # None: the fastest where we run
+    device: str | None = None  # None: cuda if available, else cpu
+    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.num_kv_blocks is not None and (
+            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
+        ):
+            raise ValueError(f"num_kv_blocks must be an int >= 1, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes!r}"
+            )
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(f"max_model_len must be an int >= 1, got {self.max_model_len!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(
+                f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"
+            )
+        if self.attention_backend not in (None, "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
+            )

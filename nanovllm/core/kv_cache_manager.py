@@ -1,0 +1,268 @@
+"""KVCacheManager: who owns which block of the paged KV cache.
+
+This is PagedAttention's bookkeeping, all on the CPU. The cache itself (the big K/V tensors) lives
+with the model executor; here we only decide which physical block holds which request's tokens.
+
+- A request's `block_table` lists its physical block ids; logical block i (its tokens
+  i*block_size ... (i+1)*block_size - 1) lives in physical block `block_table[i]`, so token t goes
+  to slot `block_table[t // block_size] * block_size + t % block_size`.
+- A request grows one block at a time, and only when its last block is full, so at most
+  block_size - 1 slots per request are ever wasted (internal fragmentation).
+- Blocks are reference counted. With prefix caching on, a full block is registered under a hash
+  of its tokens and everything before them (`block_hash.py`); a new request whose prompt starts
+  with the same full blocks reuses them instead of computing them again.
+- Freed blocks go back to the tail of the `FreeBlockQueue` *with their hash*: they stay reusable
+  until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
+  freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
+
+Every operation on the hot path is O(1) per block touched: no list scans, no `list.remove`.
+"""
+
+from __future__ import annotations
+
+from nanovllm.core.block_hash import extend_block_hashes, short
+from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
+from nanovllm.events import (
+    BlockAllocated,
+    BlockCached,
+    BlockEvicted,
+    BlockFreed,
+    CacheHit,
+    EventBus,
+)
+from nanovllm.request import Request
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        events: EventBus | None = None,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.events = events or EventBus()
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeBlockQueue(self.blocks)
+        # Prefix cache: block hash -> the block holding those tokens (full blocks only).
+        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        # Per request: its blocks (the block table), the hashes of its full blocks so far,
+        # how many of its blocks are registered in the cache, and how many slots hold tokens.
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_block_hashes: dict[str, list[bytes]] = {}
+        self.req_num_cached_blocks: dict[str, int] = {}
+        self.req_num_filled_slots: dict[str, int] = {}
+        # Running counters, so usage figures are O(1) per step.
+        self.num_cached_free_blocks = 0  # in the free queue but still holding a cached prefix
+        self.num_extra_refs = 0  # sum over blocks of max(ref_cnt - 1, 0): sharing
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def get_block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def num_filled_slots(self) -> int:
+        """Slots in used blocks that hold a token's KV (a shared block counts once)."""
+        return sum(self.req_num_filled_slots.values()) - self.num_extra_refs * self.block_size
+
+    def num_allocated_slots(self) -> int:
+        return self.num_used_blocks * self.block_size
+
+    # --- prefix cache lookup ----------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached full blocks that starts `request`'s tokens.
+
+        Returns the blocks and how many tokens they cover. At least one token is always left
+        to compute: the step must end on a real forward pass that produces the next logits.
+        Nothing is allocated or referenced here; `allocate_slots` does that.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.num_tokens)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        computed: list[KVCacheBlock] = []
+        for i, block_hash in enumerate(hashes[:max_blocks]):
+            block = self.cached_block_hash_to_block.get(block_hash)
+            # Compare the tokens too, not only the hash: a hash collision must not serve the
+            # wrong KV. (The parent matches because the hash chains it.)
+            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
+            if block is None or block.token_ids != tokens:
+                break
+            computed.append(block)
+        return computed, len(computed) * self.block_size
+
+    # --- allocation -------------------------------------------------------------------------
+
+    def can_fit(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens of `request` (after its computed ones).
+
+        `new_computed_blocks` are prefix-cache hits from `get_computed_blocks` for a request
+        being admitted. Returns the newly taken blocks, or None (and changes nothing) when there
+        are not enough free blocks: the scheduler then preempts someone or waits.
+        """
+        new_computed_blocks = new_computed_blocks or []
+        req_id = request.request_id
+        blocks = self.req_to_blocks.setdefault(req_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total_tokens = num_computed + num_new_tokens
+        num_required = -(-total_tokens // self.block_size)  # ceil division
+        num_new_blocks = max(num_required - len(blocks) - len(new_computed_blocks), 0)
+        # A cache hit on a *free* block takes it out of the free queue as well.
+        num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks + num_hits_on_free > self.num_free_blocks:
+            if not blocks:
+                del self.req_to_blocks[req_id]
+            return None
+
+        emit = self.events.active
+        for block in new_computed_blocks:
+            was_free = block.ref_cnt == 0
+            self._touch(block)
+            blocks.append(block)
+            if emit:
+                self.events.emit(
+                    CacheHit(req_id, block.block_id, len(blocks) - 1, was_free, block.ref_cnt)
+                )
+
+        new_blocks = []
+        for _ in range(num_new_blocks):
+            block = self.free_block_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            blocks.append(block)
+            new_blocks.append(block)
+            if emit:
+                self.events.emit(BlockAllocated(req_id, block.block_id, len(blocks) - 1))
+
+        self.req_num_filled_slots[req_id] = total_tokens
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, blocks, total_tokens)
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Let go of all of `request`'s blocks, tail first (the tail is evicted first)."""
+        req_id = request.request_id
+        blocks = self.req_to_blocks.pop(req_id, [])
+        emit = self.events.active
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt > 0:
+                self.num_extra_refs -= 1
+            else:
+                self.free_block_queue.append(block)
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks += 1
+            if emit:
+                self.events.emit(
+                    BlockFreed(req_id, block.block_id, block.ref_cnt, block.block_hash is not None)
+                )
+        self.req_to_block_hashes.pop(req_id, None)
+        self.req_num_cached_blocks.pop(req_id, None)
+        self.req_num_filled_slots.pop(req_id, None)
+
+    def uncache_blocks(self, request: Request, first_token: int) -> None:
+        """Drop from the prefix cache the request's blocks holding tokens from `first_token` on.
+
+        Used when a forward pass failed: those blocks were registered when scheduled but their
+        KV may never have been written.
+        """
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[first_token // self.block_size :]:
+            if block.block_hash is not None and block.ref_cnt == 1:
+                self._evict(block)
+        num_cached = self.req_num_cached_blocks.get(request.request_id, 0)
+        self.req_num_cached_blocks[request.request_id] = min(
+            num_cached, first_token // self.block_size
+        )
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix of a free block (e.g. after the weights change)."""
+        for block in self.free_block_queue.get_all_free_blocks():
+            if block.block_hash is not None:
+                self._evict(block)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _touch(self, block: KVCacheBlock) -> None:
+        if block.ref_cnt == 0:
+            self.free_block_queue.remove(block)  # O(1): out of the middle of the queue
+            self.num_cached_free_blocks -= 1  # only cached blocks are ever hit
+        else:
+            self.num_extra_refs += 1
+        block.ref_cnt += 1
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        assert block.block_hash is not None
+        if self.cached_block_hash_to_block.get(block.block_hash) is block:
+            del self.cached_block_hash_to_block[block.block_hash]
+        if self.events.active:
+            self.events.emit(BlockEvicted(block.block_id, short(block.block_hash)))
+        if block.ref_cnt == 0:
+            self.num_cached_free_blocks -= 1
+        block.block_hash = None
+        block.token_ids = None
+
+    def _cache_full_blocks(
+        self, request: Request, blocks: list[KVCacheBlock], num_tokens: int
+    ) -> None:
+        """Register the request's newly full blocks in the prefix cache.
+
+        Blocks are registered as soon as the tokens filling them are scheduled: the forward pass
+        writes every new K/V before any attention reads the cache, so even a request admitted
+        later in the same step may share them.
+        """
+        req_id = request.request_id
+        num_full = num_tokens // self.block_size
+        start = self.req_num_cached_blocks.get(req_id, 0)
+        if num_full <= start:
+            return
+        hashes = self.req_to_block_hashes.setdefault(req_id, [])
+        extend_block_hashes(
+            hashes, request.all_token_ids, self.block_size, num_full * self.block_size
+        )
+        emit = self.events.active
+        for i in range(start, num_full):
+            block = blocks[i]
+            if block.block_hash is not None:
+                continue  # a prefix-cache hit: already registered
+            block_hash = hashes[i]
+            if block_hash in self.cached_block_hash_to_block:
+                continue  # the same tokens are cached in another block; keep that one
+            block.block_hash = block_hash
+            block.token_ids = tuple(
+                request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            )
+            self.cached_block_hash_to_block[block_hash] = block
+            if emit:
+                self.events.emit(BlockCached(req_id, block.block_id, short(block_hash)))
+        self.req_num_cached_blocks[req_id] = num_full

@@ -1,0 +1,244 @@
+"""Scheduler: every step, decide which requests run and for how many tokens.
+
+This is continuous batching. There is no "batch" that starts and ends together: each step the
+scheduler fills a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`)
+
+1. first with the *running* requests, in the order they were admitted: one token each for those
+   decoding, the next chunk for those still prefilling;
+2. then with *waiting* requests, in arrival order, as long as budget and free KV blocks allow.
+
+So a request that finishes frees its place at once and a waiting one joins in the very next step;
+prefills and decodes share a step. A prompt longer than the remaining budget is prefilled a chunk
+at a time over several steps (chunked prefill).
+
+Everything is phrased with one number per request, `num_computed_tokens`: a request is given
+`num_tokens - num_computed_tokens` tokens (capped by the budget). When it has caught up, the step
+samples its next token.
+
+When the KV cache cannot hold the next tokens of the running requests, the most recently
+admitted running request is *preempted*: its blocks are freed, it goes back to the front of the
+waiting queue with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus the
+tokens it had already produced. Because the recomputed KV is the same, its output is exactly
+what it would have been without preemption.
+
+Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
+length of the waiting queue; aborted waiting requests are dropped lazily when they reach its head.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from nanovllm.config import EngineConfig
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
+from nanovllm.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's part of a step."""
+
+    request: Request
+    num_new_tokens: int  # tokens to compute this step
+    num_computed_tokens: int  # tokens whose KV was already in the cache before this step
+    block_table: list[int]  # physical block ids, logical order
+    # True when this step reaches the end of the request's known tokens: sample the next one.
+    samples: bool
+    # Decode = exactly the one token sampled last step; anything else computes prompt (or
+    # recomputes lost) tokens: a prefill, and a prefill *chunk* when it does not sample.
+    is_prefill: bool
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    schedule_time: float = 0.0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager, events: EventBus):
+        self.config = config
+        self.kv = kv_cache_manager
+        self.events = events
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
+        self.running: list[Request] = []  # in admission order: the last is preempted first
+        self.requests: dict[str, Request] = {}  # every unfinished request by id
+        self.step_count = 0
+        # Statistics, in tokens and events, for metrics and the benchmark.
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # --- queue management ---------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        self.num_waiting += 1
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        """End `request` in any state: free its blocks at once and drop it from the queues."""
+        if request.status == RequestStatus.FINISHED:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)  # O(max_num_seqs), not O(waiting)
+        else:
+            self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.request_id]
+        if self.events.active:
+            self.events.emit(
+                RequestFinished(
+                    self.step_count,
+                    request.request_id,
+                    str(reason),
+                    request.num_prompt_tokens,
+                    request.num_output_tokens,
+                )
+            )
+
+    # --- the step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        start = time.perf_counter()
+        self.step_count += 1
+        out = SchedulerOutput(step=self.step_count)
+        budget = self.max_num_batched_tokens
+
+        # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding).
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Make room in the KV cache, preempting the newest running request until it fits.
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                break  # it preempted itself: nobody left to make room
+            self._add_to_step(out, request, num_new)
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, in arrival order. Not when we just preempted: memory is tight.
+        while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self._peek_waiting()
+            if request is None:
+                break
+            computed_blocks, num_cached = [], 0
+            if request.num_computed_tokens == 0:
+                computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break  # without chunking a prompt must fit in one step's budget
+                num_new = budget
+            if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
+                break  # not enough free blocks: wait for running requests to finish
+            self.waiting.popleft()
+            self.num_waiting -= 1
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            request.num_cached_tokens = num_cached
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_cached
+            self._add_to_step(out, request, num_new)
+            budget -= num_new
+
+        out.schedule_time = time.perf_counter() - start
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance `num_computed_tokens` and append the sampled tokens.
+
+        Returns the requests that received a token this step. Stop conditions are checked by the
+        engine, which owns the tokenizer (stop strings need text).
+        """
+        got_token = []
+        for s in out.scheduled:
+            request = s.request
+            request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            if s.samples:
+                request.append_output_token(sampled[request.request_id])
+                got_token.append(request)
+        return got_token
+
+    def rollback_step(self, out: SchedulerOutput) -> None:
+        """Undo a step whose forward pass failed: its requests will recompute from scratch.
+
+        Their blocks may hold half-written KV, so the blocks this step was filling leave the
+        prefix cache, and the requests are preempted (freed, back to the front of the queue).
+        Nothing they had produced is lost, and no block leaks.
+        """
+        for s in reversed(out.scheduled):
+            if s.request.status != RequestStatus.RUNNING:
+                continue
+            self.kv.uncache_blocks(s.request, first_token=s.num_computed_tokens)
+            self.running.remove(s.request)
+            self._preempt(s.request)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _peek_waiting(self) -> Request | None:
+        while self.waiting and self.waiting[0].status == RequestStatus.FINISHED:
+            self.waiting.popleft()  # an aborted request, dropped lazily
+        return self.waiting[0] if self.waiting else None
+
+    def _add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        computed = request.num_computed_tokens
+        samples = computed + num_new == request.num_tokens
+        is_prefill = not (num_new == 1 and samples and computed > 0)
+        block_table = self.kv.get_block_table(request.request_id)
+        out.scheduled.append(
+            ScheduledRequest(request, num_new, computed, block_table, samples, is_prefill)
+        )
+        if self.events.active:
+            self.events.emit(
+                RequestScheduled(
+                    self.step_count,
+                    request.request_id,
+                    num_new,
+                    computed,
+                    is_prefill,
+                    is_prefill and not samples,
+                )
+            )
+
+    def _preempt(self, request: Request) -> None:
+        lost = request.num_computed_tokens
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.num_waiting += 1
+        if self.events.active:
+            self.events.emit(RequestPreempted(self.step_count, request.request_id, lost))

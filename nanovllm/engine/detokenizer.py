@@ -1,0 +1,85 @@
+"""Incremental detokenization and stop strings: turning a growing list of tokens into text.
+
+Decoding the whole output again after every token costs O(n) per token. Instead we keep two
+offsets into the output tokens and decode only a short window:
+
+    tokens:  ... [prefix_offset ........ read_offset ........ end]
+                  '--- already emitted ---''---- new tokens ----'
+
+    new text = decode(window) minus decode(window up to read_offset)
+
+The window starts a little before the new tokens because a token's text can depend on its
+neighbours. And with a byte-level BPE a single character can span several tokens (an "é" is two
+bytes): while the decoded window ends in U+FFFD, the replacement for an incomplete UTF-8
+sequence, we emit nothing and wait for the next token.
+
+Stop strings: the output text is searched for every stop string; the text is cut before the
+match and the request finishes. So that a stop string is never streamed out *partially*, the last
+`len(longest stop string) - 1` characters are held back until more text shows they are not the
+start of a stop string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DetokenizerState:
+    text: str = ""  # the output text so far (after any stop-string cut)
+    prefix_offset: int = 0
+    read_offset: int = 0
+    num_streamed_chars: int = 0  # how much of `text` has been handed to the caller
+    stop_checked_upto: int = 0
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+
+    def step(self, state: DetokenizerState, output_ids: list[int]) -> str:
+        """Append the text of the newest token(s) to `state.text`; return what was added."""
+        prefix_text = self._decode(output_ids[state.prefix_offset : state.read_offset])
+        new_text = self._decode(output_ids[state.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""  # an incomplete character (or a token with no text): wait
+        delta = new_text[len(prefix_text) :]
+        state.text += delta
+        state.prefix_offset = state.read_offset
+        state.read_offset = len(output_ids)
+        return delta
+
+
+def find_stop_string(
+    state: DetokenizerState, stop: tuple[str, ...], include_in_output: bool
+) -> str | None:
+    """If the text now contains a stop string, cut the text there and return that string."""
+    if not stop:
+        return None
+    longest = max(len(s) for s in stop)
+    start = max(state.stop_checked_upto - longest + 1, 0)
+    best: tuple[int, str] | None = None
+    for s in stop:
+        idx = state.text.find(s, start)
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, s)
+    state.stop_checked_upto = len(state.text)
+    if best is None:
+        return None
+    idx, s = best
+    state.text = state.text[: idx + len(s)] if include_in_output else state.text[:idx]
+    return s
+
+
+def take_streamable(state: DetokenizerState, stop: tuple[str, ...], finished: bool) -> str:
+    """The text that can be streamed now: all of it when finished, else all but a stop-length tail."""
+    end = len(state.text)
+    if not finished and stop:
+        end = max(end - (max(len(s) for s in stop) - 1), state.num_streamed_chars)
+    chunk = state.text[state.num_streamed_chars : end]
+    state.num_streamed_chars = end
+    return chunk

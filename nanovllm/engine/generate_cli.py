@@ -1,0 +1,98 @@
+"""`nanovllm generate "prompt"`: stream a completion to the terminal as it is produced."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine options shared by every command that starts an engine."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--no-chunked-prefill", action="store_true")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    return dict(
+        model=args.model,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        seed=args.seed,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", default=None, help="the prompt (or use --prompt-file)")
+    parser.add_argument(
+        "--prompt-file", type=Path, default=None, help="read the prompt from a UTF-8 file"
+    )
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument(
+        "--sample-seed", type=int, default=None, help="seed of this request's sampling"
+    )
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nanovllm import SamplingParams
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+
+    if args.prompt_file is not None:
+        try:
+            prompt = args.prompt_file.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            print(
+                f"error: prompt file {str(args.prompt_file)!r} is not UTF-8 text: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        except OSError as exc:
+            print(
+                f"error: cannot read prompt file {str(args.prompt_file)!r}: {exc}", file=sys.stderr
+            )
+            return 2
+    else:
+        prompt = args.prompt if args.prompt is not None else "ROMEO:\n"
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.sample_seed,
+            stop=args.stop,
+        )
+        engine = LLMEngine(EngineConfig(**engine_options(args)))
+        engine.add_request("0", prompt, params)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(prompt)
+    for output in engine.stream():
+        sys.stdout.write(output.delta_text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

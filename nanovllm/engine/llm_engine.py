@@ -1,0 +1,425 @@
+"""LLMEngine: the engine core. Requests in, one step at a time, tokens out.
+
+    add_request ──> Scheduler (waiting -> running)          KVCacheManager (blocks, prefix cache)
+                        │ each step: who runs, how many tokens  │
+                        v                                      │
+                    ModelRunner: flat batch -> forward (paged attention) -> logits -> sample
+                        │
+                        v
+    step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
+
+`step()` runs exactly one iteration of continuous batching and returns a `RequestOutput` for
+each request that made progress (got a token, or finished). `stream()` wraps it for callers that
+want text as it appears. Every state change is published as an event (`subscribe`).
+
+Input checking lives here, at the door: a bad request is rejected with a `ValueError` naming the
+bad value (and a `RequestRejected` event) before it takes anything, so it never disturbs the
+requests already running.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from nanovllm.config import EngineConfig
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.engine.detokenizer import (
+    DetokenizerState,
+    IncrementalDetokenizer,
+    find_stop_string,
+    take_streamable,
+)
+from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from nanovllm.events import (
+    EngineStarted,
+    Event,
+    EventBus,
+    RequestAdded,
+    RequestRejected,
+    StepSummary,
+    TokenEmitted,
+)
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.models.llama import ModelArgs
+from nanovllm.models.loader import DTYPES, load_config, load_model, load_tokenizer
+from nanovllm.request import FinishReason, Request, RequestStatus
+from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("nanovllm")
+
+Prompt = str | list[int] | dict
+
+
+def default_model_path() -> Path:
+    import nanovllm.default_model
+
+    return Path(nanovllm.default_model.__file__).parent
+
+
+def pick_attention_backend(requested: str | None, device: torch.device) -> str:
+    """The fastest backend where we run: Triton's kernels on a GPU, plain torch on a CPU.
+
+    (On a CPU Triton can only run through its interpreter, thousands of times slower.)
+    """
+    if requested is not None:
+        return requested
+    if device.type == "cuda":
+        from nanovllm.kernels.triton_setup import triton_available
+
+        if triton_available():
+            return "triton"
+    return "torch"
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.events = EventBus()
+        path = Path(config.model) if config.model else default_model_path()
+        self.model_path = path
+        hf_config = load_config(path)
+        args = ModelArgs.from_config(hf_config)
+        self.model_args = args
+
+        if config.max_model_len is None:
+            self.max_model_len = args.max_position_embeddings
+        elif config.max_model_len > args.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's limit "
+                f"(max_position_embeddings={args.max_position_embeddings})"
+            )
+        else:
+            self.max_model_len = config.max_model_len
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={config.max_num_batched_tokens} is smaller than "
+                f"max_model_len={self.max_model_len}; without chunked prefill a whole prompt must "
+                "fit in one step"
+            )
+
+        self.device = torch.device(
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        dtype = config.dtype if config.dtype != "auto" else "float32"
+        self.dtype = DTYPES[dtype]
+        if config.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.attention_backend = pick_attention_backend(config.attention_backend, self.device)
+        if self.attention_backend == "triton":
+            from nanovllm.kernels.paged_attention import check_supported
+
+            check_supported(config.block_size, args.head_dim)
+
+        self.tokenizer = load_tokenizer(path)
+        self.eos_token_id = self._find_eos(hf_config)
+        self.model = load_model(
+            path, dtype, self.device, self.attention_backend, self.max_model_len
+        )
+
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.runner = ModelRunner(
+            self.model, self.num_kv_blocks, config.block_size, self.dtype, self.device
+        )
+        self.kv_cache_manager = KVCacheManager(
+            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
+        )
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events)
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self._detok: dict[str, DetokenizerState] = {}
+        self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
+        self._arrivals = 0
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self.started_event = EngineStarted(
+            model=path.name,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            attention_backend=self.attention_backend,
+        )
+        capacity = self.num_kv_blocks * config.block_size
+        logger.info(
+            "nanovllm: %s on %s (%s), attention backend %r; KV cache %d blocks x %d = %d tokens, "
+            "%.1fx concurrency at max_model_len=%d",
+            path.name, self.device, dtype, self.attention_backend, self.num_kv_blocks,
+            config.block_size, capacity, capacity / self.max_model_len, self.max_model_len,
+        )  # fmt: skip
+
+    @classmethod
+    def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
+        return cls(EngineConfig(model=model, **kwargs))
+
+    # --- setup helpers --------------------------------------------------------------------------
+
+    def _find_eos(self, hf_config: dict) -> int | None:
+        eos = hf_config.get("eos_token_id")
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return eos
+
+    def _num_kv_blocks(self) -> int:
+        config = self.config
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks
+        per_block = ModelRunner.kv_bytes_per_block(self.model_args, config.block_size, self.dtype)
+        budget = config.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * 0.5)
+            else:
+                budget = 512 * 2**20
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes={budget} is too small for a single KV block "
+                f"({per_block} bytes at block_size={config.block_size})"
+            )
+        # More than every sequence at full length could ever use is wasted memory.
+        useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
+        return int(min(num_blocks, useful))
+
+    # --- events -------------------------------------------------------------------------------
+
+    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+        """Receive every event from now on (first, the `EngineStarted` description)."""
+        fn(self.started_event)
+        return self.events.subscribe(fn)
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams | None = None
+    ) -> Request:
+        """Validate and queue a request. Raises ValueError (naming the bad value) if it can't run."""
+        try:
+            request = self._make_request(str(request_id), prompt, params or SamplingParams())
+        except ValueError as exc:
+            if self.events.active:
+                self.events.emit(RequestRejected(str(request_id), str(exc)))
+            raise
+        self.scheduler.add_request(request)
+        self._detok[request.request_id] = DetokenizerState()
+        if self.events.active:
+            self.events.emit(
+                RequestAdded(
+                    request.request_id,
+                    request.prompt,
+                    request.num_prompt_tokens,
+                    request.max_tokens,
+                )
+            )
+        return request
+
+    def _make_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"sampling params must be a SamplingParams, got {type(params).__name__}"
+            )
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        text, token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError(f"prompt {prompt!r} is empty: it has no tokens")
+        vocab = self.model_args.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
+                "(at least one token must be generated)"
+            )
+        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n)
+        capacity = self.num_kv_blocks * self.config.block_size
+        if n + max_tokens - 1 > capacity:
+            raise ValueError(
+                f"prompt of {n} tokens plus max_tokens={max_tokens} needs {n + max_tokens - 1} KV "
+                f"slots, more than the whole KV cache ({capacity} = {self.num_kv_blocks} blocks "
+                f"x {self.config.block_size})"
+            )
+        seed = params.seed
+        if seed is None and not params.greedy:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self._arrivals += 1
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            arrival_index=self._arrivals,
+            prompt=text,
+            max_tokens=max_tokens,
+            eos_token_id=self.eos_token_id,
+            generator=generator,
+        )
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+            raise ValueError(
+                f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys {list(prompt)}"
+            )
+        if isinstance(prompt, list | tuple):
+            return None, list(prompt)
+        raise ValueError(
+            f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+        )
+
+    def abort_request(self, request_id: str) -> RequestOutput:
+        """Abort a request in any state; its blocks are freed at once."""
+        request = self.scheduler.requests.get(str(request_id))
+        if request is None:
+            raise ValueError(f"cannot abort unknown request id {request_id!r}")
+        self.scheduler.finish_request(request, FinishReason.ABORT)
+        output = self._make_output(request, "", [])
+        self._detok.pop(request.request_id, None)
+        self._pending.append(output)
+        return output
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.running) + self.scheduler.num_waiting
+
+    # --- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        try:
+            sampled, logprobs = self.runner.execute(sched)
+        except Exception:
+            self.scheduler.rollback_step(sched)
+            raise
+        forward_time = self.runner.last_forward_time + self.runner.last_sample_time
+        emit = self.events.active
+        for request in self.scheduler.update_from_output(sched, sampled):
+            token = request.output_token_ids[-1]
+            if request.request_id in logprobs:
+                request.logprobs.append(logprobs[request.request_id])
+            delta, finished = self._process_token(request, token)
+            if emit:
+                self.events.emit(
+                    TokenEmitted(
+                        sched.step, request.request_id, token, delta, request.num_output_tokens
+                    )
+                )
+            if finished is not None:
+                self.scheduler.finish_request(request, finished)
+            outputs.append(self._make_output(request, delta, [token]))
+            if finished is not None:
+                self._detok.pop(request.request_id, None)
+        if emit:
+            self.events.emit(self._summary(sched, forward_time))
+        self.last_schedule_time = sched.schedule_time
+        self.last_forward_time = forward_time
+        return outputs
+
+    def _process_token(self, request: Request, token: int) -> tuple[str, FinishReason | None]:
+        """Detokenize the new token and decide whether the request is done."""
+        params = request.sampling_params
+        state = self._detok[request.request_id]
+        self.detokenizer.skip_special_tokens = params.skip_special_tokens
+        self.detokenizer.step(state, request.output_token_ids)
+        finished: FinishReason | None = None
+        if not params.ignore_eos and token == request.eos_token_id:
+            finished = FinishReason.STOP
+        elif token in params.stop_token_ids:
+            finished, request.stop_reason = FinishReason.STOP, token
+        elif (
+            stop := find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
+        ) is not None:
+            finished, request.stop_reason = FinishReason.STOP, stop
+        elif request.num_output_tokens >= request.max_tokens:
+            finished = FinishReason.LENGTH
+        if finished is not None:
+            request.finish_reason = finished
+        delta = take_streamable(state, params.stop_strings, finished is not None)
+        return delta, finished
+
+    def _make_output(self, request: Request, delta: str, delta_ids: list[int]) -> RequestOutput:
+        state = self._detok.get(request.request_id)
+        logprobs = None
+        if request.sampling_params.logprobs is not None:
+            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in request.logprobs]
+        completion = CompletionOutput(
+            index=0,
+            text=state.text if state else "",
+            token_ids=list(request.output_token_ids),
+            logprobs=logprobs,
+            finish_reason=str(request.finish_reason) if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=request.status == RequestStatus.FINISHED,
+            num_cached_tokens=request.num_cached_tokens,
+            delta_text=delta,
+            delta_token_ids=delta_ids,
+        )
+
+    def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:
+        kv = self.kv_cache_manager
+        scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
+        num_decode = sum(1 for s in sched.scheduled if not s.is_prefill)
+        return StepSummary(
+            step=sched.step,
+            scheduled=scheduled,
+            num_prefill_tokens=sched.num_scheduled_tokens - num_decode,
+            num_decode_tokens=num_decode,
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            num_used_blocks=kv.num_used_blocks,
+            num_cached_free_blocks=kv.num_cached_free_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_allocated_slots=kv.num_allocated_slots(),
+            num_filled_slots=kv.num_filled_slots(),
+            schedule_time=sched.schedule_time,
+            forward_time=forward_time,
+            num_preempted=len(sched.preempted),
+            token_budget=self.config.max_num_batched_tokens,
+            free_queue_head=tuple(kv.free_block_queue.peek(8)),
+        )
+
+    # --- streaming ------------------------------------------------------------------------------
+
+    def stream(self) -> Iterator[RequestOutput]:
+        """Step until every request is done, yielding each output as soon as it is produced.
+
+        `output.delta_text` is the new text since that request's previous output (never a
+        partial stop string, never half a UTF-8 character).
+        """
+        while self.has_unfinished_requests() or self._pending:
+            yield from self.step()
+
+    def run_until_done(self) -> dict[str, RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests() or self._pending:
+            for output in self.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return final

@@ -1,0 +1,299 @@
+"""Typed engine events: every state change of the engine, as data.
+
+The engine never draws anything and never knows who is watching. Instead, every time its state
+changes (a request arrives, a block leaves the free queue, a token is sampled ...) it emits one
+small frozen dataclass through a single subscription point, the `EventBus`. The visualizer, the
+lessons, the server's `/events` stream and the tests all consume these events; none of them
+reaches into engine internals. That keeps the dependency arrow pointing one way
+(`nanovllm` <- `viz`, `lessons`) and makes a run replayable: a recorded list of events *is* the
+run.
+
+Cost when nobody listens: the engine checks `bus.active` (a plain attribute) before it builds an
+event, so with no subscriber an event costs one attribute read.
+
+Block events follow the free block queue exactly, so a consumer can rebuild the queue's order:
+the queue starts as blocks 0..N-1 from head to tail; `BlockAllocated(from_free_queue=True)` takes
+the head (preceded by `BlockEvicted` when that block still held a cached prefix), a `CacheHit`
+with `was_free=True` pulls a block out of the middle, and `BlockFreed` with `ref_count == 0`
+appends a block at the tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base class. `kind` names the event in traces (JSON lines) and on the wire."""
+
+    kind: ClassVar[str] = "event"
+
+
+# --- engine and request lifecycle ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineStarted(Event):
+    """The engine is ready: the shape of its KV cache and its scheduling limits."""
+
+    kind: ClassVar[str] = "engine_started"
+    model: str
+    num_kv_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    attention_backend: str
+
+
+@dataclass(frozen=True)
+class RequestAdded(Event):
+    kind: ClassVar[str] = "request_added"
+    request_id: str
+    prompt: str | None
+    num_prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestRejected(Event):
+    """`add_request` refused the request; nothing was allocated for it."""
+
+    kind: ClassVar[str] = "request_rejected"
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestScheduled(Event):
+    """The scheduler picked this request for the current step, for `num_tokens` tokens.
+
+    `num_computed_tokens` is how many of its tokens already had KV in the cache before this step.
+    A prefill is `is_prefill`; it is a *chunk* when it does not reach the end of the prompt.
+    """
+
+    kind: ClassVar[str] = "request_scheduled"
+    step: int
+    request_id: str
+    num_tokens: int
+    num_computed_tokens: int
+    is_prefill: bool
+    is_chunk: bool
+
+
+@dataclass(frozen=True)
+class RequestPreempted(Event):
+    """Out of KV blocks: the request lost its blocks and went back to the front of the queue."""
+
+    kind: ClassVar[str] = "request_preempted"
+    step: int
+    request_id: str
+    num_computed_tokens_lost: int
+
+
+@dataclass(frozen=True)
+class TokenEmitted(Event):
+    kind: ClassVar[str] = "token_emitted"
+    step: int
+    request_id: str
+    token_id: int
+    text_delta: str
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestFinished(Event):
+    """`finish_reason` is one of "stop" (EOS, stop token or stop string), "length", "abort"."""
+
+    kind: ClassVar[str] = "request_finished"
+    step: int
+    request_id: str
+    finish_reason: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+# --- KV cache blocks ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockAllocated(Event):
+    """`request_id` now holds `block_id` as its logical block `logical_index`.
+
+    `from_free_queue` is True when the block came off the head of the free queue (a fresh block);
+    prefix-cache hits are reported as `CacheHit` instead.
+    """
+
+    kind: ClassVar[str] = "block_allocated"
+    request_id: str
+    block_id: int
+    logical_index: int
+    from_free_queue: bool = True
+
+
+@dataclass(frozen=True)
+class CacheHit(Event):
+    """A prefix-cache hit: the request reuses `block_id`, whose tokens match its own.
+
+    `was_free` means the block sat in the free queue (ref count 0) and was pulled out of the
+    middle; otherwise another running request holds it too and it is now shared.
+    """
+
+    kind: ClassVar[str] = "cache_hit"
+    request_id: str
+    block_id: int
+    logical_index: int
+    was_free: bool
+    ref_count: int
+
+
+@dataclass(frozen=True)
+class BlockFreed(Event):
+    """`request_id` let go of `block_id`. At `ref_count == 0` the block joined the queue's tail.
+
+    `cached` says the block keeps its prefix-cache hash (it can still be hit until evicted).
+    """
+
+    kind: ClassVar[str] = "block_freed"
+    request_id: str
+    block_id: int
+    ref_count: int
+    cached: bool
+
+
+@dataclass(frozen=True)
+class BlockCached(Event):
+    """A block became full and was registered in the prefix cache under its hash."""
+
+    kind: ClassVar[str] = "block_cached"
+    request_id: str
+    block_id: int
+    block_hash: str
+
+
+@dataclass(frozen=True)
+class BlockEvicted(Event):
+    """A cached-but-free block was handed out again, so its cached prefix is forgotten."""
+
+    kind: ClassVar[str] = "block_evicted"
+    block_id: int
+    block_hash: str
+
+
+# --- once per step ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSummary(Event):
+    """What one engine step did, and what the KV cache looks like afterwards.
+
+    `scheduled` maps request id -> tokens computed this step. Times are seconds.
+    KV usage: blocks `used` (ref count > 0), `cached_free` (free but still holding a cached
+    prefix), `free` (everything in the free queue, cached ones included). Slots: token slots in
+    allocated blocks vs slots that hold a token's KV (their gap is internal fragmentation).
+    """
+
+    kind: ClassVar[str] = "step_summary"
+    step: int
+    scheduled: dict[str, int]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_cached_free_blocks: int
+    num_free_blocks: int
+    num_allocated_slots: int
+    num_filled_slots: int
+    schedule_time: float
+    forward_time: float
+    num_preempted: int = 0
+    token_budget: int = 0
+    free_queue_head: tuple[int, ...] = field(default_factory=tuple)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        EngineStarted,
+        RequestAdded,
+        RequestRejected,
+        RequestScheduled,
+        RequestPreempted,
+        TokenEmitted,
+        RequestFinished,
+        BlockAllocated,
+        CacheHit,
+        BlockFreed,
+        BlockCached,
+        BlockEvicted,
+        StepSummary,
+    )
+}
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """A JSON-ready dict: the event's fields plus `"kind"`."""
+    data = dataclasses.asdict(event)
+    data["kind"] = event.kind
+    return data
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Inverse of `event_to_dict` (tuples come back from JSON as lists; fix those)."""
+    data = dict(data)
+    cls = EVENT_TYPES.get(data.pop("kind", ""))
+    if cls is None:
+        raise ValueError(f"unknown event kind in {data!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    if "free_queue_head" in kwargs:
+        kwargs["free_queue_head"] = tuple(kwargs["free_queue_head"])
+    return cls(**kwargs)
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """The engine's one subscription point.
+
+    `subscribe(fn)` returns a function that unsubscribes. `emit` calls every subscriber in
+    order. A subscriber that raises is *reported* (to stderr and in `errors`) and never raised
+    into the engine step: a broken visualizer must not kill a server.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+        self.active = False  # read by emitters before they build an event
+        self.errors: list[str] = []
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(fn)
+        self.active = True
+
+        def unsubscribe() -> None:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+            self.active = bool(self._subscribers)
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> None:
+        for fn in list(self._subscribers):
+            try:
+                fn(event)
+            except Exception as exc:  # noqa: BLE001 - a subscriber's bug is reported, not raised
+                message = f"event subscriber {fn!r} raised {type(exc).__name__}: {exc}"
+                if len(self.errors) < 100:
+                    self.errors.append(message)
+                print(message, file=sys.stderr)
+                traceback.print_exc(limit=3, file=sys.stderr)

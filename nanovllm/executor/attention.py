@@ -1,0 +1,203 @@
+"""Paged attention: write this step's K/V into the block cache, then attend through block tables.
+
+A step's batch is *flat*: the new tokens of every scheduled request are concatenated, with no
+padding. Request i owns query rows `query_start_loc[i] : query_start_loc[i + 1]`; its context
+(everything already cached plus these new tokens) is `seq_lens[i]` tokens long and lives in the
+physical blocks listed in `block_tables[i]`. Query token j of request i sits at position
+`seq_lens[i] - q_len_i + j` and attends causally to positions 0 .. that position.
+
+One interface serves every case the scheduler produces:
+- prefill      (q_len == seq_len: nothing cached before),
+- chunked prefill and prefix-cache hits (1 < q_len < seq_len: part of the context is cached),
+- decode       (q_len == 1).
+
+Two backends implement it:
+- "torch": plain PyTorch. Fresh prefills attend over their own new K/V directly (no need to read
+  them back from the cache); decodes are batched into one padded gather through the block
+  tables; chunks with cached context gather their context per request. The default on a CPU.
+- "triton": the kernels in `nanovllm.kernels` (compiled on a GPU; on a CPU they run through
+  Triton's interpreter, thousands of times slower: a teaching and correctness path).
+
+Both first store the new K/V through `slot_mapping`, so the cache is complete before any request
+reads it, even a request that shares a block filled by another request in the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs about the step's layout (built by the ModelRunner)."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+    seq_lens: torch.Tensor  # [num_seqs] int32: context length after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    # The same facts as Python lists, so the torch path can plan without device syncs.
+    seq_lens_list: list[int]
+    query_lens_list: list[int]
+    query_start_list: list[int]
+    decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
+    decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
+    prefill_seq_indices: list[int]  # sequences with q_len > 1
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_list)
+
+
+class TorchAttention:
+    """The PyTorch backend (see the module docstring)."""
+
+    name = "torch"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        if meta.decode_token_indices.numel() > 0:
+            out[meta.decode_token_indices] = self._decode(q, key_cache, value_cache, meta)
+        for i in meta.prefill_seq_indices:
+            start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
+            seq_len = meta.seq_lens_list[i]
+            rows = slice(start, start + q_len)
+            if q_len == seq_len:
+                # Fresh prefill: its whole context is the new tokens themselves.
+                out[rows] = self._sdpa(q[rows], k[rows], v[rows], causal=True)
+            else:
+                # Part of the context is cached (an earlier chunk or a prefix-cache hit).
+                ctx_k, ctx_v = gather_context(key_cache, value_cache, meta.block_tables[i], seq_len)
+                q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+                mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+                out[rows] = self._sdpa(q[rows], ctx_k, ctx_v, mask=mask)
+        return out
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,  # [q_len, num_heads, head_dim]
+        k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        causal: bool = False,
+        mask: torch.Tensor | None = None,  # [q_len, kv_len] bool, True = attend
+    ) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),  # [num_heads, q_len, head_dim]
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out.transpose(0, 1)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """All decoding requests at once: one padded gather through their block tables."""
+        seqs = meta.decode_seq_indices
+        block_tables = meta.block_tables[seqs]  # [num_decodes, max_blocks]
+        seq_lens = meta.seq_lens[seqs]  # [num_decodes]
+        num_decodes, max_blocks = block_tables.shape
+        block_size = key_cache.shape[1]
+        # [num_decodes, max_blocks * block_size, num_kv_heads, head_dim]
+        keys = key_cache[block_tables].reshape(
+            num_decodes, max_blocks * block_size, self.num_kv_heads, self.head_dim
+        )
+        values = value_cache[block_tables].reshape(keys.shape)
+        group = self.num_heads // self.num_kv_heads
+        # [num_decodes, num_kv_heads, group, head_dim]: query heads grouped by their KV head
+        queries = q[meta.decode_token_indices].view(
+            num_decodes, self.num_kv_heads, group, self.head_dim
+        )
+        scores = torch.einsum("nkgd,nlkd->nkgl", queries.float(), keys.float()) * self.scale
+        valid = torch.arange(keys.shape[1], device=q.device)[None, :] < seq_lens[:, None]
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out = torch.einsum("nkgl,nlkd->nkgd", probs, values.float())
+        return out.reshape(num_decodes, self.num_heads, self.head_dim).to(q.dtype)
+
+
+class TritonAttention:
+    """The Triton backend: same interface, the kernels of `nanovllm.kernels`."""
+
+    name = "triton"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        from nanovllm.kernels import paged_attention, store_kvcache
+
+        self._paged_attention = paged_attention
+        self._store_kvcache = store_kvcache
+        self.scale = scale
+
+    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        self._store_kvcache(k, v, key_cache, value_cache, meta.slot_mapping)
+        return self._paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.scale,
+        )
+
+
+def store_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens]
+) -> None:
+    """Write each new token's K and V into its slot (a view of the cache as one long row)."""
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_context(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [max_blocks]
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's K and V for positions 0 .. seq_len-1, read through its block table."""
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    num_blocks = -(-seq_len // block_size)
+    blocks = block_table[:num_blocks].long()
+    keys = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    values = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    return keys, values  # [seq_len, num_kv_heads, head_dim] each
+
+
+def make_attention(
+    backend: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
+) -> TorchAttention | TritonAttention:
+    if backend == "torch":
+        return TorchAttention(num_heads, num_kv_heads, head_dim, scale)
+    if backend == "triton":
+        return TritonAttention(num_heads, num_kv_heads, head_dim, scale)
+    raise ValueError(f"attention_backend must be 'torch' or 'triton', got {backend!r}")

@@ -1,0 +1,136 @@
+"""ModelRunner: turns the scheduler's decision into tensors, runs the model, samples.
+
+Each step the scheduler says "request A: compute 512 tokens starting at 0; request B: 1 token
+starting at 37; ...". The ModelRunner:
+
+1. builds the step's inputs with no padding: one flat list of token ids for all requests, their
+   positions, the cache slot each new token's K/V goes to (`slot_mapping`), the block tables,
+   context lengths and where each request's queries start;
+2. runs the forward pass over the flat batch, with paged attention against the KV cache it owns
+   (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
+   head_dim]);
+3. computes logits only for the rows that produce a token: the last scheduled token of each
+   request that has caught up. A prefill chunk that does not reach the end of its prompt, and
+   every prompt token but the last, need no logits (for a 4k vocabulary and a 2k-token prefill
+   that is most of the LM head's work saved);
+4. samples one token per such request.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.attention import AttentionMetadata
+from nanovllm.executor.sampler import Sampler
+from nanovllm.models.llama import CausalLM
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.sampler = Sampler()
+        args = model.args
+        shape = (num_blocks, block_size, args.num_key_value_heads, args.head_dim)
+        # The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks.
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(args.num_hidden_layers)
+        ]
+        self.last_forward_time = 0.0
+        self.last_sample_time = 0.0
+
+    @staticmethod
+    def kv_bytes_per_block(model_args, block_size: int, dtype: torch.dtype) -> int:
+        per_token = (
+            2 * model_args.num_hidden_layers * model_args.num_key_value_heads * model_args.head_dim
+        )
+        return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+
+    def prepare_inputs(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The step's flat tensors. Returns input_ids, positions, metadata and logits rows."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        seq_lens: list[int] = []
+        query_lens: list[int] = []
+        query_starts: list[int] = [0]
+        logits_rows: list[int] = []
+        for s in out.scheduled:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            input_ids.extend(s.request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            seq_lens.append(end)
+            query_lens.append(s.num_new_tokens)
+            query_starts.append(query_starts[-1] + s.num_new_tokens)
+            if s.samples:
+                logits_rows.append(query_starts[-1] - 1)  # the request's last new token
+
+        device = self.device
+        max_blocks = max(len(s.block_table) for s in out.scheduled)
+        block_tables = torch.tensor(
+            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
+            dtype=torch.int32,
+        )  # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
+        positions_t = torch.tensor(positions, dtype=torch.int64)  # [num_tokens]
+        # Which request each token belongs to, then its slot through that request's block table.
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(len(query_lens)), torch.tensor(query_lens)
+        )
+        block_ids = block_tables[seq_of_token, positions_t // self.block_size].long()
+        slot_mapping = block_ids * self.block_size + positions_t % self.block_size  # [num_tokens]
+
+        decode_seqs = [i for i, n in enumerate(query_lens) if n == 1]
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(device),
+            block_tables=block_tables.to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
+            query_start_loc=torch.tensor(query_starts, dtype=torch.int32).to(device),
+            seq_lens_list=seq_lens,
+            query_lens_list=query_lens,
+            query_start_list=query_starts,
+            decode_seq_indices=torch.tensor(decode_seqs, dtype=torch.int64).to(device),
+            decode_token_indices=torch.tensor(
+                [query_starts[i] for i in decode_seqs], dtype=torch.int64
+            ).to(device),
+            prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
+        )
+        input_ids_t = torch.tensor(input_ids, dtype=torch.int64).to(device)
+        return input_ids_t, positions_t.to(device), meta, logits_rows
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
+        """Run one step. Returns {request_id: sampled token} and {request_id: logprobs}."""
+        start = time.perf_counter()
+        input_ids, positions, meta, logits_rows = self.prepare_inputs(out)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        sampling = [s.request for s in out.scheduled if s.samples]
+        if not sampling:
+            self.last_forward_time = time.perf_counter() - start
+            self.last_sample_time = 0.0
+            return {}, {}
+        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        mid = time.perf_counter()
+        tokens, logprobs = self.sampler(logits, sampling)
+        self.last_forward_time = mid - start
+        self.last_sample_time = time.perf_counter() - mid
+        sampled = {r.request_id: t for r, t in zip(sampling, tokens)}
+        lps = {r.request_id: lp for r, lp in zip(sampling, logprobs) if lp is not None}
+        return sampled, lps

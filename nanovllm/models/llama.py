@@ -1,0 +1,215 @@
+"""The decoder: one compact implementation of Llama, Qwen2 and Qwen3.
+
+These three architectures are the same transformer with small switches:
+
+    tokens -> embed -> [ RMSNorm -> attention (RoPE, GQA, paged KV) -> + residual
+                         RMSNorm -> SwiGLU MLP                      -> + residual ] x L
+           -> RMSNorm -> lm_head -> logits
+
+- Llama: no biases (unless `attention_bias`), optional Llama 3 RoPE scaling.
+- Qwen2: biases on the q, k and v projections.
+- Qwen3: a per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`), no biases.
+
+Unlike a training model, the forward pass takes a *flat* batch: `input_ids` and `positions` are
+1-D over all of the step's tokens from all requests (no padding, no batch dimension). Everything
+per-token (projections, norms, MLP) does not care which request a token belongs to; only
+attention does, and it learns the layout from `AttentionMetadata`.
+
+Parameter names equal Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
+checkpoint's state dict loads directly. transformers is never used for this forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.executor.attention import AttentionMetadata, make_attention
+from nanovllm.models.rotary import RotaryEmbedding
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass
+class ModelArgs:
+    """The shape of the model, read from a checkpoint's config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_parameters: dict
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelArgs:
+        archs = config.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs!r}: nanovllm runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        hidden = config["hidden_size"]
+        heads = config["num_attention_heads"]
+        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+        rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+        attention_bias = bool(config.get("attention_bias", False))
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        return cls(
+            architecture=arch,
+            vocab_size=config["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            rope_parameters=rope,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=is_qwen2 or attention_bias,
+            o_bias=attention_bias and not is_qwen2,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+        )
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 for stability."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, backend: str) -> None:
+        super().__init__()
+        self.num_heads = args.num_attention_heads
+        self.num_kv_heads = args.num_key_value_heads
+        self.head_dim = args.head_dim
+        self.q_proj = nn.Linear(
+            args.hidden_size, self.num_heads * self.head_dim, bias=args.qkv_bias
+        )
+        self.k_proj = nn.Linear(
+            args.hidden_size, self.num_kv_heads * self.head_dim, bias=args.qkv_bias
+        )
+        self.v_proj = nn.Linear(
+            args.hidden_size, self.num_kv_heads * self.head_dim, bias=args.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+        self.attn = make_attention(
+            backend, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size]
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [n, heads, head_dim]
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, backend: str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, backend)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, positions, rotary, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, args: ModelArgs, backend: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, backend) for _ in range(args.num_hidden_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The whole model. `forward` gives hidden states; `compute_logits` the chosen rows' logits."""
+
+    def __init__(
+        self, args: ModelArgs, backend: str = "torch", max_position: int | None = None
+    ) -> None:
+        super().__init__()
+        self.args = args
+        self.model = DecoderModel(args, backend)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(
+            args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (key_cache, value_cache)
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, positions, self.rotary, kv_cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [num_sampled, hidden_size] -> [num_sampled, vocab_size], in fp32 for sampling
+        return self.lm_head(hidden).float()

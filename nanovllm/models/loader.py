@@ -1,0 +1,115 @@
+"""Loading a Hugging Face checkpoint folder: config, safetensors weights and tokenizer.
+
+A checkpoint folder holds `config.json` (the architecture and its shape), the weights as
+safetensors (one `model.safetensors`, or shards listed in `model.safetensors.index.json`) and
+the tokenizer files. Everything is read from local files only: nanovllm never downloads.
+
+Every way this can go wrong is a `ModelLoadError` that names the file, architecture or tensor
+at fault, because "KeyError: 'model.layers.3.mlp.up_proj.weight'" teaches nobody anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from nanovllm.models.llama import CausalLM, ModelArgs
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint folder that nanovllm cannot load, and why."""
+
+
+def load_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {str(path)!r} is not a folder")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"missing file {str(config_file)!r}")
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{str(config_file)!r} is not valid JSON: {exc}") from exc
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, sharded or not."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    elif (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    else:
+        raise ModelLoadError(f"missing weights: no model.safetensors or index in {str(path)!r}")
+    for f in files:
+        if not f.is_file():
+            raise ModelLoadError(f"missing weight shard {str(f)!r}")
+    return files
+
+
+def load_weights(model: CausalLM, path: Path) -> None:
+    """Copy every tensor of the checkpoint into `model`, checking names and shapes."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for file in weight_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    if name not in params:
+                        if "rotary_emb" in name:
+                            continue  # old checkpoints store RoPE tables; we compute them
+                        raise ModelLoadError(f"unexpected tensor {name!r} in {str(file)!r}")
+                    tensor = f.get_tensor(name)
+                    param = params[name]
+                    if tuple(tensor.shape) != tuple(param.shape):
+                        raise ModelLoadError(
+                            f"tensor {name!r} in {str(file)!r} has shape {tuple(tensor.shape)}, "
+                            f"expected {tuple(param.shape)}"
+                        )
+                    with torch.no_grad():
+                        param.copy_(tensor.to(param.dtype))
+                    loaded.add(name)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # a truncated or corrupt file
+            raise ModelLoadError(f"cannot read weights from {str(file)!r}: {exc}") from exc
+    if model.args.tie_word_embeddings:
+        loaded.add("lm_head.weight")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:5])
+        raise ModelLoadError(f"checkpoint {str(path)!r} lacks {len(missing)} tensors: {shown}")
+
+
+def load_model(
+    path: str | Path, dtype: str, device: torch.device, backend: str, max_position: int
+) -> CausalLM:
+    path = Path(path)
+    args = ModelArgs.from_config(load_config(path))
+    torch_dtype = DTYPES[dtype]
+    with torch.device(device):
+        model = CausalLM(args, backend, max_position=max_position)
+    model.to(torch_dtype)
+    load_weights(model, path)
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer, through transformers' AutoTokenizer, local files only."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not any(
+        (path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")
+    ):
+        raise ModelLoadError(f"missing tokenizer: no tokenizer.json in {str(path)!r}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer in {str(path)!r}: {exc}") from exc

@@ -1,0 +1,92 @@
+"""SamplingParams: how one request turns logits into tokens, and when it stops.
+
+The names and meanings are vLLM's, so code written against nanovllm carries over:
+
+- `temperature` 0 means greedy (argmax); otherwise logits are divided by it before sampling.
+- `top_k` keeps the k most likely tokens (-1 or 0: all), `top_p` the smallest set whose
+  probability reaches p, `min_p` drops tokens less likely than `min_p` times the top token.
+- `seed` gives the request its own random generator, so its tokens do not depend on what else
+  happens to share the batch.
+- `max_tokens` caps the output; `stop` strings end it (and are never streamed out, not even
+  partially); `stop_token_ids` and, unless `ignore_eos`, the model's EOS token end it too.
+- `logprobs`: for each generated token, the log-probabilities of the `logprobs` most likely
+  tokens (plus the sampled one).
+
+Every value is checked when the object is built: a bad value is a `ValueError` that names it,
+before the request ever reaches the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    _stop: tuple[str, ...] = field(init=False, repr=False, default=())
+
+    def __post_init__(self) -> None:
+        if self.n != 1:
+            raise ValueError(f"n={self.n!r}: only n=1 is supported")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(
+                f"top_k must be -1 (disabled), 0 (disabled) or >= 1, got {self.top_k!r}"
+            )
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        stop = self.stop
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if any(s == "" for s in stop):
+            raise ValueError(f"stop strings must not be empty, got {self.stop!r}")
+        self._stop = tuple(stop)
+        ids = self.stop_token_ids or []
+        if not isinstance(ids, list | tuple) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(
+                f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}"
+            )
+        self.stop_token_ids = list(ids)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return self._stop
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
