@@ -289,11 +289,15 @@ class EventBus:
 
     def emit(self, event: Event) -> None:
         for fn in list(self._subscribers):
-            try:
-                fn(event)
-            except Exception as exc:  # noqa: BLE001 - a subscriber's bug is reported, not raised
-                message = f"event subscriber {fn!r} raised {type(exc).__name__}: {exc}"
-                if len(self.errors) < 100:
-                    self.errors.append(message)
-                print(message, file=sys.stderr)
-                traceback.print_exc(limit=3, file=sys.stderr)
+            self.send_to(fn, event)
+
+    def send_to(self, fn: Subscriber, event: Event) -> None:
+        """Deliver one event to one subscriber, reporting (not raising) what it raises."""
+        try:
+            fn(event)
+        except Exception as exc:  # noqa: BLE001 - a subscriber's bug is reported, not raised
+            message = f"event subscriber {fn!r} raised {type(exc).__name__}: {exc}"
+            if len(self.errors) < 100:
+                self.errors.append(message)
+            print(message, file=sys.stderr)
+            traceback.print_exc(limit=3, file=sys.stderr)

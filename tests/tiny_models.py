@@ -15,27 +15,38 @@ from pathlib import Path
 
 import torch
 
-from nanovllm.engine.llm_engine import default_model_path
-
 VOCAB_SIZE = 256
 
 
+TRAINING_TEXT = (
+    "ROMEO:\nBut soft, what light through yonder window breaks?\n"
+    "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n"
+    "Caf\u00e9, na\u00efve, d\u00e9j\u00e0 vu \u2014 \u00ab quotes \u00bb and \u65e5\u672c\u8a9e.\n"
+) * 20
+
+
 def make_tokenizer_files(path: Path) -> None:
-    """Copy the embedded model's tokenizer when it exists; else a byte-level one of 256 tokens."""
-    src = default_model_path()
-    if (src / "tokenizer.json").is_file():
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (src / name).is_file():
-                (path / name).write_text((src / name).read_text())
-        return
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """A byte-level BPE tokenizer (like the embedded model's), trained in milliseconds.
+
+    Ids 0 and 1 are BOS and EOS. Byte-level means any text round-trips, and one character can
+    span several tokens (so the incremental detokenizer's multi-byte handling is exercised).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"<{i}>": i for i in range(VOCAB_SIZE)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>", bos_token="<0>").save_pretrained(path)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE + 64,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TRAINING_TEXT], trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(path)
 
 
 def make_model(

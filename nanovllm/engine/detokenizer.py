@@ -41,11 +41,15 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
-    def step(self, state: DetokenizerState, output_ids: list[int]) -> str:
-        """Append the text of the newest token(s) to `state.text`; return what was added."""
+    def step(self, state: DetokenizerState, output_ids: list[int], final: bool = False) -> str:
+        """Append the text of the newest token(s) to `state.text`; return what was added.
+
+        `final`: the request is over, so an incomplete character will never complete; flush it
+        (as U+FFFD), making the text equal to a full decode of the output.
+        """
         prefix_text = self._decode(output_ids[state.prefix_offset : state.read_offset])
         new_text = self._decode(output_ids[state.prefix_offset :])
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""  # an incomplete character (or a token with no text): wait
         delta = new_text[len(prefix_text) :]
         state.text += delta

@@ -45,8 +45,7 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.models.llama import ModelArgs
-from nanovllm.models.loader import DTYPES, load_config, load_model, load_tokenizer
+from nanovllm.models.loader import DTYPES, load_model, load_model_args, load_tokenizer
 from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.sampling_params import SamplingParams
 
@@ -82,8 +81,7 @@ class LLMEngine:
         self.events = EventBus()
         path = Path(config.model) if config.model else default_model_path()
         self.model_path = path
-        hf_config = load_config(path)
-        args = ModelArgs.from_config(hf_config)
+        hf_config, args = load_model_args(path)
         self.model_args = args
 
         if config.max_model_len is None:
@@ -194,7 +192,7 @@ class LLMEngine:
 
     def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
         """Receive every event from now on (first, the `EngineStarted` description)."""
-        fn(self.started_event)
+        self.events.send_to(fn, self.started_event)
         return self.events.subscribe(fn)
 
     # --- requests -------------------------------------------------------------------------------
@@ -342,19 +340,20 @@ class LLMEngine:
         state = self._detok[request.request_id]
         self.detokenizer.skip_special_tokens = params.skip_special_tokens
         self.detokenizer.step(state, request.output_token_ids)
+        stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
         finished: FinishReason | None = None
-        if not params.ignore_eos and token == request.eos_token_id:
+        if stop is not None:
+            finished, request.stop_reason = FinishReason.STOP, stop
+        elif not params.ignore_eos and token == request.eos_token_id:
             finished = FinishReason.STOP
         elif token in params.stop_token_ids:
             finished, request.stop_reason = FinishReason.STOP, token
-        elif (
-            stop := find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
-        ) is not None:
-            finished, request.stop_reason = FinishReason.STOP, stop
         elif request.num_output_tokens >= request.max_tokens:
             finished = FinishReason.LENGTH
         if finished is not None:
             request.finish_reason = finished
+            if stop is None:  # (a stop-string cut already decided the final text)
+                self.detokenizer.step(state, request.output_token_ids, final=True)
         delta = take_streamable(state, params.stop_strings, finished is not None)
         return delta, finished
 

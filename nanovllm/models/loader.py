@@ -37,6 +37,17 @@ def load_config(path: Path) -> dict:
         raise ModelLoadError(f"{str(config_file)!r} is not valid JSON: {exc}") from exc
 
 
+def load_model_args(path: Path) -> tuple[dict, ModelArgs]:
+    """The checkpoint's config.json, and the model shape nanovllm reads from it."""
+    config = load_config(path)
+    try:
+        return config, ModelArgs.from_config(config)
+    except KeyError as exc:
+        raise ModelLoadError(f"config.json in {str(path)!r} lacks the field {exc}") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{exc} (in {str(path / 'config.json')!r})") from exc
+
+
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint, sharded or not."""
     index = path / "model.safetensors.index.json"
@@ -91,7 +102,7 @@ def load_model(
     path: str | Path, dtype: str, device: torch.device, backend: str, max_position: int
 ) -> CausalLM:
     path = Path(path)
-    args = ModelArgs.from_config(load_config(path))
+    _, args = load_model_args(path)
     torch_dtype = DTYPES[dtype]
     with torch.device(device):
         model = CausalLM(args, backend, max_position=max_position)

@@ -1,0 +1,35 @@
+"""Shared test setup: a deterministic hypothesis profile and tiny checkpoints.
+
+CI runs with `HYPOTHESIS_PROFILE=ci` (set by .ci/run): derandomized, so a run is reproducible,
+with no deadline (a 2-core CI machine has noisy timing). Locally the default profile explores
+with fresh random examples each run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_models`
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer random Llama (GQA 4:2, head_dim 16) saved with transformers."""
+    from tiny_models import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama")

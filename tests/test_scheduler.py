@@ -1,0 +1,193 @@
+"""The scheduler under random arrivals, lengths, aborts and tiny KV budgets.
+
+No neural network is needed to test scheduling. A `FakeRunner` stands in for the model executor
+but keeps a *real* paged cache: each step it writes every scheduled token id into its slot
+(through the block table, as the real slot mapping does), and when a request samples, it reads
+the request's whole context back through its block table and checks it against the request's
+tokens. The next token is a fixed function of that context. So the oracle is exact: every
+request's output must equal what the same function gives when run alone, one token at a time,
+whatever batching, chunking, preemption and prefix caching happened in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from nanovllm.config import EngineConfig
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.events import EventBus
+from nanovllm.request import FinishReason, Request, RequestStatus
+from nanovllm.sampling_params import SamplingParams
+
+VOCAB = 5
+
+
+def next_token(context: list[int]) -> int:
+    """The fake model: a deterministic function of the whole context."""
+    return hashlib.sha256(bytes(context)).digest()[0] % VOCAB
+
+
+def reference_output(prompt: list[int], max_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(next_token(tokens))
+    return tokens[len(prompt) :]
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.cache: list[int | None] = [None] * (num_blocks * block_size)
+
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        bs = self.block_size
+        for s in out.scheduled:  # write every new token first (as every layer does)
+            for pos in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens):
+                slot = s.block_table[pos // bs] * bs + pos % bs
+                self.cache[slot] = s.request.all_token_ids[pos]
+        sampled = {}
+        for s in out.scheduled:
+            seq_len = s.num_computed_tokens + s.num_new_tokens
+            context = [self.cache[s.block_table[p // bs] * bs + p % bs] for p in range(seq_len)]
+            assert context == s.request.all_token_ids[:seq_len], "the paged cache holds wrong KV"
+            if s.samples:
+                sampled[s.request.request_id] = next_token(context)
+        return sampled
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(4, 24),
+        budget=st.integers(1, 24),
+        max_num_seqs=st.integers(1, 6),
+        chunked=st.booleans(),
+        prefix_caching=st.booleans(),
+    )
+    def setup(self, block_size, num_blocks, budget, max_num_seqs, chunked, prefix_caching) -> None:
+        if not chunked:
+            budget = max(budget, num_blocks * block_size)  # a whole prompt must fit a step
+        self.config = EngineConfig(
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=chunked,
+            enable_prefix_caching=prefix_caching,
+        )
+        bus = EventBus()
+        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching, bus)
+        self.scheduler = Scheduler(self.config, self.kv, bus)
+        self.runner = FakeRunner(num_blocks, block_size)
+        self.capacity = num_blocks * block_size
+        self.counter = 0
+        self.finished: dict[str, Request] = {}
+        self.aborted: set[str] = set()
+        self.steps_since_progress = 0
+
+    @rule(
+        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 8),
+    )
+    def add(self, prompt: list[int], max_tokens: int) -> None:
+        if len(prompt) + max_tokens - 1 > self.capacity:
+            return  # the engine rejects these at the door (tested elsewhere)
+        self.counter += 1
+        req = Request(
+            f"r{self.counter}", prompt, SamplingParams(max_tokens=max_tokens), self.counter
+        )
+        req.max_tokens = max_tokens
+        self.scheduler.add_request(req)
+
+    @precondition(lambda self: self.scheduler.requests)
+    @rule(data=st.data())
+    def abort(self, data) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.scheduler.requests)))
+        self.scheduler.finish_request(self.scheduler.requests[rid], FinishReason.ABORT)
+        self.aborted.add(rid)
+
+    @rule(n=st.integers(1, 4))
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self._one_step()
+
+    def _one_step(self) -> None:
+        out = self.scheduler.schedule()
+        assert out.num_scheduled_tokens <= self.config.max_num_batched_tokens
+        assert len(out.scheduled) <= self.config.max_num_seqs
+        assert len(self.scheduler.running) <= self.config.max_num_seqs
+        if self.scheduler.has_unfinished_requests():
+            assert not out.is_empty, "work is waiting but nothing was scheduled: a stall"
+        sampled = self.runner.execute(out)
+        for req in self.scheduler.update_from_output(out, sampled):
+            if req.num_output_tokens >= req.max_tokens:
+                self.scheduler.finish_request(req, FinishReason.LENGTH)
+                self.finished[req.request_id] = req
+
+    @invariant()
+    def queues_are_consistent(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        s = self.scheduler
+        live_waiting = [r for r in s.waiting if r.status != RequestStatus.FINISHED]
+        assert len(live_waiting) == s.num_waiting
+        assert {r.request_id for r in live_waiting} | {r.request_id for r in s.running} == set(
+            s.requests
+        )
+        for r in s.running:
+            assert r.status == RequestStatus.RUNNING
+        holders = set(self.kv.req_to_blocks)
+        assert holders <= {r.request_id for r in s.running}, "only running requests hold blocks"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        # Every request finishes within a bounded number of steps once arrivals stop.
+        pending = sum(r.num_tokens + r.max_tokens for r in self.scheduler.requests.values())
+        bound = 10 * (pending + 10) * (self.scheduler.num_preemptions + 2)
+        steps = 0
+        while self.scheduler.has_unfinished_requests():
+            self._one_step()
+            steps += 1
+            assert steps < bound, "requests did not finish: starvation or livelock"
+        assert self.kv.num_free_blocks == self.kv.num_blocks, "a block leaked"
+        for rid, req in self.finished.items():
+            assert req.output_token_ids == reference_output(req.prompt_token_ids, req.max_tokens), (
+                rid
+            )
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=25, deadline=None
+)
+TestScheduler = SchedulerMachine.TestCase
+
+
+def test_preemption_happens_and_resumed_requests_finish_correctly() -> None:
+    """A deliberate squeeze: 4 requests, room for about one. Preemption must occur."""
+    config = EngineConfig(block_size=2, num_kv_blocks=6, max_num_batched_tokens=64, max_num_seqs=4)
+    bus = EventBus()
+    kv = KVCacheManager(6, 2, True, bus)
+    scheduler = Scheduler(config, kv, bus)
+    runner = FakeRunner(6, 2)
+    requests = []
+    for i in range(4):
+        req = Request(f"r{i}", [i % VOCAB, 1, 2], SamplingParams(max_tokens=8), i)
+        req.max_tokens = 8
+        scheduler.add_request(req)
+        requests.append(req)
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        for req in scheduler.update_from_output(out, runner.execute(out)):
+            if req.num_output_tokens >= req.max_tokens:
+                scheduler.finish_request(req, FinishReason.LENGTH)
+    assert scheduler.num_preemptions > 0
+    assert any(r.num_preemptions > 0 for r in requests)
+    for req in requests:
+        assert req.output_token_ids == reference_output(req.prompt_token_ids, 8)
+    assert kv.num_free_blocks == 6
