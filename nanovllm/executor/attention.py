@@ -132,12 +132,16 @@ class TorchAttention:
         queries = q[meta.decode_token_indices].view(
             num_decodes, self.num_kv_heads, group, self.head_dim
         )
-        scores = torch.einsum("nkgd,nlkd->nkgl", queries.float(), keys.float()) * self.scale
-        valid = torch.arange(keys.shape[1], device=q.device)[None, :] < seq_lens[:, None]
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        probs = scores.softmax(dim=-1)
-        out = torch.einsum("nkgl,nlkd->nkgd", probs, values.float())
-        return out.reshape(num_decodes, self.num_heads, self.head_dim).to(q.dtype)
+        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
+        out = torch.empty_like(queries)
+        # One batched matmul per KV head. `keys[:, :, h]` is a strided view ([n, L, head_dim]
+        # with a row stride of num_kv_heads * head_dim) that BLAS reads in place: no copy.
+        for h in range(self.num_kv_heads):
+            k_h, v_h = keys[:, :, h], values[:, :, h]  # [n, L, head_dim]
+            scores = torch.bmm(queries[:, h], k_h.transpose(1, 2)).float() * self.scale  # [n, g, L]
+            scores.masked_fill_(invalid[:, None, :], float("-inf"))
+            out[:, h] = torch.bmm(scores.softmax(dim=-1).to(v_h.dtype), v_h)  # [n, g, head_dim]
+        return out.view(num_decodes, self.num_heads, self.head_dim)
 
 
 class TritonAttention:
