@@ -9,6 +9,7 @@ Each subcommand lives beside the code it drives and is imported only when used, 
     nanovllm bench      throughput and latency against peers (bench/)
     nanovllm lesson     the course (lessons/)
     nanovllm microbench the block manager's per-operation cost (core/microbench.py)
+    nanovllm stress     step time with 10,000 waiting, and a soak run (engine/stress.py)
 
 A subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
 """
@@ -29,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("nanovllm.bench.cli", "benchmark nanovllm side by side with its peers"),
     "lesson": ("nanovllm.lessons.cli", "the step-by-step course: list, run and check lessons"),
     "microbench": ("nanovllm.core.microbench", "cost per block allocate / free / cache hit"),
+    "stress": ("nanovllm.engine.stress", "step time under a long queue; a soak run with aborts"),
 }
 
 
