@@ -32,6 +32,7 @@ def llm(tiny_llama) -> LLM:
         (dict(stop=""), "stop"),
         (dict(logprobs=-1), "logprobs"),
         (dict(seed="x"), "seed"),
+        (dict(seed=2**64), "seed"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),
         (dict(temperature=float("nan")), "temperature"),
     ],

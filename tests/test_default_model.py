@@ -142,3 +142,19 @@ def test_greedy_generation_continues_the_prompt(tokenizer, model) -> None:
     new = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert out.shape[1] > prompt["input_ids"].shape[1]
     assert any(c.isalpha() for c in new)
+
+
+@torch.no_grad()
+def test_a_finished_scene_ends_on_eos(tokenizer, model) -> None:
+    # Documents are scenes, trained as BOS scene EOS: after a scene's closing stage direction the
+    # most likely next token is EOS, so requests can finish before max_tokens.
+    scene = (
+        "SCENE IX. Another part of the Plain.\n\n[Enter ANTONY and ENOBARBUS.]\n\n"
+        "ANTONY.\nSet we our squadrons on yon side o' the hill,\n"
+        "In eye of Caesar's battle; from which place\nWe may the number of the ships behold,\n"
+        "And so proceed accordingly.\n\n[Exeunt.]\n"
+    )
+    ids = torch.tensor([tokenizer.encode(scene)])
+    probs = model(input_ids=ids).logits[0, -1].softmax(-1)
+    assert probs.argmax().item() == tokenizer.eos_token_id
+    assert probs[tokenizer.eos_token_id] > 0.5

@@ -56,6 +56,7 @@ def assert_still_serves(engine: LLMEngine, clean_output: list[int]) -> None:
         ({"wrong": 1}, GREEDY, "wrong"),
         (12345, GREEDY, "int"),
         ("ok", "not params", "str"),
+        ("ok", SamplingParams(logprobs=10**6), "logprobs=1000000"),
     ],
 )
 def test_bad_request_is_rejected_and_others_keep_running(

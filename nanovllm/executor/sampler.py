@@ -56,7 +56,8 @@ class Sampler:
             vocab = logits.shape[-1]
             temperature = torch.tensor([p.temperature for p in params], device=logits.device)
             top_k = torch.tensor(
-                [p.top_k if p.top_k > 0 else vocab for p in params], device=logits.device
+                [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params],
+                device=logits.device,
             )
             top_p = torch.tensor([p.top_p for p in params], device=logits.device)
             min_p = torch.tensor([p.min_p for p in params], device=logits.device)

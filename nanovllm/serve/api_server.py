@@ -1,0 +1,134 @@
+"""The FastAPI application: OpenAI's routes plus health, metrics and the engine's event stream.
+
+    POST /v1/completions        text completion, `stream` true or false
+    POST /v1/chat/completions   chat, through the tokenizer's chat template
+    GET  /v1/models             the one model served
+    GET  /health                200 while the engine thread runs, else 503
+    GET  /metrics               Prometheus text format (see metrics.py)
+    GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
+    GET  /docs, /openapi.json   FastAPI's documentation of all of the above
+
+`build_app` wires an `AsyncLLMEngine` (which owns the engine thread) into the routes; it does
+not start or stop the engine, so tests and the CLI decide its lifetime, and several apps can
+share one engine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from nanovllm import __version__
+from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
+from nanovllm.serve.errors import APIError, ErrorResponse, install_error_handlers
+from nanovllm.serve.event_stream import event_sse
+from nanovllm.serve.metrics import CONTENT_TYPE, render_metrics
+from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from nanovllm.serve.serving import OpenAIServing
+from nanovllm.serve.sse import ClosingStreamingResponse
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
+    404: {"model": ErrorResponse, "description": "Unknown model"},
+    503: {"model": ErrorResponse, "description": "The engine is not running"},
+}
+_GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A JSON completion, or with `stream: true` server-sent events "
+        "ending with `data: [DONE]`",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **_ERRORS,
+}
+
+
+def build_app(
+    engine: AsyncLLMEngine,
+    *,
+    served_model_name: str | None = None,
+    chat_template: str | None = None,
+    tokenizer: Any = None,
+) -> FastAPI:
+    """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own."""
+    if tokenizer is None:
+        from nanovllm.models.loader import load_tokenizer
+
+        tokenizer = load_tokenizer(engine.engine.model_path)  # our own: see serving.py
+    model_name = served_model_name or engine.model_name
+    serving = OpenAIServing(engine, tokenizer, model_name, chat_template)
+    created = int(time.time())
+
+    app = FastAPI(
+        title="nanovllm",
+        version=__version__,
+        description="An OpenAI-compatible streaming server on the nanovllm engine.",
+    )
+    install_error_handlers(app)
+    app.state.engine = engine
+    app.state.serving = serving
+
+    @app.post("/v1/completions", responses=_GENERATION_RESPONSES)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(body, request)
+
+    @app.post("/v1/chat/completions", responses=_GENERATION_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await serving.chat(body, request)
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "nanovllm",
+            "max_model_len": engine.engine.max_model_len,
+        }
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id}", responses=_ERRORS)
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id != model_name:
+            serving.check_model(model_id)  # raises the 404
+        return model_card()
+
+    @app.get("/health", responses=_ERRORS)
+    async def health() -> JSONResponse:
+        if not engine.is_alive:
+            raise APIError(
+                "the engine thread is not running", status_code=503, code="engine_unavailable"
+            )
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(engine.stats, model_name), media_type=CONTENT_TYPE)
+
+    async def events() -> Response:
+        try:
+            stream = engine.subscribe_events()
+        except EngineDeadError as exc:
+            raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
+        return ClosingStreamingResponse(event_sse(stream), on_close=stream.close)
+
+    events_doc = "The engine's events as server-sent events (see nanovllm/serve/event_stream.py)."
+    ev_responses: dict[int | str, dict[str, Any]] = {
+        200: {"description": "An endless SSE stream", "content": {"text/event-stream": {}}}
+    }
+    app.add_api_route(
+        "/v1/events", events, methods=["GET"], description=events_doc, responses=ev_responses
+    )
+    app.add_api_route(
+        "/events",
+        events,
+        methods=["GET"],
+        description=events_doc,
+        responses=ev_responses,
+        include_in_schema=False,
+    )
+    return app

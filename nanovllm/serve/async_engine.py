@@ -1,0 +1,524 @@
+"""AsyncLLMEngine: one thread owns the engine; every asyncio client shares it.
+
+The `LLMEngine` is synchronous and not thread-safe, and a step is heavy compute. So one
+background thread owns it outright and runs the loop below; HTTP handlers on the asyncio event
+loop never touch it, they only send commands and receive outputs:
+
+    event loop (HTTP handlers)                      engine thread
+    ──────────────────────────                      ─────────────
+    add_request() ──┐                               while True:
+    stream.abort() ─┼──> command queue ──────────>    take commands (block when idle)
+    subscribe_events()                                add / abort / (un)subscribe
+                                                      step()  -> outputs, events
+    RequestStream  <── loop.call_soon_threadsafe ──   deliver, publish stats
+
+- Every request that arrives between two steps joins the next step: that is continuous
+  batching across HTTP clients, for free, because the engine already batches whatever it holds.
+- Outputs go back through `loop.call_soon_threadsafe` into a per-request `asyncio.Queue`,
+  once per step for each event loop (not once per token), so the event loop wakes up once.
+- The step runs off the event loop thread, so `/health`, `/metrics` and new connections stay
+  responsive while the model computes. (PyTorch releases the GIL inside its kernels.)
+- An abort (a client that went away) frees the request's KV blocks before the next step.
+- Metrics are read from an immutable `EngineStats` snapshot the engine thread publishes after
+  every iteration, so nothing outside the thread reads the engine's changing state.
+
+If a step raises, every request in flight fails with `EngineError` and is aborted (its blocks
+are freed), and the loop goes on serving new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nanovllm.engine.llm_engine import LLMEngine, Prompt
+from nanovllm.engine.outputs import RequestOutput
+from nanovllm.events import Event
+from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("nanovllm.serve")
+
+RATE_WINDOW_S = 10.0  # tokens/s is averaged over this many seconds
+MAX_PENDING_EVENTS = 200_000  # an event listener further behind than this is cut off
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (the request has been aborted)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine thread has stopped; no request can be served."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A consistent snapshot of the engine, published by the engine thread."""
+
+    model: str = ""
+    num_running: int = 0
+    num_waiting: int = 0
+    num_kv_blocks: int = 0
+    num_used_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # ... and found there
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_steps: int = 0
+    num_engine_errors: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    num_event_subscribers: int = 0
+    # (whole second, tokens generated in it) for the last RATE_WINDOW_S seconds.
+    token_buckets: tuple[tuple[int, int], ...] = ()
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_used_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+    def tokens_per_second(self, now: float | None = None) -> float:
+        """Generated tokens per second over the last RATE_WINDOW_S (less just after start)."""
+        now = time.time() if now is None else now
+        window = min(RATE_WINDOW_S, max(now - self.started_at, 1.0))
+        recent = sum(n for second, n in self.token_buckets if second >= now - window)
+        return recent / window
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator; ends after the finished output.
+
+    Leaving early (client gone, handler cancelled) must call `abort()`, which is idempotent
+    and a no-op once the request has finished.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def _put(self, item: RequestOutput | BaseException) -> None:  # event loop thread
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def drain_ready(self) -> list[RequestOutput]:
+        """Outputs already queued (no waiting): lets a slow client catch up in one write."""
+        ready = []
+        while not self.finished and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, BaseException):
+                self._queue.put_nowait(item)  # raised by the next __anext__
+                break
+            ready.append(item)
+            self.finished = item.finished
+        return ready
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+
+class EventStream:
+    """Engine events for one listener, delivered in batches (one batch per engine iteration)."""
+
+    def __init__(self, engine: AsyncLLMEngine, max_pending: int = MAX_PENDING_EVENTS) -> None:
+        self._engine = engine
+        self._pending: deque[Event] = deque()
+        self._wakeup = asyncio.Event()
+        self._max_pending = max_pending
+        self.overflowed = False  # the listener fell too far behind and was cut off
+        self.closed = False
+
+    def _push(self, batch: list[Event]) -> None:  # event loop thread
+        if self.closed or self.overflowed:
+            return
+        self._pending.extend(batch)
+        if len(self._pending) > self._max_pending:
+            self.overflowed = True
+            self._pending.clear()
+        self._wakeup.set()
+
+    async def next_batch(self, timeout: float | None = None) -> list[Event]:
+        """The events that arrived since the last call ([] on timeout)."""
+        if not self._pending and not self.overflowed:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except asyncio.TimeoutError:
+                return []
+        self._wakeup.clear()
+        batch = list(self._pending)
+        self._pending.clear()
+        return batch
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._engine._send(_Unsubscribe(self))
+
+
+# --- commands, from any thread to the engine thread ---------------------------------------------
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    stream: RequestStream
+    loop: asyncio.AbstractEventLoop
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Subscribe:
+    sink: EventStream
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Unsubscribe:
+    sink: EventStream
+
+
+class _Stop:
+    pass
+
+
+@dataclass
+class _Barrier:
+    done: threading.Event
+
+
+@dataclass
+class _Sink:
+    """The engine thread's side of an event listener: events gathered during one iteration."""
+
+    loop: asyncio.AbstractEventLoop
+    buffer: list[Event] = field(default_factory=list)
+    unsubscribe: object = None
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:  # event loop thread
+    if future.done():  # the caller gave up waiting (cancelled)
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _deliver(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in items:
+        stream._put(item)
+
+
+class AsyncLLMEngine:
+    """Share one `LLMEngine` among asyncio tasks (from any number of event loops)."""
+
+    def __init__(self, engine: LLMEngine, start: bool = True) -> None:
+        self.engine = engine
+        self.model_name = engine.started_event.model
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        # Owned by the engine thread only:
+        self._streams: dict[str, tuple[RequestStream, asyncio.AbstractEventLoop]] = {}
+        self._sinks: dict[EventStream, _Sink] = {}
+        self._finished: Counter[str] = Counter()
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._num_steps = 0
+        self._num_errors = 0
+        self._buckets: deque[list[int]] = deque()  # [second, tokens]
+        self._started_at = time.time()
+        self._dead: BaseException | None = None
+        self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
+        self._publish_stats()
+        self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
+        if start:
+            self.start()
+
+    # --- the asyncio side -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    async def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams
+    ) -> RequestStream:
+        """Queue a request; returns once the engine has accepted it.
+
+        Raises the engine's `ValueError` (naming the bad value) if it was refused, or
+        `EngineDeadError` if the engine thread is gone.
+        """
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(self, request_id)
+        accepted = loop.create_future()
+        self._send(_Add(request_id, prompt, params, stream, loop, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the caller left before we answered: don't run it
+            raise
+        return stream
+
+    async def generate(
+        self, request_id: str, prompt: Prompt, params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs; closing the generator early aborts it.
+
+        To leave early, use `async with contextlib.aclosing(engine.generate(...)) as outputs:`
+        so the abort happens at once rather than whenever the generator is garbage-collected.
+        """
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (thread-safe, idempotent); its blocks are freed before the next step."""
+        self._send(_Abort(request_id))
+
+    def subscribe_events(self) -> EventStream:
+        """Start receiving engine events; the first is `EngineStarted`. `close()` to stop."""
+        self._check_alive()
+        sink = EventStream(self)
+        self._send(_Subscribe(sink, asyncio.get_running_loop()))
+        return sink
+
+    def sync(self, timeout: float | None = 30.0) -> bool:
+        """Wait (blocking) until the engine thread has handled every command sent before this
+        call and published `stats` after them. False on timeout or if the thread is gone.
+
+        `stats` alone can be one iteration old: a client may already hold an output whose step
+        is not in the snapshot yet. Tests call this before trusting `stats`.
+        """
+        if not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        self._send(_Barrier(done))
+        return done.wait(timeout) and self.is_alive
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still in flight fail with `EngineDeadError`."""
+        if self._thread.is_alive():
+            self._send(_Stop())
+            self._thread.join(timeout)
+
+    def _send(self, command: object) -> None:
+        self._commands.put(command)
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self._dead}")
+        if not self._thread.is_alive():
+            raise EngineDeadError("the engine thread is not running")
+
+    # --- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
+            logger.exception("the engine thread died")
+            self._dead = exc
+        else:
+            self._dead = EngineDeadError("the server is shutting down")
+        self._fail_streams(EngineDeadError(f"the engine has stopped: {self._dead}"))
+        # Anything still in the queue: refuse adds, so no caller waits forever.
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                self._call(command.loop, _resolve, command.accepted, EngineDeadError("stopped"))
+            elif isinstance(command, _Barrier):
+                command.done.set()
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            idle = not engine.has_unfinished_requests()
+            must_step = False
+            barriers = []
+            for command in self._take_commands(block=idle):
+                if isinstance(command, _Stop):
+                    return
+                if isinstance(command, _Barrier):
+                    barriers.append(command.done)
+                else:
+                    must_step |= self._handle(command)
+            if engine.has_unfinished_requests() or must_step:
+                self._step()
+            self._flush_events()
+            self._publish_stats()
+            for done in barriers:
+                done.set()
+
+    def _take_commands(self, block: bool) -> list[object]:
+        commands = []
+        if block:
+            commands.append(self._commands.get())
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _handle(self, command: object) -> bool:
+        """Apply one command; True when the engine holds an output to drain with a step."""
+        engine = self.engine
+        if isinstance(command, _Add):
+            try:
+                request = engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as exc:  # noqa: BLE001 - the caller decides what it means
+                self._call(command.loop, _resolve, command.accepted, exc)
+                return False
+            self._streams[request.request_id] = (command.stream, command.loop)
+            self._prompt_tokens += request.num_prompt_tokens
+            self._call(command.loop, _resolve, command.accepted, None)
+        elif isinstance(command, _Abort):
+            if self._streams.pop(command.request_id, None) is None:
+                return False  # finished already, or never accepted
+            try:
+                engine.abort_request(command.request_id)
+            except ValueError:
+                return False
+            self._finished["abort"] += 1
+            return True  # the abort output waits in the engine until the next step
+        elif isinstance(command, _Subscribe):
+            sink = _Sink(command.loop)
+            sink.unsubscribe = engine.subscribe(sink.buffer.append)
+            self._sinks[command.sink] = sink
+        elif isinstance(command, _Unsubscribe):
+            sink = self._sinks.pop(command.sink, None)
+            if sink is not None:
+                sink.unsubscribe()
+        return False
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
+            logger.exception("engine step failed; aborting the requests in flight")
+            self._num_errors += 1
+            self._fail_streams(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+            return
+        self._num_steps += 1
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        new_tokens = 0
+        for output in outputs:
+            new_tokens += len(output.delta_token_ids)
+            entry = self._streams.get(output.request_id)
+            if entry is None:
+                continue  # aborted: nobody is listening
+            stream, loop = entry
+            by_loop.setdefault(loop, []).append((stream, output))
+            if output.finished:
+                del self._streams[output.request_id]
+                self._finished[output.outputs[0].finish_reason or "unknown"] += 1
+        for loop, items in by_loop.items():
+            self._call(loop, _deliver, items)
+        self._count_tokens(new_tokens)
+
+    def _fail_streams(self, error: BaseException) -> None:
+        """Abort every request we serve (freeing its blocks) and hand each stream `error`."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, (stream, loop) in list(self._streams.items()):
+            try:
+                self.engine.abort_request(request_id)
+                self._finished["abort"] += 1
+            except Exception:  # noqa: BLE001 - already gone, or the engine is broken
+                pass
+            by_loop.setdefault(loop, []).append((stream, error))
+        self._streams.clear()
+        for loop, items in by_loop.items():
+            self._call(loop, _deliver, items)
+        try:
+            self.engine.step()  # drain the abort outputs
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _call(self, loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # that event loop is closed: its clients are gone
+            for request_id, (_, other) in list(self._streams.items()):
+                if other is loop:
+                    self._handle(_Abort(request_id))
+            for sink, state in list(self._sinks.items()):
+                if state.loop is loop:
+                    self._handle(_Unsubscribe(sink))
+
+    def _flush_events(self) -> None:
+        for sink, state in list(self._sinks.items()):
+            if state.buffer:
+                batch = state.buffer[:]
+                state.buffer.clear()
+                self._call(state.loop, sink._push, batch)
+
+    def _count_tokens(self, n: int) -> None:
+        self._generation_tokens += n
+        second = int(time.time())
+        if self._buckets and self._buckets[-1][0] == second:
+            self._buckets[-1][1] += n
+        else:
+            self._buckets.append([second, n])
+        while self._buckets and self._buckets[0][0] < second - RATE_WINDOW_S - 1:
+            self._buckets.popleft()
+
+    def _publish_stats(self) -> None:
+        engine = self.engine
+        kv = engine.kv_cache_manager
+        scheduler = engine.scheduler
+        self.stats = EngineStats(
+            model=self.model_name,
+            num_running=len(scheduler.running),
+            num_waiting=scheduler.num_waiting,
+            num_kv_blocks=kv.num_blocks,
+            num_used_blocks=kv.num_used_blocks,
+            num_cached_free_blocks=kv.num_cached_free_blocks,
+            num_preemptions=scheduler.num_preemptions,
+            prefix_cache_queries=scheduler.prefix_cache_queries,
+            prefix_cache_hits=scheduler.prefix_cache_hits,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_steps=self._num_steps,
+            num_engine_errors=self._num_errors,
+            finished=dict(self._finished),
+            num_event_subscribers=len(self._sinks),
+            token_buckets=tuple((s, n) for s, n in self._buckets),
+            started_at=self._started_at,
+        )

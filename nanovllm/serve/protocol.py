@@ -1,0 +1,237 @@
+"""The OpenAI request bodies, as pydantic models, and how they map onto `SamplingParams`.
+
+FastAPI validates every body against these models and publishes them as the OpenAPI schema,
+so the schema a client (or schemathesis) reads is the one the server enforces. Bounds that the
+engine needs are declared here, where they show up in the schema:
+
+- `seed` fits a 64-bit torch generator, `top_k` a 32-bit int, `logprobs` at most 20 (the
+  sampler takes a top-k of that size from the vocabulary);
+- unknown fields are refused by name ("Unrecognized request argument supplied: foo"), as
+  OpenAI does, rather than silently ignored;
+- OpenAI fields the engine does not implement (`n` > 1, penalties, `logit_bias`, `best_of`,
+  `suffix`) are accepted at their neutral value and refused with a 400 otherwise.
+
+The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
+`skip_special_tokens`, `include_stop_str_in_output`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.serve.errors import APIError, param_from_message
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_LOGPROBS = 20
+
+
+def _check_utf8(value: object) -> object:
+    """Refuse lone surrogates ("\\ud800" in JSON): they are not text, and tokenizers choke."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError("must be valid Unicode text (no lone surrogates)") from exc
+    elif isinstance(value, list):
+        for item in value:
+            _check_utf8(item)
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_is_text(cls, value: object) -> object:
+        return _check_utf8(value)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def _logprobs(self) -> int | None:
+        return None
+
+    def to_sampling_params(self) -> SamplingParams:
+        """The engine's view of this request; a 400 naming the field when a value is refused."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(
+                    f"{name} is not supported by nanovllm (it must be 0)",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        if self.logit_bias:
+            raise APIError(
+                "logit_bias is not supported by nanovllm",
+                param="logit_bias",
+                code="unsupported_parameter",
+            )
+        values = dict(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            seed=self.seed,
+            max_tokens=self._max_tokens(),
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=self._logprobs(),
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+        try:
+            return SamplingParams(**values)
+        except ValueError as exc:
+            raise APIError(str(exc), param=param_from_message(str(exc), set(values))) from exc
+
+
+class CompletionRequest(_GenerationRequest):
+    """POST /v1/completions. One prompt per request: text, token ids, or a list holding one."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_is_text(cls, value: object) -> object:
+        return _check_utf8(value)
+
+    def _logprobs(self) -> int | None:
+        return self.logprobs
+
+    def engine_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise APIError(
+                    f"prompt: got a batch of {len(prompt)} prompts; nanovllm takes one prompt "
+                    "per request (send them concurrently: they are batched by the engine)",
+                    param="prompt",
+                    code="unsupported_parameter",
+                )
+            prompt = prompt[0]
+        if self.suffix:
+            raise APIError("suffix is not supported", param="suffix", code="unsupported_parameter")
+        if self.best_of not in (None, 1):
+            raise APIError(
+                "best_of > 1 is not supported", param="best_of", code="unsupported_parameter"
+            )
+        if self.echo and self.logprobs is not None:
+            raise APIError(
+                "echo with logprobs is not supported (prompt logprobs are not computed)",
+                param="echo",
+                code="unsupported_parameter",
+            )
+        if not prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        return prompt
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # Messages may carry fields we do not use (tool_calls, ...): dropped, not refused.
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    @field_validator("content", "name")
+    @classmethod
+    def _utf8(cls, value: object) -> object:
+        if isinstance(value, list):
+            for part in value:
+                _check_utf8(part.text)
+            return value
+        return _check_utf8(value)
+
+    def text(self, index: int) -> str:
+        """The message's text; image or audio parts are a 400 (this is a text-only engine)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        pieces = []
+        for j, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise APIError(
+                    f"messages[{index}].content[{j}]: only text parts are supported, "
+                    f"got type {part.type!r}",
+                    param=f"messages.{index}.content.{j}",
+                    code="unsupported_parameter",
+                )
+            pieces.append(part.text)
+        return "".join(pieces)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    def _max_tokens(self) -> int | None:
+        # OpenAI's newer name wins; None lets the engine fill the context.
+        return self.max_completion_tokens or self.max_tokens
+
+    def _logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self) -> list[dict[str, str]]:
+        messages = []
+        for i, m in enumerate(self.messages):
+            message = {"role": m.role, "content": m.text(i)}
+            if m.name:
+                message["name"] = m.name
+            messages.append(message)
+        return messages

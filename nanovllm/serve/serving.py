@@ -1,0 +1,358 @@
+"""The generation endpoints: `/v1/completions` and `/v1/chat/completions`, streamed or not.
+
+Each HTTP request becomes one engine request:
+
+    body (pydantic) -> SamplingParams + prompt -> AsyncLLMEngine.add_request -> RequestStream
+        stream=false: wait for the finished output -> one JSON response
+        stream=true:  each output -> one SSE chunk (its `delta_text`) ... -> data: [DONE]
+
+The engine is asked first and the response starts only after it accepted the request, so a
+refused request (prompt too long, bad stop string ...) is a proper 400, never a broken stream.
+Whatever way the response ends, the request is aborted if it is still running: a client that
+disconnects frees its KV blocks before the next engine step. The non-streaming path watches
+for the disconnect itself, since nothing is being written that would notice it.
+
+When a slow client falls behind, the outputs already waiting are merged into one chunk, so it
+catches up in one write instead of one per token.
+
+Tokenizer use on this side (chat templates, logprob token strings, echo) goes through the
+server's own tokenizer instance: the engine's belongs to the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from nanovllm.engine.llm_engine import Prompt
+from nanovllm.engine.outputs import Logprob, RequestOutput
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.serve.async_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    EngineError,
+    RequestStream,
+)
+from nanovllm.serve.errors import APIError, error_body
+from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from nanovllm.serve.sse import DONE, ClosingStreamingResponse, sse_data
+
+
+class OpenAIServing:
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        tokenizer: Any,
+        model_name: str,
+        chat_template: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+
+    # --- /v1/completions ------------------------------------------------------------------------
+
+    async def completions(self, body: CompletionRequest, raw: Request) -> Response:
+        self.check_model(body.model)
+        params = body.to_sampling_params()
+        prompt = body.engine_prompt()
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        stream = await self._add(request_id, prompt, params, "prompt")
+        echo = ""
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+        created = int(time.time())
+        if body.stream:
+            return ClosingStreamingResponse(
+                self._completion_chunks(stream, body, created, echo), on_close=stream.abort
+            )
+        final = await self._collect(stream, raw)
+        out = final.outputs[0]
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs, _ = self._completion_logprobs(out.token_ids, out.logprobs, params.logprobs, 0)
+        choice = {
+            "index": 0,
+            "text": echo + out.text,
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": _usage(final),
+            }
+        )
+
+    async def _completion_chunks(
+        self, stream: RequestStream, body: CompletionRequest, created: int, echo: str
+    ) -> AsyncIterator[str]:
+        def chunk(choices: list[dict], usage: dict | None = None) -> str:
+            return self._chunk("text_completion", stream.request_id, created, choices, usage)
+
+        offset = len(echo)
+        try:
+            if echo:
+                yield chunk([_text_choice(echo, None, None)])
+            async for output in stream:
+                last, text, token_ids = _merge([output, *stream.drain_ready()])
+                out = last.outputs[0]
+                logprobs = None
+                if body.logprobs is not None and token_ids:
+                    entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
+                    logprobs, offset = self._completion_logprobs(
+                        token_ids, entries, body.logprobs, offset
+                    )
+                finish = out.finish_reason if last.finished else None
+                if text or finish or logprobs:
+                    yield chunk([_text_choice(text, logprobs, finish)])
+                if last.finished and body.include_usage:
+                    yield chunk([], _usage(last))
+        except EngineError as exc:
+            yield sse_data(error_body(str(exc), "server_error", None, "engine_error"))
+        yield DONE
+
+    # --- /v1/chat/completions -------------------------------------------------------------------
+
+    async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(body.model)
+        params = body.to_sampling_params()
+        prompt = self._chat_prompt(body)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await self._add(request_id, prompt, params, "messages")
+        created = int(time.time())
+        if body.stream:
+            return ClosingStreamingResponse(
+                self._chat_chunks(stream, body, created), on_close=stream.abort
+            )
+        final = await self._collect(stream, raw)
+        out = final.outputs[0]
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = self._chat_logprobs(out.token_ids, out.logprobs, params.logprobs)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": _usage(final),
+            }
+        )
+
+    def _chat_prompt(self, body: ChatCompletionRequest) -> Prompt:
+        if not self.chat_template:
+            raise APIError(
+                "this model's tokenizer has no chat template, so chat messages cannot be turned "
+                "into a prompt: use /v1/completions, or start the server with --chat-template",
+                param="messages",
+                code="chat_template_missing",
+            )
+        messages = body.template_messages()
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                chat_template=self.chat_template,
+                tokenize=False,
+                add_generation_prompt=body.add_generation_prompt,
+            )
+        except Exception as exc:  # noqa: BLE001 - a template may raise on a bad conversation
+            raise APIError(
+                f"messages: the chat template cannot render them: {exc}", param="messages"
+            ) from exc
+        # The template writes its own special tokens (BOS ...): don't add them a second time.
+        return {
+            "prompt": text,
+            "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
+        }
+
+    async def _chat_chunks(
+        self, stream: RequestStream, body: ChatCompletionRequest, created: int
+    ) -> AsyncIterator[str]:
+        def chunk(choices: list[dict], usage: dict | None = None) -> str:
+            return self._chunk("chat.completion.chunk", stream.request_id, created, choices, usage)
+
+        def choice(delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        try:
+            yield chunk([choice({"role": "assistant", "content": ""}, None, None)])
+            async for output in stream:
+                last, text, token_ids = _merge([output, *stream.drain_ready()])
+                out = last.outputs[0]
+                logprobs = None
+                if top_n is not None and token_ids:
+                    entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
+                    logprobs = self._chat_logprobs(token_ids, entries, top_n)
+                finish = out.finish_reason if last.finished else None
+                if text or finish or logprobs:
+                    yield chunk([choice({"content": text} if text else {}, logprobs, finish)])
+                if last.finished and body.include_usage:
+                    yield chunk([], _usage(last))
+        except EngineError as exc:
+            yield sse_data(error_body(str(exc), "server_error", None, "engine_error"))
+        yield DONE
+
+    # --- shared ---------------------------------------------------------------------------------
+
+    def _chunk(
+        self, kind: str, request_id: str, created: int, choices: list[dict], usage: dict | None
+    ) -> str:
+        """One SSE chunk; `usage` only on the last one (with `stream_options.include_usage`)."""
+        payload: dict[str, Any] = {
+            "id": request_id,
+            "object": kind,
+            "created": created,
+            "model": self.model_name,
+            "choices": choices,
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return sse_data(payload)
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.model_name:
+            raise APIError(
+                f"The model `{model}` does not exist (this server serves `{self.model_name}`)",
+                status_code=404,
+                param="model",
+                code="model_not_found",
+            )
+
+    async def _add(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, prompt_param: str
+    ) -> RequestStream:
+        try:
+            return await self.engine.add_request(request_id, prompt, params)
+        except EngineDeadError as exc:
+            raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
+        except ValueError as exc:
+            message = str(exc)
+            param = "max_tokens" if "max_tokens=" in message else prompt_param
+            raise APIError(message, param=param) from exc
+
+    async def _collect(self, stream: RequestStream, raw: Request) -> RequestOutput:
+        """The finished output; aborts the request if the client disconnects first."""
+
+        async def consume() -> RequestOutput:
+            final = None
+            async for output in stream:
+                final = output
+            assert final is not None
+            return final
+
+        consumer = asyncio.ensure_future(consume())
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not consumer.done():
+                consumer.cancel()
+            stream.abort()  # a no-op when it finished
+        if consumer.cancelled():
+            raise APIError("client disconnected", status_code=499, code="client_disconnected")
+        try:
+            return consumer.result()
+        except EngineError as exc:
+            raise APIError(str(exc), status_code=500, code="engine_error") from exc
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _top(self, entry: dict[int, Logprob], n: int) -> list[tuple[str, float]]:
+        best = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:n]
+        return [(self._token_text(t), lp.logprob) for t, lp in best]
+
+    def _completion_logprobs(
+        self,
+        token_ids: list[int],
+        entries: list[dict[int, Logprob]] | None,
+        n: int,
+        offset: int,
+    ) -> tuple[dict, int]:
+        """OpenAI's legacy logprobs object; `offset` is where the first token's text starts."""
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for token_id, entry in zip(token_ids, entries or []):
+            text = self._token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(entry[token_id].logprob if token_id in entry else None)
+            top_logprobs.append(dict(self._top(entry, n)))
+            offsets.append(offset)
+            offset += len(text)
+        logprobs = {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+        return logprobs, offset
+
+    def _chat_logprobs(
+        self, token_ids: list[int], entries: list[dict[int, Logprob]] | None, n: int
+    ) -> dict:
+        content = []
+        for token_id, entry in zip(token_ids, entries or []):
+            text = self._token_text(token_id)
+            content.append(
+                {
+                    "token": text,
+                    "logprob": entry[token_id].logprob if token_id in entry else None,
+                    "bytes": list(text.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                        for t, lp in self._top(entry, n)
+                    ],
+                }
+            )
+        return {"content": content}
+
+
+def _merge(outputs: list[RequestOutput]) -> tuple[RequestOutput, str, list[int]]:
+    """Several outputs of one request as one: the latest state, the joined deltas."""
+    text = "".join(o.delta_text for o in outputs)
+    token_ids = [t for o in outputs for t in o.delta_token_ids]
+    return outputs[-1], text, token_ids
+
+
+def _text_choice(text: str, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _usage(output: RequestOutput) -> dict[str, int]:
+    prompt = len(output.prompt_token_ids)
+    completion = len(output.outputs[0].token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return

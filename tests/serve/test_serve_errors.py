@@ -1,0 +1,116 @@
+"""Bad requests get OpenAI-shaped 400s naming the field, and never disturb the others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from serve_support import MAX_TOKENS, PROMPTS, wait_idle
+
+BAD_BODIES = [
+    # (body changes, the param the error must name)
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_p": 2}, "min_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": "many"}, "max_tokens"),
+    ({"logprobs": 99}, "logprobs"),
+    ({"seed": 2**70}, "seed"),
+    ({"n": 2}, "n"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": ["a", 3]}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids.0"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"no_such_field": 1}, "no_such_field"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
+    ({"prompt": "\ud800"}, "prompt"),
+    ({"prompt": [3] * 600}, "prompt"),  # longer than max_model_len
+    ({"prompt": None}, "prompt"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"stream": "yes please"}, "stream"),
+    ({"echo": True, "logprobs": 1}, "echo"),
+]
+
+
+def test_bad_requests_are_400s_while_streams_go_on(server, async_engine, offline_texts):
+    wait_idle(async_engine)
+    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+    async def good(prompt) -> str:
+        pieces = []
+        stream = await aclient.completions.create(
+            model=async_engine.model_name,
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].text)
+        return "".join(pieces)
+
+    async def bad(client: httpx.AsyncClient, changes: dict) -> httpx.Response:
+        request = {"model": async_engine.model_name, "prompt": "hello", **changes}
+        # json.dumps, not httpx's json=: it escapes lone surrogates and writes NaN.
+        content = json.dumps(request).encode()
+        headers = {"content-type": "application/json"}
+        return await client.post("/v1/completions", content=content, headers=headers)
+
+    async def main():
+        async with aclient, httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            goods = [asyncio.create_task(good(p)) for p in PROMPTS[:6]]
+            while async_engine.stats.num_running == 0:  # the streams are under way
+                await asyncio.sleep(0.005)
+            bads = await asyncio.gather(*(bad(client, changes) for changes, _ in BAD_BODIES))
+            return await asyncio.gather(*goods), bads
+
+    texts, responses = asyncio.run(main())
+    assert texts == offline_texts[:6]
+    for (changes, param), response in zip(BAD_BODIES, responses):
+        assert response.status_code == 400, (changes, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["param"] == param, (changes, error)
+        assert error["message"] and "code" in error
+    wait_idle(async_engine)
+    assert async_engine.engine.kv_cache_manager.num_used_blocks == 0
+
+
+def test_openai_client_raises_bad_request_naming_the_field(server, async_engine):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=async_engine.model_name, prompt="x", top_p=7)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == "top_p"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-4", prompt="x")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_protocol_errors_are_openai_shaped(server):
+    with httpx.Client(base_url=server.url) as client:
+        not_json = client.post(
+            "/v1/completions", content=b"{oops", headers={"content-type": "application/json"}
+        )
+        assert not_json.status_code == 400
+        assert not_json.json()["error"]["code"] == "json_invalid"
+        missing = client.post("/v1/completions", json={})
+        assert missing.status_code == 400
+        assert missing.json()["error"]["param"] == "prompt"
+        chat_missing = client.post("/v1/chat/completions", json={"messages": []})
+        assert chat_missing.status_code == 400
+        assert chat_missing.json()["error"]["param"] == "messages"
+        unknown = client.get("/v1/nothing-here")
+        assert unknown.status_code == 404 and "error" in unknown.json()
+        wrong_method = client.get("/v1/completions")
+        assert wrong_method.status_code == 405 and "error" in wrong_method.json()
