@@ -150,7 +150,8 @@ class TritonAttention:
     name = "triton"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        from nanovllm.kernels import paged_attention, store_kvcache
+        from nanovllm.kernels.paged_attention import paged_attention
+        from nanovllm.kernels.store_kvcache import store_kvcache
 
         self._paged_attention = paged_attention
         self._store_kvcache = store_kvcache
@@ -166,6 +167,7 @@ class TritonAttention:
             meta.seq_lens,
             meta.query_start_loc,
             self.scale,
+            max_query_len=max(meta.query_lens_list),  # known on the CPU: no GPU read-back
         )
 
 

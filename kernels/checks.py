@@ -1,0 +1,85 @@
+"""Argument checks shared by the kernel wrappers (plain Python; no Triton needed).
+
+A kernel handed a shape it was not written for does not fail: it reads the wrong memory and returns
+a plausible-looking wrong answer. So every wrapper checks its inputs first and raises a ValueError
+that names the offending value. What the Triton attention kernels serve:
+
+- block sizes: powers of two from 1 to 256. The kernels find a token's slot with `pos // BLOCK_SIZE`
+  and `pos % BLOCK_SIZE` on a compile-time constant (a shift and a mask for a power of two).
+- head dims: powers of two from 16 to 256. `tl.arange` needs a power-of-two length, and `tl.dot`
+  needs an inner dimension of at least 16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+MAX_BLOCK_SIZE = 256
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def check_block_size(block_size: int) -> None:
+    if not (is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE):
+        raise ValueError(
+            f"block_size={block_size} is not supported by the Triton attention kernels: "
+            f"use a power of two from 1 to {MAX_BLOCK_SIZE}"
+        )
+
+
+def check_head_dim(head_dim: int) -> None:
+    if not (is_power_of_two(head_dim) and MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM):
+        raise ValueError(
+            f"head_dim={head_dim} is not supported by the Triton attention kernels: "
+            f"use a power of two from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}"
+        )
+
+
+def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """Check a layer's paged cache pair; return (num_blocks, block_size, num_kv_heads, head_dim)."""
+    if key_cache.dim() != 4:
+        raise ValueError(
+            "key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got shape {tuple(key_cache.shape)}"
+        )
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"value_cache {tuple(value_cache.shape)} {value_cache.dtype} must match key_cache "
+            f"{tuple(key_cache.shape)} {key_cache.dtype}"
+        )
+    if value_cache.stride() != key_cache.stride():
+        raise ValueError("value_cache must have the same strides as key_cache")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along head_dim (stride(-1) == 1)")
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    return num_blocks, block_size, num_kv_heads, head_dim
+
+
+def check_int_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+
+
+def check_device_for_mode(t: torch.Tensor, interpreted: bool) -> None:
+    """Compiled kernels need CUDA tensors; the interpreter takes CPU (or CUDA) tensors."""
+    if not interpreted and t.device.type != "cuda":
+        raise ValueError(
+            f"the Triton kernels are compiled for the GPU here, but got tensors on {t.device}; "
+            "move them to CUDA (or set TRITON_INTERPRET=1 before starting Python)"
+        )

@@ -1,0 +1,36 @@
+"""Test setup for the Triton kernels.
+
+Triton decides between its CPU interpreter and the GPU compiler when a kernel is decorated, reading
+TRITON_INTERPRET at that moment. So before any test module here imports a kernel (and with it
+triton), `triton_setup.configure()` runs: no CUDA device -> TRITON_INTERPRET=1. It does not matter
+what other test folders imported earlier: torch alone never imports triton, and when something did
+(loading a Hugging Face model imports torch._dynamo, which imports triton), configure() re-wraps
+Triton's own library functions for the interpreter (see triton_setup's docstring).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nanovllm.kernels import triton_setup
+
+if triton_setup.triton_available():
+    triton_setup.configure()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Run torch single-threaded inside these tests, restoring the setting afterwards.
+
+    The shapes here are tiny: worker threads only add start-up and hand-off cost (on a busy
+    two-core machine, 100x the work itself), and the interpreter is single-threaded anyway.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
