@@ -8,10 +8,10 @@ budget that splits the longer prompt into chunks (chunked prefill), then decode 
 from __future__ import annotations
 
 import pytest
+from nanovllm.kernels.triton_setup import triton_available
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.llm_engine import default_model_path
-from nanovllm.kernels.triton_setup import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
@@ -26,7 +26,9 @@ def test_triton_backend_matches_torch_backend_on_the_embedded_model() -> None:
     llm = LLM(attention_backend="triton", **options)
     assert llm.llm_engine.attention_backend == "triton"
     triton_out = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in triton_out] == [o.outputs[0].token_ids for o in torch_out]
+    assert [o.outputs[0].token_ids for o in triton_out] == [
+        o.outputs[0].token_ids for o in torch_out
+    ]
 
 
 def test_a_block_size_the_kernels_cannot_serve_is_a_clear_error(tiny_llama) -> None:
