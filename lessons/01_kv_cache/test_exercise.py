@@ -1,0 +1,124 @@
+"""Lesson 01 properties: attention is causal and correct, and decoding through a cache is exact.
+
+Every property takes the implementation under test as `impl` (your exercise, or the engine).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from nanovllm.lessons.strategies import causal_attention_oracle, randn, seeds
+from nanovllm.lessons.testing import lesson_settings, show_inputs
+
+heads = st.integers(1, 3)
+head_dims = st.sampled_from([4, 8])
+lengths = st.integers(1, 12)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    return actual.shape == expected.shape and torch.allclose(
+        actual.double(), expected.double(), atol=1e-5, rtol=1e-4
+    )
+
+
+@lesson_settings(40)
+@given(num_heads=heads, head_dim=head_dims, kv_len=lengths, data=st.data(), seed=seeds)
+@show_inputs
+def test_attention_matches_the_formula(impl, num_heads, head_dim, kv_len, data, seed):
+    """out[i] = softmax(scale * q_i . k_0..p) @ v_0..p, for the last q_len positions p."""
+    q_len = data.draw(st.integers(1, kv_len), label="q_len")
+    q = randn(seed, q_len, num_heads, head_dim)
+    k = randn(seed + 1, kv_len, num_heads, head_dim)
+    v = randn(seed + 2, kv_len, num_heads, head_dim)
+    scale = 1 / math.sqrt(head_dim)
+    out = impl.attention(q, k, v, scale)
+    expected = causal_attention_oracle(q, k, v, scale)
+    assert _close(out, expected), (
+        f"attention differs from the formula (max error {(out.double() - expected).abs().max():.3g})"
+    )
+
+
+@lesson_settings(30)
+@given(num_heads=heads, kv_len=st.integers(2, 10), seed=seeds)
+@show_inputs
+def test_no_query_sees_the_future(impl, num_heads, kv_len, seed):
+    """Changing the last token's K and V changes no earlier token's output."""
+    q = randn(seed, kv_len, num_heads, 8)
+    k = randn(seed + 1, kv_len, num_heads, 8)
+    v = randn(seed + 2, kv_len, num_heads, 8)
+    k2, v2 = k.clone(), v.clone()
+    k2[-1] += 3.0
+    v2[-1] -= 5.0
+    before = impl.attention(q, k, v, 0.35)
+    after = impl.attention(q, k2, v2, 0.35)
+    assert _close(before[:-1], after[:-1]), "an earlier query changed when a later token did"
+
+
+@lesson_settings(30)
+@given(num_heads=heads, kv_len=lengths, data=st.data(), seed=seeds)
+@show_inputs
+def test_last_rows_do_not_depend_on_earlier_queries(impl, num_heads, kv_len, data, seed):
+    """Asking for fewer (final) query rows gives the same rows: what a decode relies on."""
+    q_len = data.draw(st.integers(1, kv_len), label="q_len")
+    q = randn(seed, kv_len, num_heads, 4)
+    k = randn(seed + 1, kv_len, num_heads, 4)
+    v = randn(seed + 2, kv_len, num_heads, 4)
+    full = impl.attention(q, k, v, 0.5)
+    last = impl.attention(q[kv_len - q_len :], k, v, 0.5)
+    assert _close(last, full[kv_len - q_len :])
+
+
+@lesson_settings(30)
+@given(
+    num_heads=heads,
+    chunks=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    seed=seeds,
+)
+@show_inputs
+def test_cache_appends_and_keeps_everything(impl, num_heads, chunks, seed):
+    """After appending chunks of tokens, the cache holds all of them, in order, unchanged."""
+    cache = impl.KVCache(num_heads, 4)
+    ks, vs = [], []
+    for i, n in enumerate(chunks):
+        k = randn(seed + 2 * i, n, num_heads, 4)
+        v = randn(seed + 2 * i + 1, n, num_heads, 4)
+        cache.append(k, v)
+        ks.append(k)
+        vs.append(v)
+        assert len(cache) == sum(chunks[: i + 1])
+    assert torch.equal(cache.keys, torch.cat(ks)), "the cached keys are not the appended keys"
+    assert torch.equal(cache.values, torch.cat(vs)), "the cached values are not the appended ones"
+
+
+@lesson_settings(30)
+@given(num_heads=heads, seq_len=lengths, seed=seeds)
+@show_inputs
+def test_decoding_through_the_cache_equals_full_attention(impl, num_heads, seq_len, seed):
+    """Token-by-token decode steps give exactly the rows of one causal pass over the sequence."""
+    q = randn(seed, seq_len, num_heads, 8)
+    k = randn(seed + 1, seq_len, num_heads, 8)
+    v = randn(seed + 2, seq_len, num_heads, 8)
+    scale = 1 / math.sqrt(8)
+    expected = causal_attention_oracle(q, k, v, scale)
+    cache = impl.KVCache(num_heads, 8)
+    for t in range(seq_len):
+        out = impl.decode_step(cache, q[t : t + 1], k[t : t + 1], v[t : t + 1], scale)
+        assert len(cache) == t + 1, "decode_step must add exactly one token to the cache"
+        assert _close(out, expected[t : t + 1]), f"decode step {t} differs from full attention"
+
+
+@lesson_settings(10)
+@given(seed=seeds)
+@show_inputs
+def test_attention_is_stable_with_large_scores(impl, seed):
+    """Scores of a few hundred must not overflow exp(): subtract the row maximum first (or use
+    torch.softmax, which does)."""
+    q = randn(seed, 3, 2, 8) * 30
+    k = randn(seed + 1, 3, 2, 8) * 30
+    v = randn(seed + 2, 3, 2, 8)
+    out = impl.attention(q, k, v, 1.0)
+    assert torch.isfinite(out).all(), "attention produced inf/nan for large scores"
+    assert _close(out, causal_attention_oracle(q, k, v, 1.0))

@@ -1,0 +1,59 @@
+"""Lesson 02 reference: the engine's block allocation and slot mapping.
+
+- `blocks_needed`: asks the engine's `KVCacheManager` to allocate a request of `num_tokens`
+  tokens and counts the blocks in its block table.
+- `slot_mapping` / `slot_for`: hand a one-request `SchedulerOutput` to
+  `ModelRunner.prepare_inputs`, which computes the step's slot mapping exactly as in a real step.
+  (`prepare_inputs` only reads the runner's `block_size` and `device`, so a stand-in `self` with
+  those two attributes is enough; no model is loaded.)
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.request import Request
+from nanovllm.sampling_params import SamplingParams
+
+__all__ = ["blocks_needed", "slot_for", "slot_mapping"]
+
+
+def _request(num_tokens: int, request_id: str = "r") -> Request:
+    return Request(request_id, list(range(num_tokens)), SamplingParams(), arrival_index=0)
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    kv = KVCacheManager(num_tokens // block_size + 1, block_size, enable_prefix_caching=False)
+    request = _request(num_tokens)
+    assert kv.allocate_slots(request, num_tokens) is not None
+    return len(kv.get_block_table(request.request_id))
+
+
+def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    if end <= start:
+        return []
+    step = SchedulerOutput(
+        step=1,
+        scheduled=[
+            ScheduledRequest(
+                request=_request(end),
+                num_new_tokens=end - start,
+                num_computed_tokens=start,
+                block_table=list(block_table),
+                samples=True,
+                is_prefill=end - start > 1,
+            )
+        ],
+    )
+    runner = SimpleNamespace(block_size=block_size, device=torch.device("cpu"))
+    _, _, meta, _ = ModelRunner.prepare_inputs(runner, step)
+    return meta.slot_mapping.tolist()
+
+
+def slot_for(block_table: list[int], position: int, block_size: int) -> int:
+    return slot_mapping(block_table, position, position + 1, block_size)[0]

@@ -1,0 +1,159 @@
+"""Lesson 07 properties: finite memory, the right victims, and workloads that still finish."""
+
+from __future__ import annotations
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+from nanovllm.lessons.sim import Req, blocks_for, simulate
+from nanovllm.lessons.strategies import SchedState, sched_states
+from nanovllm.lessons.testing import lesson_settings, show_inputs
+
+states = sched_states(memory=True, max_prompt=24)
+
+# Three decoding requests holding 4 of 5 blocks (of 4 tokens). r0 and r1 each need one more
+# block: r0 takes the last free one, and r1 gets room only by preempting r2.
+TIGHT = SchedState(
+    running=((8, 1, 8), (4, 1, 4), (3, 1, 3)),
+    waiting=((2, 0),),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=5,
+    block_size=4,
+)
+
+
+def _step(impl, state: SchedState):
+    running, waiting = state.build()
+    before = dict(
+        running=list(running),
+        waiting=list(waiting),
+        computed={r.id: r.num_computed for r in running + waiting},
+    )
+    plan = impl.schedule_step(
+        running,
+        waiting,
+        max_num_seqs=state.max_num_seqs,
+        token_budget=state.token_budget,
+        num_blocks=state.num_blocks,
+        block_size=state.block_size,
+    )
+    return before, running, waiting, dict(plan.scheduled), list(plan.preempted)
+
+
+def _blocks_after(running, scheduled, computed, block_size) -> int:
+    """Blocks the running requests need once this step's tokens are computed."""
+    return sum(blocks_for(computed[r.id] + scheduled.get(r.id, 0), block_size) for r in running)
+
+
+@lesson_settings(30)
+@given(state=states)
+@example(state=TIGHT)
+@show_inputs
+def test_memory_is_never_overcommitted(impl, state):
+    before, running, _, scheduled, _ = _step(impl, state)
+    used = _blocks_after(running, scheduled, before["computed"], state.block_size)
+    assert used <= state.num_blocks, (
+        f"after this step the running requests need {used} blocks; the cache has {state.num_blocks}"
+    )
+    assert sum(scheduled.values()) <= state.token_budget, "over the token budget"
+    assert set(scheduled) <= {r.id for r in running}, "a scheduled request is not running"
+
+
+@lesson_settings(30)
+@given(state=states)
+@example(state=TIGHT)
+@show_inputs
+def test_victims_are_the_newest_and_go_to_the_front(impl, state):
+    before, running, waiting, _, preempted = _step(impl, state)
+    old_running = before["running"]
+    kept = old_running[: len(old_running) - len(preempted)]
+    victims = old_running[len(kept) :]
+    assert [r.id for r in reversed(victims)] == preempted, (
+        f"preempted {preempted}: the victims must be the newest running requests, newest first "
+        f"(running was {[r.id for r in old_running]})"
+    )
+    assert running[: len(kept)] == kept, "surviving requests keep their places"
+    assert waiting[: len(victims)] == victims, (
+        "victims go back to the front of the waiting queue, in their original order"
+    )
+    for r in victims:
+        assert r.num_computed == 0, f"{r.id} was preempted: its KV is gone, num_computed must be 0"
+    for r in running + waiting[len(victims) :]:
+        assert r.num_computed == before["computed"][r.id], "num_computed changed without preemption"
+
+
+@lesson_settings(30)
+@given(state=states)
+@example(state=TIGHT)
+@show_inputs
+def test_no_needless_preemption(impl, state):
+    """Had the last victim been kept (with its tokens for this step), memory would not have
+    sufficed: preemption stops as soon as the request that needed room fits."""
+    before, running, _, scheduled, preempted = _step(impl, state)
+    if not preempted:
+        return
+    last = next(r for r in before["running"] if r.id == preempted[-1])
+    left = state.token_budget - sum(scheduled.values())
+    need = blocks_for(
+        before["computed"][last.id] + min(last.remaining, max(left, 1)), state.block_size
+    )
+    used = _blocks_after(running, scheduled, before["computed"], state.block_size)
+    assert used + need > state.num_blocks, (
+        f"{last.id} was preempted although {state.num_blocks - used} blocks were free and it "
+        f"needed {need}"
+    )
+
+
+@lesson_settings(30)
+@given(state=states)
+@example(state=TIGHT)
+@show_inputs
+def test_admission_waits_for_memory_and_not_after_preemption(impl, state):
+    before, running, waiting, scheduled, preempted = _step(impl, state)
+    admitted = [r for r in running if r not in before["running"]]
+    if preempted:
+        assert not admitted, "a step that had to preempt must not admit anyone"
+        return
+    assert admitted == before["waiting"][: len(admitted)], "admission is first come first served"
+    if waiting:
+        head = waiting[0]
+        left = state.token_budget - sum(scheduled.values())
+        free = state.num_blocks - _blocks_after(
+            running, scheduled, before["computed"], state.block_size
+        )
+        assert (
+            len(running) >= state.max_num_seqs
+            or head.num_tokens > left
+            or blocks_for(head.num_tokens, state.block_size) > free
+        ), f"{head.id} could have been admitted: {left} budget, {free} free blocks, free seats"
+
+
+@lesson_settings(20)
+@given(
+    jobs=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 10)), min_size=1, max_size=8),
+    max_num_seqs=st.integers(1, 4),
+    block_size=st.sampled_from([1, 2, 4]),
+    spare=st.integers(0, 3),
+)
+@show_inputs
+def test_every_request_finishes_in_a_small_cache(impl, jobs, max_num_seqs, block_size, spare):
+    """A cache that holds the largest request alone, and not much more: preemption must happen
+    and must not stop anyone from finishing."""
+    requests = [Req(f"q{i}", p, max_output=o) for i, (p, o) in enumerate(jobs)]
+    num_blocks = max(blocks_for(p + o, block_size) for p, o in jobs) + spare
+    total = sum(p + o for p, o in jobs)
+    records = simulate(
+        requests,
+        lambda running, waiting: impl.schedule_step(
+            running,
+            waiting,
+            max_num_seqs=max_num_seqs,
+            token_budget=32,
+            num_blocks=num_blocks,
+            block_size=block_size,
+        ),
+        max_steps=20 * total,
+    )
+    for r in requests:
+        assert r.num_output == r.max_output, f"{r.id} generated {r.num_output}/{r.max_output}"
+    assert records, "nothing was scheduled"

@@ -1,0 +1,140 @@
+"""Lesson 08 properties: chained, deterministic block hashes and the prefix lookup."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from nanovllm.lessons.testing import lesson_settings, show_inputs
+
+tokens = st.lists(st.integers(0, 50_000), max_size=40)
+blocks = st.lists(st.integers(0, 50_000), min_size=1, max_size=8)
+block_sizes = st.sampled_from([1, 2, 3, 4, 8])
+
+
+@lesson_settings(40)
+@given(block=blocks, parent=st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
+@show_inputs
+def test_hash_is_deterministic_bytes(impl, block, parent):
+    first = impl.hash_block_tokens(parent, block)
+    assert isinstance(first, bytes) and len(first) >= 16, "a hash is bytes, at least 16 of them"
+    assert impl.hash_block_tokens(parent, list(block)) == first
+    assert impl.hash_block_tokens(parent, tuple(block)) == first, "a list or a tuple: same hash"
+
+
+@lesson_settings(40)
+@given(block=blocks, data=st.data())
+@show_inputs
+def test_every_token_its_order_and_the_parent_count(impl, block, data):
+    base = impl.hash_block_tokens(None, block)
+    i = data.draw(st.integers(0, len(block) - 1), label="changed position")
+    changed = list(block)
+    changed[i] += 1
+    assert impl.hash_block_tokens(None, changed) != base, "changing one token must change the hash"
+    if len(set(block)) > 1:
+        assert (
+            impl.hash_block_tokens(None, list(reversed(block))) != base or block == block[::-1]
+        ), "the same tokens in another order must hash differently"
+    parent = impl.hash_block_tokens(None, [7])
+    other = impl.hash_block_tokens(None, [8])
+    assert impl.hash_block_tokens(parent, block) != base, "a parent must change the hash"
+    assert impl.hash_block_tokens(parent, block) != impl.hash_block_tokens(other, block), (
+        "different parents must give different hashes"
+    )
+
+
+@lesson_settings(40)
+@given(token_ids=tokens, block_size=block_sizes)
+@show_inputs
+def test_one_chained_hash_per_full_block(impl, token_ids, block_size):
+    hashes = impl.block_hashes(token_ids, block_size)
+    assert len(hashes) == len(token_ids) // block_size, "one hash per FULL block"
+    parent = None
+    for i, h in enumerate(hashes):
+        block = token_ids[i * block_size : (i + 1) * block_size]
+        assert h == impl.hash_block_tokens(parent, block), (
+            f"block {i} is not chained to block {i - 1}"
+        )
+        parent = h
+
+
+@lesson_settings(30)
+@given(token_ids=tokens, block_size=block_sizes, data=st.data())
+@show_inputs
+def test_appending_tokens_never_changes_earlier_hashes(impl, token_ids, block_size, data):
+    k = data.draw(st.integers(0, len(token_ids)), label="prefix length")
+    short = impl.block_hashes(token_ids[:k], block_size)
+    assert impl.block_hashes(token_ids, block_size)[: len(short)] == short
+
+
+@lesson_settings(30)
+@given(
+    token_ids=st.lists(st.integers(0, 99), min_size=8, max_size=40),
+    block_size=block_sizes,
+    data=st.data(),
+)
+@show_inputs
+def test_a_changed_block_changes_its_hash_and_all_later_ones(impl, token_ids, block_size, data):
+    num_blocks = len(token_ids) // block_size
+    assume(num_blocks >= 2)
+    j = data.draw(st.integers(0, num_blocks - 2), label="changed block")
+    other = list(token_ids)
+    other[j * block_size] += 100  # block j differs; every later block has the same tokens
+    a, b = impl.block_hashes(token_ids, block_size), impl.block_hashes(other, block_size)
+    assert a[:j] == b[:j], "blocks before the change must keep their hashes"
+    for i in range(j, num_blocks):
+        assert a[i] != b[i], (
+            f"block {i} has the same tokens in both, but block {j} before it differs: its hash "
+            "must differ too (it names the whole prefix)"
+        )
+
+
+def _cache_for(impl, prompt, block_size, seed, drop=None):
+    """A prefix cache holding `prompt`'s full blocks, in random physical blocks."""
+    hashes = impl.block_hashes(prompt, block_size)
+    ids = random.Random(seed).sample(range(100), len(hashes))
+    cache = {h: b for i, (h, b) in enumerate(zip(hashes, ids)) if i != drop}
+    return cache, ids
+
+
+@lesson_settings(30)
+@given(
+    prompt=st.lists(st.integers(0, 99), min_size=1, max_size=40),
+    block_size=block_sizes,
+    seed=st.integers(0, 1000),
+    data=st.data(),
+)
+@show_inputs
+def test_reuses_exactly_the_shared_full_blocks(impl, prompt, block_size, seed, data):
+    cache, ids = _cache_for(impl, prompt, block_size, seed)
+    shared = data.draw(st.integers(0, len(prompt)), label="shared tokens")
+    suffix = data.draw(st.lists(st.integers(100, 199), max_size=12), label="new suffix")
+    query = prompt[:shared] + suffix  # first differs from the cached prompt at token `shared`
+    assume(query)
+    expected = ids[: min(shared // block_size, (len(query) - 1) // block_size)]
+    got = impl.cached_prefix(query, block_size, cache)
+    assert list(got) == expected, (
+        f"{shared} tokens shared (blocks of {block_size}, {len(query)} tokens): expected blocks "
+        f"{expected}, got {list(got)}"
+    )
+
+
+@lesson_settings(40)
+@given(
+    prompt=st.lists(st.integers(0, 99), min_size=2, max_size=40),
+    block_size=block_sizes,
+    seed=st.integers(0, 1000),
+    data=st.data(),
+)
+@show_inputs
+def test_lookup_stops_at_the_first_miss(impl, prompt, block_size, seed, data):
+    num_blocks = len(prompt) // block_size
+    assume(num_blocks >= 1)
+    dropped = data.draw(st.integers(0, num_blocks - 1), label="evicted block")
+    cache, ids = _cache_for(impl, prompt, block_size, seed, drop=dropped)
+    extended = prompt + [123]  # one more token, so every full block of the prompt may be reused
+    got = impl.cached_prefix(extended, block_size, cache)
+    assert list(got) == ids[:dropped], (
+        f"block {dropped} was evicted: only the blocks before it can be reused"
+    )

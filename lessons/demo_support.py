@@ -1,0 +1,184 @@
+"""What the demos share: a model to run, a quickly built engine, a place for figures.
+
+A demo must run in seconds on a laptop CPU, from a fresh install, offline. So it runs the
+embedded default model when the package has it, and otherwise a tiny random Llama (2 layers,
+hidden size 64) that is built once, in about a second, into `$NANOVLLM_HOME/models/`. A random
+model writes nonsense, but every mechanism the lessons show (blocks, scheduling, preemption,
+prefix hits, chunks, streaming) works exactly the same: they do not care what the text says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from nanovllm.lessons.workspace import home
+from rich.console import Console
+from rich.rule import Rule
+
+TINY_MODEL_NAME = "tiny-random-llama"
+
+# Public-domain text (Shakespeare, Sonnets 18 and 116) to learn the tiny tokenizer's merges from,
+# so that its tokens look like the pieces of words a real tokenizer makes.
+_TOKENIZER_TEXT = """\
+Shall I compare thee to a summer's day? Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May, And summer's lease hath all too short a date;
+Sometime too hot the eye of heaven shines, And often is his gold complexion dimm'd;
+And every fair from fair sometime declines, By chance or nature's changing course untrimm'd;
+But thy eternal summer shall not fade, Nor lose possession of that fair thou ow'st;
+Nor shall death brag thou wander'st in his shade, When in eternal lines to time thou grow'st:
+So long as men can breathe or eyes can see, So long lives this, and this gives life to thee.
+Let me not to the marriage of true minds Admit impediments. Love is not love
+Which alters when it alteration finds, Or bends with the remover to remove.
+O no! it is an ever-fixed mark That looks on tempests and is never shaken;
+It is the star to every wand'ring bark, Whose worth's unknown, although his height be taken.
+ROMEO: But, soft! what light through yonder window breaks? It is the east, and Juliet is the sun.
+JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name.
+"""
+
+
+def make_console(**kwargs) -> Console:
+    return Console(highlight=False, **kwargs)
+
+
+def section(console: Console, title: str) -> None:
+    console.print()
+    console.print(Rule(f"[bold]{title}"))
+
+
+def figures_dir() -> Path:
+    path = home() / "lessons" / "figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --- a model to run -----------------------------------------------------------------------------
+
+
+def default_model_ready() -> bool:
+    from nanovllm.engine.llm_engine import default_model_path
+
+    path = default_model_path()
+    return (
+        all((path / name).is_file() for name in ("config.json", "model.safetensors"))
+        and (path / "tokenizer.json").is_file()
+    )
+
+
+def demo_model_path() -> Path:
+    """The default model if the package has it, else the tiny random one (built on first use)."""
+    if default_model_ready():
+        from nanovllm.engine.llm_engine import default_model_path
+
+        return default_model_path()
+    path = home() / "models" / TINY_MODEL_NAME
+    if not (path / "model.safetensors").is_file():
+        build_tiny_model(path)
+    return path
+
+
+def build_tiny_model(path: Path, seed: int = 0) -> Path:
+    """Write a tiny random Llama checkpoint (config, safetensors, byte-level BPE tokenizer).
+
+    Built in a temporary folder and renamed into place, so a half-built model is never loaded.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from nanovllm.models.llama import CausalLM, ModelArgs
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+    try:
+        # Tokenizer: byte-level BPE, so any text round-trips and one character may span several
+        # tokens (lesson 10 needs that).
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=384,
+            special_tokens=["<|bos|>", "<|eos|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(_TOKENIZER_TEXT.splitlines(), trainer)
+        tok.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": "<|bos|>",
+                    "eos_token": "<|eos|>",
+                    "model_max_length": 4096,  # the engine enforces max_model_len itself
+                }
+            )
+        )
+        config = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "bos_token_id": tok.token_to_id("<|bos|>"),
+            "eos_token_id": tok.token_to_id("<|eos|>"),
+            "torch_dtype": "float32",
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        # Weights: the engine's own model class, randomly initialised. A larger spread than a
+        # trained model's makes the logits peaked, so greedy outputs are stable.
+        with torch.device("cpu"):
+            model = CausalLM(ModelArgs.from_config(config), "torch")
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {}
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                value = torch.ones_like(param)
+            else:
+                value = torch.randn(param.shape, generator=gen) * 0.2
+            tensors[name] = value.contiguous()
+        save_file(tensors, str(tmp / "model.safetensors"))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def make_engine(**options):
+    """An `LLMEngine` on the demo model, on the CPU, with the torch attention backend.
+
+    Small defaults (a short context, a modest KV cache) keep start-up and steps quick; any
+    `EngineConfig` field can be overridden.
+    """
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+
+    config = dict(
+        model=str(demo_model_path()),
+        block_size=16,
+        num_kv_blocks=64,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        device="cpu",
+        attention_backend="torch",
+        seed=0,
+        # One thread: a tiny model's matrices are too small to split, and on a busy machine
+        # extra threads only wait for each other (10-50x slower steps).
+        num_threads=1,
+    )
+    config.update(options)
+    return LLMEngine(EngineConfig(**config))

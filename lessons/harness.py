@@ -1,0 +1,205 @@
+"""Running a lesson's properties in-process, against any implementation.
+
+`pytest` is the right tool for a learner (`--check` uses it: its report shows the falsifying
+example), but starting it costs seconds, and CI judges 12 references, 12 untouched exercises, one
+stub swap per exercise function and every planted bug: hundreds of runs. So here a property is
+simply called, `prop(impl=...)`, with its hypothesis settings tightened for the occasion:
+
+- `derandomize=True`: the same examples every run, so "all planted bugs are caught" is a fact
+  about the code, not about luck;
+- no example database (a bug's failing example must not leak into the next implementation's run)
+  and quiet output;
+- no shrinking (we only need to know *that* a property fails, not the smallest example);
+- `testing.QUICK` set for the duration, so a property that drives hypothesis itself (lesson 12)
+  can do the same.
+
+A planted bug is first tried with a few examples per property (`QUICK_EXAMPLES`), and only put
+through the full runs if it survives them: most bugs show at once.
+
+Lesson files are loaded by path (`catalog.load_file`): a folder named `03_...` is not importable.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypothesis import Phase, Verbosity, settings
+from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
+from nanovllm.lessons.testing import QUICK, Mutant
+
+
+def implementation(lesson: Lesson, choice: str | Path) -> Any:
+    """The implementation named by `choice`: "reference" (the engine), "exercise" (the shipped,
+    untouched stub) or the path of a Python file (the learner's copy), loaded afresh."""
+    if str(choice) in ("reference", "exercise"):
+        return lesson_module(lesson, str(choice))
+    return load_file(Path(choice))
+
+
+def public_names(lesson: Lesson) -> list[str]:
+    """The names an implementation of `lesson` provides: the reference's `__all__`."""
+    return list(lesson_module(lesson, "reference").__all__)
+
+
+def lesson_of(path: Path) -> Lesson:
+    """The lesson whose folder holds `path`."""
+    folder = path.resolve().parent
+    for lesson in all_lessons():
+        if lesson.path == folder:
+            return lesson
+    raise LookupError(f"{path} is not in a lesson folder")
+
+
+# --- running properties ----------------------------------------------------------------------
+
+
+@dataclass
+class PropertyResult:
+    name: str
+    passed: bool
+    error: str | None  # "ExceptionType: message" of the first failure
+    seconds: float
+
+
+def properties(lesson: Lesson) -> list[tuple[str, Callable[..., Any]]]:
+    """The lesson's properties, in the order they are written."""
+    module = lesson_module(lesson, "test_exercise")
+    return [
+        (name, obj)
+        for name, obj in vars(module).items()
+        if name.startswith("test_") and callable(obj)
+    ]
+
+
+@contextmanager
+def _quick_settings(prop: Callable[..., Any], max_examples: int | None = None) -> Iterator[None]:
+    """Tighten a hypothesis property's settings for an in-process run (see module docstring).
+
+    hypothesis reads a test's settings from this attribute each time it runs, which is also what
+    its own `@settings` decorator sets; we swap it for the call and put it back.
+    """
+    attr = "_hypothesis_internal_use_settings"
+    original = getattr(prop, attr, None)
+    if original is None:  # a plain function, not a hypothesis property
+        yield
+        return
+    overrides = (
+        {} if max_examples is None else {"max_examples": min(max_examples, original.max_examples)}
+    )
+    setattr(
+        prop,
+        attr,
+        settings(
+            original,
+            **overrides,
+            derandomize=True,
+            database=None,
+            verbosity=Verbosity.quiet,
+            phases=(Phase.explicit, Phase.generate),
+            print_blob=False,
+            report_multiple_bugs=False,
+        ),
+    )
+    try:
+        yield
+    finally:
+        setattr(prop, attr, original)
+
+
+def run_property(
+    name: str, prop: Callable[..., Any], impl: Any, max_examples: int | None = None
+) -> PropertyResult:
+    """Run one property against `impl` (at most `max_examples` examples, if given)."""
+    start = time.perf_counter()
+    token = QUICK.set(max_examples or 0)
+    try:
+        with _quick_settings(prop, max_examples):
+            prop(impl=impl)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any error fails the property (pytest's
+        # `Failed` included, which is not an Exception)
+        return PropertyResult(name, False, _describe(exc), time.perf_counter() - start)
+    finally:
+        QUICK.reset(token)
+    return PropertyResult(name, True, None, time.perf_counter() - start)
+
+
+def check(
+    lesson: Lesson,
+    impl: Any,
+    *,
+    stop_at_first_failure: bool = False,
+    max_examples: int | None = None,
+) -> list[PropertyResult]:
+    """Run every property of `lesson` against `impl`."""
+    results = []
+    for name, prop in properties(lesson):
+        results.append(run_property(name, prop, impl, max_examples))
+        if stop_at_first_failure and not results[-1].passed:
+            break
+    return results
+
+
+def _describe(exc: BaseException) -> str:
+    # hypothesis may wrap the real error (e.g. in a FlakyFailure group): show the innermost.
+    # (An exception group has `.exceptions`; `BaseExceptionGroup` itself is Python 3.11+.)
+    while isinstance(getattr(exc, "exceptions", None), tuple) and exc.exceptions:
+        exc = exc.exceptions[0]
+    lines = traceback.format_exception_only(type(exc), exc)
+    text = "".join(lines).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --- planted bugs ----------------------------------------------------------------------------
+
+
+@dataclass
+class MutantResult:
+    lesson: Lesson
+    mutant: Mutant
+    caught_by: str | None  # the first property that failed, None if the bug escaped
+    error: str | None
+    seconds: float
+
+    @property
+    def caught(self) -> bool:
+        return self.caught_by is not None
+
+
+QUICK_EXAMPLES = 8  # the first, short pass of `try_mutant`
+
+
+def mutants(lesson: Lesson) -> list[Mutant]:
+    return list(lesson_module(lesson, "mutants").MUTANTS)
+
+
+def try_mutant(lesson: Lesson, mutant: Mutant) -> MutantResult:
+    """Run the lesson's properties against one planted bug, stopping at the first that fails.
+
+    Most bugs show within a few examples, so every property first gets a short run; only a bug
+    that survives all of them is put through the full runs.
+    """
+    start = time.perf_counter()
+    impl = mutant.build(lesson_module(lesson, "reference"))
+    for budget in (QUICK_EXAMPLES, None):
+        for result in check(lesson, impl, stop_at_first_failure=True, max_examples=budget):
+            if not result.passed:
+                return MutantResult(
+                    lesson, mutant, result.name, result.error, time.perf_counter() - start
+                )
+    return MutantResult(lesson, mutant, None, None, time.perf_counter() - start)
+
+
+def try_all_mutants(lessons: tuple[Lesson, ...] | None = None) -> list[MutantResult]:
+    return [
+        try_mutant(lesson, mutant)
+        for lesson in (all_lessons() if lessons is None else lessons)
+        for mutant in mutants(lesson)
+    ]

@@ -1,0 +1,345 @@
+"""Worked solutions to the exercises, as the learner would write them (not the engine's code).
+
+Each entry maps an exercise's `raise NotImplementedError(...)` line to the code that replaces it
+(indented to match). `solve(lesson, folder)` writes the solved exercise file, so a test can check
+that the shipped skeleton plus a plain, learner-style body passes the properties, through pytest
+and `nanovllm lesson N --check` exactly as a learner would.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+from nanovllm.lessons.catalog import Lesson
+
+SOLUTIONS: dict[str, dict[str, str]] = {}
+
+
+def solve(lesson: Lesson, folder: Path) -> Path:
+    source = lesson.file("exercise.py").read_text()
+    for stub, body in SOLUTIONS[lesson.name].items():
+        pattern = re.compile(rf"^([ \t]*){re.escape(stub)}[^\n]*$", re.MULTILINE)
+        match = pattern.search(source)
+        assert match, f"{lesson.name}: no line starting with {stub!r}"
+        code = textwrap.indent(textwrap.dedent(body).strip("\n"), match.group(1))
+        source = source[: match.start()] + code + source[match.end() :]
+    assert "NotImplementedError" not in source, f"{lesson.name}: a stub is left unsolved"
+    path = folder / lesson.name / "exercise.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
+SOLUTIONS["05_triton_kernel"] = {
+    'raise NotImplementedError("write _store_kvcache_kernel': """
+        token = tl.program_id(0)
+        slot = tl.load(slot_mapping_ptr + token)
+        if slot >= 0:
+            offs = tl.arange(0, ROW)
+            tl.store(key_cache_ptr + slot * ROW + offs, tl.load(key_ptr + token * ROW + offs))
+            tl.store(value_cache_ptr + slot * ROW + offs, tl.load(value_ptr + token * ROW + offs))
+    """,
+    'raise NotImplementedError("write _paged_decode_kernel': """
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // (NUM_HEADS // NUM_KV_HEADS)
+        seq_len = tl.load(seq_lens_ptr + seq)
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(query_ptr + (seq * NUM_HEADS + head) * HEAD_DIM + dims).to(tl.float32)
+        m = float("-inf")
+        l = 0.0
+        acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        for start in range(0, seq_len, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            valid = pos < seq_len
+            block = tl.load(block_tables_ptr + seq * max_blocks + pos // BLOCK_SIZE, mask=valid, other=0)
+            row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
+            addr = row[:, None] * HEAD_DIM + dims[None, :]
+            k = tl.load(key_cache_ptr + addr, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(value_cache_ptr + addr, mask=valid[:, None], other=0.0).to(tl.float32)
+            s = tl.where(valid, tl.sum(k * q[None, :], 1) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m - m_new)
+            l = l * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            m = m_new
+        tl.store(out_ptr + (seq * NUM_HEADS + head) * HEAD_DIM + dims, acc / l)
+    """,
+}
+
+
+SOLUTIONS["01_kv_cache"] = {
+    'raise NotImplementedError("write attention': """
+        q_len, kv_len = q.shape[0], k.shape[0]
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+        q_pos = torch.arange(kv_len - q_len, kv_len)
+        allowed = torch.arange(kv_len)[None, :] <= q_pos[:, None]
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+    """,
+    'raise NotImplementedError("write KVCache.append': """
+        self.keys = torch.cat([self.keys, k])
+        self.values = torch.cat([self.values, v])
+    """,
+    'raise NotImplementedError("write decode_step': """
+        cache.append(k, v)
+        return attention(q, cache.keys, cache.values, scale)
+    """,
+}
+
+SOLUTIONS["02_paged_blocks"] = {
+    'raise NotImplementedError("write blocks_needed': """
+        return (num_tokens + block_size - 1) // block_size
+    """,
+    'raise NotImplementedError("write slot_for': """
+        logical, offset = divmod(position, block_size)
+        return block_table[logical] * block_size + offset
+    """,
+    'raise NotImplementedError("write slot_mapping': """
+        return [slot_for(block_table, p, block_size) for p in range(start, end)]
+    """,
+}
+
+SOLUTIONS["03_free_block_queue"] = {
+    'raise NotImplementedError("write FreeBlockQueue.remove': """
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+    """,
+    'raise NotImplementedError("write FreeBlockQueue.popleft': """
+        block = self._head.next_free
+        if block is self._tail:
+            raise ValueError("no free blocks left")
+        self.remove(block)
+        return block
+    """,
+    'raise NotImplementedError("write FreeBlockQueue.append': """
+        if block.prev_free is not None or block.next_free is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        last = self._tail.prev_free
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+    """,
+}
+
+SOLUTIONS["04_paged_attention"] = {
+    'raise NotImplementedError("write gather_kv': """
+        block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+        blocks = torch.tensor(block_table[: -(-seq_len // block_size)])
+        keys = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        values = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        return keys, values
+    """,
+    'raise NotImplementedError("write paged_decode': """
+        keys, values = gather_kv(key_cache, value_cache, block_table, seq_len)
+        group = query.shape[0] // keys.shape[1]
+        keys = keys.repeat_interleave(group, dim=1).float()
+        values = values.repeat_interleave(group, dim=1).float()
+        probs = (torch.einsum("hd,lhd->hl", query.float(), keys) * scale).softmax(dim=-1)
+        return torch.einsum("hl,lhd->hd", probs, values).to(query.dtype)
+    """,
+}
+
+SOLUTIONS["06_continuous_batching"] = {
+    'raise NotImplementedError("write schedule_step': """
+        budget, scheduled = token_budget, {}
+        for r in running:
+            if budget == 0:
+                break
+            scheduled[r.id] = min(r.remaining, budget)
+            budget -= scheduled[r.id]
+        while waiting and budget > 0 and len(running) < max_num_seqs:
+            if waiting[0].num_tokens > budget:
+                break
+            r = waiting.pop(0)
+            running.append(r)
+            scheduled[r.id] = r.num_tokens
+            budget -= r.num_tokens
+        return scheduled
+    """,
+}
+
+SOLUTIONS["07_preemption"] = {
+    'raise NotImplementedError("write schedule_step': """
+        budget, scheduled, preempted = token_budget, {}, []
+        free = num_blocks - sum(blocks_for(r.num_computed, block_size) for r in running)
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.remaining, budget)
+            need = blocks_for(r.num_computed + n, block_size) - blocks_for(r.num_computed, block_size)
+            while need > free:
+                victim = running.pop()
+                free += blocks_for(victim.num_computed, block_size)
+                victim.num_computed = 0
+                waiting.insert(0, victim)
+                preempted.append(victim.id)
+                if victim is r:
+                    break
+            if preempted and preempted[-1] == r.id:
+                break
+            free -= need
+            scheduled[r.id] = n
+            budget -= n
+            i += 1
+        while not preempted and waiting and budget > 0 and len(running) < max_num_seqs:
+            r = waiting[0]
+            need = blocks_for(r.num_tokens, block_size)
+            if r.num_tokens > budget or need > free:
+                break
+            running.append(waiting.pop(0))
+            scheduled[r.id] = r.num_tokens
+            budget -= r.num_tokens
+            free -= need
+        return StepPlan(scheduled, preempted)
+    """,
+}
+
+SOLUTIONS["08_prefix_caching"] = {
+    'raise NotImplementedError("write hash_block_tokens': """
+        digest = hashlib.sha256(parent_hash or b"\\0" * 32)
+        for t in token_ids:
+            digest.update(int(t).to_bytes(8, "little", signed=True))
+        return digest.digest()
+    """,
+    'raise NotImplementedError("write block_hashes': """
+        hashes, parent = [], None
+        for i in range(len(token_ids) // block_size):
+            parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
+            hashes.append(parent)
+        return hashes
+    """,
+    'raise NotImplementedError("write cached_prefix': """
+        found = []
+        for h in block_hashes(token_ids, block_size)[: (len(token_ids) - 1) // block_size]:
+            if h not in cache:
+                break
+            found.append(cache[h])
+        return found
+    """,
+}
+
+SOLUTIONS["09_chunked_prefill"] = {
+    'raise NotImplementedError("write schedule_step': """
+        budget, scheduled = token_budget, {}
+        for r in running:
+            if budget == 0:
+                break
+            scheduled[r.id] = min(r.remaining, budget)
+            budget -= scheduled[r.id]
+        while waiting and budget > 0 and len(running) < max_num_seqs:
+            r = waiting.pop(0)
+            running.append(r)
+            scheduled[r.id] = min(r.num_tokens, budget)
+            budget -= scheduled[r.id]
+        return scheduled
+    """,
+    'raise NotImplementedError("write prepare_inputs': """
+        out = StepInputs([], [], [], [0], [], [])
+        for seq in batch:
+            c, n = seq.num_computed, seq.num_new
+            for p in range(c, c + n):
+                out.input_ids.append(seq.token_ids[p])
+                out.positions.append(p)
+                out.slot_mapping.append(seq.block_table[p // block_size] * block_size + p % block_size)
+            out.query_start_loc.append(out.query_start_loc[-1] + n)
+            out.seq_lens.append(c + n)
+            if c + n == len(seq.token_ids):
+                out.logits_rows.append(out.query_start_loc[-1] - 1)
+        return out
+    """,
+}
+
+SOLUTIONS["10_sampling_streaming"] = {
+    'raise NotImplementedError("write apply_top_k': """
+        idx = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)
+        return logits.masked_fill(~keep, float("-inf"))
+    """,
+    'raise NotImplementedError("write apply_top_p': """
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= p
+        masked = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.full_like(logits, float("-inf")).scatter(-1, order, masked)
+    """,
+    'raise NotImplementedError("write detokenize_step': """
+        prefix_text = tokenizer.decode(output_ids[state.prefix_offset : state.read_offset])
+        new_text = tokenizer.decode(output_ids[state.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text) :]
+        state.text += delta
+        state.prefix_offset = state.read_offset
+        state.read_offset = len(output_ids)
+        return delta
+    """,
+}
+
+SOLUTIONS["11_serving_benchmarking"] = {
+    'raise NotImplementedError("write percentile': """
+        if not values:
+            return math.nan
+        xs = sorted(values)
+        pos = (len(xs) - 1) * q / 100
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """,
+    'raise NotImplementedError("write ttft': """
+        return token_times[0] - arrival_s if token_times else None
+    """,
+    'raise NotImplementedError("write inter_token_latencies': """
+        return [b - a for a, b in zip(token_times, token_times[1:])]
+    """,
+    'raise NotImplementedError("write sse_event': """
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\\n\\n"
+    """,
+}
+
+SOLUTIONS["12_properties"] = {
+    'raise NotImplementedError("write prop_free_queue': """
+        blocks = [KVCacheBlock(i) for i in range(8)]
+        queue, model = FreeBlockQueue(blocks), list(range(8))
+        for op, block_id in script:
+            if op == "popleft":
+                assert queue.popleft().block_id == model.pop(0)
+            elif op == "append":
+                queue.append(blocks[block_id])
+                model.append(block_id)
+            else:
+                queue.remove(blocks[block_id])
+                model.remove(block_id)
+            assert [b.block_id for b in queue.get_all_free_blocks()] == model
+            assert queue.num_free_blocks == len(model)
+    """,
+    'raise NotImplementedError("write prop_allocator': """
+        manager = make_manager(case.num_blocks, case.block_size)
+        before = None
+        for snap in run_allocator_script(manager, case.script):
+            owned = [b for table in snap.tables.values() for b in table]
+            free = {b.block_id for b in manager.free_block_queue.get_all_free_blocks()}
+            assert len(owned) == len(set(owned)) and not free & set(owned)
+            assert manager.num_free_blocks + len(owned) == case.num_blocks
+            for rid, table in snap.tables.items():
+                assert len(table) == blocks_for(snap.tokens[rid], case.block_size)
+            if not snap.ok and before is not None:
+                assert (snap.tables, manager.num_free_blocks) == before
+            before = (snap.tables, manager.num_free_blocks)
+    """,
+    'raise NotImplementedError("write prop_slot_mapping': """
+        slots = [slot_for(block_table, p, block_size) for p in range(len(block_table) * block_size)]
+        for p, slot in enumerate(slots):
+            assert divmod(slot, block_size) == (block_table[p // block_size], p % block_size)
+        assert len(set(slots)) == len(slots)
+    """,
+}
