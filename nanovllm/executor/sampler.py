@@ -36,7 +36,8 @@ def apply_filters(
     sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     # top-p: drop a token when the tokens ranked above it already reach p (the first never is).
-    drop = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    # (top_p = 1 keeps everything: a float cumsum can reach 1.0 early, so skip those rows.)
+    drop = ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1)
     # min-p: relative to the most likely token (column 0 after sorting).
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
