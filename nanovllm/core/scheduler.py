@@ -214,7 +214,9 @@ class Scheduler:
     def _add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         computed = request.num_computed_tokens
         samples = computed + num_new == request.num_tokens
-        is_prefill = not (num_new == 1 and samples and computed > 0)
+        is_prefill = (
+            request.num_output_tokens == 0 or num_new > 1 or computed + 1 < request.num_tokens
+        )
         block_table = self.kv.get_block_table(request.request_id)
         out.scheduled.append(
             ScheduledRequest(request, num_new, computed, block_table, samples, is_prefill)

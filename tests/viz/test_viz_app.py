@@ -1,0 +1,257 @@
+"""The Textual app, driven with Pilot from the committed trace (replay: no model, deterministic).
+
+Snapshots: the screen at a given step is compared with files under `tests/viz/data/snapshots/`,
+as plain text (readable in a diff) and as the SVG Textual exports (colours included). After a
+deliberate change to the views, or after regenerating the trace, rewrite them with
+
+    VIZ_UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/viz -k snapshot
+
+and look at the new files before committing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import partial
+from pathlib import Path
+
+import pytest
+from viz_helpers import wait_until
+
+from nanovllm.viz.app import VizApp, save_screenshot, screen_text
+from nanovllm.viz.driver import ReplayDriver
+from nanovllm.viz.messages import EngineNotice
+from nanovllm.viz.screens import AddRequestScreen, HelpScreen
+from nanovllm.viz.state import RUNNING
+
+SNAPSHOTS = Path(__file__).resolve().parent / "data" / "snapshots"
+UPDATE = os.environ.get("VIZ_UPDATE_SNAPSHOTS") == "1"
+
+
+def replay_app(trace: Path, **driver_options) -> VizApp:
+    def make(publish, notify):
+        return ReplayDriver(trace, publish, notify=notify, **driver_options)
+
+    return VizApp(make)
+
+
+def run(coro) -> None:
+    asyncio.run(coro)
+
+
+def loaded(app: VizApp) -> bool:
+    return app.status is not None and not app.status.loading
+
+
+def test_pause_step_and_speed_keys(trace_path: Path):
+    async def go():
+        app = replay_app(trace_path, paused=True)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: loaded(app))
+            assert app.state.step == 0 and app.status.paused
+            for n in range(1, 4):
+                await pilot.press("s")
+                await wait_until(pilot, lambda n=n: app.state.step == n)
+            await pilot.press("right")
+            await wait_until(pilot, lambda: app.state.step == 4)
+            speed = app.status.speed
+            await pilot.press("plus")
+            await wait_until(pilot, lambda: app.status.speed > speed)
+            await pilot.press("minus", "minus")
+            await wait_until(pilot, lambda: app.status.speed < speed)
+            await pilot.press("space")  # resume
+            await wait_until(pilot, lambda: not app.status.paused)
+            await pilot.press("space")  # pause again
+            await wait_until(pilot, lambda: app.status.paused)
+            step = app.state.step
+            await pilot.pause(0.3)
+            assert app.state.step == step  # paused means paused
+            await pilot.press("s")
+            await wait_until(pilot, lambda: app.state.step == step + 1)
+
+    run(go())
+
+
+def test_select_requests_with_keys_and_mouse(trace_path: Path):
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=12)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 12)
+            # Following: the oldest running request is selected.
+            assert app.selected == app.state.running[0] and app.follow
+            text = app.query_one("#text")
+            assert app.selected in screen_text(app)
+            order = app._selectable()
+            await pilot.press("down")
+            await wait_until(pilot, lambda: not app.follow)
+            expected = order[(order.index(app.state.running[0]) + 1) % len(order)]
+            assert app.selected == expected
+            assert text.selected == expected
+            await pilot.press("up", "up")
+            # Click the first waiting request: line 1 of the queues view.
+            await pilot.click("#queues", offset=(4, 2))
+            await wait_until(pilot, lambda: app.selected == app.state.waiting[0])
+
+    run(go())
+
+
+def test_help_screen_and_quit(trace_path: Path):
+    async def go():
+        app = replay_app(trace_path, paused=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: loaded(app))
+            await pilot.press("question_mark")
+            await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
+            await wait_until(pilot, lambda: "a row per request" in screen_text(app))
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+            await pilot.press("q")
+            await wait_until(pilot, lambda: not app.is_running)
+        assert not any(w.is_running for w in app.workers)  # the engine worker ended too
+
+    run(go())
+
+
+def test_replay_refuses_live_only_commands(trace_path: Path):
+    notices: list[str] = []
+
+    def hook(message) -> None:
+        if isinstance(message, EngineNotice):
+            notices.append(message.text)
+
+    async def go():
+        app = replay_app(trace_path, paused=True)
+        async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+            await wait_until(pilot, lambda: loaded(app))
+            await pilot.press("a")
+            await wait_until(pilot, lambda: isinstance(app.screen, AddRequestScreen))
+            await pilot.press("h", "i", "enter")
+            await wait_until(pilot, lambda: len(notices) == 1)
+            await pilot.press("2")
+            await wait_until(pilot, lambda: len(notices) == 2)
+            await pilot.press("a", "escape")  # cancelled: nothing sent
+            await pilot.pause(0.2)
+            assert len(notices) == 2
+            assert "cannot add a request" in notices[0] and "scenario" in notices[1]
+
+    run(go())
+
+
+def test_too_small_terminal_shows_a_message(trace_path: Path):
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=5)
+        async with app.run_test(size=(50, 12)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 5)
+            assert app.screen.has_class("-too-small")
+            assert "needs at least" in screen_text(app)
+            await pilot.resize_terminal(100, 30)
+            await wait_until(pilot, lambda: not app.screen.has_class("-too-small"))
+            assert "Batch timeline" in screen_text(app)
+
+    run(go())
+
+
+def test_no_color_still_reads(trace_path: Path, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=10)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 10)
+            assert app.no_color
+            text = screen_text(app)
+            # The letters carry the meaning without colour: timeline cells, grid owners.
+            assert "P=" in text and " A²" in text
+
+    run(go())
+
+
+def test_live_app_on_the_tiny_model(tiny_llama: Path):
+    from nanovllm.viz.driver import EngineDriver
+
+    def make(publish, notify):
+        return EngineDriver(
+            publish,
+            notify=notify,
+            scenario="burst",
+            overrides=dict(model=str(tiny_llama), num_threads=1),
+            speed=0,
+            max_steps=3,
+        )
+
+    async def go():
+        app = VizApp(make)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 3, timeout=120)
+            assert app.state.running and app.state.requests[app.selected].status == RUNNING
+            await pilot.press("a")
+            await pilot.press(*"ROMEO", "enter")
+            await wait_until(pilot, lambda: "you1" in app.state.requests)
+            await pilot.press("1")  # steady
+            await wait_until(pilot, lambda: app.status.scenario == "steady" and loaded(app))
+            await pilot.press("s")
+            await wait_until(pilot, lambda: app.state.step == 1)
+
+    run(go())
+
+
+# --- snapshots ----------------------------------------------------------------------------------
+
+
+def check_snapshot(path: Path, content: str) -> None:
+    if UPDATE or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+        if not UPDATE:
+            pytest.fail(f"wrote the missing snapshot {path.name}; check it and run again")
+    assert content == path.read_text(encoding="utf-8"), f"the screen differs from {path}"
+
+
+@pytest.mark.parametrize(
+    "name, size, step, svg",
+    [
+        ("wide_step30", (160, 48), 30, False),
+        ("narrow_step12", (100, 30), 12, True),  # the SVG checks colours too (one is enough)
+        ("small_80x24", (80, 24), 44, False),
+    ],
+)
+def test_snapshot(trace_path: Path, name: str, size: tuple[int, int], step: int, svg: bool):
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=step)
+        async with app.run_test(size=size) as pilot:
+            await wait_until(
+                pilot, lambda: app.state.step == step and app.status.paused and app.is_settled()
+            )
+            check_snapshot(SNAPSHOTS / f"{name}.txt", screen_text(app))
+            if svg:
+                check_snapshot(SNAPSHOTS / f"{name}.svg", app.export_screenshot())
+
+    run(go())
+
+
+def test_save_screenshot_formats(trace_path: Path, tmp_path: Path):
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=3)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 3)
+            svg = save_screenshot(app, tmp_path / "a.svg")
+            txt = save_screenshot(app, tmp_path / "a.txt")
+            png = save_screenshot(app, tmp_path / "a.png")
+            assert svg.read_text().startswith("<svg")
+            assert "Batch timeline" in txt.read_text()
+            assert png.exists()  # a PNG with a converter, else the SVG beside it
+
+    run(go())
+
+
+def test_app_factory_with_partial(trace_path: Path):
+    """The CLI builds drivers with functools.partial; the app only calls the factory."""
+    calls = []
+
+    def make(trace, publish, notify):
+        calls.append(trace)
+        return ReplayDriver(trace, publish, notify=notify, paused=True)
+
+    app = VizApp(partial(make, trace_path))
+    assert calls == [trace_path] and isinstance(app.driver, ReplayDriver)

@@ -1,0 +1,481 @@
+"""The reducer: hand-written event sequences, the committed trace, and a real engine.
+
+The property test runs the real engine (the tiny random model, a KV cache of a few blocks so
+preemption and prefix caching happen) on random workloads, folds every event into `reduce`,
+and after every step (and every abort) checks the rebuilt state against the engine's own
+figures: the free queue's order, every block table, ref counts and cached flags, the queues,
+the block and slot counts, preemptions and prefix-cache hits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import event as note
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanovllm.events import (
+    EVENT_TYPES,
+    BlockAllocated,
+    BlockCached,
+    BlockEvicted,
+    BlockFreed,
+    CacheHit,
+    EngineStarted,
+    RequestAdded,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestScheduled,
+    StepSummary,
+    TokenEmitted,
+)
+from nanovllm.viz.state import (
+    CHUNK,
+    DECODE,
+    FINISHED,
+    MAX_FINISHED,
+    PREEMPTED,
+    PREFILL,
+    RUNNING,
+    WAIT,
+    WAITING,
+    VizState,
+    initial_state,
+    kv_figures,
+    last_block_fill,
+    reduce,
+    reduce_all,
+)
+
+
+def started(num_blocks: int = 4, block_size: int = 4) -> EngineStarted:
+    return EngineStarted(
+        model="m",
+        num_kv_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        max_model_len=64,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+        attention_backend="torch",
+    )
+
+
+def summary(step: int, **kw) -> StepSummary:
+    fields = dict(
+        scheduled={},
+        num_prefill_tokens=0,
+        num_decode_tokens=0,
+        num_running=0,
+        num_waiting=0,
+        num_used_blocks=0,
+        num_cached_free_blocks=0,
+        num_free_blocks=0,
+        num_allocated_slots=0,
+        num_filled_slots=0,
+        schedule_time=0.001,
+        forward_time=0.009,
+    )
+    fields.update(kw)
+    return StepSummary(step=step, **fields)
+
+
+# --- hand-written sequences ---------------------------------------------------------------------
+
+
+def test_engine_started_sets_up_free_queue_and_resets():
+    state = reduce(VizState(), started(num_blocks=5))
+    assert state.free_queue == (0, 1, 2, 3, 4)
+    assert state.num_blocks == 5 and state.block_size == 4
+    state = reduce(state, RequestAdded("a", "hi", 3, 4))
+    again = reduce(state, started(num_blocks=3))  # a new engine: everything starts over
+    assert again.requests == {} and again.free_queue == (0, 1, 2)
+
+
+def test_free_queue_head_middle_tail():
+    s = initial_state(started(num_blocks=5))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", "x", 6, 4),
+            BlockAllocated("a", 0, 0),  # from the head
+            BlockAllocated("a", 1, 1),
+            BlockCached("a", 0, "h0"),
+            RequestScheduled(1, "a", 6, 0, True, False),
+        ],
+    )
+    assert s.free_queue == (2, 3, 4)
+    assert s.requests["a"].block_table == (0, 1)
+    assert s.requests["a"].status == RUNNING and s.running == ("a",)
+    s = reduce_all(
+        s,
+        [
+            BlockFreed("a", 1, 0, False),  # freed tail first, joins the queue's tail
+            BlockFreed("a", 0, 0, True),
+            RequestFinished(1, "a", "length", 6, 4),
+            summary(1),
+        ],
+    )
+    assert s.free_queue == (2, 3, 4, 1, 0)
+    assert s.last_step.taken == (0, 1) and s.last_step.returned == (1, 0)
+    assert s.blocks[0].cached and not s.blocks[1].cached
+    assert s.blocks[0].last_owner == "a" and s.blocks[0].owners == ()
+    # A prefix hit takes block 0 out of the queue where it sits; a fresh block (2, after its
+    # stale prefix is evicted) comes off the head.
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("b", "x", 6, 4),
+            CacheHit("b", 0, 0, True, 1),
+            BlockEvicted(2, "old"),
+            BlockAllocated("b", 2, 1),
+            RequestScheduled(2, "b", 2, 4, True, False),
+        ],
+    )
+    assert s.free_queue == (3, 4, 1)
+    assert s.requests["b"].block_table == (0, 2)
+    assert s.requests["b"].num_cached_tokens == 4
+    assert s.draft.pulled == (0,) and s.draft.taken == (2,)
+    assert s.metrics.prefix_hits == 4 and s.metrics.prefix_queries == 6 + 6
+
+
+def test_shared_block_ref_counts():
+    s = initial_state(started(num_blocks=4))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 8, 4),
+            RequestAdded("b", None, 8, 4),
+            BlockAllocated("a", 0, 0),
+            BlockCached("a", 0, "h"),
+            BlockAllocated("a", 1, 1),
+            RequestScheduled(1, "a", 8, 0, True, False),
+            CacheHit("b", 0, 0, False, 2),
+            BlockAllocated("b", 2, 1),
+            RequestScheduled(1, "b", 4, 4, True, False),
+        ],
+    )
+    assert s.blocks[0].ref_count == 2 and s.blocks[0].owners == ("a", "b")
+    figures = kv_figures(s)
+    assert figures.num_used_blocks == 3 and figures.num_shared_blocks == 1
+    # filled: a has 8 tokens, b 8, block 0 counted once
+    assert figures.num_filled_slots == 8 + 8 - 4 and figures.num_allocated_slots == 12
+    s = reduce(s, BlockFreed("a", 0, 1, True))
+    assert s.blocks[0].ref_count == 1 and 0 not in s.free_queue
+
+
+def test_preemption_moves_request_to_front_of_waiting():
+    s = initial_state(started(num_blocks=4))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 4, 8),
+            RequestAdded("b", None, 4, 8),
+            BlockAllocated("a", 0, 0),
+            RequestScheduled(1, "a", 4, 0, True, False),
+            BlockAllocated("b", 1, 0),
+            RequestScheduled(1, "b", 4, 0, True, False),
+            summary(1),
+            RequestAdded("c", None, 4, 8),
+            BlockFreed("b", 1, 0, False),
+            RequestPreempted(2, "b", 5),
+            BlockAllocated("a", 1, 1),
+            RequestScheduled(2, "a", 1, 4, False, False),
+            summary(2),
+        ],
+    )
+    assert s.waiting == ("b", "c") and s.running == ("a",)
+    b = s.requests["b"]
+    assert b.status == WAITING and b.num_preemptions == 1 and b.block_table == ()
+    assert b.num_computed_tokens == 0
+    assert s.metrics.num_preemptions == 1
+    column = s.timeline[-1]
+    assert column.cells == {"a": DECODE, "b": PREEMPTED, "c": WAIT}
+    assert s.last_step.preempted == ("b",)
+
+
+def test_timeline_cells_and_step_records():
+    s = initial_state(started(num_blocks=8))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 10, 2),
+            RequestScheduled(1, "a", 8, 0, True, True),
+            summary(1, num_prefill_tokens=8),
+            RequestScheduled(2, "a", 2, 8, True, False),
+            TokenEmitted(2, "a", 5, "x", 1),
+            summary(2, num_prefill_tokens=2),
+            RequestScheduled(3, "a", 1, 10, False, False),
+            TokenEmitted(3, "a", 6, "y", 2),
+            RequestFinished(3, "a", "length", 10, 2),
+            summary(3, num_decode_tokens=1),
+        ],
+    )
+    assert [c.cells["a"] for c in s.timeline] == [CHUNK, PREFILL, DECODE]
+    assert s.step == 3 and s.last_step.finished == ("a",)
+    assert s.requests["a"].output_text == "xy" and s.requests["a"].status == FINISHED
+    assert s.metrics.num_steps == 3 and s.metrics.num_tokens == 11
+    assert s.metrics.tokens_per_s == pytest.approx(11 / 0.03)
+    assert s.draft.scheduled == ()
+
+
+def test_rejected_request_does_not_touch_the_existing_one():
+    s = initial_state(started())
+    s = reduce_all(s, [RequestAdded("a", "p", 2, 2), RequestRejected("a", "duplicate id")])
+    assert list(s.requests) == ["a"] and s.waiting == ("a",)
+    assert s.rejected == (("a", "duplicate id"),) and s.metrics.num_rejected == 1
+
+
+def test_finished_requests_are_bounded():
+    s = initial_state(started())
+    for i in range(MAX_FINISHED + 5):
+        s = reduce_all(
+            s, [RequestAdded(f"r{i}", None, 1, 1), RequestFinished(0, f"r{i}", "abort", 1, 0)]
+        )
+    assert len(s.finished) == MAX_FINISHED and len(s.requests) == MAX_FINISHED
+    assert s.metrics.num_finished == MAX_FINISHED + 5
+
+
+def test_last_block_fill():
+    s = initial_state(started(block_size=4))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 5, 4),
+            BlockAllocated("a", 0, 0),
+            BlockAllocated("a", 1, 1),
+            RequestScheduled(1, "a", 5, 0, True, False),
+        ],
+    )
+    assert last_block_fill(s, s.requests["a"]) == 1
+
+
+# --- the committed trace --------------------------------------------------------------------------
+
+
+def test_trace_shows_every_effect(trace_events):
+    kinds = {e.kind for e in trace_events}
+    assert kinds == set(EVENT_TYPES), set(EVENT_TYPES) - kinds
+    hits = [e for e in trace_events if isinstance(e, CacheHit)]
+    assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)
+    assert any(isinstance(e, RequestScheduled) and e.is_chunk for e in trace_events)
+    assert any(isinstance(e, RequestFinished) and e.finish_reason == "abort" for e in trace_events)
+
+
+def test_trace_replay_matches_summaries(trace_events):
+    """Every StepSummary's figures agree with the state rebuilt from the events before it."""
+    state = VizState()
+    checked = 0
+    for event in trace_events:
+        state = reduce(state, event)
+        if isinstance(event, StepSummary):
+            fig = kv_figures(state)
+            assert len(state.running) == event.num_running
+            assert len(state.waiting) == event.num_waiting
+            assert fig.num_used_blocks == event.num_used_blocks
+            assert fig.num_free_blocks == event.num_free_blocks
+            assert fig.num_cached_free_blocks == event.num_cached_free_blocks
+            assert fig.num_allocated_slots == event.num_allocated_slots
+            assert fig.num_filled_slots == event.num_filled_slots
+            assert state.free_queue[: len(event.free_queue_head)] == event.free_queue_head
+            assert {s.request_id: s.num_tokens for s in state.last_step.scheduled} == (
+                event.scheduled
+            )
+            checked += 1
+    assert checked > 20
+
+
+def test_reduce_is_pure(trace_events):
+    """Replaying twice gives equal states at every point: no reduce mutated an earlier state."""
+    states = []
+    state = VizState()
+    for event in trace_events:
+        state = reduce(state, event)
+        states.append(state)
+    state = VizState()
+    for event, kept in zip(trace_events, states):
+        state = reduce(state, event)
+        assert state == kept
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.step_count = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        state.requests["x"] = None  # type: ignore[index]
+
+
+# --- robustness: any event sequence ---------------------------------------------------------------
+
+ids = st.sampled_from(["a", "b", "c"])
+blocks = st.integers(-1, 6)
+any_event = st.one_of(
+    st.builds(RequestAdded, ids, st.none(), st.integers(1, 9), st.integers(1, 9)),
+    st.builds(RequestRejected, ids, st.just("no")),
+    st.builds(
+        RequestScheduled,
+        st.integers(0, 9),
+        ids,
+        st.integers(1, 9),
+        st.integers(0, 9),
+        st.booleans(),
+        st.booleans(),
+    ),
+    st.builds(RequestPreempted, st.integers(0, 9), ids, st.integers(0, 9)),
+    st.builds(
+        TokenEmitted,
+        st.integers(0, 9),
+        ids,
+        st.integers(0, 9),
+        st.text(max_size=3),
+        st.integers(0, 9),
+    ),
+    st.builds(
+        RequestFinished,
+        st.integers(0, 9),
+        ids,
+        st.just("stop"),
+        st.integers(0, 9),
+        st.integers(0, 9),
+    ),
+    st.builds(BlockAllocated, ids, blocks, st.integers(0, 4), st.booleans()),
+    st.builds(CacheHit, ids, blocks, st.integers(0, 4), st.booleans(), st.integers(0, 3)),
+    st.builds(BlockFreed, ids, blocks, st.integers(0, 2), st.booleans()),
+    st.builds(BlockCached, ids, blocks, st.just("h")),
+    st.builds(BlockEvicted, blocks, st.just("h")),
+    st.integers(0, 9).map(lambda step: summary(step)),
+)
+
+
+@settings(max_examples=60)
+@given(st.lists(any_event, max_size=40), st.booleans())
+def test_reduce_never_raises(events, with_start):
+    """A visualizer draws whatever it gets: a cut or odd trace must not crash the reducer."""
+    state = initial_state(started(num_blocks=5)) if with_start else VizState()
+    state = reduce_all(state, events)
+    assert state.num_events == len(events)
+    assert len(set(state.free_queue)) == len(state.free_queue)
+
+
+# --- against the real engine ---------------------------------------------------------------------
+
+
+@st.composite
+def engine_runs(draw):
+    """Engine options with a tiny KV cache, and a workload: arrivals, a shared prefix, aborts.
+
+    Sized so that the cache is usually too small for everything at once (preemption) and many
+    prompts share full blocks (prefix caching); the budget is often below a prompt (chunks).
+    """
+    block_size = draw(st.sampled_from([2, 4]))
+    config = dict(
+        block_size=block_size,
+        num_kv_blocks=draw(st.integers(4, 12)),
+        max_num_seqs=draw(st.integers(2, 5)),
+        max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 32])),
+        enable_prefix_caching=draw(st.sampled_from([True, True, True, False])),
+    )
+    shared = list(range(3, 3 + block_size * draw(st.integers(0, 3))))
+    requests = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 6),  # arrival tick
+                st.booleans(),  # starts with the shared prefix
+                st.lists(st.integers(3, 200), min_size=1, max_size=10),
+                st.integers(1, 16),  # max_tokens
+                st.one_of(st.none(), st.integers(0, 14)),  # abort at tick
+            ),
+            min_size=2,
+            max_size=7,
+        )
+    )
+    return config, shared, requests
+
+
+def check_against_engine(state: VizState, engine) -> None:
+    from nanovllm.request import RequestStatus
+
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    assert list(state.free_queue) == [b.block_id for b in kv.free_block_queue.get_all_free_blocks()]
+    for block, mine in zip(kv.blocks, state.blocks, strict=True):
+        assert mine.ref_count == block.ref_cnt, block
+        assert mine.cached == (block.block_hash is not None), block
+        assert len(mine.owners) == block.ref_cnt
+    assert list(state.running) == [r.request_id for r in scheduler.running]
+    live_waiting = [r.request_id for r in scheduler.waiting if r.status != RequestStatus.FINISHED]
+    assert list(state.waiting) == live_waiting
+    assert len(state.waiting) == scheduler.num_waiting
+    for rid, request in scheduler.requests.items():
+        mine = state.requests[rid]
+        assert list(mine.block_table) == kv.get_block_table(rid), rid
+        assert mine.num_computed_tokens == request.num_computed_tokens, rid
+        assert mine.num_output_tokens == request.num_output_tokens, rid
+    fig = kv_figures(state)
+    assert fig.num_used_blocks == kv.num_used_blocks
+    assert fig.num_free_blocks == kv.num_free_blocks
+    assert fig.num_cached_free_blocks == kv.num_cached_free_blocks
+    assert fig.num_allocated_slots == kv.num_allocated_slots()
+    assert fig.num_filled_slots == kv.num_filled_slots()
+    assert state.metrics.num_preemptions == scheduler.num_preemptions
+    assert state.metrics.prefix_hits == scheduler.prefix_cache_hits
+    assert state.metrics.prefix_queries == scheduler.prefix_cache_queries
+
+
+@settings(max_examples=12)
+@given(run=engine_runs())
+def test_reducer_agrees_with_engine(tiny_llama: Path, run):
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.sampling_params import SamplingParams
+
+    config, shared, requests = run
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), num_threads=1, **config))
+    box = [VizState()]
+    engine.subscribe(lambda event: box.__setitem__(0, reduce(box[0], event)))
+    params = [SamplingParams(temperature=0, max_tokens=r[3], ignore_eos=True) for r in requests]
+    added: set[str] = set()
+    for tick in range(60):
+        for i, (arrival, use_shared, prompt, _, abort_at) in enumerate(requests):
+            rid = f"q{i}"
+            if arrival == tick:
+                try:
+                    engine.add_request(rid, (shared if use_shared else []) + prompt, params[i])
+                    added.add(rid)
+                except ValueError:
+                    pass  # too big for this KV cache: a RequestRejected event
+            if abort_at == tick and rid in engine.scheduler.requests:
+                engine.abort_request(rid)
+                check_against_engine(box[0], engine)
+        if engine.has_unfinished_requests():
+            engine.step()
+            check_against_engine(box[0], engine)
+        elif tick > 12:
+            break
+    state = box[0]
+    note(f"preempted: {state.metrics.num_preemptions > 0}")
+    note(f"prefix hits: {state.metrics.prefix_hits > 0}")
+    note(f"chunks: {any(CHUNK in c.cells.values() for c in state.timeline)}")
+    assert not engine.has_unfinished_requests()
+    assert state.running == () and state.waiting == ()
+    assert set(state.finished) == added
+
+
+def test_reducer_agrees_with_engine_on_planned_workload(tiny_llama: Path):
+    """The trace's workload, checked step by step: preemption, prefix hits, chunks, an abort."""
+    from make_viz_trace import record_trace
+
+    box = {"state": VizState(), "seen": 0, "checks": 0}
+
+    def check(engine, events: list) -> None:
+        box["state"] = reduce_all(box["state"], events[box["seen"] :])
+        box["seen"] = len(events)
+        check_against_engine(box["state"], engine)
+        box["checks"] += 1
+
+    record_trace(tiny_llama, check=check)
+    state = box["state"]
+    assert box["checks"] > 30
+    assert state.metrics.num_preemptions > 0 and state.metrics.prefix_hits > 0
+    assert state.metrics.num_rejected == 1

@@ -1,0 +1,398 @@
+"""`VizApp`: the Textual app of `nanovllm viz`.
+
+The app owns no engine. A `Driver` (live engine or replayed trace, see `driver.py`) runs in a
+Textual thread worker and publishes immutable `VizState`s; the app keeps only the newest one in
+a one-slot mailbox and posts itself an `EngineUpdate` message when the slot was empty; it
+draws the newest state at most `MAX_FPS` times a second. So however fast the engine steps, the
+UI draws at its own pace and never blocks, and the worker never waits for the UI. Keys become
+`Command`s on the driver's thread-safe queue.
+
+The views are small widgets (`widgets/`), laid out by `app.tcss`. Besides the interactive mode
+the app has two headless uses: take a screenshot after N steps (`screenshot=`), and measure
+frames and steps per second (`measure=`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.events import Resize
+from textual.timer import Timer
+from textual.widgets import Footer, Static
+
+from nanovllm.viz.driver import (
+    SPEEDS,
+    AddRequest,
+    Driver,
+    DriverStatus,
+    Notify,
+    Publish,
+    SetSpeed,
+    Step,
+    SwitchScenario,
+    TogglePause,
+)
+from nanovllm.viz.messages import EngineNotice, EngineUpdate
+from nanovllm.viz.scenarios import SCENARIOS
+from nanovllm.viz.screens import AddRequestScreen, HelpScreen
+from nanovllm.viz.state import RUNNING, VizState
+from nanovllm.viz.widgets import (
+    BlockTablesView,
+    KVCacheView,
+    MetricsView,
+    QueuesView,
+    RequestTextView,
+    StateView,
+    StatusBar,
+    StepView,
+    TimelineView,
+)
+
+MIN_WIDTH, MIN_HEIGHT = 60, 16  # below this, a message instead of the views
+# Frames per second at most. A full frame costs Textual tens of milliseconds of CPU; drawing
+# every step of a fast engine would take the CPU (and the GIL) from the engine itself.
+MAX_FPS = 12
+
+DriverFactory = Callable[[Publish, Notify], Driver]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    seconds: float
+    frames: int
+    steps: int
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds else 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+class VizApp(App[object]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere work too
+    TITLE = "nanovllm viz"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    BINDINGS = [
+        Binding("space", "toggle_pause", "pause"),
+        Binding("s,right", "step", "step"),
+        Binding("plus,equals_sign", "faster", "faster"),
+        Binding("minus", "slower", "slower"),
+        Binding("up,k", "select(-1)", "select", show=False),
+        Binding("down,j", "select(1)", "select", show=False),
+        Binding("a", "add_request", "add request"),
+        Binding("c", "next_scenario", "scenario"),
+        *(
+            Binding(str(i), f"scenario({i - 1})", name, show=False)
+            for i, name in enumerate(SCENARIOS, 1)
+        ),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        make_driver: DriverFactory,
+        *,
+        screenshot: str | Path | None = None,
+        screenshot_steps: int | None = None,
+        measure: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.driver = make_driver(self._publish, self._notify)
+        self.state = VizState()
+        self.status: DriverStatus | None = None
+        self.selected: str | None = None
+        self.follow = True  # select the oldest running request until the user picks one
+        self.screenshot = Path(screenshot) if screenshot else None
+        self.screenshot_steps = screenshot_steps
+        self.measure = measure
+        self.measurement: Measurement | None = None
+        self._latest: tuple[VizState, DriverStatus] | None = None
+        self._posted = False
+        self._frame_timer: Timer | None = None
+        self._last_frame = 0.0
+        self._views: list[StateView] = []
+        self._finishing = False
+        self._measure_start: tuple[float, int, int] | None = None
+
+    # --- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield QueuesView(id="queues")
+                yield MetricsView(id="metrics")
+            with Vertical(id="center"):
+                yield TimelineView(id="timeline")
+                yield StepView(id="step")
+                yield KVCacheView(id="kv")
+            with Vertical(id="right"):
+                yield BlockTablesView(id="tables")
+                yield RequestTextView(id="text")
+        yield Static(id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        titles = {
+            "queues": ("Queues", ""),
+            "metrics": ("Metrics", ""),
+            "timeline": (
+                "Batch timeline",
+                "P prefill · p chunk · = decode · X preempted · · waiting",
+            ),
+            "step": ("Step composition", "upper case: prompt tokens · lower case: decode"),
+            "kv": ("Physical KV cache", "A owned · A² shared · a cached-free · · free"),
+            "tables": ("Block tables", "logical → physical · last block fill"),
+            "text": ("Selected request", ""),
+        }
+        for view_id, (title, subtitle) in titles.items():
+            view = self.query_one(f"#{view_id}", StateView)
+            view.border_title = title
+            view.border_subtitle = subtitle
+        self._views = list(self.query(StateView))
+        self._check_size(self.size.width, self.size.height)
+        self.run_driver()
+
+    def on_resize(self, event: Resize) -> None:
+        self._check_size(event.size.width, event.size.height)
+
+    def _check_size(self, width: int, height: int) -> None:
+        too_small = width < MIN_WIDTH or height < MIN_HEIGHT
+        self.screen.set_class(too_small, "-too-small")
+        if too_small:
+            self.query_one("#too-small", Static).update(
+                f"The terminal is {width}×{height}; nanovllm viz needs at least "
+                f"{MIN_WIDTH}×{MIN_HEIGHT}.\nEnlarge the window, or press q to quit."
+            )
+
+    # --- the worker and its mailbox -------------------------------------------------------
+
+    @work(thread=True, exclusive=True, name="engine", group="engine")
+    def run_driver(self) -> None:
+        self.driver.run()
+
+    def _publish(self, state: VizState, status: DriverStatus) -> None:
+        """Called in the worker thread: keep only the newest state, wake the UI once."""
+        self._latest = (state, status)
+        if not self._posted:
+            self._posted = True
+            self.post_message(EngineUpdate())
+
+    def _notify(self, text: str, severity: str) -> None:
+        self.post_message(EngineNotice(text, severity))
+
+    def on_engine_update(self, message: EngineUpdate) -> None:
+        self._posted = False  # before reading: a state published from now on posts again
+        if self._frame_timer is not None:
+            return  # a frame is already due; it will draw the newest state
+        wait = self._last_frame + 1 / MAX_FPS - time.monotonic()
+        if wait > 0:
+            self._frame_timer = self.set_timer(wait, self._draw_latest)
+        else:
+            self._draw_latest()
+
+    def _draw_latest(self) -> None:
+        self._frame_timer = None
+        if self._latest is None:
+            return
+        self._last_frame = time.monotonic()
+        self.state, self.status = self._latest
+        self._follow_selection()
+        self._redraw()
+        self._check_goals()
+
+    def on_engine_notice(self, message: EngineNotice) -> None:
+        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+
+    def _redraw(self) -> None:
+        for view in self._views:
+            view.show(self.state, self.selected, self.status)
+
+    # --- selection ------------------------------------------------------------------------------
+
+    def _selectable(self) -> list[str]:
+        """Requests in the order the queue view lists them."""
+        s = self.state
+        return [*s.waiting, *s.running, *reversed(s.finished)]
+
+    def _follow_selection(self) -> None:
+        info = self.state.requests.get(self.selected) if self.selected else None
+        if info is None or (self.follow and info.status != RUNNING):
+            if self.state.running:
+                self.selected = self.state.running[0]
+            elif info is None:
+                choices = self._selectable()
+                self.selected = choices[0] if choices else None
+
+    def select(self, request_id: str | None) -> None:
+        self.selected = request_id
+        self.follow = False
+        self._redraw()
+
+    def action_select(self, delta: int) -> None:
+        choices = self._selectable()
+        if not choices:
+            return
+        if self.selected in choices:
+            i = (choices.index(self.selected) + delta) % len(choices)
+        else:
+            i = 0
+        self.select(choices[i])
+
+    def on_queues_view_selected(self, message: QueuesView.Selected) -> None:
+        self.select(message.request_id)
+
+    # --- controls -----------------------------------------------------------------------------
+
+    def action_toggle_pause(self) -> None:
+        self.driver.send(TogglePause())
+
+    def action_step(self) -> None:
+        self.driver.send(Step())
+
+    def _change_speed(self, delta: int) -> None:
+        speed = self.status.speed if self.status else SPEEDS[3]
+        i = SPEEDS.index(speed) if speed in SPEEDS else 3
+        i = max(0, min(len(SPEEDS) - 1, i + delta))
+        self.driver.send(SetSpeed(SPEEDS[i]))
+
+    def action_faster(self) -> None:
+        self._change_speed(+1)
+
+    def action_slower(self) -> None:
+        self._change_speed(-1)
+
+    def action_add_request(self) -> None:
+        def send(prompt: str | None) -> None:
+            if prompt:
+                self.driver.send(AddRequest(prompt))
+
+        self.push_screen(AddRequestScreen(), send)
+
+    def action_scenario(self, index: int) -> None:
+        names = list(SCENARIOS)
+        if 0 <= index < len(names):
+            self.follow = True
+            self.driver.send(SwitchScenario(names[index]))
+
+    def action_next_scenario(self) -> None:
+        names = list(SCENARIOS)
+        current = self.status.scenario if self.status else None
+        i = names.index(current) + 1 if current in names else 0
+        self.action_scenario(i % len(names))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    # --- headless goals: screenshot, measurement ---------------------------------------------
+
+    def _check_goals(self) -> None:
+        status = self.status
+        if status is None or self._finishing:
+            return
+        if self.screenshot is not None:
+            limit = self.screenshot_steps
+            reached = limit is not None and self.state.step >= limit
+            if reached or status.done or status.error:
+                self._finishing = True
+                self.call_after_refresh(self._save_and_exit)
+        if self.measure is not None and not status.loading:
+            if self._measure_start is None:
+                self._measure_start = (time.perf_counter(), StatusBar.frames, status.steps)
+                self.set_timer(self.measure, self._finish_measure)
+
+    def is_settled(self) -> bool:
+        """Whether the screen is complete: the footer fills itself in a little after mounting."""
+        return bool(self.query_one(Footer).children)
+
+    def _save_and_exit(self, tries: int = 100) -> None:
+        assert self.screenshot is not None
+        if not self.is_settled() and tries > 0:
+            self.set_timer(0.02, lambda: self._save_and_exit(tries - 1))
+            return
+        self.call_after_refresh(self._shoot)  # once more: the footer's keys must be drawn too
+
+    def _shoot(self) -> None:
+        assert self.screenshot is not None
+        self.exit(save_screenshot(self, self.screenshot))
+
+    def _finish_measure(self) -> None:
+        assert self._measure_start is not None
+        start, frames, steps = self._measure_start
+        steps_now = self.status.steps if self.status else steps
+        self.measurement = Measurement(
+            time.perf_counter() - start, StatusBar.frames - frames, steps_now - steps
+        )
+        self.exit(self.measurement)
+
+    def exit(self, *args, **kwargs) -> None:  # type: ignore[override]
+        self.driver.stop()  # the worker thread must end for the app to exit
+        super().exit(*args, **kwargs)
+
+    def on_unmount(self) -> None:
+        self.driver.stop()
+
+
+# --- screenshots --------------------------------------------------------------------------------
+
+
+def screen_text(app: App) -> str:
+    """The screen as plain text: what a snapshot test compares, readable in a diff."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(
+        width=width, height=height, file=StringIO(), record=True, color_system=None,
+        force_terminal=True, legacy_windows=False, safe_box=False,
+    )  # fmt: skip
+    update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+    console.print(update)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def svg_to_png(svg: Path, png: Path) -> bool:
+    """Convert with cairosvg or rsvg-convert, whichever is installed. False when neither is."""
+    try:
+        import cairosvg  # type: ignore[import-not-found]
+    except ImportError:
+        cairosvg = None
+    if cairosvg is not None:
+        cairosvg.svg2png(url=str(svg), write_to=str(png))
+        return True
+    rsvg = shutil.which("rsvg-convert")
+    if rsvg:
+        subprocess.run([rsvg, "-o", str(png), str(svg)], check=True)
+        return True
+    return False
+
+
+def save_screenshot(app: App, path: Path) -> Path:
+    """Write the screen to `path`: `.svg`, `.txt`, or `.png` (an SVG beside it, then converted)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".txt":
+        path.write_text(screen_text(app), encoding="utf-8")
+        return path
+    svg = path if path.suffix != ".png" else path.with_suffix(".svg")
+    svg.write_text(app.export_screenshot(), encoding="utf-8")
+    if path.suffix == ".png":
+        if not svg_to_png(svg, path):
+            app.notify("no SVG converter (cairosvg, rsvg-convert): wrote the SVG only")
+            return svg
+    return path

@@ -1,0 +1,174 @@
+"""`nanovllm viz`: the command line of the visualizer.
+
+    nanovllm viz                                  the embedded model on the steady workload
+    nanovllm viz --scenario burst                 preemption (also: prefix, chunked)
+    nanovllm viz --record run.jsonl               ... and write every event to a trace
+    nanovllm viz --replay run.jsonl               play a trace back, no model needed
+    nanovllm viz --screenshot out.svg --steps 40  headless: run 40 steps, save the screen
+    nanovllm viz --measure 10                     headless: frames/s and engine steps/s
+
+Engine options (`--num-kv-blocks`, `--max-num-batched-tokens`, ...) override the scenario's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from nanovllm.engine.generate_cli import add_engine_arguments, engine_options
+from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS
+
+# Engine options a scenario chooses unless the user gives them.
+SCENARIO_OPTIONS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("visualizer")
+    g.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default=DEFAULT_SCENARIO,
+        help="built-in workload and engine options (default: %(default)s)",
+    )
+    g.add_argument("--replay", type=Path, metavar="TRACE", help="play back a recorded trace")
+    g.add_argument("--record", type=Path, metavar="TRACE", help="write the events to a trace")
+    g.add_argument(
+        "--screenshot",
+        type=Path,
+        metavar="OUT",
+        help="headless: run --steps steps, save the screen (.svg, .png, .txt) and exit",
+    )
+    g.add_argument(
+        "--steps", type=int, default=None, help="pause after N steps (screenshot: default 40)"
+    )
+    g.add_argument("--size", default="160x48", help="terminal size when headless (WxH)")
+    g.add_argument(
+        "--speed", type=float, default=4.0, help="steps per second, 0 = as fast as possible"
+    )
+    g.add_argument("--paused", action="store_true", help="start paused (space resumes)")
+    g.add_argument(
+        "--measure",
+        type=float,
+        metavar="SECONDS",
+        help="headless: run at full speed and print UI frames/s and engine steps/s",
+    )
+    g.add_argument("--workload-seed", type=int, default=0)
+    add_engine_arguments(parser)
+    # None = "the scenario decides"; an explicit value wins.
+    parser.set_defaults(**{name: None for name in SCENARIO_OPTIONS})
+
+
+def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options the user actually chose (the rest come from the scenario)."""
+    options = engine_options(args)
+    out = {k: v for k, v in options.items() if v is not None}
+    for flag in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if out.get(flag, True):
+            out.pop(flag, None)  # only an explicit --no-... overrides
+    return out
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = text.lower().split("x")
+        size = int(w), int(h)
+    except ValueError:
+        raise ValueError(f"--size must look like 160x48, got {text!r}") from None
+    if min(size) < 1:
+        raise ValueError(f"--size must be positive, got {text!r}")
+    return size
+
+
+def _model_missing(model: str | None) -> str | None:
+    from nanovllm.default_model import DEFAULT_MODEL_PATH
+
+    path = Path(model) if model else DEFAULT_MODEL_PATH
+    if not (path / "config.json").is_file():
+        if model is None:
+            return (
+                f"the embedded model is not in {path} yet (no config.json): train it, or pass "
+                "--model PATH, or play a trace with --replay TRACE"
+            )
+        return f"no checkpoint in {path} (no config.json)"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from nanovllm.viz.app import Measurement, VizApp
+    from nanovllm.viz.driver import EngineDriver, ReplayDriver
+
+    def fail(message: str) -> int:
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        size = parse_size(args.size)
+    except ValueError as exc:
+        return fail(str(exc))
+    if args.steps is not None and args.steps < 1:
+        return fail(f"--steps must be >= 1, got {args.steps}")
+    if args.speed < 0:
+        return fail(f"--speed must be >= 0, got {args.speed}")
+    headless = args.screenshot is not None or args.measure is not None
+    if args.screenshot is not None and args.measure is not None:
+        return fail("--screenshot and --measure do not go together")
+    if not headless and not sys.stdout.isatty():
+        return fail("nanovllm viz needs an interactive terminal (or --screenshot / --measure)")
+
+    steps = args.steps
+    if args.screenshot is not None and steps is None:
+        steps = 40
+    speed = 0.0 if headless else args.speed
+    common = dict(paused=args.paused and not headless, speed=speed, max_steps=steps)
+    if args.replay is not None:
+        if args.record is not None:
+            return fail("--record and --replay do not go together")
+        if not args.replay.is_file():
+            return fail(f"no trace at {args.replay}")
+        make_driver = partial(_replay_driver, ReplayDriver, args.replay, common)
+    else:
+        missing = _model_missing(args.model)
+        if missing:
+            return fail(missing)
+        make_driver = partial(
+            _engine_driver,
+            EngineDriver,
+            dict(
+                scenario=args.scenario,
+                overrides=engine_overrides(args),
+                record=args.record,
+                workload_seed=args.workload_seed,
+                **common,
+            ),
+        )
+    app = VizApp(
+        make_driver,
+        screenshot=args.screenshot,
+        screenshot_steps=steps,
+        measure=args.measure,
+    )
+    result = app.run(headless=True, size=size) if headless else app.run()
+    status = app.status
+    if status is not None and status.error:
+        print(f"error: {status.error}", file=sys.stderr)
+        return 1
+    if isinstance(result, Path):
+        print(f"wrote {result} (step {app.state.step})")
+    elif isinstance(result, Measurement):
+        print(
+            f"{result.seconds:.1f} s: {result.frames} frames = {result.fps:.1f} frames/s, "
+            f"{result.steps} engine steps = {result.steps_per_s:.1f} steps/s "
+            f"({status.source if status else '?'}, {size[0]}x{size[1]})"
+        )
+    return app.return_code or 0
+
+
+def _replay_driver(cls, trace, common, publish, notify):
+    return cls(trace, publish, notify=notify, **common)
+
+
+def _engine_driver(cls, options, publish, notify):
+    return cls(publish, notify=notify, **options)

@@ -1,0 +1,134 @@
+"""Built-in scenarios: an engine configuration plus a workload, each made to show one effect.
+
+Each scenario picks engine options that make its effect visible on the embedded model (vocab
+~4k, context up to 1024) within a few dozen steps, and a workload that says which requests
+arrive at each tick of the driver (one tick = one engine step, or one idle beat when there is
+nothing to run). Workloads are seeded, so a scenario plays the same way every time.
+
+    steady   requests arrive one every three steps or so: continuous batching refills the batch
+    burst    a dozen long requests at once into a small KV cache: preemption
+    prefix   every request starts with the same "system prompt": prefix caching, shared blocks
+    chunked  prompts of several hundred tokens and a small token budget: chunked prefill
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from nanovllm.viz import prompts
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request a workload sends."""
+
+    prompt: str
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    what_to_watch: str
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides
+
+    def workload(self, seed: int = 0) -> Workload:
+        return Workload(self.name, seed)
+
+
+class Workload:
+    """Arrivals per tick, from a seeded random generator (the same run every time)."""
+
+    def __init__(self, kind: str, seed: int = 0) -> None:
+        self.kind = kind
+        self.rng = random.Random(seed)
+        self.idle_ticks = 0
+
+    def arrivals(self, tick: int, busy: bool) -> list[Arrival]:
+        """Requests that arrive at `tick`; `busy` tells whether the engine has work left."""
+        self.idle_ticks = 0 if busy else self.idle_ticks + 1
+        rng = self.rng
+        if self.kind == "steady":
+            # About as many arrivals as finishes (8 slots, ~26 steps per request), so the queue
+            # stays short and finishes are refilled from it at once.
+            n = 4 if tick == 0 else int(rng.random() < 0.3)
+            return [self._opening(rng.randint(12, 40)) for _ in range(n)]
+        if self.kind == "burst":
+            # A burst, then nothing until the engine has drained and rested a few ticks.
+            if tick == 0 or self.idle_ticks >= 4:
+                self.idle_ticks = 0
+                return [self._opening(rng.randint(48, 96)) for _ in range(12)]
+            return []
+        if self.kind == "prefix":
+            n = 3 if tick == 0 else int(rng.random() < 0.22)
+            out = []
+            for _ in range(n):
+                system = prompts.SYSTEM_PROMPT if rng.random() < 0.8 else prompts.SYSTEM_PROMPT_2
+                question = rng.choice(prompts.QUESTIONS)
+                out.append(self._arrival(system + question, rng.randint(24, 56)))
+            return out
+        if self.kind == "chunked":
+            n = 2 if tick == 0 else int(rng.random() < 0.12)
+            out = []
+            for _ in range(n):
+                # Two speeches under a heading of their own: a first block no other prompt
+                # shares, so the prefix cache cannot skip the prefill we want to see chunked.
+                start = rng.randrange(len(prompts.SPEECHES))
+                text = f"ACT {rng.randint(1, 5)}, SCENE {rng.randint(1, 99)}.\n\n" + "\n".join(
+                    prompts.SPEECHES[(start + i) % len(prompts.SPEECHES)] for i in range(2)
+                )
+                out.append(self._arrival(text, rng.randint(16, 40)))
+            return out
+        raise ValueError(f"unknown workload {self.kind!r}")
+
+    def _opening(self, max_tokens: int) -> Arrival:
+        return self._arrival(self.rng.choice(prompts.OPENINGS), max_tokens)
+
+    def _arrival(self, prompt: str, max_tokens: int) -> Arrival:
+        return Arrival(prompt, max_tokens, self.rng.randrange(2**31))
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "steady",
+            "steady arrivals",
+            "Requests arrive one every three steps or so. Watch the timeline: as soon as one "
+            "finishes, a waiting one joins the very next step (continuous batching), and "
+            "prefills share steps with decodes.",
+            dict(block_size=16, num_kv_blocks=48, max_num_seqs=8, max_num_batched_tokens=256),
+        ),
+        Scenario(
+            "burst",
+            "burst: preemption",
+            "Twelve long requests at once into 32 blocks. They all fit at first; as they "
+            "grow, the cache runs out and the newest running request is preempted: its blocks "
+            "go back to the free queue and it returns to the front of the waiting queue.",
+            dict(block_size=16, num_kv_blocks=32, max_num_seqs=16, max_num_batched_tokens=512),
+        ),
+        Scenario(
+            "prefix",
+            "shared system prompt: prefix caching",
+            "Every request starts with one of two system prompts. Its full blocks are computed "
+            "once: running requests share them (ref count > 1), and after they finish the "
+            "blocks wait, cached, in the free queue until a new request pulls them out of "
+            "the middle.",
+            dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=256),
+        ),
+        Scenario(
+            "chunked",
+            "long prompts: chunked prefill",
+            "Prompts of several hundred tokens and a token budget of 64 per step: a prompt is "
+            "prefilled a chunk at a time over several steps, while the running requests keep "
+            "decoding in the same steps.",
+            dict(block_size=16, num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=64),
+        ),
+    )
+}
+
+DEFAULT_SCENARIO = "steady"

@@ -1,0 +1,64 @@
+"""The help screen: the keys, what each view shows, and the scenarios."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+from nanovllm.viz.scenarios import SCENARIOS
+
+KEYS = """\
+# nanovllm viz
+
+The engine runs in the background; every view is rebuilt from the events it emits.
+
+| key | action |
+|---|---|
+| `space` | pause / resume |
+| `s` or `→` | one step (pauses first if running) |
+| `+` / `-` | faster / slower |
+| `↑` / `↓` | select the previous / next request (or click it) |
+| `a` | add a request with your own prompt |
+| `1`-`4`, `c` | switch scenario / next scenario |
+| `?` | this help (`escape` closes it) |
+| `q` | quit |
+
+## The views
+
+- **Queues**: waiting, running, finished. A preempted request goes back to the *front* of
+  the waiting queue (`⟲` counts its preemptions).
+- **Batch timeline**: a row per request, a column per step. `P` prefill, `p` prefill chunk,
+  `=` decode, `X` preempted, `·` waiting.
+- **Step**: the last step's tokens by request against the token budget; upper-case letters
+  are prompt tokens, lower-case ones decode tokens, `·` unused budget.
+- **Block tables**: each running request's logical blocks → physical block ids; `²` marks a
+  block shared through the prefix cache; the gauge is how full the last block is.
+- **KV cache**: every physical block, coloured by owner: `A` owned, `A²` shared, `a` free but
+  still holding a cached prefix, `·` free. Below it, the free block queue from head to tail:
+  blocks leave at the head, return at the tail, and a prefix-cache hit pulls one out of the
+  middle.
+- **Metrics**: throughput in engine time, KV usage, internal fragmentation, prefix-cache hit
+  rate, preemptions, and a step's time split into scheduling and forward pass.
+
+## Scenarios
+"""
+
+
+def help_markdown() -> str:
+    lines = [KEYS]
+    for i, scenario in enumerate(SCENARIOS.values(), 1):
+        lines.append(f"{i}. **{scenario.name}**: {scenario.title}. {scenario.what_to_watch}")
+    return "\n".join(lines) + "\n"
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss", "close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body"):
+            yield Markdown(help_markdown())

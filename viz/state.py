@@ -1,0 +1,552 @@
+"""The visualizer's model of the engine, rebuilt from events alone by a pure reducer.
+
+`reduce(state, event) -> state` is the only way a `VizState` changes. It never mutates its
+input: every field of a state is immutable (tuples, frozen dataclasses, read-only mappings), so
+a widget can keep the state it last drew and tell what changed with an `is` check, a replay can
+keep any earlier state, and the engine worker can hand states to the UI thread without locks.
+
+Everything here comes from `nanovllm.events` and nothing else: the visualizer never looks inside
+the scheduler or the KV cache manager. That is also what makes it a good test of the events: the
+property tests run a real engine next to this reducer and check that both agree on the free
+block queue's order, every block table, the queues and the block counts.
+
+How the free block queue is rebuilt (see `nanovllm.events`): it starts as 0..N-1 from head to
+tail; `BlockAllocated` takes the head (after a `BlockEvicted` when that block still held a cached
+prefix), `CacheHit(was_free=True)` pulls a block out of the middle, and `BlockFreed` with
+`ref_count == 0` appends it at the tail.
+
+Events that arrive between two `StepSummary` events belong to the step in progress (`draft`);
+the summary closes it into `last_step` and one more column of the batch timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from nanovllm.events import (
+    BlockAllocated,
+    BlockCached,
+    BlockEvicted,
+    BlockFreed,
+    CacheHit,
+    EngineStarted,
+    Event,
+    RequestAdded,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestScheduled,
+    StepSummary,
+    TokenEmitted,
+)
+
+# Request status, as the visualizer tells it.
+WAITING = "waiting"
+RUNNING = "running"
+FINISHED = "finished"
+
+# What a request did in one step: one cell of the batch timeline.
+PREFILL = "prefill"  # the (last piece of the) prompt was computed and a token sampled
+CHUNK = "chunk"  # a piece of a prompt too long for the step's token budget
+DECODE = "decode"  # one token in, one token out
+PREEMPTED = "preempted"  # lost its blocks this step, back to the waiting queue
+WAIT = "waiting"  # in the waiting queue, not scheduled
+
+# Bounds, so a demo that runs for hours keeps a constant cost per event.
+MAX_TIMELINE = 400  # steps of history kept for the timeline
+MAX_FINISHED = 40  # finished requests kept (with their text) for the queue view
+MAX_RECENT = 20  # steps in the moving averages (tokens/s, step time)
+MAX_REJECTED = 5
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """One request, as far as events tell."""
+
+    request_id: str
+    index: int  # arrival order from 0: picks the request's colour and glyph
+    prompt: str | None
+    num_prompt_tokens: int
+    max_tokens: int
+    status: str = WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (after the last step)
+    num_output_tokens: int = 0
+    output_text: str = ""
+    block_table: tuple[int, ...] = ()  # logical block i lives in physical block block_table[i]
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its last admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One physical KV block. In the free queue exactly when `ref_count == 0`."""
+
+    ref_count: int = 0
+    owners: tuple[str, ...] = ()  # requests holding it, in the order they took it
+    block_hash: str | None = None  # set while it is registered in the prefix cache
+    last_owner: str | None = None  # who held it last: a cached-but-free block keeps its colour
+
+    @property
+    def cached(self) -> bool:
+        return self.block_hash is not None
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One request's part of a step."""
+
+    request_id: str
+    num_tokens: int
+    kind: str  # PREFILL, CHUNK or DECODE
+    num_computed_tokens: int  # already in the cache before the step (prefix hits included)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did. While the step is in progress it is the state's `draft`."""
+
+    step: int = 0
+    scheduled: tuple[Scheduled, ...] = ()
+    admitted: tuple[str, ...] = ()  # moved from waiting to running
+    preempted: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+    taken: tuple[int, ...] = ()  # blocks that left the free queue at its head
+    pulled: tuple[int, ...] = ()  # blocks a prefix-cache hit pulled out of its middle
+    returned: tuple[int, ...] = ()  # blocks that joined its tail
+    evicted: tuple[int, ...] = ()  # blocks whose cached prefix was forgotten
+    summary: StepSummary | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True)
+class TimelineColumn:
+    step: int
+    cells: Mapping[str, str]  # request id -> PREFILL, CHUNK, DECODE, PREEMPTED or WAIT
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Running totals; the derived figures are properties."""
+
+    num_steps: int = 0
+    num_tokens: int = 0  # computed, prefill + decode
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: int = 0
+    num_rejected: int = 0
+    engine_time: float = 0.0  # schedule + forward, summed over steps
+    prefix_queries: int = 0  # tokens of requests at admission (the scheduler's definition)
+    prefix_hits: int = 0  # of those, tokens served by the prefix cache
+    # The last MAX_RECENT steps: (tokens, schedule seconds, forward seconds).
+    recent: tuple[tuple[int, float, float], ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Throughput over the recent steps, in engine time (the UI's pacing is not counted)."""
+        seconds = sum(s + f for _, s, f in self.recent)
+        return sum(t for t, _, _ in self.recent) / seconds if seconds > 0 else 0.0
+
+    @property
+    def mean_schedule_time(self) -> float:
+        return sum(s for _, s, _ in self.recent) / len(self.recent) if self.recent else 0.0
+
+    @property
+    def mean_forward_time(self) -> float:
+        return sum(f for _, _, f in self.recent) / len(self.recent) if self.recent else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+@dataclass(frozen=True)
+class VizState:
+    """Everything the views draw. Build it with `initial_state()` and `reduce`."""
+
+    engine: EngineStarted | None = None
+    num_events: int = 0
+    requests: Mapping[str, RequestInfo] = field(default_factory=lambda: _EMPTY)
+    waiting: tuple[str, ...] = ()  # front of the queue first
+    running: tuple[str, ...] = ()  # in admission order (the last one is preempted first)
+    finished: tuple[str, ...] = ()  # most recent last, at most MAX_FINISHED
+    blocks: tuple[BlockInfo, ...] = ()
+    free_queue: tuple[int, ...] = ()  # head first
+    draft: StepRecord = field(default_factory=StepRecord)
+    last_step: StepRecord | None = None
+    timeline: tuple[TimelineColumn, ...] = ()
+    metrics: Metrics = field(default_factory=Metrics)
+    num_arrivals: int = 0
+    rejected: tuple[tuple[str, str], ...] = ()  # (request id, reason), most recent last
+
+    @property
+    def step(self) -> int:
+        """The last completed step (0 before the first)."""
+        return self.last_step.step if self.last_step else 0
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_size if self.engine else 1
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+def initial_state(started: EngineStarted | None = None) -> VizState:
+    """The state of a fresh engine: every block free, the queue 0..N-1."""
+    if started is None:
+        return VizState()
+    n = started.num_kv_blocks
+    return VizState(engine=started, blocks=(BlockInfo(),) * n, free_queue=tuple(range(n)))
+
+
+# --- figures derived from a state (the same ones the engine reports) --------------------------
+
+
+@dataclass(frozen=True)
+class KVFigures:
+    num_used_blocks: int
+    num_free_blocks: int
+    num_cached_free_blocks: int
+    num_shared_blocks: int
+    num_allocated_slots: int
+    num_filled_slots: int
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of allocated slots that hold no token (internal fragmentation)."""
+        if not self.num_allocated_slots:
+            return 0.0
+        return 1 - self.num_filled_slots / self.num_allocated_slots
+
+
+def kv_figures(state: VizState) -> KVFigures:
+    """Block and slot counts, computed from the rebuilt state alone."""
+    free = len(state.free_queue)
+    cached_free = sum(1 for b in state.free_queue if state.blocks[b].cached)
+    shared = sum(1 for b in state.blocks if b.ref_count > 1)
+    extra_refs = sum(b.ref_count - 1 for b in state.blocks if b.ref_count > 1)
+    used = state.num_blocks - free
+    filled = sum(
+        state.requests[r].num_computed_tokens for r in state.running if r in state.requests
+    )
+    # A shared block's slots are counted once, as the engine does.
+    filled -= extra_refs * state.block_size
+    return KVFigures(used, free, cached_free, shared, used * state.block_size, filled)
+
+
+def last_block_fill(state: VizState, request: RequestInfo) -> int:
+    """How many of the slots of `request`'s last block hold a token."""
+    if not request.block_table:
+        return 0
+    used = request.num_computed_tokens - (len(request.block_table) - 1) * state.block_size
+    return max(0, min(used, state.block_size))
+
+
+# --- the reducer --------------------------------------------------------------------------------
+
+
+def reduce(state: VizState, event: Event) -> VizState:
+    """The state after `event`. Pure: `state` is left as it was.
+
+    Unknown requests or blocks (a trace cut in the middle, say) are skipped, never an error: a
+    visualizer must draw whatever it is given.
+    """
+    if isinstance(event, EngineStarted):
+        return replace(initial_state(event), num_events=state.num_events + 1)
+    handler = _HANDLERS.get(type(event))
+    new = handler(state, event) if handler is not None else state
+    return replace(new, num_events=state.num_events + 1)
+
+
+def reduce_all(state: VizState, events: Iterable[Event]) -> VizState:
+    for event in events:
+        state = reduce(state, event)
+    return state
+
+
+def _set_request(state: VizState, info: RequestInfo) -> Mapping[str, RequestInfo]:
+    return MappingProxyType({**state.requests, info.request_id: info})
+
+
+def _set_block(blocks: tuple[BlockInfo, ...], block_id: int, info: BlockInfo) -> tuple:
+    return blocks[:block_id] + (info,) + blocks[block_id + 1 :]
+
+
+def _valid_block(state: VizState, block_id: int) -> bool:
+    return 0 <= block_id < len(state.blocks)
+
+
+def _without(items: tuple, item: object) -> tuple:
+    if item not in items:
+        return items
+    i = items.index(item)
+    return items[:i] + items[i + 1 :]
+
+
+def _on_request_added(state: VizState, e: RequestAdded) -> VizState:
+    info = RequestInfo(
+        request_id=e.request_id,
+        index=state.num_arrivals,
+        prompt=e.prompt,
+        num_prompt_tokens=e.num_prompt_tokens,
+        max_tokens=e.max_tokens,
+    )
+    return replace(
+        state,
+        requests=_set_request(state, info),
+        waiting=state.waiting + (e.request_id,),
+        num_arrivals=state.num_arrivals + 1,
+    )
+
+
+def _on_request_rejected(state: VizState, e: RequestRejected) -> VizState:
+    # The request never entered the engine (its id may even belong to another request).
+    rejected = (state.rejected + ((e.request_id, e.reason),))[-MAX_REJECTED:]
+    metrics = replace(state.metrics, num_rejected=state.metrics.num_rejected + 1)
+    return replace(state, rejected=rejected, metrics=metrics)
+
+
+def _on_request_scheduled(state: VizState, e: RequestScheduled) -> VizState:
+    info = state.requests.get(e.request_id)
+    if info is None:
+        return state
+    kind = (CHUNK if e.is_chunk else PREFILL) if e.is_prefill else DECODE
+    if info.status == WAITING and kind == DECODE:
+        # Admitted with all but one prompt token served by the prefix cache: the engine calls
+        # that one token a decode, but for the request it is the prefill of its prompt.
+        kind = PREFILL
+    draft = state.draft
+    draft = replace(
+        draft,
+        step=e.step,
+        scheduled=draft.scheduled
+        + (Scheduled(e.request_id, e.num_tokens, kind, e.num_computed_tokens),),
+    )
+    waiting, running, metrics = state.waiting, state.running, state.metrics
+    new_info = replace(info, num_computed_tokens=e.num_computed_tokens + e.num_tokens)
+    if info.status == WAITING:  # admitted this step
+        waiting = _without(waiting, e.request_id)
+        running = running + (e.request_id,)
+        draft = replace(draft, admitted=draft.admitted + (e.request_id,))
+        new_info = replace(new_info, status=RUNNING, num_cached_tokens=e.num_computed_tokens)
+        metrics = replace(
+            metrics,
+            prefix_queries=metrics.prefix_queries + info.num_tokens,
+            prefix_hits=metrics.prefix_hits + e.num_computed_tokens,
+        )
+    return replace(
+        state,
+        requests=_set_request(state, new_info),
+        waiting=waiting,
+        running=running,
+        draft=draft,
+        metrics=metrics,
+    )
+
+
+def _on_request_preempted(state: VizState, e: RequestPreempted) -> VizState:
+    info = state.requests.get(e.request_id)
+    if info is None:
+        return state
+    new_info = replace(
+        info,
+        status=WAITING,
+        num_computed_tokens=0,
+        block_table=(),
+        num_preemptions=info.num_preemptions + 1,
+    )
+    draft = replace(state.draft, step=e.step, preempted=state.draft.preempted + (e.request_id,))
+    metrics = replace(state.metrics, num_preemptions=state.metrics.num_preemptions + 1)
+    return replace(
+        state,
+        requests=_set_request(state, new_info),
+        running=_without(state.running, e.request_id),
+        waiting=(e.request_id,) + _without(state.waiting, e.request_id),  # back to the front
+        draft=draft,
+        metrics=metrics,
+    )
+
+
+def _on_token_emitted(state: VizState, e: TokenEmitted) -> VizState:
+    info = state.requests.get(e.request_id)
+    metrics = replace(state.metrics, num_output_tokens=state.metrics.num_output_tokens + 1)
+    if info is None:
+        return replace(state, metrics=metrics)
+    new_info = replace(
+        info, num_output_tokens=e.num_output_tokens, output_text=info.output_text + e.text_delta
+    )
+    return replace(state, requests=_set_request(state, new_info), metrics=metrics)
+
+
+def _on_request_finished(state: VizState, e: RequestFinished) -> VizState:
+    info = state.requests.get(e.request_id)
+    if info is None:
+        return state
+    new_info = replace(
+        info,
+        status=FINISHED,
+        finish_reason=e.finish_reason,
+        num_output_tokens=e.num_output_tokens,
+        block_table=(),
+    )
+    requests = dict(state.requests)
+    requests[e.request_id] = new_info
+    finished = state.finished + (e.request_id,)
+    if len(finished) > MAX_FINISHED:  # forget the oldest finished requests
+        for old in finished[:-MAX_FINISHED]:
+            requests.pop(old, None)
+        finished = finished[-MAX_FINISHED:]
+    draft = replace(state.draft, finished=state.draft.finished + (e.request_id,))
+    metrics = replace(state.metrics, num_finished=state.metrics.num_finished + 1)
+    return replace(
+        state,
+        requests=MappingProxyType(requests),
+        running=_without(state.running, e.request_id),
+        waiting=_without(state.waiting, e.request_id),
+        finished=finished,
+        draft=draft,
+        metrics=metrics,
+    )
+
+
+def _append_to_table(
+    state: VizState, request_id: str, block_id: int, logical_index: int
+) -> Mapping[str, RequestInfo]:
+    info = state.requests.get(request_id)
+    if info is None:
+        return state.requests
+    table = info.block_table[:logical_index] + (block_id,)
+    return _set_request(state, replace(info, block_table=table))
+
+
+def _on_block_allocated(state: VizState, e: BlockAllocated) -> VizState:
+    if not _valid_block(state, e.block_id):
+        return state
+    block = state.blocks[e.block_id]
+    free_queue, draft = state.free_queue, state.draft
+    if e.from_free_queue:
+        free_queue = _without(free_queue, e.block_id)  # the head, when events are consistent
+        draft = replace(draft, taken=draft.taken + (e.block_id,))
+    new_block = replace(
+        block,
+        ref_count=block.ref_count + 1,
+        owners=block.owners + (e.request_id,),
+        last_owner=e.request_id,
+    )
+    return replace(
+        state,
+        blocks=_set_block(state.blocks, e.block_id, new_block),
+        free_queue=free_queue,
+        requests=_append_to_table(state, e.request_id, e.block_id, e.logical_index),
+        draft=draft,
+    )
+
+
+def _on_cache_hit(state: VizState, e: CacheHit) -> VizState:
+    if not _valid_block(state, e.block_id):
+        return state
+    block = state.blocks[e.block_id]
+    free_queue, draft = state.free_queue, state.draft
+    if e.was_free:
+        free_queue = _without(free_queue, e.block_id)  # out of the middle
+        draft = replace(draft, pulled=draft.pulled + (e.block_id,))
+    new_block = replace(
+        block, ref_count=e.ref_count, owners=block.owners + (e.request_id,), last_owner=e.request_id
+    )
+    return replace(
+        state,
+        blocks=_set_block(state.blocks, e.block_id, new_block),
+        free_queue=free_queue,
+        requests=_append_to_table(state, e.request_id, e.block_id, e.logical_index),
+        draft=draft,
+    )
+
+
+def _on_block_freed(state: VizState, e: BlockFreed) -> VizState:
+    if not _valid_block(state, e.block_id):
+        return state
+    block = state.blocks[e.block_id]
+    new_block = replace(block, ref_count=e.ref_count, owners=_without(block.owners, e.request_id))
+    free_queue, draft = state.free_queue, state.draft
+    if e.ref_count == 0 and e.block_id not in free_queue:
+        free_queue = free_queue + (e.block_id,)  # joins the tail
+        draft = replace(draft, returned=draft.returned + (e.block_id,))
+    # The request's block table is dropped whole by RequestPreempted / RequestFinished.
+    return replace(
+        state,
+        blocks=_set_block(state.blocks, e.block_id, new_block),
+        free_queue=free_queue,
+        draft=draft,
+    )
+
+
+def _on_block_cached(state: VizState, e: BlockCached) -> VizState:
+    if not _valid_block(state, e.block_id):
+        return state
+    new_block = replace(state.blocks[e.block_id], block_hash=e.block_hash)
+    return replace(state, blocks=_set_block(state.blocks, e.block_id, new_block))
+
+
+def _on_block_evicted(state: VizState, e: BlockEvicted) -> VizState:
+    if not _valid_block(state, e.block_id):
+        return state
+    new_block = replace(state.blocks[e.block_id], block_hash=None)
+    draft = replace(state.draft, evicted=state.draft.evicted + (e.block_id,))
+    return replace(state, blocks=_set_block(state.blocks, e.block_id, new_block), draft=draft)
+
+
+def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
+    record = replace(state.draft, step=e.step, summary=e)
+    cells: dict[str, str] = {}
+    for rid in state.waiting:
+        cells[rid] = WAIT
+    for s in record.scheduled:
+        cells[s.request_id] = s.kind
+    for rid in record.preempted:
+        cells[rid] = PREEMPTED
+    column = TimelineColumn(e.step, MappingProxyType(cells))
+    m = state.metrics
+    tokens = e.num_prefill_tokens + e.num_decode_tokens
+    metrics = replace(
+        m,
+        num_steps=m.num_steps + 1,
+        num_tokens=m.num_tokens + tokens,
+        engine_time=m.engine_time + e.schedule_time + e.forward_time,
+        recent=(m.recent + ((tokens, e.schedule_time, e.forward_time),))[-MAX_RECENT:],
+    )
+    return replace(
+        state,
+        last_step=record,
+        draft=StepRecord(step=e.step + 1),
+        timeline=(state.timeline + (column,))[-MAX_TIMELINE:],
+        metrics=metrics,
+    )
+
+
+_HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
+    RequestAdded: _on_request_added,
+    RequestRejected: _on_request_rejected,
+    RequestScheduled: _on_request_scheduled,
+    RequestPreempted: _on_request_preempted,
+    TokenEmitted: _on_token_emitted,
+    RequestFinished: _on_request_finished,
+    BlockAllocated: _on_block_allocated,
+    CacheHit: _on_cache_hit,
+    BlockFreed: _on_block_freed,
+    BlockCached: _on_block_cached,
+    BlockEvicted: _on_block_evicted,
+    StepSummary: _on_step_summary,
+}

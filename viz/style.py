@@ -1,0 +1,141 @@
+"""Colours, glyphs and small text helpers shared by the views.
+
+Every request gets a colour *and* a letter (from its arrival order), and every cell kind a
+character as well as a style, so the views stay readable on a terminal without colour
+(`NO_COLOR`, where Textual draws in monochrome): the letters and characters carry the meaning,
+the colours only make it faster to see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+from itertools import groupby
+
+from rich.style import Style
+from rich.text import Text
+
+from nanovllm.viz.state import CHUNK, DECODE, PREEMPTED, PREFILL, WAIT, RequestInfo
+
+COLORS: tuple[str, ...] = (
+    "#e06c75",
+    "#61afef",
+    "#98c379",
+    "#e5c07b",
+    "#c678dd",
+    "#56b6c2",
+    "#d19a66",
+    "#ff79c6",
+    "#7ec699",
+    "#a9a1e1",
+    "#f08d49",
+    "#8be9fd",
+)
+GLYPHS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+DIM = Style(color="grey50")
+FREE = Style(color="grey42")
+CACHED = Style(color="grey85", bgcolor="grey30")
+HEADING = Style(bold=True)
+SELECTED = Style(reverse=True)
+NEW = Style(color="black", bgcolor="#98c379", bold=True)  # just returned to the free queue
+GONE = Style(color="black", bgcolor="#e5c07b", bold=True)  # just left the free queue
+PULLED = Style(color="black", bgcolor="#c678dd", bold=True)  # pulled out by a prefix hit
+ALERT = Style(color="white", bgcolor="red", bold=True)
+
+SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+
+
+def request_color(index: int) -> str:
+    return COLORS[index % len(COLORS)]
+
+
+def request_glyph(index: int) -> str:
+    return GLYPHS[index % len(GLYPHS)]
+
+
+# Styles are cached so that equal styles are the same object: `runs` can then merge
+# neighbouring cells cheaply, and Textual converts fewer distinct styles per frame.
+
+
+@lru_cache(maxsize=256)
+def owner_style(index: int) -> Style:
+    """Background in the request's colour: blocks and batch segments it owns."""
+    return Style(color="black", bgcolor=request_color(index), bold=True)
+
+
+@lru_cache(maxsize=256)
+def text_style(index: int) -> Style:
+    return Style(color=request_color(index), bold=True)
+
+
+@lru_cache(maxsize=256)
+def cached_free_style(index: int | None) -> Style:
+    """A free block that still holds request `index`'s cached prefix."""
+    return Style(color=request_color(index) if index is not None else "grey85", bgcolor="grey23")
+
+
+def runs(cells: Iterable[tuple[str, Style]]) -> Text:
+    """Text from (characters, style) cells, one span per run of equal styles.
+
+    A frame's cost grows with the number of styled spans (Textual converts each one), and
+    rows of the timeline or the block grid are mostly long runs: merging them keeps the
+    frame rate up on a big terminal.
+    """
+    text = Text()
+    for style, group in groupby(cells, key=lambda cell: cell[1]):
+        text.append("".join(chars for chars, _ in group), style)
+    return text
+
+
+def request_label(info: RequestInfo | None, request_id: str, width: int = 0) -> Text:
+    """`A r12`: the request's letter on its colour, then its id (padded to `width`)."""
+    text = Text()
+    if info is None:
+        text.append("?", DIM)
+    else:
+        text.append(request_glyph(info.index), owner_style(info.index))
+    text.append(" ")
+    text.append(request_id, text_style(info.index) if info else DIM)
+    if width:
+        text.truncate(width, pad=True)
+    return text
+
+
+def superscript(n: int) -> str:
+    return "⁺" if n > 9 else SUPERSCRIPTS[n]
+
+
+# One timeline cell: a character that reads without colour, and a style.
+CELL_CHARS = {PREFILL: "P", CHUNK: "p", DECODE: "=", PREEMPTED: "X", WAIT: "·"}
+
+
+@lru_cache(maxsize=1024)
+def cell_style(kind: str, index: int) -> Style:
+    if kind == PREFILL:
+        return owner_style(index)
+    if kind == CHUNK:
+        return Style(color="black", bgcolor=request_color(index), dim=True)
+    if kind == DECODE:
+        return text_style(index)
+    if kind == PREEMPTED:
+        return ALERT
+    return DIM
+
+
+def bar(fraction: float, width: int, style: Style | str = "") -> Text:
+    """A horizontal gauge of `width` cells."""
+    fraction = max(0.0, min(1.0, fraction))
+    full = round(fraction * width)
+    text = Text("█" * full, style=style)
+    text.append("░" * (width - full), DIM)
+    return text
+
+
+def seconds(value: float) -> str:
+    """A duration in the unit that reads best."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} µs"

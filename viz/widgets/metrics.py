@@ -1,0 +1,52 @@
+"""Metrics, all from events: throughput, KV usage, fragmentation, prefix hits, preemptions, and
+where a step's time goes (scheduling on the CPU vs the forward pass).
+
+Throughput is measured in *engine* time (schedule + forward of the recent steps), so it does
+not change when you slow the animation down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.state import VizState
+from nanovllm.viz.style import DIM, bar, seconds
+from nanovllm.viz.widgets.base import StateView
+
+
+class MetricsView(StateView):
+    def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
+        return (state.last_step, state.metrics)
+
+    def render(self) -> Table | Text:
+        state, m = self.state, self.state.metrics
+        summary = state.last_step.summary if state.last_step else None
+        if summary is None:
+            return Text("no steps yet", DIM)
+        value_width = max(8, self.size.width - 11)
+        gauge = max(4, min(12, value_width - 5))
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True, width=10)
+        table.add_column(no_wrap=True, overflow="ellipsis", max_width=value_width)
+        table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
+        total = summary.num_used_blocks + summary.num_free_blocks
+        usage = summary.num_used_blocks / total if total else 0.0
+        table.add_row("KV usage", bar(usage, gauge, "#e5c07b") + Text(f" {usage:.0%}"))
+        allocated = summary.num_allocated_slots
+        frag = 1 - summary.num_filled_slots / allocated if allocated else 0.0
+        table.add_row("fragment.", Text(f"{frag:.1%} empty"))
+        hits = m.prefix_hit_rate
+        table.add_row("prefix hit", bar(hits, gauge, "#c678dd") + Text(f" {hits:.0%}"))
+        table.add_row("preempted", f"{m.num_preemptions}")
+        table.add_row("step time", seconds(summary.schedule_time + summary.forward_time))
+        table.add_row(" schedule", Text(seconds(summary.schedule_time), DIM))
+        table.add_row(" forward", Text(seconds(summary.forward_time), DIM))
+        done = f"{m.num_finished} done"
+        if m.num_rejected:
+            done += f", {m.num_rejected} rejected"
+        table.add_row("requests", done)
+        return table

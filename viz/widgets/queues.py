@@ -1,0 +1,96 @@
+"""Queues: waiting, running and finished requests.
+
+A preemption shows as a request leaving RUNNING for the *front* of WAITING (marked with how
+many times it was preempted). Click a request, or use the arrow keys, to select it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import events
+from textual.message import Message
+
+from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.state import VizState
+from nanovllm.viz.style import DIM, HEADING, SELECTED, request_label
+from nanovllm.viz.widgets.base import StateView
+
+
+class QueuesView(StateView):
+    class Selected(Message):
+        """The user clicked a request."""
+
+        def __init__(self, request_id: str) -> None:
+            super().__init__()
+            self.request_id = request_id
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rows: list[str | None] = []  # request id drawn on each line, for clicks
+
+    def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
+        return (state.requests, state.waiting, state.running, state.finished)
+
+    def sections(self) -> list[tuple[str, list[str]]]:
+        state = self.state
+        return [
+            ("WAITING", list(state.waiting)),
+            ("RUNNING", list(state.running)),
+            ("FINISHED", list(reversed(state.finished))),
+        ]
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        sections = self.sections()
+        # Share the lines among the sections: shrink the longest until everything fits.
+        shown = [len(ids) for _, ids in sections]
+        room = max(0, height - len(sections))
+        while sum(shown) > room and any(shown):
+            i = max(range(len(shown)), key=lambda k: shown[k])
+            shown[i] -= 1
+        lines: list[Text] = []
+        self._rows = []
+        for (title, ids), n in zip(sections, shown):
+            lines.append(Text(f"{title} {len(ids)}", HEADING))
+            self._rows.append(None)
+            visible = ids[:n]
+            if len(ids) > n and n > 0:
+                visible = ids[: n - 1]
+            for rid in visible:
+                lines.append(self._line(rid, width))
+                self._rows.append(rid)
+            if len(visible) < len(ids) and n > 0:
+                lines.append(Text(f"  … {len(ids) - len(visible)} more", DIM))
+                self._rows.append(None)
+        return Text("\n").join(lines[:height])
+
+    def _line(self, rid: str, width: int) -> Text:
+        info = self.state.requests.get(rid)
+        line = request_label(info, rid, width=9)
+        if info is not None:
+            if info.status == "finished":
+                detail = f" {info.finish_reason} {info.num_output_tokens}/{info.max_tokens}"
+            elif info.status == "waiting":
+                detail = f" {info.num_prompt_tokens}+{info.num_output_tokens} tok"
+                if info.num_preemptions:
+                    detail += f" ⟲{info.num_preemptions}"
+            else:
+                detail = f" {info.num_output_tokens}/{info.max_tokens}"
+                if info.num_computed_tokens < info.num_prompt_tokens:
+                    detail = f" prefill {info.num_computed_tokens}/{info.num_prompt_tokens}"
+                if info.num_cached_tokens:
+                    detail += f" hit {info.num_cached_tokens}"
+            line.append(detail, DIM)
+        line.truncate(width, pad=True)
+        if rid == self.selected:
+            line.stylize(SELECTED)
+        return line
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)  # None on the border
+        if offset is not None and 0 <= offset.y < len(self._rows):
+            request_id = self._rows[offset.y]
+            if request_id is not None:
+                self.post_message(self.Selected(request_id))

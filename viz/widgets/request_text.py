@@ -1,0 +1,44 @@
+"""The selected request's text as it streams: its prompt (dim), then what the model wrote."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.state import VizState
+from nanovllm.viz.style import DIM, request_label, text_style
+from nanovllm.viz.widgets.base import StateView
+
+
+class RequestTextView(StateView):
+    def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
+        return (state.requests.get(self.selected) if self.selected else None,)
+
+    def show(self, state: VizState, selected: str | None, status: DriverStatus | None) -> None:
+        self.selected = selected  # `watched` reads it
+        super().show(state, selected, status)
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        rid = self.selected
+        info = self.state.requests.get(rid) if rid else None
+        if info is None:
+            return Text("select a request (↑/↓ or click one in the queues)", DIM)
+        head = request_label(info, info.request_id)
+        head.append(f" · {info.status}", DIM)
+        if info.finish_reason:
+            head.append(f" ({info.finish_reason})", DIM)
+        head.append(f" · {info.num_output_tokens}/{info.max_tokens} tokens", DIM)
+        if info.num_preemptions:
+            head.append(f" · preempted {info.num_preemptions}×", "bold red")
+        body = Text()
+        if info.prompt is not None:
+            body.append(info.prompt, DIM)
+        else:
+            body.append(f"[{info.num_prompt_tokens} prompt tokens]", DIM)
+        body.append(info.output_text, text_style(info.index))
+        lines = list(body.wrap(self.app.console, max(1, width)))
+        keep = max(0, height - 1)
+        return Text("\n").join([head] + lines[-keep:] if keep else [head])

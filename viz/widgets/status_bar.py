@@ -1,0 +1,54 @@
+"""The top line: what is running (scenario or trace), the engine's shape, the step, the pace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.scenarios import SCENARIOS
+from nanovllm.viz.state import VizState
+from nanovllm.viz.style import ALERT, DIM, HEADING
+from nanovllm.viz.widgets.base import StateView
+
+
+class StatusBar(StateView):
+    frames = 0  # renders so far, all instances: the frame counter of `--measure`
+
+    def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
+        return (state.engine, state.last_step, status)
+
+    def render(self) -> Text:
+        StatusBar.frames += 1
+        state, status = self.state, self.status
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(" nanovllm viz ", "bold reverse")
+        if status is None:
+            return text
+        text.append(f" step {state.step} ", HEADING)
+        if status.error:
+            text.append(f" error: {status.error} ", ALERT)
+        elif status.loading:
+            text.append(" loading… ", "bold yellow")
+        elif status.done:
+            text.append(" ■ end of trace ", "bold")
+        elif status.paused:
+            text.append(" ⏸ paused ", "bold yellow")
+        else:
+            pace = f"{status.speed:g} steps/s" if status.speed > 0 else "max speed"
+            text.append(f" ▶ {pace} ", "bold green")
+        if status.mode == "replay":
+            text.append(f"│ replay {status.source} ({status.frame}/{status.num_frames}) ", HEADING)
+        else:
+            scenario = SCENARIOS.get(status.scenario or "")
+            text.append(f"│ {scenario.title if scenario else status.scenario} ", HEADING)
+            text.append(f"│ model {status.source} ", DIM)
+        engine = state.engine
+        if engine is not None:
+            text.append(
+                f"│ KV {engine.num_kv_blocks}×{engine.block_size} · budget "
+                f"{engine.max_num_batched_tokens} tok/{engine.max_num_seqs} seqs ",
+                DIM,
+            )
+        return text
