@@ -45,6 +45,7 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
+    decode_max_seq_len: int = 0  # longest context among the decodes (bounds their gather)
 
     @property
     def num_seqs(self) -> int:
@@ -118,10 +119,12 @@ class TorchAttention:
     ) -> torch.Tensor:
         """All decoding requests at once: one padded gather through their block tables."""
         seqs = meta.decode_seq_indices
-        block_tables = meta.block_tables[seqs]  # [num_decodes, max_blocks]
-        seq_lens = meta.seq_lens[seqs]  # [num_decodes]
-        num_decodes, max_blocks = block_tables.shape
         block_size = key_cache.shape[1]
+        # Pad only to the longest *decode* context, not to a long prefill sharing the step.
+        max_blocks = -(-meta.decode_max_seq_len // block_size)
+        block_tables = meta.block_tables[seqs, :max_blocks]  # [num_decodes, max_blocks]
+        seq_lens = meta.seq_lens[seqs]  # [num_decodes]
+        num_decodes = block_tables.shape[0]
         # [num_decodes, max_blocks * block_size, num_kv_heads, head_dim]
         keys = key_cache[block_tables].reshape(
             num_decodes, max_blocks * block_size, self.num_kv_heads, self.head_dim

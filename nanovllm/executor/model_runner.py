@@ -109,6 +109,7 @@ class ModelRunner:
                 [query_starts[i] for i in decode_seqs], dtype=torch.int64
             ).to(device),
             prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
+            decode_max_seq_len=max((seq_lens[i] for i in decode_seqs), default=0),
         )
         input_ids_t = torch.tensor(input_ids, dtype=torch.int64).to(device)
         return input_ids_t, positions_t.to(device), meta, logits_rows
