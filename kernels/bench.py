@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from nanovllm.kernels import triton_setup
 from nanovllm.kernels.reference import paged_attention_ref, store_kvcache_ref
 
@@ -142,6 +143,7 @@ def _fmt_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def gpu_bench(quick: bool) -> None:
     import triton.testing
+
     from nanovllm.kernels.paged_attention import paged_attention
     from nanovllm.kernels.paged_attention_naive import paged_attention_naive
     from nanovllm.kernels.store_kvcache import store_kvcache

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from nanovllm.kernels import checks, triton_setup
 
 # Shared memory per block that each architecture can give one program (opt-in maximum), bytes.

@@ -42,6 +42,7 @@ load, so the padding at the end of a block table is never read.
 from __future__ import annotations
 
 import torch
+
 from nanovllm.kernels import checks, triton_setup
 
 triton_setup.configure()  # decides interpreter vs compiled; must run before `import triton`

@@ -25,6 +25,7 @@ No `tl.dot` here (one query row is too small for it): q . k is an elementwise pr
 from __future__ import annotations
 
 import torch
+
 from nanovllm.kernels import checks, triton_setup
 
 triton_setup.configure()  # decides interpreter vs compiled; must run before `import triton`

@@ -20,6 +20,7 @@ It is a pure copy, so its speed is the memory bandwidth: each token moves
 from __future__ import annotations
 
 import torch
+
 from nanovllm.kernels import checks, triton_setup
 
 triton_setup.configure()  # decides interpreter vs compiled; must run before `import triton`

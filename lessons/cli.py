@@ -19,12 +19,13 @@ import importlib.util
 import os
 import re
 
-from nanovllm.lessons.catalog import Lesson, all_lessons, get_lesson, lesson_module
-from nanovllm.lessons.workspace import Workspace
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.table import Table
+
+from nanovllm.lessons.catalog import Lesson, all_lessons, get_lesson, lesson_module
+from nanovllm.lessons.workspace import Workspace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

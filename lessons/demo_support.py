@@ -15,9 +15,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nanovllm.lessons.workspace import home
 from rich.console import Console
 from rich.rule import Rule
+
+from nanovllm.lessons.workspace import home
 
 TINY_MODEL_NAME = "tiny-random-llama"
 

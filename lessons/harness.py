@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import Phase, Verbosity, settings
+
 from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
 from nanovllm.lessons.testing import QUICK, Mutant
 

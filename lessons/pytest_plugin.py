@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+
 from nanovllm.lessons import harness
 
 IMPL_ENV = "NANOVLLM_LESSON_IMPL"

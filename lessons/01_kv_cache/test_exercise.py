@@ -10,6 +10,7 @@ import math
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.strategies import causal_attention_oracle, randn, seeds
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 

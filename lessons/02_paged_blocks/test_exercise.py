@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.strategies import scattered_table, seeds
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from nanovllm.lessons.testing import Mutant, variant
-
 from nanovllm.core.free_block_queue import FreeBlockQueue
+from nanovllm.lessons.testing import Mutant, variant
 
 
 class _Lifo(FreeBlockQueue):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from nanovllm.lessons.testing import expect_raises, lesson_settings, show_inputs
 
 from nanovllm.core.free_block_queue import KVCacheBlock
+from nanovllm.lessons.testing import expect_raises, lesson_settings, show_inputs
 
 scripts = st.lists(
     st.tuples(st.sampled_from(["popleft", "append", "remove"]), st.integers(0, 1000)),

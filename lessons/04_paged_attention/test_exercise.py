@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from hypothesis import given
+
 from nanovllm.lessons.strategies import (
     PagedCase,
     causal_attention_oracle,

@@ -13,6 +13,7 @@ tensor shaped [A, B, C] is at offset (i * B + j) * C + k from its pointer.
 from __future__ import annotations
 
 import torch
+
 from nanovllm.kernels import triton_setup
 
 triton_setup.configure()  # interpreter on a CPU, compiled on a GPU; must run before `import triton`

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from nanovllm.lessons.testing import Mutant, variant
 
 BLOCK_N = 16

@@ -8,6 +8,7 @@ decodes in one kernel; a decode batch is the case `query_start_loc = [0, 1, ...,
 from __future__ import annotations
 
 import torch
+
 from nanovllm.kernels.paged_attention import paged_attention
 from nanovllm.kernels.store_kvcache import store_kvcache
 

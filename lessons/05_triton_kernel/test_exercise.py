@@ -13,6 +13,7 @@ from functools import cached_property
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.strategies import (
     causal_attention_oracle,
     head_layouts,

@@ -13,9 +13,10 @@ from __future__ import annotations
 import random
 import string
 
-from nanovllm.lessons.demo_support import figures_dir, make_engine, section
 from rich.console import Console
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import figures_dir, make_engine, section
 
 
 def engine_timeline(console: Console) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.sim import Req, simulate
 from nanovllm.lessons.strategies import SchedState, sched_states
 from nanovllm.lessons.testing import lesson_settings, show_inputs

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from nanovllm.lessons.demo_support import make_engine
 from rich.console import Console
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import make_engine
 
 
 def serve(num_kv_blocks: int) -> tuple[dict[str, list[int]], list, int]:

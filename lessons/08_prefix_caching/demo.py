@@ -9,10 +9,11 @@ Run it: `nanovllm lesson 8 --demo` (or `python demo.py`).
 
 from __future__ import annotations
 
-from nanovllm.lessons.demo_support import make_engine
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import make_engine
 
 SYSTEM = (
     "You are a player in Shakespeare's company. Shall I compare thee to a summer's day? Thou art "

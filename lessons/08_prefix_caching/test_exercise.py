@@ -6,6 +6,7 @@ import random
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
 tokens = st.lists(st.integers(0, 50_000), max_size=40)

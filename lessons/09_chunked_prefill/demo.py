@@ -10,9 +10,10 @@ Run it: `nanovllm lesson 9 --demo` (or `python demo.py`).
 
 from __future__ import annotations
 
-from nanovllm.lessons.demo_support import make_engine
 from rich.console import Console
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import make_engine
 
 LONG = (
     "Let me not to the marriage of true minds admit impediments. Love is not love which alters "

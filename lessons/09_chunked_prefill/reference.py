@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from nanovllm.lessons.sim import Req, ScheduledSeq, StepInputs, schedule_with_engine
 
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.lessons.sim import Req, ScheduledSeq, StepInputs, schedule_with_engine
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 

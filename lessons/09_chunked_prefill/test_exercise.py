@@ -6,6 +6,7 @@ import random
 
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.sim import Req, ScheduledSeq, simulate
 from nanovllm.lessons.strategies import SchedState, sched_states
 from nanovllm.lessons.testing import lesson_settings, show_inputs

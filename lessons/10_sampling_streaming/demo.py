@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 
 import torch
-from nanovllm.lessons.demo_support import make_engine, section
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import make_engine, section
 
 
 def run(console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from nanovllm.lessons.testing import Mutant, variant
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from nanovllm.lessons.strategies import ToyTokenizer, toy_token_ids
-from nanovllm.lessons.testing import lesson_settings, show_inputs
 
 from nanovllm.engine.detokenizer import DetokenizerState
+from nanovllm.lessons.strategies import ToyTokenizer, toy_token_ids
+from nanovllm.lessons.testing import lesson_settings, show_inputs
 
 
 @st.composite

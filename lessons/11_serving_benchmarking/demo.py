@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 
-from nanovllm.lessons.demo_support import make_engine, section
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from nanovllm.lessons.demo_support import make_engine, section
 
 PROMPTS = ["ROMEO:", "JULIET:", "HAMLET:", "OTHELLO:", "MACBETH:", "PUCK:"]
 

@@ -7,6 +7,7 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
 values = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30)

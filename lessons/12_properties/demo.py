@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, find, settings
 from hypothesis import strategies as st
-from nanovllm.lessons.scripts import AllocatorCase, run_allocator_script
 from rich.console import Console
 
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.lessons.scripts import AllocatorCase, run_allocator_script
 
 
 class LeakyManager(KVCacheManager):

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nanovllm.core.free_block_queue import KVCacheBlock  # noqa: F401  (for your queues)
 from nanovllm.lessons.scripts import AllocatorCase, run_allocator_script  # noqa: F401
 from nanovllm.lessons.sim import blocks_for  # noqa: F401  (ceil(tokens / block_size))
-
-from nanovllm.core.free_block_queue import KVCacheBlock  # noqa: F401  (for your queues)
 
 
 def prop_free_queue(FreeBlockQueue: type, script: list[tuple[str, int]]) -> None:  # noqa: N803

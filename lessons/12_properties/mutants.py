@@ -6,11 +6,10 @@ notice that it lets a planted system bug through, or that it fails on the correc
 
 from __future__ import annotations
 
+from nanovllm.core.free_block_queue import KVCacheBlock
 from nanovllm.lessons.scripts import run_allocator_script
 from nanovllm.lessons.sim import blocks_for
 from nanovllm.lessons.testing import Mutant, variant
-
-from nanovllm.core.free_block_queue import KVCacheBlock
 
 
 def _queue_initial_state_only(FreeBlockQueue, script):  # noqa: N803

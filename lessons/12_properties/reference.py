@@ -7,10 +7,9 @@ rewritten in the exercise's shape.
 
 from __future__ import annotations
 
+from nanovllm.core.free_block_queue import KVCacheBlock
 from nanovllm.lessons.scripts import AllocatorCase, run_allocator_script
 from nanovllm.lessons.sim import blocks_for
-
-from nanovllm.core.free_block_queue import KVCacheBlock
 
 __all__ = ["prop_free_queue", "prop_allocator", "prop_slot_mapping"]
 

@@ -12,12 +12,12 @@ from functools import lru_cache
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
-from nanovllm.lessons.catalog import get_lesson, lesson_module
-from nanovllm.lessons.scripts import AllocatorCase
-from nanovllm.lessons.testing import quick_mode
 
 from nanovllm.core.free_block_queue import FreeBlockQueue
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.lessons.catalog import get_lesson, lesson_module
+from nanovllm.lessons.scripts import AllocatorCase
+from nanovllm.lessons.testing import quick_mode
 
 # --- inputs -----------------------------------------------------------------------------------
 

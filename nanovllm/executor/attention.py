@@ -45,7 +45,7 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
-    decode_max_seq_len: int = 0  # longest context among the decodes (bounds their gather)
+    decode_max_seq_len: int = 0  # longest context among the decodes (0: unknown, gather all)
 
     @property
     def num_seqs(self) -> int:
@@ -121,7 +121,7 @@ class TorchAttention:
         seqs = meta.decode_seq_indices
         block_size = key_cache.shape[1]
         # Pad only to the longest *decode* context, not to a long prefill sharing the step.
-        max_blocks = -(-meta.decode_max_seq_len // block_size)
+        max_blocks = -(-meta.decode_max_seq_len // block_size) or meta.block_tables.shape[1]
         block_tables = meta.block_tables[seqs, :max_blocks]  # [num_decodes, max_blocks]
         seq_lens = meta.seq_lens[seqs]  # [num_decodes]
         num_decodes = block_tables.shape[0]

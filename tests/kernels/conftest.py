@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from nanovllm.kernels import triton_setup
 
 if triton_setup.triton_available():

@@ -8,10 +8,10 @@ budget that splits the longer prompt into chunks (chunked prefill), then decode 
 from __future__ import annotations
 
 import pytest
-from nanovllm.kernels.triton_setup import triton_available
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.llm_engine import default_model_path
+from nanovllm.kernels.triton_setup import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from kernel_testing import BatchSpec, batch_specs, build_batch
+
 from nanovllm.kernels.reference import paged_attention_ref, store_kvcache_ref
 
 

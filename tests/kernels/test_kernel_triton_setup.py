@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from nanovllm.kernels import triton_setup
 
 requires_triton = pytest.mark.skipif(

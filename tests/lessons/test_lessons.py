@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from nanovllm.lessons import harness
 from nanovllm.lessons.catalog import all_lessons, get_lesson, lesson_module
 from nanovllm.lessons.testing import variant
