@@ -24,7 +24,7 @@ reads it, even a request that shares a block filled by another request in the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,10 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
-    decode_max_seq_len: int = 0  # longest context among the decodes (0: unknown, gather all)
+    # Decodes are listed shortest context first and cut into groups of similar length, each
+    # gathered padded only to its own longest context: (start, end, max_seq_len) over the lists
+    # above. Empty: one group of all decodes, padded to the whole block table.
+    decode_groups: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -74,8 +77,21 @@ class TorchAttention:
     ) -> torch.Tensor:
         store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        if meta.decode_token_indices.numel() > 0:
-            out[meta.decode_token_indices] = self._decode(q, key_cache, value_cache, meta)
+        num_decodes = meta.decode_token_indices.numel()
+        full = meta.block_tables.shape[1] * key_cache.shape[1]
+        for start, end, max_seq_len in meta.decode_groups or (
+            [(0, num_decodes, full)] if num_decodes else []
+        ):
+            rows = meta.decode_token_indices[start:end]
+            seqs = meta.decode_seq_indices[start:end]
+            out[rows] = self._decode(
+                q[rows],
+                key_cache,
+                value_cache,
+                meta.block_tables[seqs],
+                meta.seq_lens[seqs],
+                max_seq_len,
+            )
         for i in meta.prefill_seq_indices:
             start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
             seq_len = meta.seq_lens_list[i]
@@ -112,18 +128,17 @@ class TorchAttention:
 
     def _decode(
         self,
-        q: torch.Tensor,
+        q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        block_tables: torch.Tensor,  # [num_decodes, max_blocks]
+        seq_lens: torch.Tensor,  # [num_decodes]
+        max_seq_len: int,
     ) -> torch.Tensor:
-        """All decoding requests at once: one padded gather through their block tables."""
-        seqs = meta.decode_seq_indices
+        """Decoding requests at once: one gather through their block tables, padded to max_seq_len."""
         block_size = key_cache.shape[1]
-        # Pad only to the longest *decode* context, not to a long prefill sharing the step.
-        max_blocks = -(-meta.decode_max_seq_len // block_size) or meta.block_tables.shape[1]
-        block_tables = meta.block_tables[seqs, :max_blocks]  # [num_decodes, max_blocks]
-        seq_lens = meta.seq_lens[seqs]  # [num_decodes]
+        max_blocks = -(-max_seq_len // block_size)
+        block_tables = block_tables[:, :max_blocks]
         num_decodes = block_tables.shape[0]
         # [num_decodes, max_blocks * block_size, num_kv_heads, head_dim]
         keys = key_cache[block_tables].reshape(
@@ -132,9 +147,7 @@ class TorchAttention:
         values = value_cache[block_tables].reshape(keys.shape)
         group = self.num_heads // self.num_kv_heads
         # [num_decodes, num_kv_heads, group, head_dim]: query heads grouped by their KV head
-        queries = q[meta.decode_token_indices].view(
-            num_decodes, self.num_kv_heads, group, self.head_dim
-        )
+        queries = q.view(num_decodes, self.num_kv_heads, group, self.head_dim)
         invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
         out = torch.empty_like(queries)
         # One batched matmul per KV head. `keys[:, :, h]` is a strided view ([n, L, head_dim]

@@ -27,6 +27,8 @@ from nanovllm.executor.attention import AttentionMetadata
 from nanovllm.executor.sampler import Sampler
 from nanovllm.models.llama import CausalLM
 
+DECODE_GROUP = 16  # decodes per padded attention gather (see prepare_inputs)
+
 
 class ModelRunner:
     def __init__(
@@ -95,7 +97,19 @@ class ModelRunner:
         block_ids = block_tables[seq_of_token, positions_t // self.block_size].long()
         slot_mapping = block_ids * self.block_size + positions_t % self.block_size  # [num_tokens]
 
-        decode_seqs = [i for i, n in enumerate(query_lens) if n == 1]
+        # Decodes sorted by context length, in groups of DECODE_GROUP: each group's gather is
+        # padded only to its own longest context, not to the longest in the step.
+        decode_seqs = sorted(
+            (i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__
+        )
+        decode_groups = [
+            (
+                g,
+                min(g + DECODE_GROUP, len(decode_seqs)),
+                seq_lens[decode_seqs[min(g + DECODE_GROUP, len(decode_seqs)) - 1]],
+            )
+            for g in range(0, len(decode_seqs), DECODE_GROUP)
+        ]
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(device),
             block_tables=block_tables.to(device),
@@ -109,7 +123,7 @@ class ModelRunner:
                 [query_starts[i] for i in decode_seqs], dtype=torch.int64
             ).to(device),
             prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
-            decode_max_seq_len=max((seq_lens[i] for i in decode_seqs), default=0),
+            decode_groups=decode_groups,
         )
         input_ids_t = torch.tensor(input_ids, dtype=torch.int64).to(device)
         return input_ids_t, positions_t.to(device), meta, logits_rows
