@@ -4,6 +4,7 @@
     nanovllm viz --scenario burst                 preemption (also: prefix, chunked)
     nanovllm viz --record run.jsonl               ... and write every event to a trace
     nanovllm viz --replay run.jsonl               play a trace back, no model needed
+    nanovllm viz --connect http://127.0.0.1:8000  watch a running `nanovllm serve`
     nanovllm viz --screenshot out.svg --steps 40  headless: run 40 steps, save the screen
     nanovllm viz --measure 10                     headless: frames/s and engine steps/s
 
@@ -35,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--replay", type=Path, metavar="TRACE", help="play back a recorded trace")
     g.add_argument("--record", type=Path, metavar="TRACE", help="write the events to a trace")
+    g.add_argument(
+        "--connect",
+        metavar="URL",
+        help="animate a running `nanovllm serve` at URL from its /v1/events stream (no model)",
+    )
     g.add_argument(
         "--screenshot",
         type=Path,
@@ -123,7 +129,14 @@ def run(args: argparse.Namespace) -> int:
         steps = 40
     speed = 0.0 if headless else args.speed
     common = dict(paused=args.paused and not headless, speed=speed, max_steps=steps)
-    if args.replay is not None:
+    if args.connect is not None:
+        if args.replay is not None or args.record is not None:
+            return fail("--connect does not go with --replay or --record")
+        from nanovllm.viz.connect import ConnectDriver
+
+        common["speed"] = 0.0  # the server sets the pace: show each step as it arrives
+        make_driver = partial(_replay_driver, ConnectDriver, args.connect, common)
+    elif args.replay is not None:
         if args.record is not None:
             return fail("--record and --replay do not go together")
         if not args.replay.is_file():

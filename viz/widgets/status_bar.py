@@ -40,6 +40,8 @@ class StatusBar(StateView):
             text.append(f" ▶ {pace} ", "bold green")
         if status.mode == "replay":
             text.append(f"│ replay {status.source} ({status.frame}/{status.num_frames}) ", HEADING)
+        elif status.mode == "connect":
+            text.append(f"│ server {status.source} ", HEADING)
         else:
             scenario = SCENARIOS.get(status.scenario or "")
             text.append(f"│ {scenario.title if scenario else status.scenario} ", HEADING)
