@@ -435,42 +435,46 @@ def _append_to_table(
 def _on_block_allocated(state: VizState, e: BlockAllocated) -> VizState:
     if not _valid_block(state, e.block_id):
         return state
-    block = state.blocks[e.block_id]
-    free_queue, draft = state.free_queue, state.draft
-    if e.from_free_queue:
-        free_queue = _without(free_queue, e.block_id)  # the head, when events are consistent
+    draft = state.draft
+    if e.from_free_queue:  # off the head of the free queue, when events are consistent
         draft = replace(draft, taken=draft.taken + (e.block_id,))
-    new_block = replace(
-        block,
-        ref_count=block.ref_count + 1,
-        owners=block.owners + (e.request_id,),
-        last_owner=e.request_id,
-    )
-    return replace(
-        state,
-        blocks=_set_block(state.blocks, e.block_id, new_block),
-        free_queue=free_queue,
-        requests=_append_to_table(state, e.request_id, e.block_id, e.logical_index),
-        draft=draft,
+    ref_count = state.blocks[e.block_id].ref_count + 1
+    return _give_block(
+        state, e.request_id, e.block_id, e.logical_index, ref_count, e.from_free_queue, draft
     )
 
 
 def _on_cache_hit(state: VizState, e: CacheHit) -> VizState:
     if not _valid_block(state, e.block_id):
         return state
-    block = state.blocks[e.block_id]
-    free_queue, draft = state.free_queue, state.draft
-    if e.was_free:
-        free_queue = _without(free_queue, e.block_id)  # out of the middle
+    draft = state.draft
+    if e.was_free:  # out of the middle of the free queue
         draft = replace(draft, pulled=draft.pulled + (e.block_id,))
-    new_block = replace(
-        block, ref_count=e.ref_count, owners=block.owners + (e.request_id,), last_owner=e.request_id
+    return _give_block(
+        state, e.request_id, e.block_id, e.logical_index, e.ref_count, e.was_free, draft
     )
+
+
+def _give_block(
+    state: VizState,
+    request_id: str,
+    block_id: int,
+    logical_index: int,
+    ref_count: int,
+    left_free_queue: bool,
+    draft: StepRecord,
+) -> VizState:
+    """`request_id` now holds `block_id` as its logical block `logical_index`."""
+    block = state.blocks[block_id]
+    new_block = replace(
+        block, ref_count=ref_count, owners=block.owners + (request_id,), last_owner=request_id
+    )
+    free_queue = _without(state.free_queue, block_id) if left_free_queue else state.free_queue
     return replace(
         state,
-        blocks=_set_block(state.blocks, e.block_id, new_block),
+        blocks=_set_block(state.blocks, block_id, new_block),
         free_queue=free_queue,
-        requests=_append_to_table(state, e.request_id, e.block_id, e.logical_index),
+        requests=_append_to_table(state, request_id, block_id, logical_index),
         draft=draft,
     )
 

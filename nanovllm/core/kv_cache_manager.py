@@ -114,9 +114,6 @@ class KVCacheManager:
 
     # --- allocation -------------------------------------------------------------------------
 
-    def can_fit(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks
-
     def allocate_slots(
         self,
         request: Request,

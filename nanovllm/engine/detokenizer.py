@@ -31,15 +31,12 @@ class DetokenizerState:
     read_offset: int = 0
     num_streamed_chars: int = 0  # how much of `text` has been handed to the caller
     stop_checked_upto: int = 0
+    skip_special_tokens: bool = True  # the request's choice: EOS and friends stay out of the text
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def step(self, state: DetokenizerState, output_ids: list[int], final: bool = False) -> str:
         """Append the text of the newest token(s) to `state.text`; return what was added.
@@ -47,8 +44,13 @@ class IncrementalDetokenizer:
         `final`: the request is over, so an incomplete character will never complete; flush it
         (as U+FFFD), making the text equal to a full decode of the output.
         """
-        prefix_text = self._decode(output_ids[state.prefix_offset : state.read_offset])
-        new_text = self._decode(output_ids[state.prefix_offset :])
+        skip = state.skip_special_tokens
+        prefix_text = self.tokenizer.decode(
+            output_ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip
+        )
+        new_text = self.tokenizer.decode(
+            output_ids[state.prefix_offset :], skip_special_tokens=skip
+        )
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""  # an incomplete character (or a token with no text): wait
         delta = new_text[len(prefix_text) :]

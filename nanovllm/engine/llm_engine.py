@@ -208,7 +208,9 @@ class LLMEngine:
                 self.events.emit(RequestRejected(str(request_id), str(exc)))
             raise
         self.scheduler.add_request(request)
-        self._detok[request.request_id] = DetokenizerState()
+        self._detok[request.request_id] = DetokenizerState(
+            skip_special_tokens=request.sampling_params.skip_special_tokens
+        )
         if self.events.active:
             self.events.emit(
                 RequestAdded(
@@ -340,7 +342,6 @@ class LLMEngine:
         """Detokenize the new token and decide whether the request is done."""
         params = request.sampling_params
         state = self._detok[request.request_id]
-        self.detokenizer.skip_special_tokens = params.skip_special_tokens
         self.detokenizer.step(state, request.output_token_ids)
         stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
         finished: FinishReason | None = None

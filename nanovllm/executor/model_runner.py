@@ -102,14 +102,12 @@ class ModelRunner:
         decode_seqs = sorted(
             (i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__
         )
-        decode_groups = [
-            (
-                g,
-                min(g + DECODE_GROUP, len(decode_seqs)),
-                seq_lens[decode_seqs[min(g + DECODE_GROUP, len(decode_seqs)) - 1]],
-            )
-            for g in range(0, len(decode_seqs), DECODE_GROUP)
-        ]
+        decode_groups = []
+        for start in range(0, len(decode_seqs), DECODE_GROUP):
+            end = min(start + DECODE_GROUP, len(decode_seqs))
+            decode_groups.append(
+                (start, end, seq_lens[decode_seqs[end - 1]])
+            )  # sorted: last is longest
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(device),
             block_tables=block_tables.to(device),
