@@ -5,9 +5,15 @@ Names follow vLLM's engine arguments so that what a learner tunes here carries o
 `max_num_batched_tokens`, `max_model_len`, `enable_prefix_caching`, `enable_chunked_prefill`,
 `dtype`, `seed`, plus `attention_backend` ("torch" or "triton").
 
-The KV cache is sized either by `num_kv_blocks` directly or by `kv_cache_memory_bytes` (a memory
-budget, converted into blocks once the model's shape is known). A bad value is a `ValueError`
-that names it.
+The KV cache is sized by `num_kv_blocks` directly, or by `kv_cache_memory_bytes` (a memory
+budget, converted into blocks once the model's shape is known), or else measured: on a GPU, what
+`gpu_memory_utilization` of its memory leaves after the weights and the largest step's
+activations (`executor/memory.py`); on a CPU, 512 MiB.
+
+`dtype="auto"` (the default, as in vLLM) runs the checkpoint's own half precision on a GPU and
+float32 on a CPU, where half-precision matmuls are slow (`models/loader.py`, `resolve_dtype`).
+
+A bad value is a `ValueError` that names it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    dtype: str = "float32"
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory the engine may use
     seed: int = 0
     attention_backend: str | None = None  # None: the fastest where we run
     device: str | None = None  # None: cuda if available, else cpu
@@ -49,6 +56,14 @@ class EngineConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):
             raise ValueError(f"max_model_len must be an int >= 1, got {self.max_model_len!r}")
+        if (
+            not isinstance(self.gpu_memory_utilization, int | float)
+            or isinstance(self.gpu_memory_utilization, bool)
+            or not 0 < self.gpu_memory_utilization <= 1
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(
                 f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"

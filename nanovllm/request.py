@@ -37,6 +37,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"
+    ERROR = "error"  # the request could not go on (e.g. its logits were NaN); see `error`
 
     def __str__(self) -> str:
         return self.value
@@ -47,10 +48,12 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    arrival_index: int  # order of arrival; the scheduler keeps FIFO order by it
+    # The order in which the engine accepted it. For display and tests: the scheduler's FIFO
+    # order is the order of its waiting queue, which this number does not drive.
+    arrival_index: int
     prompt: str | None = None
     max_tokens: int = 16  # effective cap: min(params.max_tokens, max_model_len - prompt len)
-    eos_token_id: int | None = None
+    eos_token_ids: frozenset[int] = frozenset()  # the model's end-of-sequence tokens
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -58,7 +61,11 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    generator: torch.Generator | None = None  # per-request RNG for seeded sampling
+    error: str | None = None  # why it finished with FinishReason.ERROR
+    # Random sampling: the seed (the request's own, or one the engine drew for it) and the
+    # generator made from it on the sampling device (by the sampler, on first use).
+    seed: int | None = None
+    generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
     # Token ids, prompt then output, in one list: the KV cache manager hashes from it.
     all_token_ids: list[int] = field(init=False)

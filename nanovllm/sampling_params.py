@@ -2,10 +2,14 @@
 
 The names and meanings are vLLM's, so code written against nanovllm carries over:
 
-- `temperature` 0 means greedy (argmax); otherwise logits are divided by it before sampling.
-- `top_k` keeps the k most likely tokens (-1 or 0: all), `top_p` the smallest set whose
-  probability reaches p, `min_p` drops tokens less likely than `min_p` times the top token.
-- `seed` gives the request its own random generator, so its tokens do not depend on what else
+- `temperature` 0 means greedy (argmax); otherwise logits are divided by it before sampling. As
+  in vLLM, a temperature below 1e-5 (`SAMPLING_EPS`) also means greedy: dividing by a tiny
+  temperature overflows the logits to infinity, and softmax of infinities is NaN.
+- `min_p` drops tokens less likely than `min_p` times the most likely one; then `top_k` keeps
+  the tokens whose logit is at least the k-th largest (-1 or 0: all; tokens tied with the k-th
+  are kept), and `top_p` the smallest set of most likely tokens whose probability reaches p.
+  This is vLLM's order and meaning (see `executor/sampler.py`).
+- `seed` gives the request its own random generator, so its draws do not depend on what else
   happens to share the batch.
 - `max_tokens` caps the output; `stop` strings end it (and are never streamed out, not even
   partially); `stop_token_ids` and, unless `ignore_eos`, the model's EOS token end it too.
@@ -20,6 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+# Below this temperature a request is sampled greedily (vLLM's `_SAMPLING_EPS`).
+SAMPLING_EPS = 1e-5
 
 
 @dataclass
@@ -81,7 +88,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 def _is_int(value: object) -> bool:

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+import torch
+from hypothesis import HealthCheck, Phase, settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_models`
 
@@ -24,7 +25,19 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The planted-bug check (test_planted_bugs.py): CI's examples, without shrinking the failure
+# (only *that* it fails matters there, and shrinking can take longer than finding).
+settings.register_profile(
+    "planted",
+    parent=settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
 
 
 @pytest.fixture(scope="session")

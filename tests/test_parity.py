@@ -56,15 +56,23 @@ def make_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, list[list[int]], list[list[int]]]]:
-    """Each tiny model with its prompts and transformers' greedy outputs (computed once)."""
-    out = {}
-    for name, kwargs in MODELS.items():
-        path = make_model(tmp_path_factory.mktemp(name), vocab_size=512, **kwargs)
+class Checkpoints(dict):
+    """Each tiny model with its prompts and transformers' greedy outputs, built on first use."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name: str) -> tuple[Path, list[list[int]], list[list[int]]]:
+        path = make_model(self.tmp_path_factory.mktemp(name), vocab_size=512, **MODELS[name])
         prompts = make_prompts(512)
-        out[name] = (path, prompts, hf_greedy(path, prompts, MAX_TOKENS))
-    return out
+        self[name] = (path, prompts, hf_greedy(path, prompts, MAX_TOKENS))
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(tmp_path_factory)
 
 
 def run_nanovllm(path: Path, prompts: list[list[int]], **options) -> list[list[int]]:
@@ -130,3 +138,41 @@ def test_embedded_model_matches_transformers() -> None:
     expected = hf_greedy(path, prompts, MAX_TOKENS)
     for options in (dict(), dict(block_size=4, num_kv_blocks=20, max_num_batched_tokens=8)):
         assert run_nanovllm(path, prompts, **options) == expected
+
+
+def same_step_sharing(events: list) -> int:
+    """How many prefix-cache hits were on a block that another request registered in the same
+    step (so its KV is written by the very forward pass that reads it)."""
+    from nanovllm.events import BlockCached, CacheHit, StepSummary
+
+    hits, cached_this_step = 0, {}
+    for event in events:
+        if isinstance(event, StepSummary):
+            cached_this_step = {}
+        elif isinstance(event, BlockCached):
+            cached_this_step[event.block_id] = event.request_id
+        elif isinstance(event, CacheHit):
+            owner = cached_this_step.get(event.block_id)
+            hits += owner is not None and owner != event.request_id
+    return hits
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_requests_sharing_a_prefix_in_the_same_step_match_transformers(
+    checkpoints, name: str
+) -> None:
+    """The second request of a step reads blocks the first one writes in that step's forward
+    pass: the cache must hold them before any attention reads it."""
+    path, _, _ = checkpoints[name]
+    block_size = 3 + list(MODELS).index(name) % 2  # 3 (not dividing the prefix) or 4
+    rng = random.Random(block_size)
+    shared = [rng.randrange(2, 512) for _ in range(14)]
+    prompts = [shared + [rng.randrange(2, 512) for _ in range(n)] for n in (3, 1, 6, 2)]
+    expected = hf_greedy(path, prompts, MAX_TOKENS)
+    llm = LLM(str(path), block_size=block_size, max_num_seqs=8, enable_prefix_caching=True)
+    events = []
+    llm.llm_engine.subscribe(events.append)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert same_step_sharing(events) >= 3 * (len(shared) // block_size), "no same-step sharing"
+    assert [o.outputs[0].token_ids for o in outs] == expected

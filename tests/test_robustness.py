@@ -272,3 +272,59 @@ def test_short_soak_returns_every_block(tiny_llama) -> None:
     assert counts.get("abort", 0) > 0
     assert engine.kv_cache_manager.num_free_blocks == 48
     assert not engine.scheduler.requests and not engine._detok
+
+
+def test_nan_left_in_stale_slots_never_reaches_an_output(tiny_llama, workload) -> None:
+    """Decodes of different lengths are gathered together, padded to the longest: the padding
+    and the rest of each last block are stale slots, masked out of the scores. A NaN there must
+    still not leak through the values (0 x NaN is NaN)."""
+    prompts, params, clean = workload
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4, attention_backend="torch"))
+    for key_cache, value_cache in engine.runner.kv_caches:
+        key_cache.fill_(float("nan"))  # every slot is stale until a step writes it
+        value_cache.fill_(float("nan"))
+    run_batch(engine, prompts, params, "r")
+    final = engine.run_until_done()
+    assert [final[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))] == clean
+
+
+def test_an_abort_output_survives_a_failing_step(tiny_llama) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4))
+    engine.add_request("a", "ROMEO:", GREEDY)
+    engine.add_request("b", "JULIET:", GREEDY)
+    engine.step()
+    engine.abort_request("a")
+    real_execute = engine.runner.execute
+
+    def failing(out):
+        raise RuntimeError("injected fault")
+
+    engine.runner.execute = failing
+    with pytest.raises(RuntimeError):
+        engine.step()
+    engine.runner.execute = real_execute
+    outputs = engine.step()
+    aborted = [o for o in outputs if o.request_id == "a"]
+    assert len(aborted) == 1 and aborted[0].finished
+    assert aborted[0].outputs[0].finish_reason == "abort"
+    final = engine.run_until_done()
+    assert final["b"].finished and engine.kv_cache_manager.num_used_blocks == 0
+
+
+def test_reset_prefix_cache_is_refused_while_blocks_are_in_use(tiny_llama, caplog) -> None:
+    llm = LLM(str(tiny_llama), block_size=4)
+    engine = llm.llm_engine
+    prompt = {"prompt_token_ids": list(range(2, 30))}
+    llm.generate([prompt], GREEDY, use_tqdm=False)
+    engine.add_request("running", prompt, GREEDY)
+    engine.step()
+    assert engine.kv_cache_manager.num_used_blocks > 0
+    assert engine.reset_prefix_cache() is False
+    assert "in use" in caplog.text
+    # The running request's blocks are still hittable, with correct KV: nothing was half-reset.
+    engine.run_until_done()
+    assert engine.reset_prefix_cache() is True
+    assert engine.kv_cache_manager.num_cached_free_blocks == 0
+    assert not engine.kv_cache_manager.cached_block_hash_to_block
+    again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0, "the reset forgot every prefix"

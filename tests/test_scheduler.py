@@ -7,6 +7,12 @@ the request's whole context back through its block table and checks it against t
 tokens. The next token is a fixed function of that context. So the oracle is exact: every
 request's output must equal what the same function gives when run alone, one token at a time,
 whatever batching, chunking, preemption and prefix caching happened in between.
+
+Faults: a step whose forward pass writes garbage into some of the step's KV and then raises is
+rolled back by the scheduler. Every block left in the prefix cache must still hold exactly its
+tokens (an invariant checked after every rule), and requests that later hit those blocks must
+still produce the reference output. Requests that copy an earlier prompt make prefix sharing,
+also between requests admitted in the same step, frequent.
 """
 
 from __future__ import annotations
@@ -43,6 +49,19 @@ class FakeRunner:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.cache: list[int | None] = [None] * (num_blocks * block_size)
+
+    def execute_and_fail(self, out: SchedulerOutput, num_written: int) -> None:
+        """A forward pass that writes garbage into the first `num_written` slots of the step's
+        new tokens (a half-finished pass), then raises."""
+        bs = self.block_size
+        written = 0
+        for s in out.scheduled:
+            for pos in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens):
+                if written == num_written:
+                    raise RuntimeError("injected fault")
+                self.cache[s.block_table[pos // bs] * bs + pos % bs] = -1  # not a token: garbage
+                written += 1
+        raise RuntimeError("injected fault")
 
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         bs = self.block_size
@@ -89,12 +108,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.finished: dict[str, Request] = {}
         self.aborted: set[str] = set()
         self.steps_since_progress = 0
+        self.prompts: list[list[int]] = []
 
     @rule(
         prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
         max_tokens=st.integers(1, 8),
     )
     def add(self, prompt: list[int], max_tokens: int) -> None:
+        self._add(prompt, max_tokens)
+
+    @precondition(lambda self: self.prompts)
+    @rule(
+        data=st.data(),
+        tail=st.lists(st.integers(0, VOCAB - 1), max_size=4),
+        max_tokens=st.integers(1, 8),
+    )
+    def add_copy(self, data, tail: list[int], max_tokens: int) -> None:
+        """An earlier prompt again, maybe extended: its blocks are shared through the prefix
+        cache, in the same step when both are admitted together."""
+        self._add(data.draw(st.sampled_from(self.prompts)) + tail, max_tokens)
+
+    def _add(self, prompt: list[int], max_tokens: int) -> None:
         if len(prompt) + max_tokens - 1 > self.capacity:
             return  # the engine rejects these at the door (tested elsewhere)
         self.counter += 1
@@ -103,6 +137,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         req.max_tokens = max_tokens
         self.scheduler.add_request(req)
+        self.prompts.append(prompt)
+
+    @rule(num_written=st.integers(0, 40))
+    def failing_step(self, num_written: int) -> None:
+        """The forward pass writes part of the step's KV, garbage, and raises: roll back."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return
+        try:
+            self.runner.execute_and_fail(out, num_written)
+        except RuntimeError:
+            self.scheduler.rollback_step(out)
 
     @precondition(lambda self: self.scheduler.requests)
     @rule(data=st.data())
@@ -128,6 +174,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             if req.num_output_tokens >= req.max_tokens:
                 self.scheduler.finish_request(req, FinishReason.LENGTH)
                 self.finished[req.request_id] = req
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self) -> None:
+        """A block findable in the prefix cache holds exactly the tokens it is cached for."""
+        if not hasattr(self, "scheduler"):
+            return
+        bs = self.kv.block_size
+        for block in self.kv.cached_block_hash_to_block.values():
+            content = self.runner.cache[block.block_id * bs : (block.block_id + 1) * bs]
+            assert content == list(block.token_ids), f"block {block.block_id} caches stale KV"
 
     @invariant()
     def queues_are_consistent(self) -> None:

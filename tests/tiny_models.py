@@ -6,6 +6,12 @@ loading path (config.json, safetensors, tokenizer files) with no download.
 Random models have nearly flat logits, where a greedy argmax could flip on float rounding noise.
 A larger `initializer_range` makes the logits peaked, so greedy parity is a sharp test of the
 computation rather than of rounding luck.
+
+*Every* parameter is random. transformers initialises norm weights to exactly 1 and biases to
+exactly 0, and with those values whole classes of bugs are invisible: a norm applied in the
+wrong place (Qwen3's q/k norm after RoPE instead of before: RoPE is a rotation, and a norm with
+unit weights commutes with it), a bias added twice or never. So norm weights are drawn around 1
+and biases around 0, never exactly.
 """
 
 from __future__ import annotations
@@ -25,15 +31,31 @@ TRAINING_TEXT = (
 ) * 20
 
 
-def make_tokenizer_files(path: Path) -> None:
-    """A byte-level BPE tokenizer (like the embedded model's), trained in milliseconds.
+def make_tokenizer_files(path: Path, kind: str = "bytelevel") -> None:
+    """A tokenizer trained in milliseconds: byte-level BPE (like the embedded model's, GPT-2's,
+    Llama 3's and Qwen's) or, with kind="metaspace", SentencePiece-style (Llama 2's, Mistral's).
 
     Ids 0 and 1 are BOS and EOS. Byte-level means any text round-trips, and one character can
     span several tokens (so the incremental detokenizer's multi-byte handling is exercised).
+    Metaspace marks a word's leading space as "▁" inside the token and drops it when that token
+    is the first one decoded, which is what the detokenizer's prompt context is for.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if kind == "metaspace":
+        # BPE rather than Unigram: tokenizers' Unigram trainer is not deterministic run to run.
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=200, special_tokens=["<s>", "</s>", "<unk>"], show_progress=False
+        )
+        tok.train_from_iterator([TRAINING_TEXT], trainer)
+        PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        ).save_pretrained(path)
+        return
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -64,12 +86,13 @@ def make_model(
     init_range: float = 0.2,
     rope_scaling: dict | None = None,
     shards: bool = False,
+    tokenizer: str = "bytelevel",
 ) -> Path:
     """Build, save and return the folder of a tiny random model (llama, qwen2 or qwen3)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     path.mkdir(parents=True, exist_ok=True)
-    make_tokenizer_files(path)
+    make_tokenizer_files(path, tokenizer)
     if vocab_size is None:
         vocab_size = len(json.loads((path / "tokenizer.json").read_text())["model"]["vocab"])
     common = dict(
@@ -97,8 +120,19 @@ def make_model(
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_defaults(model)
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB")
     return path
+
+
+def randomize_defaults(model: torch.nn.Module) -> None:
+    """Norm weights uniform in [0.5, 1.5], biases normal with std 0.1 (see the module docstring)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.1)
 
 
 def hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -13,10 +13,10 @@ from nanovllm.engine.detokenizer import DetokenizerState  # noqa: F401  (the sta
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits of each row and set all others to -inf.
 
-    logits: [num_rows, vocab] float. 1 <= k; if k >= vocab, nothing is removed. Exactly
-    min(k, vocab) entries per row stay finite, even when several logits are equal at the
-    boundary (break ties any way you like: `torch.topk` does). Kept logits are unchanged.
-    Return a new tensor; do not modify `logits`.
+    logits: [num_rows, vocab] float. 1 <= k; if k >= vocab, nothing is removed. As in vLLM, a
+    logit equal to the k-th largest stays too: keep every entry >= the row's k-th largest
+    value, so a row keeps more than k entries when logits tie at the boundary. Kept logits
+    are unchanged. Return a new tensor; do not modify `logits`.
     """
     raise NotImplementedError("write apply_top_k (lesson 10)")
 

@@ -9,13 +9,13 @@ from nanovllm.lessons.testing import Mutant, variant
 
 def _top_k(logits, k, *, bug=""):
     vocab = logits.shape[-1]
-    if bug == "top-k-by-threshold":  # keeps every token tied with the k-th
-        kth = logits.topk(min(k, vocab), dim=-1).values[:, -1:]
-        return logits.masked_fill(logits < kth, float("-inf"))
-    keep = min(k + 1 if bug == "top-k-one-extra" else k, vocab)
-    idx = logits.topk(keep, dim=-1, largest=bug != "top-k-smallest").indices
-    mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)
-    return logits.masked_fill(~mask, float("-inf"))
+    if bug in ("top-k-one-extra", "top-k-smallest", "top-k-drops-ties"):
+        keep = min(k + 1 if bug == "top-k-one-extra" else k, vocab)
+        idx = logits.topk(keep, dim=-1, largest=bug != "top-k-smallest").indices
+        mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)
+        return logits.masked_fill(~mask, float("-inf"))
+    kth = logits.topk(min(k, vocab), dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _top_p(logits, p, *, bug=""):
@@ -87,7 +87,7 @@ def _d(name, description, fn):
 MUTANTS = [
     _k("top-k-one-extra", "top-k keeps k + 1 tokens"),
     _k("top-k-smallest", "top-k keeps the k smallest logits"),
-    _k("top-k-by-threshold", "top-k keeps every logit >= the k-th: too many when tied"),
+    _k("top-k-drops-ties", "top-k keeps exactly k tokens, dropping some tied with the k-th"),
     _p("top-p-drops-the-crossing-token", "top-p drops the token that brings the sum to p"),
     _p("top-p-may-keep-nothing", "top-p can drop even the most likely token"),
     _p("top-p-softmax-twice", "top-p sums a softmax of the probabilities (far too flat)"),

@@ -15,10 +15,15 @@ with the model executor; here we only decide which physical block holds which re
   until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
   freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
 
-Every operation on the hot path is O(1) per block touched: no list scans, no `list.remove`.
+Taking, returning and cache-hitting a block cost O(1) each (no list scans, no `list.remove`), so
+`allocate_slots` and `free` cost O(blocks they take or return). `get_block_table` copies a
+request's whole table, O(its blocks), and the scheduler calls it for every scheduled request
+every step.
 """
 
 from __future__ import annotations
+
+import logging
 
 from nanovllm.core.block_hash import extend_block_hashes, short
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
@@ -31,6 +36,8 @@ from nanovllm.events import (
     EventBus,
 )
 from nanovllm.request import Request
+
+logger = logging.getLogger("nanovllm")
 
 
 class KVCacheManager:
@@ -59,9 +66,14 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[bytes]] = {}
         self.req_num_cached_blocks: dict[str, int] = {}
         self.req_num_filled_slots: dict[str, int] = {}
-        # Running counters, so usage figures are O(1) per step.
+        # Running counters, so block counts cost O(1) to read (`num_filled_slots` sums over the
+        # requests holding blocks).
         self.num_cached_free_blocks = 0  # in the free queue but still holding a cached prefix
         self.num_extra_refs = 0  # sum over blocks of max(ref_cnt - 1, 0): sharing
+        # The blocks registered in the prefix cache during the current step, with their hashes:
+        # their KV is written only by this step's forward pass, so if that pass fails, exactly
+        # these must leave the cache (`uncache_step_blocks`). Cleared by `begin_step`.
+        self.step_cached_blocks: list[tuple[KVCacheBlock, bytes]] = []
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -187,26 +199,39 @@ class KVCacheManager:
         self.req_num_cached_blocks.pop(req_id, None)
         self.req_num_filled_slots.pop(req_id, None)
 
-    def uncache_blocks(self, request: Request, first_token: int) -> None:
-        """Drop from the prefix cache the request's blocks holding tokens from `first_token` on.
+    def begin_step(self) -> None:
+        """A new step starts: forget which blocks the previous one registered."""
+        self.step_cached_blocks.clear()
 
-        Used when a forward pass failed: those blocks were registered when scheduled but their
-        KV may never have been written.
+    def uncache_step_blocks(self) -> None:
+        """Drop from the prefix cache every block this step registered (its forward pass failed).
+
+        Those blocks were registered when their tokens were scheduled, but their KV may never
+        have been written. Blocks registered in earlier steps hold KV that was written, and stay.
         """
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        for block in blocks[first_token // self.block_size :]:
-            if block.block_hash is not None and block.ref_cnt == 1:
+        for block, block_hash in self.step_cached_blocks:
+            if block.block_hash == block_hash:  # (still the same registration)
                 self._evict(block)
-        num_cached = self.req_num_cached_blocks.get(request.request_id, 0)
-        self.req_num_cached_blocks[request.request_id] = min(
-            num_cached, first_token // self.block_size
-        )
+        self.step_cached_blocks.clear()
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix of a free block (e.g. after the weights change)."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (e.g. after the weights change). Returns whether it did.
+
+        Refused while any block is in use, as vLLM refuses: a running request's blocks hold KV
+        from before the reset, and other requests could still share them.
+        """
+        if self.num_used_blocks:
+            logger.warning(
+                "nanovllm: cannot reset the prefix cache while %d of %d blocks are in use; "
+                "wait for the running requests to finish (or abort them) and try again",
+                self.num_used_blocks,
+                self.num_blocks,
+            )
+            return False
         for block in self.free_block_queue.get_all_free_blocks():
             if block.block_hash is not None:
                 self._evict(block)
+        return True
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -260,6 +285,7 @@ class KVCacheManager:
                 request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
             )
             self.cached_block_hash_to_block[block_hash] = block
+            self.step_cached_blocks.append((block, block_hash))
             if emit:
                 self.events.emit(BlockCached(req_id, block.block_id, short(block_hash)))
         self.req_num_cached_blocks[req_id] = num_full

@@ -125,6 +125,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         start = time.perf_counter()
         self.step_count += 1
+        self.kv.begin_step()
         out = SchedulerOutput(step=self.step_count)
         budget = self.max_num_batched_tokens
 
@@ -184,6 +185,8 @@ class Scheduler:
         got_token = []
         for s in out.scheduled:
             request = s.request
+            if request.is_finished:
+                continue  # finished during this step (its row could not be sampled)
             request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
             if s.samples:
                 request.append_output_token(sampled[request.request_id])
@@ -193,14 +196,15 @@ class Scheduler:
     def rollback_step(self, out: SchedulerOutput) -> None:
         """Undo a step whose forward pass failed: its requests will recompute from scratch.
 
-        Their blocks may hold half-written KV, so the blocks this step was filling leave the
-        prefix cache, and the requests are preempted (freed, back to the front of the queue).
-        Nothing they had produced is lost, and no block leaks.
+        Their blocks may hold half-written KV, so every block this step registered in the prefix
+        cache leaves it (the KV cache manager recorded exactly which), and the step's requests
+        are preempted (freed, back to the front of the queue). Nothing they had produced is
+        lost, and no block leaks.
         """
-        for s in reversed(out.scheduled):
+        self.kv.uncache_step_blocks()
+        for s in reversed(out.scheduled):  # reversed: the first ends up first in the queue
             if s.request.status != RequestStatus.RUNNING:
                 continue
-            self.kv.uncache_blocks(s.request, first_token=s.num_computed_tokens)
             self.running.remove(s.request)
             self._preempt(s.request)
 

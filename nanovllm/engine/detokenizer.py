@@ -1,7 +1,7 @@
 """Incremental detokenization and stop strings: turning a growing list of tokens into text.
 
 Decoding the whole output again after every token costs O(n) per token. Instead we keep two
-offsets into the output tokens and decode only a short window:
+offsets into the request's tokens (prompt, then output) and decode only a short window:
 
     tokens:  ... [prefix_offset ........ read_offset ........ end]
                   '--- already emitted ---''---- new tokens ----'
@@ -9,9 +9,14 @@ offsets into the output tokens and decode only a short window:
     new text = decode(window) minus decode(window up to read_offset)
 
 The window starts a little before the new tokens because a token's text can depend on its
-neighbours. And with a byte-level BPE a single character can span several tokens (an "é" is two
-bytes): while the decoded window ends in U+FFFD, the replacement for an incomplete UTF-8
-sequence, we emit nothing and wait for the next token.
+neighbours. A SentencePiece-style (Metaspace) tokenizer drops the leading space of the *first*
+token it decodes, so "▁world" alone decodes to "world"; that is why the window starts inside
+the prompt (its last 5 tokens, as in vLLM) rather than at the first output token: seen after
+the prompt, "▁world" decodes to " world". And with a byte-level BPE a single character can span
+several tokens (an "é" is two bytes): while the decoded window ends in U+FFFD, the replacement
+for an incomplete UTF-8 sequence, we emit nothing and wait for the next token.
+
+This two-offset scheme comes from Hugging Face's text-generation-inference, which vLLM adopted.
 
 Stop strings: the output text is searched for every stop string; the text is cut before the
 match and the request finishes. So that a stop string is never streamed out *partially*, the last
@@ -23,6 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How many prompt tokens the first window reaches back (vLLM's
+# INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
+PROMPT_CONTEXT_TOKENS = 5
+
 
 @dataclass
 class DetokenizerState:
@@ -33,30 +42,46 @@ class DetokenizerState:
     stop_checked_upto: int = 0
     skip_special_tokens: bool = True  # the request's choice: EOS and friends stay out of the text
 
+    @classmethod
+    def after_prompt(
+        cls, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    ) -> DetokenizerState:
+        """The state for a request whose token list starts with these prompt tokens.
+
+        The first window reaches `PROMPT_CONTEXT_TOKENS` back into the prompt, so the first
+        output token is decoded in context (see the module docstring).
+        """
+        n = len(prompt_token_ids)
+        return cls(
+            prefix_offset=max(n - PROMPT_CONTEXT_TOKENS, 0),
+            read_offset=n,
+            skip_special_tokens=skip_special_tokens,
+        )
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def step(self, state: DetokenizerState, output_ids: list[int], final: bool = False) -> str:
+    def step(self, state: DetokenizerState, token_ids: list[int], final: bool = False) -> str:
         """Append the text of the newest token(s) to `state.text`; return what was added.
 
+        `token_ids` is the list the state's offsets index: the prompt then the output for a state
+        made by `DetokenizerState.after_prompt`, the output alone for a fresh `DetokenizerState()`.
         `final`: the request is over, so an incomplete character will never complete; flush it
         (as U+FFFD), making the text equal to a full decode of the output.
         """
         skip = state.skip_special_tokens
         prefix_text = self.tokenizer.decode(
-            output_ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip
+            token_ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip
         )
-        new_text = self.tokenizer.decode(
-            output_ids[state.prefix_offset :], skip_special_tokens=skip
-        )
+        new_text = self.tokenizer.decode(token_ids[state.prefix_offset :], skip_special_tokens=skip)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""  # an incomplete character (or a token with no text): wait
         delta = new_text[len(prefix_text) :]
         state.text += delta
         state.prefix_offset = state.read_offset
-        state.read_offset = len(output_ids)
+        state.read_offset = len(token_ids)
         return delta
 
 

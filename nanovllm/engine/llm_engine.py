@@ -34,6 +34,7 @@ from nanovllm.engine.detokenizer import (
     find_stop_string,
     take_streamable,
 )
+from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.events import (
     EngineStarted,
@@ -44,8 +45,9 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.models.loader import DTYPES, load_model, load_model_args, load_tokenizer
+from nanovllm.models.loader import load_model, load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.sampling_params import SamplingParams
 
@@ -103,8 +105,8 @@ class LLMEngine:
         self.device = torch.device(
             config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         )
-        dtype = config.dtype if config.dtype != "auto" else "float32"
-        self.dtype = DTYPES[dtype]
+        self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
+        dtype = str(self.dtype).removeprefix("torch.")
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
@@ -115,15 +117,14 @@ class LLMEngine:
             check_supported(config.block_size, args.head_dim)
 
         self.tokenizer = load_tokenizer(path)
-        self.eos_token_id = self._find_eos(hf_config)
+        self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)
         self.model = load_model(
-            path, dtype, self.device, self.attention_backend, self.max_model_len
+            path, self.dtype, self.device, self.attention_backend, self.max_model_len
         )
 
+        self.runner = ModelRunner(self.model, config.block_size, self.dtype, self.device)
         self.num_kv_blocks = self._num_kv_blocks()
-        self.runner = ModelRunner(
-            self.model, self.num_kv_blocks, config.block_size, self.dtype, self.device
-        )
+        self.runner.allocate_kv_cache(self.num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
@@ -146,10 +147,11 @@ class LLMEngine:
         )
         capacity = self.num_kv_blocks * config.block_size
         logger.info(
-            "nanovllm: %s on %s (%s), attention backend %r; KV cache %d blocks x %d = %d tokens, "
-            "%.1fx concurrency at max_model_len=%d",
-            path.name, self.device, dtype, self.attention_backend, self.num_kv_blocks,
-            config.block_size, capacity, capacity / self.max_model_len, self.max_model_len,
+            "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "
+            "(%d blocks x %d); maximum concurrency for %d tokens per request: %.2fx",
+            path.name, self.device, dtype, self.attention_backend, capacity,
+            self.num_kv_blocks, config.block_size, self.max_model_len,
+            capacity / self.max_model_len,
         )  # fmt: skip
 
     @classmethod
@@ -158,14 +160,6 @@ class LLMEngine:
 
     # --- setup helpers --------------------------------------------------------------------------
 
-    def _find_eos(self, hf_config: dict) -> int | None:
-        eos = hf_config.get("eos_token_id")
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        return eos
-
     def _num_kv_blocks(self) -> int:
         config = self.config
         if config.num_kv_blocks is not None:
@@ -173,11 +167,7 @@ class LLMEngine:
         per_block = ModelRunner.kv_bytes_per_block(self.model_args, config.block_size, self.dtype)
         budget = config.kv_cache_memory_bytes
         if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * 0.5)
-            else:
-                budget = 512 * 2**20
+            budget = kv_cache_budget(self.runner, config, self.max_model_len)
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(
@@ -208,8 +198,8 @@ class LLMEngine:
                 self.events.emit(RequestRejected(str(request_id), str(exc)))
             raise
         self.scheduler.add_request(request)
-        self._detok[request.request_id] = DetokenizerState(
-            skip_special_tokens=request.sampling_params.skip_special_tokens
+        self._detok[request.request_id] = DetokenizerState.after_prompt(
+            request.prompt_token_ids, request.sampling_params.skip_special_tokens
         )
         if self.events.active:
             self.events.emit(
@@ -255,7 +245,6 @@ class LLMEngine:
         seed = params.seed
         if seed is None and not params.greedy:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self._arrivals += 1
         return Request(
             request_id=request_id,
@@ -264,8 +253,8 @@ class LLMEngine:
             arrival_index=self._arrivals,
             prompt=text,
             max_tokens=max_tokens,
-            eos_token_id=self.eos_token_id,
-            generator=generator,
+            eos_token_ids=self.eos_token_ids,
+            seed=seed,
         )
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
@@ -299,6 +288,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (e.g. after the weights change), as vLLM's does.
+
+        Refused (returns False, with a warning) while any block is in use: a running request's
+        blocks would otherwise keep serving KV computed before the reset.
+        """
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.running) + self.scheduler.num_waiting
 
@@ -310,13 +307,23 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         try:
-            sampled, logprobs = self.runner.execute(sched)
+            result = self.runner.execute(sched)
         except Exception:
             self.scheduler.rollback_step(sched)
+            self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
             raise
         forward_time = self.runner.last_forward_time + self.runner.last_sample_time
         emit = self.events.active
-        for request in self.scheduler.update_from_output(sched, sampled):
+        logprobs = result.logprobs
+        for request_id, error in result.errors.items():
+            # This request alone could not be sampled: finish it with the reason, not the batch.
+            request = self.scheduler.requests[request_id]
+            logger.warning("nanovllm: %s", error)
+            request.error = error
+            self.scheduler.finish_request(request, FinishReason.ERROR)
+            outputs.append(self._make_output(request, "", []))
+            self._detok.pop(request_id, None)
+        for request in self.scheduler.update_from_output(sched, result.sampled_token_ids):
             token = request.output_token_ids[-1]
             if request.request_id in logprobs:
                 request.logprobs.append(logprobs[request.request_id])
@@ -342,12 +349,12 @@ class LLMEngine:
         """Detokenize the new token and decide whether the request is done."""
         params = request.sampling_params
         state = self._detok[request.request_id]
-        self.detokenizer.step(state, request.output_token_ids)
+        self.detokenizer.step(state, request.all_token_ids)
         stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
         finished: FinishReason | None = None
         if stop is not None:
             finished, request.stop_reason = FinishReason.STOP, stop
-        elif not params.ignore_eos and token == request.eos_token_id:
+        elif not params.ignore_eos and token in request.eos_token_ids:
             finished = FinishReason.STOP
         elif token in params.stop_token_ids:
             finished, request.stop_reason = FinishReason.STOP, token
@@ -356,7 +363,7 @@ class LLMEngine:
         if finished is not None:
             request.finish_reason = finished
             if stop is None:  # (a stop-string cut already decided the final text)
-                self.detokenizer.step(state, request.output_token_ids, final=True)
+                self.detokenizer.step(state, request.all_token_ids, final=True)
         delta = take_streamable(state, params.stop_strings, finished is not None)
         return delta, finished
 
@@ -382,6 +389,7 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
             delta_text=delta,
             delta_token_ids=delta_ids,
+            error=request.error,
         )
 
     def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:

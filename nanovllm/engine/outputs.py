@@ -24,7 +24,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -42,3 +42,5 @@ class RequestOutput:
     # New text since the previous output of this request (what a stream prints next).
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    # Why the request finished with finish_reason "error" (a nanovllm addition to vLLM's shape).
+    error: str | None = None

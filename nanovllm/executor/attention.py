@@ -144,11 +144,16 @@ class TorchAttention:
         keys = key_cache[block_tables].reshape(
             num_decodes, max_blocks * block_size, self.num_kv_heads, self.head_dim
         )
+        # Slots past a request's length (the rest of its last block, and the padding up to the
+        # group's longest context) hold whatever an earlier request left there. Their scores
+        # are masked to -inf below, so softmax gives them weight 0; but 0 x NaN is NaN, so a NaN
+        # left in such a slot would still poison the output. Zero those values first.
+        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
         values = value_cache[block_tables].reshape(keys.shape)
+        values = values.masked_fill(invalid[:, :, None, None], 0.0)
         group = self.num_heads // self.num_kv_heads
         # [num_decodes, num_kv_heads, group, head_dim]: query heads grouped by their KV head
         queries = q.view(num_decodes, self.num_kv_heads, group, self.head_dim)
-        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
         out = torch.empty_like(queries)
         # One batched matmul per KV head. `keys[:, :, h]` is a strided view ([n, L, head_dim]
         # with a row stride of num_kv_heads * head_dim) that BLAS reads in place: no copy.

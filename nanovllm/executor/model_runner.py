@@ -19,6 +19,7 @@ starting at 37; ...". The ModelRunner:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,31 +31,65 @@ from nanovllm.models.llama import CausalLM
 DECODE_GROUP = 16  # decodes per padded attention gather (see prepare_inputs)
 
 
+@dataclass
+class ModelRunnerOutput:
+    """One step's results, by request id."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
+
+
 class ModelRunner:
     def __init__(
-        self,
-        model: CausalLM,
-        num_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
+        self, model: CausalLM, block_size: int, dtype: torch.dtype, device: torch.device
     ) -> None:
         self.model = model
         self.block_size = block_size
+        self.dtype = dtype
         self.device = device
         self.sampler = Sampler()
-        args = model.args
-        shape = (num_blocks, block_size, args.num_key_value_heads, args.head_dim)
-        # The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks.
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_forward_time = 0.0
+        self.last_sample_time = 0.0
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks."""
+        args = self.model.args
+        shape = (num_blocks, self.block_size, args.num_key_value_heads, args.head_dim)
+        self.kv_caches = []  # let an earlier (profiling) cache go before the new one is made
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.last_forward_time = 0.0
-        self.last_sample_time = 0.0
+
+    def profile_run(self, num_tokens: int, num_seqs: int) -> int:
+        """Run the largest step the scheduler can make, to measure its activation memory.
+
+        `num_tokens` prompt tokens split over `num_seqs` fresh requests, every one sampling (so
+        the LM head and the sampler see their largest batch too), against a KV cache just big
+        enough for them. Returns the bytes of that temporary cache, to leave out of the peak.
+        """
+        from nanovllm.core.scheduler import ScheduledRequest
+        from nanovllm.request import Request
+        from nanovllm.sampling_params import SamplingParams
+
+        num_seqs = max(min(num_seqs, num_tokens), 1)
+        lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+        blocks_per_seq = [-(-n // self.block_size) for n in lengths]
+        self.allocate_kv_cache(sum(blocks_per_seq))
+        out = SchedulerOutput(step=0)
+        first_block = 0
+        for i, (n, num_blocks) in enumerate(zip(lengths, blocks_per_seq)):
+            request = Request(f"profile-{i}", [0] * n, SamplingParams(temperature=0), 0)
+            block_table = list(range(first_block, first_block + num_blocks))
+            first_block += num_blocks
+            out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
+        self.execute(out)
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
     @staticmethod
     def kv_bytes_per_block(model_args, block_size: int, dtype: torch.dtype) -> int:
@@ -127,8 +162,8 @@ class ModelRunner:
         return input_ids_t, positions_t.to(device), meta, logits_rows
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
-        """Run one step. Returns {request_id: sampled token} and {request_id: logprobs}."""
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: forward pass, then one token for each request that samples."""
         start = time.perf_counter()
         input_ids, positions, meta, logits_rows = self.prepare_inputs(out)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
@@ -136,14 +171,21 @@ class ModelRunner:
         if not sampling:
             self.last_forward_time = time.perf_counter() - start
             self.last_sample_time = 0.0
-            return {}, {}
+            return ModelRunnerOutput()
         logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         mid = time.perf_counter()
-        tokens, logprobs = self.sampler(logits, sampling)
+        sampled = self.sampler(logits, sampling)
         self.last_forward_time = mid - start
         self.last_sample_time = time.perf_counter() - mid
-        sampled = {r.request_id: t for r, t in zip(sampling, tokens)}
-        lps = {r.request_id: lp for r, lp in zip(sampling, logprobs) if lp is not None}
-        return sampled, lps
+        result = ModelRunnerOutput()
+        for i, request in enumerate(sampling):
+            rid = request.request_id
+            if i in sampled.errors:
+                result.errors[rid] = sampled.errors[i]
+                continue
+            result.sampled_token_ids[rid] = sampled.token_ids[i]
+            if sampled.logprobs[i] is not None:
+                result.logprobs[rid] = sampled.logprobs[i]
+        return result

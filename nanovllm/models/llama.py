@@ -192,11 +192,15 @@ class CausalLM(nn.Module):
         self.args = args
         self.model = DecoderModel(args, backend)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.rotary = RotaryEmbedding(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
         )
+
+    def tie_weights(self) -> None:
+        """With tied embeddings, the LM head *is* the embedding matrix (one tensor, not a copy)."""
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
         self,

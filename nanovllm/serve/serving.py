@@ -298,7 +298,12 @@ class OpenAIServing:
             text = self._token_text(token_id)
             tokens.append(text)
             token_logprobs.append(entry[token_id].logprob if token_id in entry else None)
-            top_logprobs.append(dict(self._top(entry, n)))
+            top: dict[str, float] = {}
+            for token_text, logprob in self._top(entry, n):
+                # Tokens can share a text (two halves of different UTF-8 characters both show as
+                # U+FFFD): keep the most likely, which `_top` lists first.
+                top.setdefault(token_text, logprob)
+            top_logprobs.append(top)
             offsets.append(offset)
             offset += len(text)
         logprobs = {

@@ -19,11 +19,6 @@ if triton_setup.triton_available():
     triton_setup.configure()
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-
-
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """Run torch single-threaded inside these tests, restoring the setting afterwards.

@@ -262,9 +262,8 @@ SOLUTIONS["09_chunked_prefill"] = {
 
 SOLUTIONS["10_sampling_streaming"] = {
     'raise NotImplementedError("write apply_top_k': """
-        idx = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
-        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)
-        return logits.masked_fill(~keep, float("-inf"))
+        kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]
+        return logits.masked_fill(logits < kth, float("-inf"))
     """,
     'raise NotImplementedError("write apply_top_p': """
         sorted_logits, order = logits.sort(dim=-1, descending=True)

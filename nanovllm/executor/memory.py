@@ -1,0 +1,59 @@
+"""How much memory the KV cache gets.
+
+Everything the engine does not need for the model itself should hold KV blocks: more blocks mean
+more requests in flight and fewer preemptions. So on a GPU the budget is *measured*, as vLLM
+does it:
+
+    budget = total GPU memory x gpu_memory_utilization
+             - memory already in use (the weights, the CUDA context, other processes)
+             - the activation peak of the largest step (a forward pass of
+               max_num_batched_tokens tokens, measured by running one)
+
+On a CPU there is nothing to profile against (the KV cache is ordinary RAM, shared with
+everything else), so the budget is a fixed `CPU_KV_CACHE_BYTES` unless `kv_cache_memory_bytes`
+says otherwise (vLLM's CPU build likewise takes it from `VLLM_CPU_KVCACHE_SPACE`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from nanovllm.config import EngineConfig
+    from nanovllm.executor.model_runner import ModelRunner
+
+CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+def budget_from_profile(total: int, utilization: float, in_use: int, activation_peak: int) -> int:
+    """The bytes left for the KV cache (see the module docstring); negative if none are."""
+    return int(total * utilization) - in_use - activation_peak
+
+
+def kv_cache_budget(runner: ModelRunner, config: EngineConfig, max_model_len: int) -> int:
+    """Bytes for the KV cache on the runner's device (the model must already be loaded)."""
+    if runner.device.type != "cuda":
+        return CPU_KV_CACHE_BYTES
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    in_use = total - free
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    cache_bytes = runner.profile_run(config.max_num_batched_tokens, config.max_num_seqs)
+    torch.cuda.synchronize(device)
+    activation_peak = torch.cuda.max_memory_allocated(device) - before - cache_bytes
+    runner.kv_caches = []
+    torch.cuda.empty_cache()
+    budget = budget_from_profile(total, config.gpu_memory_utilization, in_use, activation_peak)
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization={config.gpu_memory_utilization} leaves no memory for the KV "
+            f"cache: {total / 2**30:.1f} GiB x {config.gpu_memory_utilization} minus "
+            f"{in_use / 2**30:.1f} GiB in use and a {activation_peak / 2**30:.2f} GiB activation "
+            f"peak (max_num_batched_tokens={config.max_num_batched_tokens})"
+        )
+    return budget

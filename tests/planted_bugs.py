@@ -1,0 +1,228 @@
+"""Planted bugs the test suite must catch.
+
+Each entry is a small, plausible mistake in the engine's source, written as exact text edits,
+and the tests that must fail once it is planted. `test_planted_bugs.py` plants each one in a
+copy of the package and runs those tests: a bug they miss is a hole in the suite.
+
+Several of these once survived the suite: Qwen3's q/k norm after RoPE (invisible while every
+norm weight was 1.0), a rollback that skips blocks shared within the step, and a request reading
+a block shared in the same step before that step's writes (no test admitted two requests with
+the same prefix in one step). If a refactor changes the code an entry edits, the check fails
+with "not found": rewrite the entry for the new code; never delete it to make the suite pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    file: str  # relative to the repository root
+    edits: tuple[tuple[str, str], ...]  # (exact old text, found once; new text)
+    tests: tuple[str, ...]  # pytest arguments selecting the tests that must fail
+    why: str
+
+
+PLANTED_BUGS = [
+    PlantedBug(
+        "qwen3-qk-norm-after-rope",
+        "nanovllm/models/llama.py",
+        (
+            (
+                "        if self.qk_norm:\n"
+                "            q, k = self.q_norm(q), self.k_norm(k)\n"
+                "        q, k = rotary(positions, q, k)\n",
+                "        q, k = rotary(positions, q, k)\n"
+                "        if self.qk_norm:\n"
+                "            q, k = self.q_norm(q), self.k_norm(k)\n",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and qwen3"),
+        "RoPE rotates; a norm with unit weights commutes with it. Random norm weights do not.",
+    ),
+    PlantedBug(
+        "rollback-skips-blocks-shared-in-the-step",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "            if block.block_hash == block_hash:  # (still the same registration)",
+                "            if block.block_hash == block_hash and block.ref_cnt == 1:",
+            ),
+        ),
+        ("tests/test_scheduler.py::TestScheduler",),
+        "A block another request of the same step hit has ref_cnt 2; its KV is still unwritten.",
+    ),
+    PlantedBug(
+        "attention-reads-a-shared-block-before-the-steps-writes",
+        "nanovllm/executor/attention.py",
+        (
+            (
+                "        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n"
+                "        out = torch.empty_like(q)\n",
+                "        key_before, value_before = key_cache.clone(), value_cache.clone()\n"
+                "        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n"
+                "        out = torch.empty_like(q)\n",
+            ),
+            (
+                "                ctx_k, ctx_v = gather_context(key_cache, value_cache, "
+                "meta.block_tables[i], seq_len)\n",
+                "                ctx_k, ctx_v = gather_context(key_before, value_before, "
+                "meta.block_tables[i], seq_len)\n"
+                "                ctx_k = torch.cat((ctx_k[: seq_len - q_len], k[rows]))\n"
+                "                ctx_v = torch.cat((ctx_v[: seq_len - q_len], v[rows]))\n",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
+        "The cached context is read as it was before this step; another request fills it now.",
+    ),
+    PlantedBug(
+        "decode-values-not-masked",
+        "nanovllm/executor/attention.py",
+        (("        values = values.masked_fill(invalid[:, :, None, None], 0.0)\n", ""),),
+        ("tests/test_robustness.py", "-k", "nan_left_in_stale_slots"),
+        "Masked scores give weight 0, but 0 x NaN is NaN.",
+    ),
+    PlantedBug(
+        "decode-attends-one-slot-too-many",
+        "nanovllm/executor/attention.py",
+        (
+            (
+                "        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= "
+                "seq_lens[:, None]",
+                "        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] > "
+                "seq_lens[:, None]",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
+        "An off-by-one in the decode mask reads one stale slot.",
+    ),
+    PlantedBug(
+        "slot-mapping-off-by-one",
+        "nanovllm/executor/model_runner.py",
+        (
+            (
+                "        slot_mapping = block_ids * self.block_size + positions_t % self.block_size",
+                "        slot_mapping = block_ids * self.block_size + (positions_t + 1) % self.block_size",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
+        "Each token's K/V lands in its neighbour's slot.",
+    ),
+    PlantedBug(
+        "rotate-half-sign",
+        "nanovllm/models/rotary.py",
+        (("    return torch.cat((-x2, x1), dim=-1)", "    return torch.cat((x2, -x1), dim=-1)"),),
+        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
+        "RoPE rotating the wrong way.",
+    ),
+    PlantedBug(
+        "free-queue-returns-blocks-to-the-head",
+        "nanovllm/core/free_block_queue.py",
+        (
+            (
+                "        last = self._tail.prev_free\n"
+                "        assert last is not None\n"
+                "        last.next_free = block\n"
+                "        block.prev_free = last\n"
+                "        block.next_free = self._tail\n"
+                "        self._tail.prev_free = block\n",
+                "        first = self._head.next_free\n"
+                "        assert first is not None\n"
+                "        first.prev_free = block\n"
+                "        block.next_free = first\n"
+                "        block.prev_free = self._head\n"
+                "        self._head.next_free = block\n",
+            ),
+        ),
+        ("tests/test_kv_cache_manager.py",),
+        "Most recently freed evicted first: the opposite of LRU.",
+    ),
+    PlantedBug(
+        "preemption-keeps-num-computed-tokens",
+        "nanovllm/core/scheduler.py",
+        (
+            (
+                "        request.num_computed_tokens = 0\n        request.num_preemptions += 1",
+                "        request.num_preemptions += 1",
+            ),
+        ),
+        ("tests/test_scheduler.py",),
+        "A preempted request lost its blocks but believes its KV is still cached.",
+    ),
+    PlantedBug(
+        "detokenizer-window-starts-at-the-output",
+        "nanovllm/engine/detokenizer.py",
+        (
+            (
+                "            prefix_offset=max(n - PROMPT_CONTEXT_TOKENS, 0),",
+                "            prefix_offset=n,",
+            ),
+        ),
+        ("tests/test_detokenizer.py",),
+        "A Metaspace tokenizer drops the first decoded token's leading space.",
+    ),
+    PlantedBug(
+        "eos-ignores-generation-config",
+        "nanovllm/engine/eos.py",
+        (
+            (
+                '            ids |= _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))',
+                "            pass",
+            ),
+        ),
+        ("tests/test_eos.py",),
+        "A chat model's end-of-turn id is often only in generation_config.json.",
+    ),
+    PlantedBug(
+        "min-p-after-top-k",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "    logits = logits.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, "
+                "keepdim=True), neg_inf)\n",
+                "",
+            ),
+            (
+                "    sorted_logits = sorted_logits.masked_fill(drop, neg_inf)\n",
+                "    drop |= probs < min_p[:, None] * probs[:, :1]\n"
+                "    sorted_logits = sorted_logits.masked_fill(drop, neg_inf)\n",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "vllm_keeps"),
+        "vLLM applies min-p first; top-p then sees the renormalised survivors.",
+    ),
+    PlantedBug(
+        "top-k-drops-ties",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)\n",
+                "    ranks = torch.arange(logits.shape[-1], device=logits.device)\n"
+                "    sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], neg_inf)\n",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "tied"),
+        "vLLM keeps every token tied with the k-th.",
+    ),
+    PlantedBug(
+        "one-generator-for-every-request",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "                noise[j].exponential_(generator=generator_for(requests[i], device))",
+                "                noise[j].exponential_(generator=generator_for(requests[0], device))",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "whatever_shares"),
+        "A seeded request's draws must not depend on its neighbours.",
+    ),
+    PlantedBug(
+        "abort-outputs-lost-when-a-step-fails",
+        "nanovllm/engine/llm_engine.py",
+        (("            self._pending = outputs + self._pending", "            pass"),),
+        ("tests/test_robustness.py", "-k", "abort_output"),
+        "An aborted request's final output must reach the caller.",
+    ),
+]
