@@ -35,6 +35,7 @@ from nanovllm.engine.detokenizer import (
     take_streamable,
 )
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from nanovllm.engine.snapshot import token_texts
 from nanovllm.events import (
     EngineStarted,
     Event,
@@ -218,6 +219,7 @@ class LLMEngine:
                     request.prompt,
                     request.num_prompt_tokens,
                     request.max_tokens,
+                    token_texts(self.tokenizer, request.prompt_token_ids),
                 )
             )
         return request

@@ -260,7 +260,8 @@ def test_last_block_fill():
 
 def test_trace_shows_every_effect(trace_events):
     kinds = {e.kind for e in trace_events}
-    assert kinds == set(EVENT_TYPES), set(EVENT_TYPES) - kinds
+    expected = set(EVENT_TYPES) - {"engine_snapshot"}  # only a late subscriber gets one
+    assert kinds == expected, expected - kinds
     hits = [e for e in trace_events if isinstance(e, CacheHit)]
     assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)
     assert any(isinstance(e, RequestScheduled) and e.is_chunk for e in trace_events)
