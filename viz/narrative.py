@@ -96,7 +96,7 @@ def narrate(state: VizState, event: Event) -> Note | None:
         info = state.requests.get(event.request_id)
         admitted = info is not None and info.status == "waiting"
         if not event.is_prefill and not admitted:
-            return Note(DECODE, None, i, i, (event.request_id,), count=1)
+            return Note(DECODE, None, i, i, ((event.request_id,),), count=1)
         item = (event.num_tokens, event.num_computed_tokens, event.is_chunk, admitted)
         return Note(SCHEDULE, event.request_id, i, i, (item,), count=1)
     if isinstance(event, BlockEvicted):

@@ -264,6 +264,41 @@ def last_block_fill(state: VizState, request: RequestInfo) -> int:
     return max(0, min(used, state.block_size))
 
 
+def shown_step(state: VizState) -> StepRecord | None:
+    """The step the views describe: the one being played (mid-step), else the last one done."""
+    return state.draft if state.draft.scheduled or state.draft.preempted else state.last_step
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the latest move changed: the views flash these."""
+
+    blocks: frozenset[int] = frozenset()
+    requests: frozenset[str] = frozenset()
+
+
+NO_CHANGES = Changes()
+
+
+def latest_changes(state: VizState) -> Changes:
+    """Mid-step: what the last event touched. At a step boundary: everything the step did."""
+    events = state.draft.events[-1:] if state.draft.events else ()
+    if not events and state.last_step is not None:
+        events = state.last_step.events
+    blocks: set[int] = set()
+    requests: set[str] = set()
+    for event in events:
+        block_id = getattr(event, "block_id", None)
+        if block_id is not None:
+            blocks.add(block_id)
+        request_id = getattr(event, "request_id", None)
+        if request_id is not None:
+            requests.add(request_id)
+    if not blocks and not requests:
+        return NO_CHANGES
+    return Changes(frozenset(blocks), frozenset(requests))
+
+
 # --- the reducer --------------------------------------------------------------------------------
 
 
