@@ -38,7 +38,8 @@ class Tape:
         self.j = 0  # cursor: the boundary it starts from ...
         self.k = 0  # ... and how many events of the next step are applied
         self.state = self.bounds[0]  # the state at the cursor
-        self.dropped = 0  # steps forgotten off the front (to report positions)
+        self.dropped = 0  # steps forgotten off the front
+        self.dropped_events = 0  # ... and their events
 
     # --- recording --------------------------------------------------------------------------
 
@@ -61,7 +62,7 @@ class Tape:
         self.bounds.append(self.open_state)
         self.open = []
         while len(self.steps) > self.max_history:  # forget the oldest step
-            self.steps.pop(0)
+            self.dropped_events += len(self.steps.pop(0))
             self.bounds.pop(0)
             self.dropped += 1
             if self.j == 0:  # the cursor was in it: to the oldest boundary kept

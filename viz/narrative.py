@@ -230,8 +230,11 @@ def _take(n: Note) -> str:
     if len(evicted) == 1 and len(blocks) == 1:
         text += f"; evicts {_whose(evicted[0][1])} cached prefix"
     elif evicted:
-        text += "; evicts cached prefixes: " + ", ".join(
-            f"{block} {_whose(owner)}" for block, owner in evicted
+        by_owner: dict[str, list[int]] = {}
+        for block, owner in evicted:
+            by_owner.setdefault(owner, []).append(block)
+        text += "; evicts " + ", ".join(
+            f"{_whose(owner)} cached prefix in {_ids(ids)}" for owner, ids in by_owner.items()
         )
     return text + ")"
 

@@ -42,9 +42,17 @@ class FreeQueueView(StateView):
         taken: tuple[int, ...] = ()
         returned: set[int] = set()
         if record is not None:
-            for before, block_id in record.gaps:
-                gaps.setdefault(before, []).append(block_id)
             taken, returned = record.taken, set(record.returned)
+            queued = set(state.free_queue)
+            anchors = dict((b, before) for before, b in record.gaps)
+            for before, block_id in record.gaps:
+                # The block before the gap may have left the queue since: the gap then sits
+                # where *that* block was (its own gap), or at the head if it was taken.
+                seen = set()
+                while before is not None and before not in queued and before not in seen:
+                    seen.add(before)
+                    before = anchors.get(before)
+                gaps.setdefault(before, []).append(block_id)
         next_evicted = next((b for b in state.free_queue if state.blocks[b].cached), None)
         cells: list[tuple[str, Style]] = []
         for block_id in taken:
