@@ -193,8 +193,6 @@ class VizApp(App[object]):
 
     def on_resize(self, event: Resize) -> None:
         self._check_size(event.size.width, event.size.height)
-        # The breakpoints may have shown views that were hidden: draw them once laid out.
-        self.call_after_refresh(self._redraw)
 
     def _check_size(self, width: int, height: int) -> None:
         too_small = width < MIN_WIDTH or height < MIN_HEIGHT
@@ -245,11 +243,10 @@ class VizApp(App[object]):
         self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
 
     def _redraw(self) -> None:
+        # Every view, hidden ones too: a layout that shows one later must find it up to date
+        # (Textual does not render a hidden widget, so this costs little).
         for view in self._views:
-            if view.display and view.parent is not None and view.parent.display:
-                view.show(self.state, self.selected, self.status)
-            else:
-                view.forget()  # hidden by the layout: draw it afresh when it shows again
+            view.show(self.state, self.selected, self.status)
 
     # --- selection ------------------------------------------------------------------------------
 

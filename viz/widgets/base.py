@@ -29,10 +29,6 @@ class StateView(Widget):
         """The objects this view draws; compared by identity (states are immutable)."""
         return (state,)
 
-    def forget(self) -> None:
-        """Drop the memory of what was drawn: the next `show` redraws whatever it gets."""
-        self._key = None
-
     def show(self, state: VizState, selected: str | None, status: DriverStatus | None) -> None:
         key = self.watched(state, status)
         old = self._key

@@ -80,7 +80,10 @@ class StepView(StateView):
             char = glyph.lower() if s.kind == DECODE else glyph
             style = FLASH if s.request_id in changed else owner_style(index)
             bar.append(char * w, style)
-        bar.append("·" * max(0, width - 2 - sum(widths)), DIM)
+        hidden = sum(1 for w in widths if w == 0)
+        if hidden:  # too small for a cell: say so instead of drawing them bigger than they are
+            bar.append(f" +{hidden} more "[: max(0, width - 2 - sum(widths))], DIM)
+        bar.append("·" * max(0, width - 2 - len(bar)), DIM)
         lines.append(Text("▕") + bar + Text("▏"))
 
         # One item per request; items never break across lines; what does not fit is counted.
