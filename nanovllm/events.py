@@ -16,6 +16,10 @@ the queue starts as blocks 0..N-1 from head to tail; `BlockAllocated(from_free_q
 the head (preceded by `BlockEvicted` when that block still held a cached prefix), a `CacheHit`
 with `was_free=True` pulls a block out of the middle, and `BlockFreed` with `ref_count == 0`
 appends a block at the tail.
+
+A consumer that joins a running engine (`nanovllm viz --connect`) first receives an
+`EngineSnapshot`: the blocks, the free queue's order, the cached hashes and the requests at that
+moment; the events after it apply on top.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class RequestAdded(Event):
     prompt: str | None
     num_prompt_tokens: int
     max_tokens: int
+    # The text of each prompt token, in order (what the visualizer writes into KV slots).
+    prompt_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,58 @@ class StepSummary(Event):
     free_queue_head: tuple[int, ...] = field(default_factory=tuple)
 
 
+# --- a late subscriber's starting point -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockSnapshot:
+    """One physical KV block in an `EngineSnapshot`."""
+
+    block_id: int
+    ref_count: int
+    block_hash: str | None = None  # short id of its prefix-cache hash, while it has one
+
+
+@dataclass(frozen=True)
+class RequestSnapshot:
+    """One unfinished request in an `EngineSnapshot`. `status` is "waiting" or "running"."""
+
+    request_id: str
+    status: str
+    prompt: str | None
+    num_prompt_tokens: int
+    max_tokens: int
+    num_computed_tokens: int
+    num_output_tokens: int
+    output_text: str
+    block_table: tuple[int, ...]
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    tokens: tuple[str, ...] = ()  # the text of each token, prompt then output
+
+
+@dataclass(frozen=True)
+class EngineSnapshot(Event):
+    """The engine's state at one moment, for a subscriber that joins a running engine.
+
+    Sent right after `EngineStarted` to a late subscriber (the server's `/v1/events`), so that
+    it starts from the truth instead of from a fresh engine. Plain data only: `blocks` in id
+    order, `free_queue` head to tail, `waiting` front first, `running` in admission order, and
+    the scheduler's counters so far.
+    """
+
+    kind: ClassVar[str] = "engine_snapshot"
+    step: int
+    blocks: tuple[BlockSnapshot, ...]
+    free_queue: tuple[int, ...]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    requests: tuple[RequestSnapshot, ...]
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -236,6 +294,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BlockCached,
         BlockEvicted,
         StepSummary,
+        EngineSnapshot,
     )
 }
 
@@ -253,10 +312,22 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     cls = EVENT_TYPES.get(data.pop("kind", ""))
     if cls is None:
         raise ValueError(f"unknown event kind in {data!r}")
+    return _from_fields(cls, data)
+
+
+# The dataclasses nested in an event's tuple fields.
+_NESTED: dict[str, type] = {"blocks": BlockSnapshot, "requests": RequestSnapshot}
+
+
+def _from_fields(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in data.items() if k in names}
-    if "free_queue_head" in kwargs:
-        kwargs["free_queue_head"] = tuple(kwargs["free_queue_head"])
+    for name, value in kwargs.items():
+        if isinstance(value, list):
+            nested = _NESTED.get(name) if cls is EngineSnapshot else None
+            if nested is not None:
+                value = [_from_fields(nested, item) for item in value]
+            kwargs[name] = tuple(value)
     return cls(**kwargs)
 
 

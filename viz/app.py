@@ -32,14 +32,18 @@ from textual.widgets import Footer, Static
 from nanovllm.viz.driver import (
     SPEEDS,
     AddRequest,
+    Back,
     Driver,
     DriverStatus,
+    Forward,
     Notify,
     Publish,
     SetSpeed,
     Step,
+    StepEvent,
     SwitchScenario,
     TogglePause,
+    ToLatest,
 )
 from nanovllm.viz.messages import EngineNotice, EngineUpdate
 from nanovllm.viz.scenarios import SCENARIOS
@@ -47,8 +51,11 @@ from nanovllm.viz.screens import AddRequestScreen, HelpScreen
 from nanovllm.viz.state import RUNNING, VizState
 from nanovllm.viz.widgets import (
     BlockTablesView,
+    FreeQueueView,
     KVCacheView,
     MetricsView,
+    NarrativeView,
+    PagingView,
     QueuesView,
     RequestTextView,
     StateView,
@@ -83,24 +90,30 @@ class Measurement:
 class VizApp(App[object]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere work too
     TITLE = "nanovllm viz"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (150, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-mid"), (40, "-tall")]
+    ENABLE_COMMAND_PALETTE = False  # its footer entry would push `?` and `q` off 80 columns
 
+    # In the footer's order: quitting and help first, so a narrow footer never loses them.
     BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help", key_display="?"),
         Binding("space", "toggle_pause", "pause"),
-        Binding("s,right", "step", "step"),
-        Binding("plus,equals_sign", "faster", "faster"),
-        Binding("minus", "slower", "slower"),
+        Binding("s", "step", "step"),
+        Binding("e", "step_event", "event"),
+        Binding("left", "back", "back", key_display="←"),
+        Binding("right", "forward", "fwd", key_display="→"),
+        Binding("end", "latest", "latest", show=False),
+        Binding("plus,equals_sign", "faster", "faster", key_display="+"),
+        Binding("minus", "slower", "slower", key_display="-"),
         Binding("up,k", "select(-1)", "select", show=False),
         Binding("down,j", "select(1)", "select", show=False),
-        Binding("a", "add_request", "add request"),
+        Binding("a", "add_request", "add"),
         Binding("c", "next_scenario", "scenario"),
         *(
             Binding(str(i), f"scenario({i - 1})", name, show=False)
             for i, name in enumerate(SCENARIOS, 1)
         ),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
     ]
 
     def __init__(
@@ -132,39 +145,49 @@ class VizApp(App[object]):
     # --- layout -----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
+        # Some views appear twice, each copy where one layout puts it; app.tcss shows one.
         yield StatusBar(id="status")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield QueuesView(id="queues")
                 yield MetricsView(id="metrics")
+                yield NarrativeView(id="story-left", classes="story")
+                yield RequestTextView(id="text")
             with Vertical(id="center"):
                 yield TimelineView(id="timeline")
                 yield StepView(id="step")
                 yield KVCacheView(id="kv")
+                yield FreeQueueView(id="free")
+                with Horizontal(id="pages"):
+                    yield BlockTablesView(id="tables-center", classes="tables")
+                    yield PagingView(id="paging-center", classes="paging")
             with Vertical(id="right"):
-                yield BlockTablesView(id="tables")
-                yield RequestTextView(id="text")
+                yield BlockTablesView(id="tables-right", classes="tables")
+                yield PagingView(id="paging-right", classes="paging")
+                yield NarrativeView(id="story-right", classes="story")
         yield Static(id="too-small")
         yield Footer()
 
     def on_mount(self) -> None:
         titles = {
-            "queues": ("Queues", ""),
-            "metrics": ("Metrics", ""),
-            "timeline": (
+            QueuesView: ("Queues", ""),
+            MetricsView: ("Metrics", ""),
+            TimelineView: (
                 "Batch timeline",
                 "P prefill · p chunk · = decode · X preempted · · waiting",
             ),
-            "step": ("Step composition", "upper case: prompt tokens · lower case: decode"),
-            "kv": ("Physical KV cache", "A owned · A² shared · a cached-free · · free"),
-            "tables": ("Block tables", "logical → physical · last block fill"),
-            "text": ("Selected request", ""),
+            StepView: ("Step composition", "upper case: prompt tokens · lower case: decode"),
+            KVCacheView: ("Physical KV cache", "A owned · A² shared · a cached-free · · free"),
+            FreeQueueView: ("Free block queue", "head: next out · tail: last freed"),
+            BlockTablesView: ("Block tables", "logical → physical · last block fill"),
+            PagingView: ("Paging: the selected request", "logical block → physical block"),
+            NarrativeView: ("What happened", "in the engine's order"),
+            RequestTextView: ("Selected request", ""),
         }
-        for view_id, (title, subtitle) in titles.items():
-            view = self.query_one(f"#{view_id}", StateView)
-            view.border_title = title
-            view.border_subtitle = subtitle
         self._views = list(self.query(StateView))
+        for view in self._views:
+            if type(view) in titles:
+                view.border_title, view.border_subtitle = titles[type(view)]
         self._check_size(self.size.width, self.size.height)
         self.run_driver()
 
@@ -220,6 +243,8 @@ class VizApp(App[object]):
         self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
 
     def _redraw(self) -> None:
+        # Every view, hidden ones too: a layout that shows one later must find it up to date
+        # (Textual does not render a hidden widget, so this costs little).
         for view in self._views:
             view.show(self.state, self.selected, self.status)
 
@@ -264,6 +289,27 @@ class VizApp(App[object]):
 
     def action_step(self) -> None:
         self.driver.send(Step())
+
+    def action_step_event(self) -> None:
+        self.driver.send(StepEvent())
+
+    def action_back(self) -> None:
+        self.driver.send(Back())
+
+    def action_forward(self) -> None:
+        self.driver.send(Forward())
+
+    def action_latest(self) -> None:
+        self.driver.send(ToLatest())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide what the source cannot do: a replay has no model; only a live run has scenarios."""
+        mode = self.driver.mode
+        if action == "add_request":
+            return mode != "replay"
+        if action in ("scenario", "next_scenario"):
+            return mode == "live"
+        return True
 
     def _change_speed(self, delta: int) -> None:
         speed = self.status.speed if self.status else SPEEDS[3]

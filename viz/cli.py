@@ -6,6 +6,7 @@
     nanovllm viz --replay run.jsonl               play a trace back, no model needed
     nanovllm viz --connect http://127.0.0.1:8000  watch a running `nanovllm serve`
     nanovllm viz --screenshot out.svg --steps 40  headless: run 40 steps, save the screen
+    nanovllm viz --animate out.svg --steps 6      headless: step 7 event by event, animated
     nanovllm viz --measure 10                     headless: frames/s and engine steps/s
 
 Engine options (`--num-kv-blocks`, `--max-num-batched-tokens`, ...) override the scenario's.
@@ -47,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUT",
         help="headless: run --steps steps, save the screen (.svg, .png, .txt) and exit",
     )
+    g.add_argument(
+        "--animate",
+        type=Path,
+        metavar="OUT",
+        help="headless: run --steps steps, then write an animated SVG of the next --frames events",
+    )
+    g.add_argument("--frames", type=int, default=14, help="frames of --animate (default 14)")
     g.add_argument(
         "--steps", type=int, default=None, help="pause after N steps (screenshot: default 40)"
     )
@@ -118,14 +126,17 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--steps must be >= 1, got {args.steps}")
     if args.speed < 0:
         return fail(f"--speed must be >= 0, got {args.speed}")
-    headless = args.screenshot is not None or args.measure is not None
-    if args.screenshot is not None and args.measure is not None:
-        return fail("--screenshot and --measure do not go together")
+    goals = [g for g in (args.screenshot, args.measure, args.animate) if g is not None]
+    headless = bool(goals)
+    if len(goals) > 1:
+        return fail("--screenshot, --animate and --measure do not go together")
+    if args.frames < 1:
+        return fail(f"--frames must be >= 1, got {args.frames}")
     if not headless and not sys.stdout.isatty():
         return fail("nanovllm viz needs an interactive terminal (or --screenshot / --measure)")
 
     steps = args.steps
-    if args.screenshot is not None and steps is None:
+    if (args.screenshot is not None or args.animate is not None) and steps is None:
         steps = 40
     speed = 0.0 if headless else args.speed
     common = dict(paused=args.paused and not headless, speed=speed, max_steps=steps)
@@ -163,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
         screenshot_steps=steps,
         measure=args.measure,
     )
-    result = app.run(headless=True, size=size) if headless else app.run()
+    if args.animate is not None:
+        result = app.run(headless=True, size=size, auto_pilot=partial(_animate, args, steps))
+    else:
+        result = app.run(headless=True, size=size) if headless else app.run()
     status = app.status
     if status is not None and status.error:
         print(f"error: {status.error}", file=sys.stderr)
@@ -177,6 +191,17 @@ def run(args: argparse.Namespace) -> int:
             f"({status.source if status else '?'}, {size[0]}x{size[1]})"
         )
     return app.return_code or 0
+
+
+async def _animate(args: argparse.Namespace, steps: int, pilot) -> None:
+    from nanovllm.viz.animation import record_frames, write_animation
+
+    try:
+        frames = await record_frames(pilot, steps, args.frames)
+    except TimeoutError:
+        pilot.app.exit(None)  # the status line says why (an engine error, say)
+        return
+    pilot.app.exit(write_animation(args.animate, frames))
 
 
 def _replay_driver(cls, trace, common, publish, notify):

@@ -6,9 +6,11 @@
 replay modes use, so a learner watches real traffic from real clients: requests joining the
 batch, blocks leaving and re-entering the free queue.
 
-A reader thread turns the HTTP stream into events on a queue; each `tick` of the driver consumes
-one engine step's worth (everything up to the next `StepSummary`). The server sends only what
-happens after the connection, so connect before sending requests to see a run from its start.
+A reader thread turns the HTTP stream into events on a queue; each `pull` of the driver records
+one engine step's worth (everything up to the next `StepSummary`) on its tape. The server starts
+every stream with `EngineStarted` and an `EngineSnapshot` of the engine at that moment (its
+blocks, the free queue's order, the cached hashes, the requests), so a viewer that connects to
+a busy server starts from the engine's true state, not from a fresh engine's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from typing import Any
 
 from nanovllm.events import Event, StepSummary, event_from_dict
 from nanovllm.viz.driver import AddRequest, Command, Driver, Publish
-from nanovllm.viz.state import reduce
 
 WAIT_FOR_EVENTS_S = 0.25  # a tick returns after this long with no event, so the UI stays live
 
@@ -70,26 +71,25 @@ class ConnectDriver(Driver):
             if not self._closing.is_set():
                 self._queue.put(exc)
 
-    def tick(self) -> None:
-        """Apply the events of one engine step (or what arrived within a short wait)."""
-        state = self.state
+    def pull(self) -> bool:
+        """Record the events of one engine step (or what arrived within a short wait)."""
         deadline = time.monotonic() + WAIT_FOR_EVENTS_S
-        applied = 0
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if isinstance(item, BaseException):
-                self.state = state
-                raise item
-            state = reduce(state, item)
-            applied += 1
-            if isinstance(item, StepSummary):
-                break
-        self.state = state
-        if applied:
-            self.status = replace(self.status, steps=self.status.steps + 1)
+        events: list[Event] = []
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                events.append(item)
+                if isinstance(item, StepSummary):
+                    self.status = replace(self.status, steps=self.status.steps + 1)
+                    break
+        finally:
+            self.tape.record(events)
+        return bool(events)
 
     def handle(self, command: Command) -> None:
         if isinstance(command, AddRequest):

@@ -1,19 +1,26 @@
-"""The engine worker: owns the engine (or a replayed trace), steps it, and reports states.
+"""The engine worker: owns the engine (or a replayed trace), steps it, and plays its events.
 
 The UI must never wait for a forward pass, so the engine lives in a worker thread and the two
 sides only talk through queues:
 
-- UI -> worker: `Command`s (pause, step, speed, add a request, switch scenario, stop) on a
-  thread-safe `queue.Queue`. The worker waits on that queue between steps, so a command takes
-  effect at once even at one step per second, and a paused worker sleeps without polling.
-- worker -> UI: after each step the worker folds the step's events into a new `VizState`
-  (`state.reduce`) and hands it to `publish` together with a `DriverStatus`. The state is
-  immutable, so it crosses threads without a lock and the UI may skip states it had no time to
-  draw: every state carries its own history (the timeline), so nothing is lost by skipping.
+- UI -> worker: `Command`s (pause, step, one event, back, forward, speed, add a request, switch
+  scenario, stop) on a thread-safe `queue.Queue`. The worker waits on that queue between
+  moves, so a command takes effect at once even at one step per second, and a paused worker
+  sleeps without polling.
+- worker -> UI: the worker records every event on a `Tape` (`history.py`) and moves a cursor
+  over it; after each move it hands the state at the cursor to `publish` together with a
+  `DriverStatus`. States are immutable, so they cross threads without a lock and the UI may
+  skip states it had no time to draw.
+
+How a step is played. At up to `ANIMATE_UP_TO` steps per second the cursor moves one event at
+a time, spread over the first `ANIMATION_SHARE` of the step's time; the finished step then
+stays on screen for the rest. Faster, it moves a whole step at a time. Paused, `Step` plays one
+whole step, `StepEvent` one event, `Back` / `Forward` move over the recorded steps without
+touching the engine: the engine only steps when the cursor needs a step nobody has recorded.
 
 `EngineDriver` runs a live engine on a scenario's workload; `ReplayDriver` plays a trace back
-with the same controls. Neither imports Textual: they are tested, and could be reused, on
-their own.
+with the same controls (`connect.py` adds a third, for a running server). None imports
+Textual: they are tested, and could be reused, on their own.
 """
 
 from __future__ import annotations
@@ -27,17 +34,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nanovllm.events import Event
+from nanovllm.events import EngineStarted, Event
+from nanovllm.viz.history import Tape
 from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, Workload
-from nanovllm.viz.state import VizState, initial_state, reduce
+from nanovllm.viz.state import VizState
 from nanovllm.viz.trace import TraceWriter, frames, read_trace
 
 logger = logging.getLogger("nanovllm.viz")
 
 # Steps per second the speed keys step through; 0 means as fast as the engine goes.
 SPEEDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 0.0)
-DEFAULT_SPEED = 4.0
+DEFAULT_SPEED = 2.0
+ANIMATE_UP_TO = 8.0  # steps/s: up to this pace a step plays event by event
+ANIMATION_SHARE = 0.6  # of a step's time, spent moving through its events
 FULL_SPEED_GAP = 0.002  # seconds between steps at full speed (see `Driver.run`)
+IDLE_WAIT = 0.1  # seconds before asking a source with nothing new again
 
 # --- commands (UI -> worker) --------------------------------------------------------------------
 
@@ -59,7 +70,27 @@ class SetPaused(Command):
 
 @dataclass(frozen=True)
 class Step(Command):
-    """Pause if running; otherwise run exactly one step."""
+    """Pause if playing; otherwise play to the end of the step (the next step, at a boundary)."""
+
+
+@dataclass(frozen=True)
+class StepEvent(Command):
+    """Pause, then apply exactly one more event."""
+
+
+@dataclass(frozen=True)
+class Back(Command):
+    """Pause, then go back to the previous step boundary (in the recorded history)."""
+
+
+@dataclass(frozen=True)
+class Forward(Command):
+    """Pause, then jump to the next step boundary at once (the engine steps if it must)."""
+
+
+@dataclass(frozen=True)
+class ToLatest(Command):
+    """Pause, then jump to the newest recorded state."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +119,21 @@ class Stop(Command):
 
 @dataclass(frozen=True)
 class DriverStatus:
-    mode: str  # "live" or "replay"
-    source: str  # the model's folder name, or the trace's file name
+    mode: str  # "live", "replay" or "connect"
+    source: str  # the model's folder name, the trace's file name, the server's URL
     scenario: str | None = None
     paused: bool = False
     speed: float = DEFAULT_SPEED
     loading: bool = True
     done: bool = False  # a replay reached its end
-    frame: int = 0  # replay: frames played
+    frame: int = 0  # replay: frames (steps) read from the trace
     num_frames: int = 0
     steps: int = 0  # engine steps run by this driver (all scenarios together)
     error: str | None = None
+    event: int = 0  # events of the step in progress applied at the cursor (0: at a boundary)
+    num_step_events: int = 0  # events recorded for that step
+    behind: int = 0  # recorded steps ahead of the cursor (history)
+    history: int = 0  # steps recorded and kept
 
 
 Publish = Callable[[VizState, DriverStatus], None]
@@ -106,7 +141,12 @@ Notify = Callable[[str, str], None]  # (message, severity: "information" | "warn
 
 
 class Driver:
-    """The command loop shared by the live and the replay driver."""
+    """The command loop and the tape, shared by every source of events.
+
+    A subclass says where events come from: `setup()` once, then `pull()` whenever the cursor
+    needs more than is recorded (it records what it got on `self.tape`, and says whether there
+    was anything).
+    """
 
     mode = "live"
 
@@ -122,10 +162,16 @@ class Driver:
         self.publish_fn = publish
         self.notify_fn = notify or (lambda message, severity: None)
         self.commands: queue.Queue[Command] = queue.Queue()
-        self.state = VizState()
+        self.tape = Tape()
         self.status = DriverStatus(mode=self.mode, source="", paused=paused, speed=speed)
         self.max_steps = max_steps
-        self._single_steps = 0
+        self.exhausted = False  # the source has nothing more, ever (end of a trace)
+        self._to_boundary = False  # paused, but playing on to the end of a step (`Step`)
+
+    @property
+    def state(self) -> VizState:
+        """The state at the cursor: what the views draw."""
+        return self.tape.state
 
     # The UI's side.
     def send(self, command: Command) -> None:
@@ -136,7 +182,7 @@ class Driver:
 
     # The worker's side.
     def run(self) -> None:
-        """Set up, then step until `Stop`. Runs in the worker thread; never raises."""
+        """Set up, then play until `Stop`. Runs in the worker thread; never raises."""
         try:
             self.setup()
         except Exception as exc:  # noqa: BLE001 - shown in the UI, not raised into Textual
@@ -146,38 +192,90 @@ class Driver:
         self._set(loading=False)
         deadline = time.monotonic()
         while True:
-            idle = self.status.paused and self._single_steps == 0
+            busy = not self.status.paused or self._to_boundary
             try:
-                if idle:
-                    command = self.commands.get()
-                else:
+                if busy:
                     command = self.commands.get(timeout=max(0.0, deadline - time.monotonic()))
+                else:
+                    command = self.commands.get()
             except queue.Empty:
                 command = None
             if isinstance(command, Stop):
                 break
             if command is not None:
-                self._handle_common(command)
-                continue  # handle every waiting command before the next step
-            if self.status.paused and self._single_steps == 0:
+                try:
+                    self._handle_common(command)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(exc)
+                deadline = time.monotonic()
+                continue  # handle every waiting command before the next move
+            if not busy:
                 continue
-            self._single_steps = max(0, self._single_steps - 1)
             try:
-                self.tick()
+                delay = self._play()
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
-                self._set(paused=True)
-            if self.max_steps is not None and self.state.step >= self.max_steps:
-                self._set(paused=True)
+                self._to_boundary = False
+                self.status = replace(self.status, paused=True)
+                delay = 0.0
             self.publish()
-            speed = self.status.speed
-            now = time.monotonic()
-            # At full speed, still leave a breath between steps: the UI thread needs the GIL
-            # to draw, and a worker that never lets go of it starves the frames.
-            deadline = max(deadline + 1 / speed, now) if speed > 0 else now + FULL_SPEED_GAP
+            deadline = time.monotonic() + delay
         self.close()
 
+    def _play(self) -> float:
+        """One move of the cursor while playing; returns the seconds until the next one."""
+        speed = self.status.speed
+        tape = self.tape
+        if 0 < speed <= ANIMATE_UP_TO:
+            moved = tape.forward_event() or self._pull_and(tape.forward_event)
+            at_boundary = tape.k == 0
+            if at_boundary:  # hold the finished step on screen
+                delay = (1 - ANIMATION_SHARE) / speed
+            else:
+                delay = ANIMATION_SHARE / speed / max(1, len(tape.step_events()))
+        else:
+            moved = self._forward_step()
+            at_boundary = tape.k == 0
+            delay = 1 / speed if speed > 0 else FULL_SPEED_GAP
+        if at_boundary:
+            self._to_boundary = False
+        self._check_limits()
+        if not moved:
+            return IDLE_WAIT
+        return delay
+
+    def _pull_and(self, move: Callable[[], bool]) -> bool:
+        if self.exhausted:
+            return False
+        return self.pull() and move()
+
+    def _forward_step(self) -> bool:
+        """To the next step boundary, stepping the source when the tape has no step ahead."""
+        tape = self.tape
+        if tape.j == tape.num_steps:  # in the unrecorded part: the source must make a step
+            recorded = tape.num_steps
+            while self._pull_and(lambda: True) and tape.num_steps == recorded:
+                pass
+        return tape.forward_step()
+
+    def _check_limits(self) -> None:
+        tape = self.tape
+        if self.max_steps is not None and self.state.step >= self.max_steps and tape.k == 0:
+            self.status = replace(self.status, paused=True)
+            self._to_boundary = False
+        if self.exhausted and tape.at_end:
+            self.status = replace(self.status, done=True, paused=True)
+            self._to_boundary = False
+
     def publish(self) -> None:
+        tape = self.tape
+        self.status = replace(
+            self.status,
+            event=tape.k,
+            num_step_events=len(tape.step_events()) if tape.k else 0,
+            behind=tape.steps_behind,
+            history=tape.num_steps,
+        )
         self.publish_fn(self.state, self.status)
 
     def _set(self, **changes: Any) -> None:
@@ -196,15 +294,47 @@ class Driver:
             pass
 
     def _handle_common(self, command: Command) -> None:
+        tape = self.tape
         if isinstance(command, TogglePause):
-            self._set(paused=not self.status.paused)
+            self._to_boundary = False
+            self._set(paused=not self.status.paused, done=False)
         elif isinstance(command, SetPaused):
+            self._to_boundary = False
             self._set(paused=command.paused)
         elif isinstance(command, Step):
-            if self.status.paused:
-                self._single_steps += 1
-            else:
+            if not self.status.paused:
                 self._set(paused=True)
+            elif self._to_boundary or not (0 < self.status.speed <= ANIMATE_UP_TO):
+                # Already playing a step (or no animation at this speed): finish it at once.
+                self._to_boundary = False
+                self._forward_step()
+                self._check_limits()
+                self.publish()
+            else:
+                self._to_boundary = True  # `run` plays the step's events, then stops
+        elif isinstance(command, StepEvent):
+            self._to_boundary = False
+            self.status = replace(self.status, paused=True)
+            tape.forward_event() or self._pull_and(tape.forward_event)
+            self._check_limits()
+            self.publish()
+        elif isinstance(command, Back):
+            self._to_boundary = False
+            self.status = replace(self.status, paused=True, done=False)
+            tape.back_step()
+            self.publish()
+        elif isinstance(command, Forward):
+            self._to_boundary = False
+            self.status = replace(self.status, paused=True)
+            self._forward_step()
+            self._check_limits()
+            self.publish()
+        elif isinstance(command, ToLatest):
+            self._to_boundary = False
+            self.status = replace(self.status, paused=True)
+            tape.to_end()
+            self._check_limits()
+            self.publish()
         elif isinstance(command, SetSpeed):
             self._set(speed=command.steps_per_s)
         else:
@@ -214,7 +344,8 @@ class Driver:
     def setup(self) -> None:
         raise NotImplementedError
 
-    def tick(self) -> None:
+    def pull(self) -> bool:
+        """Record more events on the tape; False when there was nothing (yet)."""
         raise NotImplementedError
 
     def handle(self, command: Command) -> None:
@@ -225,7 +356,7 @@ class Driver:
 
 
 class ReplayDriver(Driver):
-    """Plays a recorded trace, one frame (engine step) per tick."""
+    """Plays a recorded trace: `pull` records its next frame (one engine step)."""
 
     mode = "replay"
 
@@ -240,21 +371,20 @@ class ReplayDriver(Driver):
         events = read_trace(self.trace) if isinstance(self.trace, str | Path) else self.trace
         self._frames = list(frames(events))
         self.status = replace(self.status, num_frames=len(self._frames))
+        if self._frames and isinstance(self._frames[0][0], EngineStarted):
+            self.tape.record(self._frames[0][:1])  # the engine's shape, before any step
+            self._frames[0] = self._frames[0][1:]
+        self.exhausted = not any(self._frames)
 
-    def tick(self) -> None:
+    def pull(self) -> bool:
         i = self.status.frame
         if i >= len(self._frames):
-            self.status = replace(self.status, done=True, paused=True)
-            return
-        state = self.state
-        for event in self._frames[i]:
-            state = reduce(state, event)
-        self.state = state
-        done = i + 1 >= len(self._frames)
-        self.status = replace(
-            self.status, frame=i + 1, steps=self.status.steps + 1, done=done,
-            paused=self.status.paused or done,
-        )  # fmt: skip
+            self.exhausted = True
+            return False
+        self.tape.record(self._frames[i])
+        self.exhausted = i + 1 >= len(self._frames)
+        self.status = replace(self.status, frame=i + 1, steps=self.status.steps + 1)
+        return True
 
     def handle(self, command: Command) -> None:
         what = "add a request" if isinstance(command, AddRequest) else "switch scenario"
@@ -287,6 +417,7 @@ class EngineDriver(Driver):
         self.workload: Workload | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._tick = 0
+        self._pending: list[Event] = []
         self._user_requests = 0
         self._arrivals = 0
         self.status = replace(self.status, scenario=scenario)
@@ -309,18 +440,24 @@ class EngineDriver(Driver):
         self.workload = self.scenario.workload(self.workload_seed)
         self._tick = 0
         self._arrivals = 0
-        self.state = initial_state()
         self._unsubscribe = self.engine.subscribe(self._on_event)
+        self._record_pending()  # `EngineStarted`: a new tape
         self.status = replace(
             self.status, source=self.engine.model_path.name, scenario=self.scenario.name
         )
 
     def _on_event(self, event: Event) -> None:
-        self.state = reduce(self.state, event)
+        self._pending.append(event)
         if self.recorder is not None:
             self.recorder(event)
 
-    def tick(self) -> None:
+    def _record_pending(self) -> bool:
+        events, self._pending = self._pending, []
+        self.tape.record(events)
+        return bool(events)
+
+    def pull(self) -> bool:
+        """One tick of the workload: its arrivals, then one engine step (when there is work)."""
         from nanovllm.sampling_params import SamplingParams
 
         engine = self.engine
@@ -344,6 +481,7 @@ class EngineDriver(Driver):
             self.status = replace(self.status, steps=self.status.steps + 1)
         if self.recorder is not None:
             self.recorder.flush()
+        return self._record_pending()
 
     def handle(self, command: Command) -> None:
         from nanovllm.sampling_params import SamplingParams
@@ -358,6 +496,11 @@ class EngineDriver(Driver):
                 self.notify_fn(f"request rejected: {exc}", "error")
             else:
                 self.notify_fn(f"added request {request_id}", "information")
+            # Show the arrival at once: from the newest state, over the events it made.
+            self.tape.to_end()
+            self._record_pending()
+            while self.tape.forward_event():
+                pass
             self.publish()
         elif isinstance(command, SwitchScenario):
             if command.name not in SCENARIOS:

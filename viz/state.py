@@ -31,6 +31,7 @@ from nanovllm.events import (
     BlockEvicted,
     BlockFreed,
     CacheHit,
+    EngineSnapshot,
     EngineStarted,
     Event,
     RequestAdded,
@@ -41,6 +42,7 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.narrative import Note, add_note, narrate
 
 # Request status, as the visualizer tells it.
 WAITING = "waiting"
@@ -77,6 +79,7 @@ class RequestInfo:
     num_output_tokens: int = 0
     output_text: str = ""
     block_table: tuple[int, ...] = ()  # logical block i lives in physical block block_table[i]
+    tokens: tuple[str, ...] = ()  # text of each token (prompt, then output) when events tell
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its last admission
     num_preemptions: int = 0
     finish_reason: str | None = None
@@ -93,7 +96,8 @@ class BlockInfo:
     ref_count: int = 0
     owners: tuple[str, ...] = ()  # requests holding it, in the order they took it
     block_hash: str | None = None  # set while it is registered in the prefix cache
-    last_owner: str | None = None  # who held it last: a cached-but-free block keeps its colour
+    last_owner: str | None = None  # who held it last
+    cached_by: str | None = None  # the request that registered its prefix (None: not known)
 
     @property
     def cached(self) -> bool:
@@ -123,6 +127,11 @@ class StepRecord:
     pulled: tuple[int, ...] = ()  # blocks a prefix-cache hit pulled out of its middle
     returned: tuple[int, ...] = ()  # blocks that joined its tail
     evicted: tuple[int, ...] = ()  # blocks whose cached prefix was forgotten
+    # Where a prefix hit pulled a block out of the free queue: (the block before it in the
+    # queue, None at the head; the block pulled). Views draw a gap there.
+    gaps: tuple[tuple[int | None, int], ...] = ()
+    events: tuple[Event, ...] = ()  # the step's events in engine order
+    notes: tuple[Note, ...] = ()  # the step told in words (see `narrative.py`)
     summary: StepSummary | None = None
 
     @property
@@ -255,6 +264,41 @@ def last_block_fill(state: VizState, request: RequestInfo) -> int:
     return max(0, min(used, state.block_size))
 
 
+def shown_step(state: VizState) -> StepRecord | None:
+    """The step the views describe: the one being played (mid-step), else the last one done."""
+    return state.draft if state.draft.scheduled or state.draft.preempted else state.last_step
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the latest move changed: the views flash these."""
+
+    blocks: frozenset[int] = frozenset()
+    requests: frozenset[str] = frozenset()
+
+
+NO_CHANGES = Changes()
+
+
+def latest_changes(state: VizState) -> Changes:
+    """Mid-step: what the last event touched. At a step boundary: everything the step did."""
+    events = state.draft.events[-1:] if state.draft.events else ()
+    if not events and state.last_step is not None:
+        events = state.last_step.events
+    blocks: set[int] = set()
+    requests: set[str] = set()
+    for event in events:
+        block_id = getattr(event, "block_id", None)
+        if block_id is not None:
+            blocks.add(block_id)
+        request_id = getattr(event, "request_id", None)
+        if request_id is not None:
+            requests.add(request_id)
+    if not blocks and not requests:
+        return NO_CHANGES
+    return Changes(frozenset(blocks), frozenset(requests))
+
+
 # --- the reducer --------------------------------------------------------------------------------
 
 
@@ -266,9 +310,15 @@ def reduce(state: VizState, event: Event) -> VizState:
     """
     if isinstance(event, EngineStarted):
         return replace(initial_state(event), num_events=state.num_events + 1)
+    # The event joins the step in progress (told in words too) before it is applied, so the
+    # step a `StepSummary` closes holds every event of that step, the summary included.
+    draft = state.draft
+    draft = replace(
+        draft, events=draft.events + (event,), notes=add_note(draft.notes, narrate(state, event))
+    )
+    state = replace(state, draft=draft, num_events=state.num_events + 1)
     handler = _HANDLERS.get(type(event))
-    new = handler(state, event) if handler is not None else state
-    return replace(new, num_events=state.num_events + 1)
+    return handler(state, event) if handler is not None else state
 
 
 def reduce_all(state: VizState, events: Iterable[Event]) -> VizState:
@@ -303,6 +353,7 @@ def _on_request_added(state: VizState, e: RequestAdded) -> VizState:
         prompt=e.prompt,
         num_prompt_tokens=e.num_prompt_tokens,
         max_tokens=e.max_tokens,
+        tokens=e.prompt_tokens,
     )
     return replace(
         state,
@@ -386,7 +437,10 @@ def _on_token_emitted(state: VizState, e: TokenEmitted) -> VizState:
     if info is None:
         return replace(state, metrics=metrics)
     new_info = replace(
-        info, num_output_tokens=e.num_output_tokens, output_text=info.output_text + e.text_delta
+        info,
+        num_output_tokens=e.num_output_tokens,
+        output_text=info.output_text + e.text_delta,
+        tokens=info.tokens + (e.text_delta,) if info.tokens else (),
     )
     return replace(state, requests=_set_request(state, new_info), metrics=metrics)
 
@@ -448,8 +502,12 @@ def _on_cache_hit(state: VizState, e: CacheHit) -> VizState:
     if not _valid_block(state, e.block_id):
         return state
     draft = state.draft
-    if e.was_free:  # out of the middle of the free queue
-        draft = replace(draft, pulled=draft.pulled + (e.block_id,))
+    if e.was_free and e.block_id in state.free_queue:  # out of the middle of the free queue
+        at = state.free_queue.index(e.block_id)
+        before = state.free_queue[at - 1] if at else None
+        draft = replace(
+            draft, pulled=draft.pulled + (e.block_id,), gaps=draft.gaps + ((before, e.block_id),)
+        )
     return _give_block(
         state, e.request_id, e.block_id, e.logical_index, e.ref_count, e.was_free, draft
     )
@@ -500,14 +558,14 @@ def _on_block_freed(state: VizState, e: BlockFreed) -> VizState:
 def _on_block_cached(state: VizState, e: BlockCached) -> VizState:
     if not _valid_block(state, e.block_id):
         return state
-    new_block = replace(state.blocks[e.block_id], block_hash=e.block_hash)
+    new_block = replace(state.blocks[e.block_id], block_hash=e.block_hash, cached_by=e.request_id)
     return replace(state, blocks=_set_block(state.blocks, e.block_id, new_block))
 
 
 def _on_block_evicted(state: VizState, e: BlockEvicted) -> VizState:
     if not _valid_block(state, e.block_id):
         return state
-    new_block = replace(state.blocks[e.block_id], block_hash=None)
+    new_block = replace(state.blocks[e.block_id], block_hash=None, cached_by=None)
     draft = replace(state.draft, evicted=state.draft.evicted + (e.block_id,))
     return replace(state, blocks=_set_block(state.blocks, e.block_id, new_block), draft=draft)
 
@@ -540,7 +598,63 @@ def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
     )
 
 
+def _on_engine_snapshot(state: VizState, e: EngineSnapshot) -> VizState:
+    """A late subscriber's start: the engine's state replaces ours (the engine's shape stays)."""
+    owners: dict[int, tuple[str, ...]] = {}
+    requests: dict[str, RequestInfo] = {}
+    order = {rid: i for i, rid in enumerate((*e.running, *e.waiting))}
+    for r in sorted(e.requests, key=lambda r: order.get(r.request_id, len(order))):
+        for block_id in r.block_table:
+            owners[block_id] = owners.get(block_id, ()) + (r.request_id,)
+        requests[r.request_id] = RequestInfo(
+            request_id=r.request_id,
+            index=len(requests),
+            prompt=r.prompt,
+            num_prompt_tokens=r.num_prompt_tokens,
+            max_tokens=r.max_tokens,
+            status=RUNNING if r.status == RUNNING else WAITING,
+            num_computed_tokens=r.num_computed_tokens,
+            num_output_tokens=r.num_output_tokens,
+            output_text=r.output_text,
+            block_table=r.block_table,
+            tokens=r.tokens,
+            num_cached_tokens=r.num_cached_tokens,
+            num_preemptions=r.num_preemptions,
+        )
+    blocks = tuple(
+        BlockInfo(
+            ref_count=b.ref_count,
+            owners=owners.get(b.block_id, ()),
+            block_hash=b.block_hash,
+            last_owner=owners.get(b.block_id, (None,))[-1],
+        )
+        for b in sorted(e.blocks, key=lambda b: b.block_id)
+    )
+    metrics = replace(
+        Metrics(),
+        num_preemptions=e.num_preemptions,
+        prefix_queries=e.prefix_cache_queries,
+        prefix_hits=e.prefix_cache_hits,
+    )
+    return replace(
+        state,
+        requests=MappingProxyType(requests),
+        waiting=tuple(r for r in e.waiting if r in requests),
+        running=tuple(r for r in e.running if r in requests),
+        finished=(),
+        blocks=blocks,
+        free_queue=e.free_queue,
+        draft=replace(state.draft, step=e.step + 1),
+        last_step=StepRecord(step=e.step),
+        timeline=(),
+        metrics=metrics,
+        num_arrivals=len(requests),
+        rejected=(),
+    )
+
+
 _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
+    EngineSnapshot: _on_engine_snapshot,
     RequestAdded: _on_request_added,
     RequestRejected: _on_request_rejected,
     RequestScheduled: _on_request_scheduled,

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from itertools import groupby
 
+from rich.cells import set_cell_size
 from rich.style import Style
 from rich.text import Text
 
@@ -42,6 +43,16 @@ NEW = Style(color="black", bgcolor="#98c379", bold=True)  # just returned to the
 GONE = Style(color="black", bgcolor="#e5c07b", bold=True)  # just left the free queue
 PULLED = Style(color="black", bgcolor="#c678dd", bold=True)  # pulled out by a prefix hit
 ALERT = Style(color="white", bgcolor="red", bold=True)
+FLASH = Style(color="black", bgcolor="white", bold=True)  # what the latest move changed
+MARK = Style(bold=True, underline=True)  # the selected request's blocks
+
+
+def token_cell(text: str, width: int) -> str:
+    """A token's text in `width` cells, whitespace made visible (` ` -> `␣`, newline -> `⏎`)."""
+    shown = text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
+    shown = "".join(ch if ch.isprintable() else "�" for ch in shown)
+    return set_cell_size(shown, width)
+
 
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 

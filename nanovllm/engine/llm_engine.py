@@ -36,6 +36,7 @@ from nanovllm.engine.detokenizer import (
 )
 from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from nanovllm.engine.snapshot import token_texts
 from nanovllm.events import (
     EngineStarted,
     Event,
@@ -208,6 +209,7 @@ class LLMEngine:
                     request.prompt,
                     request.num_prompt_tokens,
                     request.max_tokens,
+                    token_texts(self.tokenizer, request.prompt_token_ids),
                 )
             )
         return request

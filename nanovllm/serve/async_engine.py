@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
+from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
 from nanovllm.sampling_params import SamplingParams
 
@@ -421,6 +422,8 @@ class AsyncLLMEngine:
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
             sink.unsubscribe = engine.subscribe(sink.buffer.append)
+            # Right after `EngineStarted`: the state so far, so a late listener starts from it.
+            sink.buffer.append(engine_snapshot(engine))
             self._sinks[command.sink] = sink
         elif isinstance(command, _Unsubscribe):
             sink = self._sinks.pop(command.sink, None)

@@ -9,6 +9,8 @@ Wire format (`Content-Type: text/event-stream`), one event per SSE message, each
 
     data: {"kind": "engine_started", "model": "...", "num_kv_blocks": 512, "block_size": 16, ...}
 
+    data: {"kind": "engine_snapshot", "step": 41, "blocks": [...], "free_queue": [...], ...}
+
     data: {"kind": "request_added", "request_id": "cmpl-...", "prompt": "...", ...}
 
     data: {"kind": "block_allocated", "request_id": "cmpl-...", "block_id": 0, ...}
@@ -17,10 +19,11 @@ Wire format (`Content-Type: text/event-stream`), one event per SSE message, each
 
     : keep-alive
 
-- The first event is always `engine_started` (the KV cache's shape and the scheduling limits).
-  Then every event from the moment of connection on, in the engine's order. State from before
-  the connection (blocks already held by running requests) is not replayed: connect before
-  sending requests to see a run from its start.
+- The first event is always `engine_started` (the KV cache's shape and the scheduling limits),
+  the second an `engine_snapshot` (`nanovllm/engine/snapshot.py`): every block's ref count and
+  cached hash, the free queue from head to tail, the waiting and running requests with their
+  block tables, taken in the engine thread at the moment of subscription. Then every event
+  from that moment on, in the engine's order: snapshot plus events is the engine's state.
 - Lines starting with `:` are SSE comments, sent every `KEEPALIVE_S` seconds while the engine
   is idle so proxies keep the connection open; SSE clients ignore them.
 - The stream never ends on its own; the client closes it. A client that falls more than

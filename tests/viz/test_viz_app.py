@@ -103,7 +103,7 @@ def test_help_screen_and_quit(trace_path: Path):
             await wait_until(pilot, lambda: loaded(app))
             await pilot.press("question_mark")
             await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
-            await wait_until(pilot, lambda: "a row per request" in screen_text(app))
+            await wait_until(pilot, lambda: "one event of the step" in screen_text(app))
             await pilot.press("escape")
             await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
             await pilot.press("q")
@@ -113,7 +113,8 @@ def test_help_screen_and_quit(trace_path: Path):
     run(go())
 
 
-def test_replay_refuses_live_only_commands(trace_path: Path):
+def test_replay_hides_live_only_keys(trace_path: Path):
+    """A replay has no model: `a` and the scenario keys are neither offered nor acted on."""
     notices: list[str] = []
 
     def hook(message) -> None:
@@ -123,17 +124,13 @@ def test_replay_refuses_live_only_commands(trace_path: Path):
     async def go():
         app = replay_app(trace_path, paused=True)
         async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
-            await wait_until(pilot, lambda: loaded(app))
-            await pilot.press("a")
-            await wait_until(pilot, lambda: isinstance(app.screen, AddRequestScreen))
-            await pilot.press("h", "i", "enter")
-            await wait_until(pilot, lambda: len(notices) == 1)
-            await pilot.press("2")
-            await wait_until(pilot, lambda: len(notices) == 2)
-            await pilot.press("a", "escape")  # cancelled: nothing sent
+            await wait_until(pilot, lambda: loaded(app) and app.is_settled())
+            footer = screen_text(app).splitlines()[-1]
+            assert "quit" in footer and "add" not in footer and "scenario" not in footer
+            await pilot.press("a", "2", "c")
             await pilot.pause(0.2)
-            assert len(notices) == 2
-            assert "cannot add a request" in notices[0] and "scenario" in notices[1]
+            assert not isinstance(app.screen, AddRequestScreen)
+            assert notices == [] and app.status.mode == "replay"
 
     run(go())
 
@@ -208,24 +205,86 @@ def check_snapshot(path: Path, content: str) -> None:
     assert content == path.read_text(encoding="utf-8"), f"the screen differs from {path}"
 
 
+async def press_events(pilot, app: VizApp, n: int) -> None:
+    """Press `e` n times, each time waiting for exactly one more event on screen."""
+    for _ in range(n):
+        seen = app.state.num_events
+        await pilot.press("e")
+        await wait_until(pilot, lambda seen=seen: app.state.num_events == seen + 1)
+
+
 @pytest.mark.parametrize(
-    "name, size, step, svg",
+    "name, size, step, events",
     [
-        ("wide_step30", (160, 48), 30, False),
-        ("narrow_step12", (100, 30), 12, True),  # the SVG checks colours too (one is enough)
-        ("small_80x24", (80, 24), 44, False),
+        ("small_80x24", (80, 24), 45, 0),  # a preemption and a finish in one step
+        ("medium_100x30", (100, 30), 10, 8),  # mid-step 11: preempted, then a block taken
+        ("wide_160x48", (160, 48), 40, 0),  # a prefix hit pulls a block out of the queue
     ],
 )
-def test_snapshot(trace_path: Path, name: str, size: tuple[int, int], step: int, svg: bool):
+def test_snapshot(trace_path: Path, name: str, size: tuple[int, int], step: int, events: int):
     async def go():
         app = replay_app(trace_path, speed=0, max_steps=step)
         async with app.run_test(size=size) as pilot:
             await wait_until(
                 pilot, lambda: app.state.step == step and app.status.paused and app.is_settled()
             )
+            await press_events(pilot, app, events)
+            # Which request is followed depends on the states the UI happened to draw: pin it.
+            app.select(app._selectable()[0])
+            await pilot.pause()
             check_snapshot(SNAPSHOTS / f"{name}.txt", screen_text(app))
-            if svg:
-                check_snapshot(SNAPSHOTS / f"{name}.svg", app.export_screenshot())
+            check_snapshot(SNAPSHOTS / f"{name}.svg", app.export_screenshot())
+
+    run(go())
+
+
+def test_resize_mid_run_never_crashes(trace_path: Path):
+    """Shrink and grow across every layout while the replay plays; each size draws its views."""
+    sizes = [(160, 48), (80, 24), (100, 30), (60, 16), (200, 60)]
+
+    async def go():
+        app = replay_app(trace_path, speed=32)
+        async with app.run_test(size=sizes[0]) as pilot:
+            await wait_until(pilot, lambda: app.state.step >= 3)
+            for width, height in sizes[1:]:
+                await pilot.resize_terminal(width, height)
+                before = app.state.num_events
+                await wait_until(pilot, lambda b=before: app.state.num_events > b)
+                text = screen_text(app)
+                assert len(text.splitlines()) == height
+                assert "Batch timeline" in text and "Physical KV cache" in text
+                assert ("Free block queue" in text) == (height >= 24), (width, height)
+                # Block tables from 100 columns on; the paging diagram with them.
+                assert ("Block tables" in text) == (width >= 100), (width, height)
+            assert app.is_running
+        assert app.return_code in (None, 0)
+
+    run(go())
+
+
+def test_event_keys_and_history(trace_path: Path):
+    """`e` plays one event, `s` the rest of the step, left/right walk the recorded steps."""
+
+    async def go():
+        app = replay_app(trace_path, speed=0, max_steps=12)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 12 and app.status.paused)
+            at_12 = app.state
+            await press_events(pilot, app, 3)
+            assert app.status.event == 3 and app.state.step == 12
+            assert "event 3/" in screen_text(app).splitlines()[0]
+            await pilot.press("s")  # the rest of step 13 at once (speed 0: no animation)
+            await wait_until(pilot, lambda: app.state.step == 13 and app.status.event == 0)
+            at_13 = app.state
+            await pilot.press("left", "left")
+            await wait_until(pilot, lambda: app.state.step == 11)
+            assert "history: 2 steps back" in screen_text(app)
+            await pilot.press("right")
+            await wait_until(pilot, lambda: app.state.step == 12)
+            assert app.state is at_12  # the very state drawn before: nothing recomputed
+            await pilot.press("end")
+            await wait_until(pilot, lambda: app.state.step == 13)
+            assert app.state is at_13 and app.status.behind == 0
 
     run(go())
 

@@ -7,8 +7,11 @@ immutable). None of them knows about the engine, the worker or each other.
 
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.widgets.block_tables import BlockTablesView
+from nanovllm.viz.widgets.free_queue import FreeQueueView
 from nanovllm.viz.widgets.kv_cache import KVCacheView
 from nanovllm.viz.widgets.metrics import MetricsView
+from nanovllm.viz.widgets.narrative import NarrativeView
+from nanovllm.viz.widgets.paging import PagingView
 from nanovllm.viz.widgets.queues import QueuesView
 from nanovllm.viz.widgets.request_text import RequestTextView
 from nanovllm.viz.widgets.status_bar import StatusBar
@@ -17,8 +20,11 @@ from nanovllm.viz.widgets.timeline import TimelineView
 
 __all__ = [
     "BlockTablesView",
+    "FreeQueueView",
     "KVCacheView",
     "MetricsView",
+    "NarrativeView",
+    "PagingView",
     "QueuesView",
     "RequestTextView",
     "StateView",

@@ -4,6 +4,8 @@ Read a line left to right as logical block 0, 1, 2 ...: the number is the physic
 holds those tokens in the KV cache (see the grid). A block marked `²` (or more) is shared with
 other requests through the prefix cache. The gauge at the end shows how full the request's last
 block is: the empty slots are the only memory paged attention wastes (internal fragmentation).
+A block the latest move gave the request is drawn in white. The selected request is always
+listed, even when the others do not all fit.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState, last_block_fill
-from nanovllm.viz.style import DIM, SELECTED, request_label, superscript, text_style
+from nanovllm.viz.state import VizState, last_block_fill, latest_changes
+from nanovllm.viz.style import DIM, FLASH, SELECTED, request_label, superscript, text_style
 from nanovllm.viz.widgets.base import StateView
 
 LABEL = 9
@@ -22,58 +25,83 @@ LABEL = 9
 
 class BlockTablesView(StateView):
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.requests, state.running, state.blocks)
+        return (state.requests, state.running, state.blocks, state.draft)
+
+    def _request_lines(self, rid: str, width: int, changed: frozenset[int]) -> list[Text]:
+        state = self.state
+        info = state.requests.get(rid)
+        if info is None:
+            return []
+        bs = state.block_size
+        gauge_width = max(0, min(bs, 16, width - LABEL - 12))
+        fill = last_block_fill(state, info)
+        gauge = Text(" ")
+        full = round(fill / bs * gauge_width) if bs else 0
+        gauge.append("▮" * full, text_style(info.index))
+        gauge.append("▯" * (gauge_width - full), DIM)
+        gauge.append(f" {fill}/{bs}", DIM)
+        cells = []
+        for block_id in info.block_table:
+            refs = state.blocks[block_id].ref_count if block_id < state.num_blocks else 1
+            style = FLASH if block_id in changed else text_style(info.index)
+            cell = Text(f"{block_id}", style)
+            if refs > 1:
+                cell.append(superscript(refs), "bold")
+            cells.append(cell)
+        # Wrap the ids under the label; the gauge goes on the last line.
+        line = request_label(info, rid, width=LABEL)
+        if rid == self.selected:
+            line.stylize(SELECTED, 0, LABEL)
+        line.append("[")
+        start = len(line)
+        lines = []
+        for cell in cells:
+            if len(line) + len(cell) + 1 > width - 1 and len(line) > start:
+                lines.append(line)
+                line = Text(" " * start)
+            line.append(cell)
+            line.append(" ")
+        if cells:
+            line.right_crop(1)
+        line.append("]")
+        if len(line) + len(gauge) > width:
+            lines.append(line)
+            line = Text(" " * start)
+        line.append(gauge)
+        lines.append(line)
+        return lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width < 1 or not self.state.running:
+            return 1
+        changed = latest_changes(self.state).blocks
+        return sum(len(self._request_lines(r, width, changed)) for r in self.state.running)
 
     def render(self) -> Text:
         state = self.state
         width, height = self.size.width, self.size.height
+        if width < 1 or height < 1:
+            return Text()
         if not state.running:
             return Text("no running request", DIM)
-        bs = state.block_size
-        gauge_width = min(bs, 16)
+        changed = latest_changes(state).blocks
+        per_request = {rid: self._request_lines(rid, width, changed) for rid in state.running}
+        order = list(state.running)
+        # When they do not all fit, the selected request goes first so it is never cut off.
+        total = sum(len(v) for v in per_request.values())
+        if total > height and self.selected in per_request:
+            order.remove(self.selected)
+            order.insert(0, self.selected)
         lines: list[Text] = []
-        for n, rid in enumerate(state.running):
-            info = state.requests.get(rid)
-            if info is None:
-                continue
-            fill = last_block_fill(state, info)
-            gauge = Text(" ")
-            full = round(fill / bs * gauge_width) if bs else 0
-            gauge.append("▮" * full, text_style(info.index))
-            gauge.append("▯" * (gauge_width - full), DIM)
-            gauge.append(f" {fill}/{bs}", DIM)
-            cells = []
-            for block_id in info.block_table:
-                refs = state.blocks[block_id].ref_count if block_id < state.num_blocks else 1
-                cell = Text(f"{block_id}", text_style(info.index))
-                if refs > 1:
-                    cell.append(superscript(refs), "bold")
-                cells.append(cell)
-            # Wrap the ids under the label; the gauge goes on the last line.
-            line = request_label(info, rid, width=LABEL)
-            if rid == self.selected:
-                line.stylize(SELECTED, 0, LABEL)
-            line.append("[")
-            start = len(line)
-            request_lines = []
-            for cell in cells:
-                if len(line) + len(cell) + 1 > width - 1 and len(line) > start:
-                    request_lines.append(line)
-                    line = Text(" " * start)
-                line.append(cell)
-                line.append(" ")
-            if cells:
-                line.right_crop(1)
-            line.append("]")
-            if len(line) + len(gauge) > width:
-                request_lines.append(line)
-                line = Text(" " * start)
-            line.append(gauge)
-            request_lines.append(line)
+        for n, rid in enumerate(order):
+            request_lines = per_request[rid]
             if len(lines) + len(request_lines) > height:
-                remaining = len(state.running) - n
-                if lines and remaining:
-                    lines[-1] = Text(f"… {remaining} more running", DIM)
+                # Cut here, keeping a line to say how many requests are not (fully) shown.
+                lines = lines[: height - 1]
+                if not lines:  # not even the first fits: show what does
+                    lines = request_lines[: height - 1]
+                    n += 1
+                lines.append(Text(f"… {len(order) - n} more running", DIM))
                 break
             lines.extend(request_lines)
         return Text("\n").join(lines[:height])

@@ -1,13 +1,13 @@
-"""Physical KV cache: every block, coloured by owner, and the free block queue in order.
+"""Physical KV cache: every block of the paged cache, coloured by the request that owns it.
 
-Grid cells: `A` a block owned by request A, `A²` shared by two requests (prefix cache, ref count
+Cells: `A` a block owned by request A, `A²` shared by two requests (prefix cache, ref count
 2), `a` free but still holding A's cached prefix (a later request with the same prefix can take
-it back), `·` free and empty.
+it back), `·` free and empty. The selected request's blocks are underlined (`›` in front when
+cells are small), and what the latest move changed is drawn in white.
 
-Below the grid, the free block queue from head to tail, the way the engine keeps it: blocks
-leave at the head (least recently freed first, so a cached prefix survives as long as
-possible) and return at the tail; a prefix-cache hit pulls a block out of the middle. The last
-step's moves are highlighted: left at the head, pulled from the middle, joined at the tail.
+The grid grows with the panel: on a big terminal each block is a box with its id, every
+owner's letter and the start of its prefix-cache hash (`#3738…`); on a small one a block is
+three characters and the block id of each row stands at its left. The free block queue has its own view (`free_queue.py`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import BlockInfo, VizState, kv_figures
+from nanovllm.viz.state import BlockInfo, VizState, kv_figures, latest_changes
 from nanovllm.viz.style import (
-    CACHED,
     DIM,
+    FLASH,
     FREE,
-    GONE,
     HEADING,
-    NEW,
-    PULLED,
+    MARK,
     cached_free_style,
     owner_style,
     request_glyph,
@@ -36,128 +34,123 @@ from nanovllm.viz.style import (
 )
 from nanovllm.viz.widgets.base import StateView
 
-CELL = 3  # characters per block in the grid
-PLAIN = Style()
 UNKNOWN = Style(reverse=True)
 ROW_LABEL = 5
-QUEUE_LINES = 3  # at most, for the free queue
+# Cell shapes, biggest first: (characters per block, lines per block).
+SHAPES = ((12, 3), (10, 3), (8, 2), (6, 2), (5, 2), (3, 1))
+SMALL = SHAPES[-1]
 
 
-def grid_columns(num_blocks: int, width: int) -> int:
+def grid_columns(num_blocks: int, width: int, cell: int = 3) -> int:
     """Blocks per grid row: as many as fit, rounded down to a multiple of 8 to read ids easily."""
-    cols = max(1, (width - ROW_LABEL) // CELL)
+    cols = max(1, (width - ROW_LABEL) // cell)
     if cols >= 8:
         cols -= cols % 8
     return max(1, min(cols, num_blocks))
 
 
+def grid_shape(
+    num_blocks: int, width: int, height: int, big: bool = True
+) -> tuple[int, int, int, int]:
+    """(cell width, cell lines, columns, rows): the biggest cells whose grid fits."""
+    for cell, lines in SHAPES if big else SHAPES[-1:]:
+        cols = grid_columns(num_blocks, width, cell)
+        rows = -(-num_blocks // cols)
+        # Big cells only when the grid stays at least 8 blocks wide and fits the height.
+        if (cell, lines) == SMALL or (cols >= min(num_blocks, 8) and rows * lines <= height):
+            return cell, lines, cols, rows
+    raise AssertionError("unreachable")
+
+
 class KVCacheView(StateView):
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.blocks, state.free_queue, state.last_step, state.requests)
+        return (state.blocks, state.requests, state.draft, state.last_step)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """The heading and the grid, with the biggest cells that fit half the column."""
         n = self.state.num_blocks
-        if not n:
+        if not n or width < 1:
             return 1
-        rows = -(-n // grid_columns(n, width))
-        return 1 + rows + len(self._free_queue(width))
+        cap = max(1, container.height // 2 - 3)  # within `max-height: 50%`, borders and head
+        _, lines, _, rows = grid_shape(n, width, cap, big=self._big_cells())
+        return 1 + rows * lines
+
+    def _big_cells(self) -> bool:
+        """Two-line cells only on a tall terminal: a short one needs the lines elsewhere."""
+        return self.is_mounted and self.screen.has_class("-tall")
 
     def _owner_index(self, request_id: str | None) -> int | None:
         info = self.state.requests.get(request_id) if request_id else None
         return info.index if info else None
 
-    def _cell(self, block: BlockInfo) -> tuple[str, Style]:
+    def _cell(self, block_id: int, block: BlockInfo, cell: int, lines: int) -> list[tuple]:
+        """The block's cell: one (characters, style) per line."""
         if block.ref_count > 0 and block.owners:
-            index = self._owner_index(block.owners[0])
-            glyph = request_glyph(index) if index is not None else "?"
-            mark = superscript(block.ref_count) if block.ref_count > 1 else " "
-            style = owner_style(index) if index is not None else UNKNOWN
-            return f" {glyph}{mark}", style
-        if block.cached:
-            index = self._owner_index(block.last_owner)
-            glyph = request_glyph(index).lower() if index is not None else "c"
-            return f" {glyph} ", cached_free_style(index)
-        return " · ", FREE
+            indices = [self._owner_index(r) for r in block.owners]
+            first = indices[0]
+            style = owner_style(first) if first is not None else UNKNOWN
+            glyphs = "".join(request_glyph(i) if i is not None else "?" for i in indices)
+        elif block.cached:
+            first = self._owner_index(block.cached_by or block.last_owner)
+            style = cached_free_style(first)
+            glyphs = request_glyph(first).lower() if first is not None else "c"
+        else:
+            style, glyphs = FREE, "·"
+        mark = superscript(block.ref_count) if block.ref_count > 1 else ""
+        selected = self.selected is not None and self.selected in block.owners
+        if block_id in self._changed:
+            style = FLASH
+        elif selected:
+            style = style + MARK
+        if lines == 1:
+            body = glyphs[0] + (mark or " ")
+            return [(("›" if selected else " ") + body, style)]
+        room = cell - 2
+        owners = glyphs if len(glyphs) + len(mark) <= room else glyphs[: room - 2] + "…"
+        top = f" {block_id}".ljust(cell - 1)[: cell - 1]
+        middle = f" {owners}{mark}".ljust(cell - 1)[: cell - 1]
+        if lines == 2:
+            return [(top, style), (middle, style)]
+        bottom = f" #{block.block_hash}" if block.block_hash else ""
+        return [(top, style), (middle, style), (bottom.ljust(cell - 1)[: cell - 1], style)]
 
     def render(self) -> Text:
         state = self.state
         width, height = self.size.width, self.size.height
         n = state.num_blocks
+        if width < 1 or height < 1:
+            return Text()
         if not n:
             return Text("waiting for the engine", DIM)
+        self._changed = latest_changes(state).blocks
         fig = kv_figures(state)
         head = Text(f"{n} blocks × {state.block_size} · ", HEADING)
         head.append(f"used {fig.num_used_blocks} · free {fig.num_free_blocks} ")
         head.append(f"({fig.num_cached_free_blocks} cached) · shared {fig.num_shared_blocks}")
         head.truncate(width, overflow="ellipsis")
         lines = [head]
-
-        queue_lines = self._free_queue(width)
-        cols = grid_columns(n, width)
-        rows = -(-n // cols)
-        room = max(1, height - 1 - len(queue_lines))
+        cell, cell_lines, cols, rows = grid_shape(n, width, height - 1, big=self._big_cells())
+        room = max(1, (height - 1) // cell_lines)
+        gap = (" ", Style()) if cell_lines > 1 else None
         for r in range(min(rows, room)):
-            line = Text(f"{r * cols:>{ROW_LABEL - 1}} ", DIM)
-            line.append(
-                runs(self._cell(state.blocks[b]) for b in range(r * cols, min(n, (r + 1) * cols)))
-            )
-            lines.append(line)
+            ids = range(r * cols, min(n, (r + 1) * cols))
+            cells = [self._cell(b, state.blocks[b], cell, cell_lines) for b in ids]
+            for line_no in range(cell_lines):
+                # Small cells: each row's first block id at its left (big cells show ids).
+                first = f"{r * cols:>{ROW_LABEL - 1}} " if cell_lines == 1 else ""
+                label = first.ljust(ROW_LABEL) if line_no == 0 else " " * ROW_LABEL
+                line = Text(label, DIM)
+                parts = []
+                for c in cells:
+                    parts.append(c[line_no])
+                    if gap is not None:
+                        parts.append(gap)
+                line.append(runs(parts))
+                lines.append(line)
         if rows > room:
-            lines[-1] = Text(f"… {n - (room - 1) * cols} more blocks (enlarge the terminal)", DIM)
-        lines.extend(queue_lines)
+            shown = (room - 1) * cols
+            lines = lines[: 1 + (room - 1) * cell_lines]
+            lines.append(Text(f"… {n - shown} more blocks (enlarge the terminal)", DIM))
         return Text("\n").join(lines[:height])
 
-    def _free_queue(self, width: int) -> list[Text]:
-        state, record = self.state, self.state.last_step
-        returned = set(record.returned) if record else set()
-        queue = state.free_queue
-        text = Text(f"free queue ({len(queue)}): ", HEADING)
-        text.append("head ▸ ", DIM)
-        budget = QUEUE_LINES * width - len(text) - 8
-
-        def item(block_id: int) -> Text:
-            if block_id in returned:
-                style = NEW
-            elif state.blocks[block_id].cached:
-                style = CACHED
-            else:
-                style = PLAIN
-            return Text(str(block_id), style) + Text(" ")
-
-        items = [item(b) for b in queue]
-        if sum(len(t) for t in items) > budget:
-            # Show both ends: the head (next out) and the tail (just freed).
-            head_items, tail_items, used = [], [], 4
-            i, j = 0, len(items) - 1
-            while i <= j:
-                if used + len(items[i]) > budget // 2 + budget % 2 and len(head_items) > 0:
-                    break
-                head_items.append(items[i])
-                used += len(items[i])
-                i += 1
-            while j >= i and used + len(items[j]) <= budget:
-                tail_items.insert(0, items[j])
-                used += len(items[j])
-                j -= 1
-            items = head_items + [Text(f"…{j - i + 1}… ", DIM)] + tail_items
-        for t in items:
-            text.append(t)
-        text.append("◂ tail", DIM)
-        lines = list(text.wrap(self.app.console, width))[:QUEUE_LINES]
-
-        moves = Text()
-        if record is not None:
-            moves.append(f"step {record.step}: ", DIM)
-            for label, ids, style in (
-                ("left at head", record.taken, GONE),
-                ("pulled by prefix hit", record.pulled, PULLED),
-                ("joined at tail", record.returned, NEW),
-            ):
-                if ids:
-                    moves.append(f"{label} ", DIM)
-                    moves.append(" ".join(map(str, ids[:12])), style)
-                    moves.append(" … " if len(ids) > 12 else "  ")
-            if not (record.taken or record.pulled or record.returned):
-                moves.append("no block moved", DIM)
-        moves.truncate(width)
-        return lines + [moves]
+    _changed: frozenset[int] = frozenset()

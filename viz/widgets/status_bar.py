@@ -1,4 +1,4 @@
-"""The top line: what is running (scenario or trace), the engine's shape, the step, the pace."""
+"""The top line: the step (and the event within it), history, the pace, what is running."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ class StatusBar(StateView):
         if status is None:
             return text
         text.append(f" step {state.step} ", HEADING)
+        if status.event:
+            total = f"/{status.num_step_events}" if status.num_step_events else ""
+            text.append(f"▸ step {state.step + 1}, event {status.event}{total} ", "bold cyan")
+        if status.behind:
+            text.append(f" ◀ history: {status.behind} steps back (end: latest) ", "bold magenta")
         if status.error:
             text.append(f" error: {status.error} ", ALERT)
         elif status.loading:

@@ -1,10 +1,14 @@
-"""Step composition: the last step's tokens by request, prefill vs decode, against the budget.
+"""Step composition: a step's tokens by request, prefill vs decode, against the token budget.
 
-The bar is the step's token budget (`max_num_batched_tokens`): each request's share is drawn in
-its colour with its letter, upper case for prompt tokens (prefill or a chunk of one), lower case
-for a decode token; `·` is budget left unused. Decodes cost one token each, so a step full of
-decodes barely dents the budget while one long prefill can fill it: that is why a long prompt is
-cut into chunks.
+The bar is the step's token budget (`max_num_batched_tokens`), each request's share drawn in
+its colour with its letter, in proportion to its tokens: upper case for prompt tokens (prefill
+or a chunk of one), lower case for a decode token; `·` is budget left unused. Decodes cost one
+token each, so a step full of decodes barely dents the budget while one long prefill can fill
+it: that is why a long prompt is cut into chunks. A request whose share is less than a cell
+draws nothing and the line under the bar says so.
+
+While a step plays event by event this shows the step in progress (requests join it as the
+scheduler picks them); otherwise the last step done.
 """
 
 from __future__ import annotations
@@ -14,44 +18,59 @@ from typing import Any
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState
-from nanovllm.viz.style import DIM, HEADING, owner_style, request_glyph, request_label
+from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState, latest_changes, shown_step
+from nanovllm.viz.style import DIM, FLASH, HEADING, owner_style, request_glyph, request_label
 from nanovllm.viz.widgets.base import StateView
 
 KIND_NAMES = {PREFILL: "prefill", CHUNK: "chunk", DECODE: "decode"}
 
 
 def segment_widths(tokens: list[int], budget: int, width: int) -> list[int]:
-    """Cells per request: proportional to tokens, at least one each, never over `width`."""
+    """Cells per request in proportion to its tokens; they add up to the tokens' share of `width`.
+
+    Each segment ends at the rounded running total, so no rounding error piles up, and a
+    request too small for a cell gets none (0) instead of a cell it does not deserve.
+    """
     if not tokens or width <= 0:
         return [0] * len(tokens)
     scale = width / max(budget, sum(tokens), 1)
-    widths = [max(1, round(t * scale)) for t in tokens]
-    while sum(widths) > width and max(widths) > 1:
-        widths[widths.index(max(widths))] -= 1
+    widths, total, edge = [], 0, 0
+    for t in tokens:
+        total += t
+        end = round(total * scale)
+        widths.append(end - edge)
+        edge = end
     return widths
 
 
 class StepView(StateView):
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.last_step,)
+        return (state.last_step, state.draft)
 
     def render(self) -> Text:
-        state, record = self.state, self.state.last_step
+        state = self.state
+        record = shown_step(state)
         width, height = self.size.width, self.size.height
-        if record is None or record.summary is None:
+        if width < 3 or height < 1:
+            return Text()
+        if record is None:
             return Text("waiting for the first step", DIM)
         summary = record.summary
-        budget = summary.token_budget or (
+        budget = (summary.token_budget if summary else 0) or (
             state.engine.max_num_batched_tokens if state.engine else 0
         )
         used = record.num_tokens
-        head = Text(f"step {record.step}: ", HEADING)
+        prefill = sum(s.num_tokens for s in record.scheduled if s.kind != DECODE)
+        decode = used - prefill
+        playing = summary is None
+        head = Text(f"step {record.step}{' so far' if playing else ''}: ", HEADING)
         share = f" ({used / budget:.0%})" if budget else ""
         head.append(f"{used} of {budget} tokens{share}, {len(record.scheduled)} requests · ")
-        head.append(f"prefill {summary.num_prefill_tokens} + decode {summary.num_decode_tokens}")
+        head.append(f"prefill {prefill} + decode {decode}")
+        head.truncate(width, overflow="ellipsis")
         lines = [head]
 
+        changed = latest_changes(state).requests if playing else frozenset()
         bar = Text()
         infos = [state.requests.get(s.request_id) for s in record.scheduled]
         widths = segment_widths([s.num_tokens for s in record.scheduled], budget, width - 2)
@@ -59,31 +78,36 @@ class StepView(StateView):
             index = info.index if info else 0
             glyph = request_glyph(index)
             char = glyph.lower() if s.kind == DECODE else glyph
-            bar.append(char * w, owner_style(index))
-        bar.append("·" * max(0, width - 2 - sum(widths)), DIM)
+            style = FLASH if s.request_id in changed else owner_style(index)
+            bar.append(char * w, style)
+        hidden = sum(1 for w in widths if w == 0)
+        if hidden:  # too small for a cell: say so instead of drawing them bigger than they are
+            bar.append(f" +{hidden} more "[: max(0, width - 2 - sum(widths))], DIM)
+        bar.append("·" * max(0, width - 2 - len(bar)), DIM)
         lines.append(Text("▕") + bar + Text("▏"))
 
-        # One item per request; items never break across lines.
+        # One item per request; items never break across lines; what does not fit is counted.
+        room = max(0, height - 2)
         item_lines: list[Text] = [Text()]
-        for s, info in zip(record.scheduled, infos):
+        shown = 0
+        for n, (s, info) in enumerate(zip(record.scheduled, infos)):
             item = request_label(info, s.request_id)
             item.append(f" {KIND_NAMES[s.kind]} {s.num_tokens}", DIM)
             if s.kind != DECODE and s.num_computed_tokens:
                 item.append(f" (from {s.num_computed_tokens})", DIM)
+            rest = len(record.scheduled) - n
+            more = len(f"  … {rest} more")
             line = item_lines[-1]
-            if line and len(line) + 2 + len(item) > width:
+            last_line = len(item_lines) == room
+            if line and len(line) + 2 + len(item) + (more if last_line and rest > 1 else 0) > width:
+                if last_line:
+                    break
                 item_lines.append(line := Text())
             if line:
                 line.append("  ")
             line.append(item)
-        lines.extend(item_lines[: max(0, height - 3)])
-        events = []
-        if record.admitted:
-            events.append("admitted " + " ".join(record.admitted))
-        if record.preempted:
-            events.append("preempted " + " ".join(record.preempted))
-        if record.finished:
-            events.append("finished " + " ".join(record.finished))
-        if events and height > 2:
-            lines = lines[: height - 1] + [Text(" · ".join(events), "italic")]
+            shown += 1
+        if shown < len(record.scheduled) and room:
+            item_lines[-1].append(f"  … {len(record.scheduled) - shown} more", DIM)
+        lines.extend(item_lines[:room])
         return Text("\n").join(lines[:height])

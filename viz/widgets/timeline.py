@@ -57,6 +57,9 @@ class TimelineView(StateView):
                     continue
                 kept.append(rid)
             rows = kept[-lines_left:] if lines_left else []
+            if self.selected in kept and self.selected not in rows and rows:
+                rows = [r for r in rows[1:]] + [self.selected]  # never hide the selection
+                rows.sort(key=lambda r: order[r])
         lines = [self._ruler(columns)]
         for rid in rows:
             info = state.requests.get(rid)

@@ -1,0 +1,328 @@
+"""The step told in words: one `Note` per thing that happened, in the engine's order.
+
+The reducer (`state.reduce`) calls `narrate(state, event)` with the state *before* the event,
+so a note can say what the event meant there: that a block came off the head of the free queue
+and evicted the prefix another request had cached in it, that a prefix hit pulled a block out
+of the middle of the queue, which blocks a preempted request gave back. Runs of events that
+belong together (a request's blocks freed one by one, then its preemption; the step's decodes;
+its sampled tokens) become one note, so a step reads as a short list:
+
+    r11 arrives: 23 prompt tokens, at the back of the waiting queue
+    r12 preempted (lost 37 tokens): blocks 24 14 to the tail; back to the front of the queue
+    r11 logical block 2 <- block 24 (head of the free queue; evicts r3's cached prefix)
+    r15 prefix hit: logical 0-2 <- blocks 0 1 2 (pulled from the middle of the free queue)
+
+A `Note` keeps the events' data, not only its text, so that merging a new event into it is
+exact; `text` is built from that data when a view asks for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from nanovllm.events import (
+    BlockAllocated,
+    BlockCached,
+    BlockEvicted,
+    BlockFreed,
+    CacheHit,
+    EngineSnapshot,
+    Event,
+    RequestAdded,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestScheduled,
+    StepSummary,
+    TokenEmitted,
+)
+
+if TYPE_CHECKING:
+    from nanovllm.viz.state import VizState
+
+# Note kinds.
+ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
+TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
+PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
+
+MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
+
+
+@dataclass(frozen=True)
+class Note:
+    """One line of a step's story. `first`/`last`: positions of its events in the step.
+
+    `items` holds the kind's data, e.g. for TAKE `(logical index, block id, evicted owner)`;
+    `detail` is a fixed phrase for kinds that need one.
+    """
+
+    kind: str
+    request_id: str | None
+    first: int
+    last: int
+    items: tuple = ()
+    detail: str = ""
+    count: int = 0  # items merged in, kept or not
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        """The physical blocks the note is about."""
+        if self.kind in (TAKE, HIT):
+            return tuple(item[1] for item in self.items)
+        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH):
+            return tuple(item[0] for item in self.items)
+        return ()
+
+    @property
+    def text(self) -> str:
+        return _TEXT[self.kind](self)
+
+
+def _owner(state: VizState, block_id: int) -> str | None:
+    block = state.blocks[block_id] if 0 <= block_id < len(state.blocks) else None
+    return block.cached_by if block is not None else None
+
+
+def narrate(state: VizState, event: Event) -> Note | None:
+    """The note for `event`, applied to `state` as event number `len(step events)` of the step."""
+    i = len(state.draft.events)
+    if isinstance(event, RequestAdded):
+        where = len(state.waiting)
+        return Note(ARRIVE, event.request_id, i, i, ((event.num_prompt_tokens, where),), count=1)
+    if isinstance(event, RequestRejected):
+        return Note(REJECT, event.request_id, i, i, detail=event.reason, count=1)
+    if isinstance(event, RequestScheduled):
+        info = state.requests.get(event.request_id)
+        admitted = info is not None and info.status == "waiting"
+        if not event.is_prefill and not admitted:
+            return Note(DECODE, None, i, i, ((event.request_id,),), count=1)
+        item = (event.num_tokens, event.num_computed_tokens, event.is_chunk, admitted)
+        return Note(SCHEDULE, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, BlockEvicted):
+        return Note(EVICT, None, i, i, ((event.block_id, _owner(state, event.block_id)),), count=1)
+    if isinstance(event, BlockAllocated):
+        item = (event.logical_index, event.block_id, None, event.from_free_queue)
+        return Note(TAKE, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, CacheHit):
+        item = (event.logical_index, event.block_id, event.was_free, event.ref_count)
+        return Note(HIT, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, BlockCached):
+        return Note(CACHE, event.request_id, i, i, ((event.block_id, event.block_hash),), count=1)
+    if isinstance(event, BlockFreed):
+        item = (event.block_id, event.ref_count, event.cached)
+        return Note(FREE, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, RequestPreempted):
+        detail = f"lost {event.num_computed_tokens_lost} computed tokens"
+        return Note(PREEMPT, event.request_id, i, i, detail=detail, count=0)
+    if isinstance(event, RequestFinished):
+        detail = f"{event.finish_reason}, {event.num_output_tokens} tokens"
+        return Note(FINISH, event.request_id, i, i, detail=detail, count=0)
+    if isinstance(event, TokenEmitted):
+        return Note(TOKENS, None, i, i, ((event.request_id, event.text_delta),), count=1)
+    if isinstance(event, StepSummary):
+        tokens = event.num_prefill_tokens + event.num_decode_tokens
+        detail = (
+            f"step {event.step} done: {tokens} tokens (prefill {event.num_prefill_tokens} + "
+            f"decode {event.num_decode_tokens}); {event.num_running} running, "
+            f"{event.num_waiting} waiting, {event.num_free_blocks} blocks free"
+        )
+        return Note(SUMMARY, None, i, i, detail=detail)
+    if isinstance(event, EngineSnapshot):
+        detail = (
+            f"joined a running engine at step {event.step}: {len(event.running)} running, "
+            f"{len(event.waiting)} waiting, {len(event.free_queue)} blocks free"
+        )
+        return Note(SNAPSHOT, None, i, i, detail=detail)
+    return None
+
+
+def _join(a: Note, b: Note, kind: str | None = None, detail: str | None = None) -> Note:
+    items = (a.items + b.items)[:MAX_ITEMS]
+    return replace(
+        a,
+        kind=kind or a.kind,
+        request_id=a.request_id or b.request_id,
+        last=b.last,
+        items=items,
+        detail=a.detail if detail is None else detail,
+        count=a.count + b.count,
+    )
+
+
+def merge(a: Note, b: Note) -> Note | None:
+    """`a` and `b` told as one note, or None when they stay two."""
+    same = a.request_id == b.request_id
+    if a.kind == b.kind and a.kind in (DECODE, TOKENS):
+        return _join(a, b)
+    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE):
+        return _join(a, b)
+    if a.kind == EVICT and b.kind == TAKE and len(a.items) == 1 and b.items[0][1] == a.items[0][0]:
+        # The block came off the head still holding a cached prefix: one note says both.
+        logical, block, _, fresh = b.items[0]
+        taken = (logical, block, a.items[0][1] or "?", fresh)
+        return replace(b, first=a.first, items=(taken,))
+    if a.kind == FREE and same and b.kind in (PREEMPT, FINISH):
+        return _join(a, b, kind=b.kind, detail=b.detail)
+    return None
+
+
+def add_note(notes: tuple[Note, ...], note: Note | None) -> tuple[Note, ...]:
+    """`notes` with `note` told after them, merged with the last ones where it belongs."""
+    if note is None:
+        return notes
+    notes = notes + (note,)
+    while len(notes) >= 2:
+        merged = merge(notes[-2], notes[-1])
+        if merged is None:
+            break
+        notes = notes[:-2] + (merged,)
+    return notes
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _ids(values) -> str:
+    return " ".join(str(v) for v in values)
+
+
+def _more(note: Note) -> str:
+    extra = note.count - len(note.items)
+    return f" … {extra} more" if extra > 0 else ""
+
+
+def _span(values: list[int]) -> str:
+    """`2` or `2-4` for consecutive logical indices, else the list."""
+    if len(values) > 1 and values == list(range(values[0], values[0] + len(values))):
+        return f"{values[0]}-{values[-1]}"
+    return _ids(values)
+
+
+def _arrive(n: Note) -> str:
+    tokens, where = n.items[0]
+    place = "first in" if where == 0 else f"at the back of ({where} ahead)"
+    return f"{n.request_id} arrives: {tokens} prompt tokens, {place} the waiting queue"
+
+
+def _schedule(n: Note) -> str:
+    tokens, computed, chunk, admitted = n.items[0]
+    what = "prefill chunk" if chunk else "prefill"
+    verb = "admitted" if admitted else "continues"
+    text = f"{n.request_id} {verb}: {what} of {tokens} tokens"
+    if computed:
+        text += f" (tokens {computed}-{computed + tokens - 1}; {computed} already in the cache)"
+    return text
+
+
+def _decode(n: Note) -> str:
+    return f"decode, one token each: {_ids(item[0] for item in n.items)}{_more(n)}"
+
+
+def _take(n: Note) -> str:
+    logical = [item[0] for item in n.items]
+    blocks = [item[1] for item in n.items]
+    plural = "s" if len(blocks) > 1 else ""
+    evicted = [(item[1], item[2]) for item in n.items if item[2]]
+    where = "head of the free queue" if all(item[3] for item in n.items) else "the free queue"
+    text = f"{n.request_id} logical block{plural} {_span(logical)} <- block{plural} "
+    text += f"{_ids(blocks)}{_more(n)} ({where}"
+    if len(evicted) == 1 and len(blocks) == 1:
+        text += f"; evicts {_whose(evicted[0][1])} cached prefix"
+    elif evicted:
+        by_owner: dict[str, list[int]] = {}
+        for block, owner in evicted:
+            by_owner.setdefault(owner, []).append(block)
+        text += "; evicts " + ", ".join(
+            f"{_whose(owner)} cached prefix in {_ids(ids)}" for owner, ids in by_owner.items()
+        )
+    return text + ")"
+
+
+def _whose(owner: str) -> str:
+    return "an unknown request's" if owner == "?" else f"{owner}'s"
+
+
+def _evict(n: Note) -> str:
+    block, owner = n.items[0]
+    return f"block {block} forgets {_whose(owner or '?')} cached prefix"
+
+
+def _hit(n: Note) -> str:
+    logical = [item[0] for item in n.items]
+    pulled = [item[1] for item in n.items if item[2]]
+    shared = [f"{item[1]} (ref {item[3]})" for item in n.items if not item[2]]
+    text = f"{n.request_id} prefix hit: logical {_span(logical)} <- blocks "
+    text += f"{_ids(item[1] for item in n.items)}{_more(n)}"
+    parts = []
+    if pulled:
+        parts.append(f"{_ids(pulled)} pulled from the middle of the free queue")
+    if shared:
+        parts.append("shared: " + ", ".join(shared))
+    return text + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _cache(n: Note) -> str:
+    blocks = _ids(item[0] for item in n.items)
+    return f"{n.request_id} registers full block{'s' if n.count > 1 else ''} {blocks}{_more(n)} in the prefix cache"
+
+
+def _freed(n: Note) -> str:
+    to_tail = [item[0] for item in n.items if item[1] == 0]
+    kept = [f"{item[0]} (ref {item[1]})" for item in n.items if item[1] > 0]
+    parts = []
+    if to_tail:
+        cached = [item[0] for item in n.items if item[1] == 0 and item[2]]
+        part = f"block{'s' if len(to_tail) > 1 else ''} {_ids(to_tail)} to the tail"
+        if cached:
+            part += f" ({_ids(cached)} still cached)"
+        parts.append(part)
+    if kept:
+        parts.append("still shared: " + ", ".join(kept))
+    return "; ".join(parts) + _more(n)
+
+
+def _free(n: Note) -> str:
+    return f"{n.request_id} frees {_freed(n)}"
+
+
+def _preempt(n: Note) -> str:
+    text = f"{n.request_id} preempted ({n.detail})"
+    if n.items:
+        text += f": {_freed(n)}"
+    return text + "; back to the front of the waiting queue"
+
+
+def _finish(n: Note) -> str:
+    text = f"{n.request_id} finished ({n.detail})"
+    return text + (f": {_freed(n)}" if n.items else "")
+
+
+def _tokens(n: Note) -> str:
+    return "sampled: " + ", ".join(f"{rid} {text!r}" for rid, text in n.items) + _more(n)
+
+
+def _reject(n: Note) -> str:
+    return f"{n.request_id} rejected: {n.detail}"
+
+
+def _plain(n: Note) -> str:
+    return n.detail
+
+
+_TEXT = {
+    ARRIVE: _arrive,
+    REJECT: _reject,
+    SCHEDULE: _schedule,
+    DECODE: _decode,
+    TAKE: _take,
+    EVICT: _evict,
+    HIT: _hit,
+    CACHE: _cache,
+    FREE: _free,
+    PREEMPT: _preempt,
+    FINISH: _finish,
+    TOKENS: _tokens,
+    SUMMARY: _plain,
+    SNAPSHOT: _plain,
+}

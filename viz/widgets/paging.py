@@ -1,0 +1,119 @@
+"""The paging diagram: how the selected request's tokens sit in the paged KV cache.
+
+One row per logical block of the request, labelled `L2 → #24`: logical block 2 of the request
+lives in physical block 24 (the KV grid underlines the request's blocks). Then the block's
+reference count (and every owner, when the prefix cache shares it) and how many of its slots
+hold a token. The slots show the tokens' text: bright where the token's K and V are already in
+the cache, dim where the token is known but not computed yet (a prompt waiting for its next
+chunk), `·` where the slot is still empty. Only the last block can have empty slots: that is
+all the memory paged attention wastes (internal fragmentation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+
+from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.state import VizState, latest_changes
+from nanovllm.viz.style import DIM, FLASH, HEADING, request_label, superscript, token_cell
+from nanovllm.viz.widgets.base import StateView
+
+SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
+MIN_SLOT = 3  # characters a slot needs to show a little text
+
+
+class PagingView(StateView):
+    def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
+        info = state.requests.get(self.selected) if self.selected else None
+        return (info, state.blocks, state.draft)
+
+    def show(self, state: VizState, selected: str | None, status: DriverStatus | None) -> None:
+        self.selected = selected  # `watched` reads it
+        super().show(state, selected, status)
+
+    def render(self) -> Text:
+        state = self.state
+        width, height = self.size.width, self.size.height
+        if width < 1 or height < 1:
+            return Text()
+        info = state.requests.get(self.selected) if self.selected else None
+        if info is None:
+            return Text("select a request (↑/↓, or click one in the queues)", DIM)
+        bs = state.block_size
+        head = request_label(info, info.request_id)
+        head.append(
+            f" · {info.status} · {len(info.block_table)} blocks · {info.num_tokens} tokens, "
+            f"{info.num_computed_tokens} in the cache",
+            DIM,
+        )
+        head.truncate(width, overflow="ellipsis")
+        if not info.block_table:
+            why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
+            return Text("\n").join([head, Text(why.get(info.status, "no blocks"), DIM)])
+        label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
+        avail = max(1, width - label_width)
+        per_line = max(1, min(bs, avail // MIN_SLOT))
+        slot = max(1, min(6, avail // per_line))
+        lines_per_block = -(-bs // per_line)
+        rows: list[list[Text]] = []
+        for logical, block_id in enumerate(info.block_table):
+            rows.append(self._block_rows(info, logical, block_id, label_width, per_line, slot))
+        # Keep the newest blocks when they do not all fit: that is where the request grows.
+        room = height - 1
+        out = [head]
+        if len(rows) * (lines_per_block + 1) > room:
+            fit = max(1, room // (lines_per_block + 1))
+            if fit < len(rows):
+                out.append(Text(f"… {len(rows) - fit} earlier blocks", DIM))
+                rows = rows[-max(1, fit - 1) :] if fit > 1 else rows[-1:]
+        for block_rows in rows:
+            out.extend(block_rows)
+        for line in out:
+            line.truncate(width)
+        return Text("\n").join(out[:height])
+
+    def _block_rows(
+        self, info, logical: int, block_id: int, label_width: int, per_line: int, slot: int
+    ) -> list[Text]:
+        state = self.state
+        bs = state.block_size
+        block = state.blocks[block_id] if block_id < state.num_blocks else None
+        changed = block_id in latest_changes(state).blocks
+        first = logical * bs
+        filled = max(0, min(bs, info.num_tokens - first))
+        computed = max(0, min(bs, info.num_computed_tokens - first))
+        label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
+        about = Text(" " * label_width)
+        refs = block.ref_count if block else 1
+        about.append(f"ref {refs}", DIM)
+        if block is not None and refs > 1:
+            about.append(f"{superscript(refs)} shared: " + " ".join(block.owners), "bold")
+        about.append(f" · {filled}/{bs} slots", DIM)
+        if block is not None and block.cached:
+            about.append(f" · cached #{block.block_hash}", DIM)
+        slots: list[Text] = []
+        line = label
+        for i in range(bs):
+            if i and i % per_line == 0:
+                slots.append(line)
+                line = Text(" " * label_width)
+            t = first + i
+            bg = SLOT_BG[i % 2]
+            if t < info.num_tokens and t < len(info.tokens):
+                text = token_cell(info.tokens[t], slot)
+            elif t < info.num_tokens:
+                text = "▮".ljust(slot)
+            else:
+                text = "·".ljust(slot)
+            if i < computed:
+                style = Style(color="white", bgcolor=bg, bold=True)
+            elif i < filled:
+                style = Style(color="grey50", bgcolor=bg)
+            else:
+                style = Style(color="grey35")
+            line.append(text, style)
+        slots.append(line)
+        return slots + [about]
