@@ -37,7 +37,7 @@ def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
 def complete(url: str, prompt: str, max_tokens: int) -> None:
     r = httpx.post(
         url + "/v1/completions",
-        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
         timeout=60,
     )
     assert r.status_code == 200, r.text
@@ -47,6 +47,9 @@ def test_connect_to_a_busy_server_starts_from_its_state(tiny_llama) -> None:
     engine = LLMEngine(
         EngineConfig(model=str(tiny_llama), block_size=4, num_kv_blocks=40, max_num_seqs=4)
     )
+    # 10 ms a step, so the long request below is still running when the viewer connects.
+    execute = engine.runner.execute
+    engine.runner.execute = lambda out: (time.sleep(0.01), execute(out))[1]
     async_engine = AsyncLLMEngine(engine)
     server = ServerThread(build_app(async_engine)).start()
     states = []
@@ -59,7 +62,7 @@ def test_connect_to_a_busy_server_starts_from_its_state(tiny_llama) -> None:
         for suffix in ("JULIET:", "NURSE:", "ROMEO:"):
             complete(server.url, SHARED + suffix, 5)
         # One still running when the viewer connects.
-        long_one = threading.Thread(target=complete, args=(server.url, SHARED + "Ay me", 60))
+        long_one = threading.Thread(target=complete, args=(server.url, SHARED + "Ay me", 100))
         long_one.start()
         wait_for(lambda: async_engine.stats.num_running == 1, "the long request to run")
         worker.start()
