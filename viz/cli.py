@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nanovllm.engine.generate_cli import add_engine_arguments, engine_options
+from nanovllm.viz.driver import DEFAULT_SPEED
 from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
 # Engine options a scenario chooses unless the user gives them.
@@ -60,7 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--size", default="160x48", help="terminal size when headless (WxH)")
     g.add_argument(
-        "--speed", type=float, default=4.0, help="steps per second, 0 = as fast as possible"
+        "--speed",
+        type=float,
+        default=DEFAULT_SPEED,
+        help=f"steps per second (default {DEFAULT_SPEED:g}), 0 = as fast as possible",
     )
     g.add_argument("--paused", action="store_true", help="start paused (space resumes)")
     g.add_argument(
