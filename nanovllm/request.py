@@ -62,6 +62,10 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # why it finished with FinishReason.ERROR
+    # Parallel sampling (n > 1): the parent's id and this child's index
+    # (`engine/parallel_sampling.py`).
+    parent_id: str | None = None
+    index: int = 0
     # Random sampling: the seed (the request's own, or one the engine drew for it) and the
     # generator made from it on the sampling device (by the sampler, on first use).
     seed: int | None = None

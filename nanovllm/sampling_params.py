@@ -11,6 +11,7 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
   This is vLLM's order and meaning (see `executor/sampler.py`).
 - `seed` gives the request its own random generator, so its draws do not depend on what else
   happens to share the batch.
+- `n` completions of the same prompt (parallel sampling; `engine/parallel_sampling.py`).
 - `max_tokens` caps the output; `stop` strings end it (and are never streamed out, not even
   partially); `stop_token_ids` and, unless `ignore_eos`, the model's EOS token end it too.
 - `logprobs`: for each generated token, the log-probabilities of the `logprobs` most likely
@@ -47,8 +48,8 @@ class SamplingParams:
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
-        if self.n != 1:
-            raise ValueError(f"n={self.n!r}: only n=1 is supported")
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:

@@ -225,4 +225,16 @@ PLANTED_BUGS = [
         ("tests/test_robustness.py", "-k", "abort_output"),
         "An aborted request's final output must reach the caller.",
     ),
+    PlantedBug(
+        "children-share-one-seed",
+        "nanovllm/engine/parallel_sampling.py",
+        (
+            (
+                "    seed = None if params.seed is None else (params.seed + index) % 2**63",
+                "    seed = params.seed",
+            ),
+        ),
+        ("tests/test_parallel_sampling.py", "-k", "seed_plus_i"),
+        "n children with one seed draw the same tokens n times.",
+    ),
 ]

@@ -128,9 +128,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         cache, in the same step when both are admitted together."""
         self._add(data.draw(st.sampled_from(self.prompts)) + tail, max_tokens)
 
-    def _add(self, prompt: list[int], max_tokens: int) -> None:
+    @rule(
+        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 8),
+        n=st.integers(2, 4),
+    )
+    def add_family(self, prompt: list[int], max_tokens: int, n: int) -> None:
+        """Parallel sampling: n requests of one prompt, queued together (as the engine does)."""
+        for _ in range(n):
+            self._add(prompt, max_tokens)
+
+    def _add(self, prompt: list[int], max_tokens: int) -> Request | None:
         if len(prompt) + max_tokens - 1 > self.capacity:
-            return  # the engine rejects these at the door (tested elsewhere)
+            return None  # the engine rejects these at the door (tested elsewhere)
         self.counter += 1
         req = Request(
             f"r{self.counter}", prompt, SamplingParams(max_tokens=max_tokens), self.counter
@@ -138,6 +148,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         req.max_tokens = max_tokens
         self.scheduler.add_request(req)
         self.prompts.append(prompt)
+        return req
 
     @rule(num_written=st.integers(0, 40))
     def failing_step(self, num_written: int) -> None:
@@ -184,6 +195,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         for block in self.kv.cached_block_hash_to_block.values():
             content = self.runner.cache[block.block_id * bs : (block.block_id + 1) * bs]
             assert content == list(block.token_ids), f"block {block.block_id} caches stale KV"
+
+    @invariant()
+    def reference_counts_are_exact(self) -> None:
+        """Each block is held by exactly as many requests as it has references."""
+        if not hasattr(self, "scheduler"):
+            return
+        holders: dict[int, int] = {}
+        for blocks in self.kv.req_to_blocks.values():
+            for block in blocks:
+                holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        for block in self.kv.blocks:
+            assert block.ref_cnt == holders.get(block.block_id, 0), block
 
     @invariant()
     def queues_are_consistent(self) -> None:

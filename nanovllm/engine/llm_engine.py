@@ -36,6 +36,11 @@ from nanovllm.engine.detokenizer import (
 )
 from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from nanovllm.engine.parallel_sampling import (
+    ParentRequest,
+    child_params,
+    child_request_id,
+)
 from nanovllm.engine.snapshot import token_texts
 from nanovllm.events import (
     EngineStarted,
@@ -49,7 +54,7 @@ from nanovllm.events import (
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.models.loader import load_model, load_model_args, load_tokenizer, resolve_dtype
-from nanovllm.request import FinishReason, Request, RequestStatus
+from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("nanovllm")
@@ -133,6 +138,7 @@ class LLMEngine:
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._detok: dict[str, DetokenizerState] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
+        self._parents: dict[str, ParentRequest] = {}  # requests with n > 1, by the caller's id
         self._arrivals = 0
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.started_event = EngineStarted(
@@ -191,13 +197,39 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: Prompt, params: SamplingParams | None = None
     ) -> Request:
-        """Validate and queue a request. Raises ValueError (naming the bad value) if it can't run."""
+        """Validate and queue a request. Raises ValueError (naming the bad value) if it can't run.
+
+        With `params.n > 1` the request is fanned out into n children (`parallel_sampling.py`);
+        the first child is returned.
+        """
+        request_id = str(request_id)
+        params = params or SamplingParams()
         try:
-            request = self._make_request(str(request_id), prompt, params or SamplingParams())
+            if request_id in self._parents:
+                raise ValueError(f"request id {request_id!r} is already in the engine")
+            text, token_ids = self._tokenize(prompt)
+            if not isinstance(params, SamplingParams) or params.n == 1:
+                request = self._make_request(request_id, text, token_ids, params)
+                self._queue(request)
+                return request
+            children = [
+                self._make_request(
+                    child_request_id(request_id, i), text, token_ids, child_params(params, i)
+                )
+                for i in range(params.n)
+            ]
         except ValueError as exc:
             if self.events.active:
-                self.events.emit(RequestRejected(str(request_id), str(exc)))
+                self.events.emit(RequestRejected(request_id, str(exc)))
             raise
+        parent = ParentRequest(request_id, text, children[0].prompt_token_ids, children)
+        self._parents[request_id] = parent
+        for i, child in enumerate(children):
+            child.parent_id, child.index = request_id, i
+            self._queue(child)
+        return children[0]
+
+    def _queue(self, request: Request) -> None:
         self.scheduler.add_request(request)
         self._detok[request.request_id] = DetokenizerState.after_prompt(
             request.prompt_token_ids, request.sampling_params.skip_special_tokens
@@ -212,18 +244,20 @@ class LLMEngine:
                     token_texts(self.tokenizer, request.prompt_token_ids),
                 )
             )
-        return request
 
-    def _make_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> Request:
+    def _make_request(
+        self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams
+    ) -> Request:
         if not isinstance(params, SamplingParams):
             raise ValueError(
                 f"sampling params must be a SamplingParams, got {type(params).__name__}"
             )
         if request_id in self.scheduler.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        text, token_ids = self._tokenize(prompt)
         if not token_ids:
-            raise ValueError(f"prompt {prompt!r} is empty: it has no tokens")
+            raise ValueError(
+                f"prompt {text if text is not None else token_ids!r} is empty: it has no tokens"
+            )
         vocab = self.model_args.vocab_size
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
@@ -277,15 +311,23 @@ class LLMEngine:
         )
 
     def abort_request(self, request_id: str) -> RequestOutput:
-        """Abort a request in any state; its blocks are freed at once."""
-        request = self.scheduler.requests.get(str(request_id))
-        if request is None:
-            raise ValueError(f"cannot abort unknown request id {request_id!r}")
-        self.scheduler.finish_request(request, FinishReason.ABORT)
-        output = self._make_output(request, "", [])
-        self._detok.pop(request.request_id, None)
-        self._pending.append(output)
-        return output
+        """Abort a request in any state (with n > 1, every child); its blocks are freed at once."""
+        request_id = str(request_id)
+        parent = self._parents.get(request_id)
+        requests = [c for c in parent.children if not c.is_finished] if parent else []
+        if parent is None:
+            request = self.scheduler.requests.get(request_id)
+            if request is None:
+                raise ValueError(f"cannot abort unknown request id {request_id!r}")
+            requests = [request]
+        outputs = self._outputs([self._finish(r, FinishReason.ABORT) for r in requests])
+        self._pending.extend(outputs)
+        return outputs[-1]
+
+    def _finish(self, request: Request, reason: FinishReason) -> tuple[Request, str, list[int]]:
+        """End `request` now (an abort or an error): no more text, its blocks freed."""
+        self.scheduler.finish_request(request, reason)
+        return request, "", []
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -317,14 +359,13 @@ class LLMEngine:
         forward_time = self.runner.last_forward_time + self.runner.last_sample_time
         emit = self.events.active
         logprobs = result.logprobs
+        progress: list[tuple[Request, str, list[int]]] = []  # (request, new text, new tokens)
         for request_id, error in result.errors.items():
             # This request alone could not be sampled: finish it with the reason, not the batch.
             request = self.scheduler.requests[request_id]
             logger.warning("nanovllm: %s", error)
             request.error = error
-            self.scheduler.finish_request(request, FinishReason.ERROR)
-            outputs.append(self._make_output(request, "", []))
-            self._detok.pop(request_id, None)
+            progress.append(self._finish(request, FinishReason.ERROR))
         for request in self.scheduler.update_from_output(sched, result.sampled_token_ids):
             token = request.output_token_ids[-1]
             if request.request_id in logprobs:
@@ -338,9 +379,8 @@ class LLMEngine:
                 )
             if finished is not None:
                 self.scheduler.finish_request(request, finished)
-            outputs.append(self._make_output(request, delta, [token]))
-            if finished is not None:
-                self._detok.pop(request.request_id, None)
+            progress.append((request, delta, [token]))
+        outputs.extend(self._outputs(progress))
         if emit:
             self.events.emit(self._summary(sched, forward_time))
         self.last_schedule_time = sched.schedule_time
@@ -369,29 +409,53 @@ class LLMEngine:
         delta = take_streamable(state, params.stop_strings, finished is not None)
         return delta, finished
 
-    def _make_output(self, request: Request, delta: str, delta_ids: list[int]) -> RequestOutput:
+    def _outputs(self, progress: list[tuple[Request, str, list[int]]]) -> list[RequestOutput]:
+        """The caller's view of this step's progress: one output per request, or per parent of
+        children (n > 1), in the order they progressed. Forgets what finished."""
+        outputs: list[RequestOutput] = []
+        parents: dict[str, ParentRequest] = {}
+        for request, delta, delta_ids in progress:
+            completion = self._completion(request, delta, delta_ids)
+            if request.parent_id is None:
+                outputs.append(
+                    RequestOutput(
+                        request_id=request.request_id,
+                        prompt=request.prompt,
+                        prompt_token_ids=request.prompt_token_ids,
+                        outputs=[completion],
+                        finished=request.is_finished,
+                        num_cached_tokens=request.num_cached_tokens,
+                        delta_text=delta,
+                        delta_token_ids=delta_ids,
+                        error=request.error,
+                    )
+                )
+            else:
+                parent = self._parents[request.parent_id]
+                parent.completions[request.index] = completion
+                parents[parent.request_id] = parent
+            if request.is_finished:
+                self._detok.pop(request.request_id, None)
+        for parent in parents.values():
+            outputs.append(parent.output())
+            if parent.finished:
+                del self._parents[parent.request_id]
+        return outputs
+
+    def _completion(self, request: Request, delta: str, delta_ids: list[int]) -> CompletionOutput:
         state = self._detok.get(request.request_id)
         logprobs = None
         if request.sampling_params.logprobs is not None:
             logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in request.logprobs]
-        completion = CompletionOutput(
-            index=0,
+        return CompletionOutput(
+            index=request.index,
             text=state.text if state else "",
             token_ids=list(request.output_token_ids),
             logprobs=logprobs,
             finish_reason=str(request.finish_reason) if request.finish_reason else None,
             stop_reason=request.stop_reason,
-        )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            finished=request.status == RequestStatus.FINISHED,
-            num_cached_tokens=request.num_cached_tokens,
             delta_text=delta,
             delta_token_ids=delta_ids,
-            error=request.error,
         )
 
     def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:

@@ -26,6 +26,10 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    # What this completion gained since the previous output of its request (nanovllm's
+    # addition: with n > 1 each completion streams on its own).
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
