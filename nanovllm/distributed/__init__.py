@@ -20,6 +20,7 @@ from nanovllm.distributed.communication import (
     tensor_model_parallel_all_reduce,
 )
 from nanovllm.distributed.parallel_state import (
+    as_tp_rank,
     destroy_distributed,
     get_tp_rank,
     get_tp_world_size,
@@ -33,6 +34,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerGroup",
     "WorkerGroupError",
+    "as_tp_rank",
     "broadcast_object",
     "broadcast_tensor_dict",
     "check_device_count",

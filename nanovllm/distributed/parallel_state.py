@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -157,3 +159,27 @@ def get_tp_world_size() -> int:
 def get_cpu_group() -> dist.ProcessGroup | None:
     """The gloo group that carries Python objects between ranks (None when running alone)."""
     return _STATE.cpu_group if _STATE is not None else None
+
+
+@contextmanager
+def as_tp_rank(rank: int, world_size: int) -> Iterator[None]:
+    """Inside this block, this process builds layers as `rank` of `world_size` would.
+
+    No process group is involved: layers take rank `rank`'s shapes and weight loaders load its
+    slices, which is enough to look at a shard, plan a rank's memory, or load one rank's weights
+    in a test. Communication is not available (a collective would fail), except at
+    world_size 1, where `as_tp_rank(0, 1)` means "alone" even inside a real group.
+    """
+    global _STATE
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of size {world_size}")
+    saved = _STATE
+    _STATE = (
+        None
+        if world_size == 1
+        else ParallelState(rank, world_size, rank, "none", torch.device("cpu"), None)
+    )
+    try:
+        yield
+    finally:
+        _STATE = saved

@@ -158,12 +158,17 @@ class WorkerGroup:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         check_device_count(world_size, device_type)  # before any process starts
+        if world_size > 1 and get_parallel_state() is not None:
+            raise WorkerGroupError(
+                "this process is already rank 0 of a tensor-parallel group; close that "
+                "WorkerGroup first (a process can belong to one group at a time)"
+            )
         self._init_state(world_size, timeout_s)
         try:
             self._start(worker_factory, device_type, master_addr)
         except BaseException as exc:
             self._broken = True
-            failure = self._find_dead_worker(grace_s=1.0)
+            failure = self._find_dead_worker(grace_s=0.5)
             self.close()
             if failure is not None:
                 raise failure from exc
@@ -199,7 +204,8 @@ class WorkerGroup:
         self._processes: dict[int, mp.Process] = {}
         self._status: dict[int, connection.Connection] = {}
         self._death_pipes: list[connection.Connection] = []
-        self._failure: WorkerDiedError | None = None
+        self._deaths: dict[int, WorkerDiedError] = {}  # why each dead rank died
+        self._failure: WorkerDiedError | None = None  # the first death the monitor saw
         self._failed = threading.Event()
         self._broken = False  # a call failed: the ranks are out of step
         self._closed = False
@@ -288,25 +294,27 @@ class WorkerGroup:
                         continue
                     if kind == "error":
                         self._processes[rank].join(timeout=5)
-                        raise WorkerDiedError(rank, f"it raised\n{detail}")
+                        self._deaths[rank] = WorkerDiedError(rank, f"it raised\n{detail}")
                 raise self._death_of(rank)
 
     # ----- faults -----
 
     def _death_of(self, rank: int) -> WorkerDiedError:
         """Why `rank` died (or is about to): its traceback if it sent one, else its exit."""
-        process = self._processes[rank]
-        status = self._status[rank]
-        try:
-            while status.poll():
-                kind, detail = status.recv()
-                if kind == "error":
-                    process.join(timeout=5)
-                    return WorkerDiedError(rank, f"it raised\n{detail}")
-        except (EOFError, OSError):
-            pass
-        process.join(timeout=5)
-        return WorkerDiedError(rank, _describe_exit(process.exitcode))
+        if rank not in self._deaths:
+            reason = None
+            status = self._status[rank]
+            try:
+                while reason is None and status.poll():
+                    kind, detail = status.recv()
+                    if kind == "error":
+                        reason = f"it raised\n{detail}"
+            except (EOFError, OSError):
+                pass  # it exited without a word
+            process = self._processes[rank]
+            process.join(timeout=5)
+            self._deaths[rank] = WorkerDiedError(rank, reason or _describe_exit(process.exitcode))
+        return self._deaths[rank]
 
     def _watch(self) -> None:
         """Monitor thread: on the first worker exit, record why and kill the others."""
@@ -367,7 +375,7 @@ class WorkerGroup:
         except BaseException as exc:
             # Any failure leaves the ranks out of step: the group cannot go on.
             self._broken = True
-            failure = self._find_dead_worker(grace_s=1.0)
+            failure = self._find_dead_worker(grace_s=0.5)
             self.close()
             if failure is not None and failure is not exc:
                 raise failure from exc
@@ -397,12 +405,12 @@ class WorkerGroup:
         if self.world_size > 1 and healthy and get_parallel_state() is not None:
             try:
                 broadcast_tensor_dict({_METHOD: _SHUTDOWN})
+                deadline = time.monotonic() + 5  # a clean exit takes milliseconds
+                for process in self._processes.values():
+                    process.join(timeout=max(0.0, deadline - time.monotonic()))
             except Exception:
                 pass  # a worker died meanwhile; it is killed below
-        deadline = time.monotonic() + 5
-        for process in self._processes.values():
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-        self._kill_workers()
+        self._kill_workers()  # after a failure, at once: the ranks are out of step
         for conn in [*self._death_pipes, *self._status.values()]:
             conn.close()
         for conn in (self._stop_monitor_r, self._stop_monitor_w):

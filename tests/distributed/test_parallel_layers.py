@@ -9,15 +9,13 @@ process with no process group (where the layers must be plain, communication-fre
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_checks import RankChecks, write_checkpoint
 
-from nanovllm.distributed import WorkerGroup, get_tp_world_size, parallel_state
+from nanovllm.distributed import WorkerGroup, as_tp_rank, get_tp_world_size
 from nanovllm.models.embedding import VocabParallelEmbedding
 from nanovllm.models.linear import QKVParallelLinear
 
@@ -34,23 +32,13 @@ def tp2():
 
 @pytest.fixture(scope="module")
 def tp1() -> RankChecks:
-    with as_rank(None):
+    with as_tp_rank(0, 1):
         return RankChecks(0)
-
-
-@contextmanager
-def as_rank(state: parallel_state.ParallelState | None):
-    """Let this process (rank 0 of the tp-2 group) act as `state` for a moment (None: alone)."""
-    saved, parallel_state._STATE = parallel_state._STATE, state
-    try:
-        yield
-    finally:
-        parallel_state._STATE = saved
 
 
 def on_every_rank(tp2, tp1, method: str, *args):
     """The method's result on rank 0 and 1 of the tp-2 group, and alone at tp 1."""
-    with as_rank(None):
+    with as_tp_rank(0, 1):
         alone = getattr(tp1, method)(*args)
     return [*tp2.run_all(method, *args), alone]
 
@@ -135,9 +123,7 @@ def test_kv_heads_replicated_when_fewer_than_ranks():
     """A 4-rank layout (no processes needed to check shapes): 8 q heads, 2 kv heads."""
     layouts = []
     for rank in range(4):
-        with as_rank(
-            parallel_state.ParallelState(rank, 4, rank, "gloo", torch.device("cpu"), None)
-        ):
+        with as_tp_rank(rank, 4):
             layer = QKVParallelLinear(16, 4, total_num_heads=8, total_num_kv_heads=2)
             k = torch.arange(2 * 4, dtype=torch.float32).repeat_interleave(16).view(8, 16)
             q = torch.zeros(8 * 4, 16)
@@ -193,7 +179,7 @@ def test_load_sharded_reads_each_rank_its_slice(tp2, tp1, tmp_path, kv_heads):
     assert rank0["bytes_read"] + rank1["bytes_read"] == alone["bytes_read"] + 4 * replicated
 
 
-@as_rank(None)
+@as_tp_rank(0, 1)
 def test_layers_at_tp1_are_plain_modules():
     """At tp 1 no process group exists and a layer is exactly its unsharded computation."""
     assert get_tp_world_size() == 1
