@@ -153,8 +153,15 @@ class WorkerGroup:
         *,
         device_type: str = "cpu",
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        start_timeout_s: float = DEFAULT_TIMEOUT_S,
         master_addr: str = "127.0.0.1",
     ) -> None:
+        """Start ranks 1..world_size-1 and build every rank's worker with `worker_factory(rank)`.
+
+        `timeout_s` bounds every collective (a rank silent for longer fails the group);
+        `start_timeout_s` bounds each start-up phase (a worker starting its interpreter, and
+        building its worker, which may load a model). On CUDA, rank r uses GPU r.
+        """
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         check_device_count(world_size, device_type)  # before any process starts
@@ -164,6 +171,7 @@ class WorkerGroup:
                 "WorkerGroup first (a process can belong to one group at a time)"
             )
         self._init_state(world_size, timeout_s)
+        self.start_timeout_s = start_timeout_s
         try:
             self._start(worker_factory, device_type, master_addr)
         except BaseException as exc:
@@ -266,13 +274,13 @@ class WorkerGroup:
 
     def _await_all(self, what: str) -> None:
         """Wait until every worker has sent `what`, raising if one dies or reports an error."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.start_timeout_s
         waiting = set(self._processes)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WorkerGroupError(
-                    f"ranks {sorted(waiting)} did not become {what!r} within {self.timeout_s} s"
+                    f"ranks {sorted(waiting)} did not become {what!r} within {self.start_timeout_s} s"
                 )
             conns = [self._status[r] for r in waiting]
             sentinels = [self._processes[r].sentinel for r in waiting]

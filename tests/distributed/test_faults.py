@@ -59,7 +59,7 @@ def test_a_killed_rank_is_reported_at_the_next_call():
 
 
 def test_a_rank_that_hangs_is_caught_by_the_timeout():
-    group = WorkerGroup(2, RankChecks, timeout_s=2)
+    group = WorkerGroup(2, RankChecks, timeout_s=2, start_timeout_s=120)
     start = time.monotonic()
     with pytest.raises(WorkerGroupError, match="every worker alive") as info:
         group.run_all("sleep", {1: 60.0})  # rank 0 waits for rank 1's answer
