@@ -192,6 +192,15 @@ class WorkerGroup:
     ) -> WorkerGroup:
         """Join the group torchrun set up. Returns on rank 0; other ranks serve, then exit.
 
+        Every process runs the same script. On one machine:
+            torchrun --standalone --nproc-per-node 2 script.py
+        On two machines, 2 ranks each (the same command on both, HOST being the first):
+            torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+                --rdzv-endpoint HOST:29400 script.py
+        or with a static rendezvous: `--nnodes 2 --node-rank 0|1 --master-addr HOST
+        --master-port 29500`. (All three were run on one host, as two "nodes" for the latter
+        two; on CPU with gloo.)
+
         Ranks on other machines cannot be watched as processes, so a dead rank shows up as a
         collective that fails or times out (`WorkerGroupError`), not as `WorkerDiedError`.
         """

@@ -44,12 +44,10 @@ from nanovllm.distributed.parallel_state import get_tp_rank, get_tp_world_size
 LoadedWeight = Any
 
 
-def divide(numerator: int, denominator: int, what: str = "size") -> int:
+def divide(numerator: int, denominator: int, what: str, by: str = "tensor_parallel_size") -> int:
     """numerator / denominator, which must be exact (each rank gets an equal slice)."""
     if numerator % denominator:
-        raise ValueError(
-            f"{what} {numerator} is not divisible by tensor_parallel_size={denominator}"
-        )
+        raise ValueError(f"{what}={numerator} is not divisible by {by}={denominator}")
     return numerator // denominator
 
 
@@ -70,7 +68,33 @@ def new_parameter(*shape: int, dtype: torch.dtype | None, weight_loader) -> nn.P
     return param
 
 
-class ColumnParallelLinear(nn.Module):
+class LinearBase(nn.Module):
+    """What every parallel linear layer shares: its place in the group and its parameters."""
+
+    def __init__(self, input_size: int, output_size: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.input_size, self.output_size = input_size, output_size
+
+    def create_parameters(
+        self, weight_shape: tuple[int, int], bias_size: int | None, dtype: torch.dtype | None
+    ) -> None:
+        """This rank's weight [out, in] and bias [out] (None: no bias), each with the loader."""
+        self.weight = new_parameter(*weight_shape, dtype=dtype, weight_loader=self.weight_loader)
+        self.bias = (
+            new_parameter(bias_size, dtype=dtype, weight_loader=self.weight_loader)
+            if bias_size is not None
+            else None
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.input_size}, out={self.output_size}, tp_size={self.tp_size}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class ColumnParallelLinear(LinearBase):
     """y = x W^T + b with W's rows (output features) split across ranks.
 
     x: [num_tokens, input_size] (whole, on every rank)
@@ -86,24 +110,11 @@ class ColumnParallelLinear(nn.Module):
         gather_output: bool = False,
         params_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
-        self.input_size, self.output_size = input_size, output_size
+        super().__init__(input_size, output_size)
         self.output_size_per_partition = divide(output_size, self.tp_size, "output_size")
         self.gather_output = gather_output
-        self.weight = new_parameter(
-            self.output_size_per_partition,
-            input_size,
-            dtype=params_dtype,
-            weight_loader=self.weight_loader,
-        )
-        self.bias = (
-            new_parameter(
-                self.output_size_per_partition, dtype=params_dtype, weight_loader=self.weight_loader
-            )
-            if bias
-            else None
-        )
+        n = self.output_size_per_partition
+        self.create_parameters((n, input_size), n if bias else None, params_dtype)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: LoadedWeight, shard_id: Any = None
@@ -118,12 +129,6 @@ class ColumnParallelLinear(nn.Module):
         if self.gather_output and self.tp_size > 1:
             y = tensor_model_parallel_all_gather(y, dim=-1)  # [num_tokens, output_size]
         return y
-
-    def extra_repr(self) -> str:
-        return (
-            f"in={self.input_size}, out={self.output_size}, tp_size={self.tp_size}, "
-            f"bias={self.bias is not None}"
-        )
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -146,7 +151,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = list(output_sizes)
         tp_size = get_tp_world_size()
         for size in self.output_sizes:
-            divide(size, tp_size, "output size")
+            divide(size, tp_size, "output_sizes entry")
         super().__init__(input_size, sum(self.output_sizes), bias, gather_output, params_dtype)
 
     def weight_loader(
@@ -206,7 +211,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = divide(total_num_heads, tp_size, "num_attention_heads")
         if tp_size >= self.total_num_kv_heads:
             self.num_kv_heads = 1
-            self.num_kv_head_replicas = divide(tp_size, self.total_num_kv_heads, "tp_size")
+            self.num_kv_head_replicas = divide(
+                tp_size, self.total_num_kv_heads, "tensor_parallel_size", "num_key_value_heads"
+            )
         else:
             self.num_kv_heads = divide(self.total_num_kv_heads, tp_size, "num_key_value_heads")
             self.num_kv_head_replicas = 1
@@ -252,7 +259,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(LinearBase):
     """y = x W^T + b with W's columns (input features) split across ranks, then summed.
 
     x: [num_tokens, input_size / tp] (this rank's slice, as a column-parallel layer left it), or
@@ -269,23 +276,15 @@ class RowParallelLinear(nn.Module):
         reduce_results: bool = True,
         params_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
-        self.input_size, self.output_size = input_size, output_size
+        super().__init__(input_size, output_size)
         self.input_size_per_partition = divide(input_size, self.tp_size, "input_size")
         self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
-        self.weight = new_parameter(
-            output_size,
-            self.input_size_per_partition,
-            dtype=params_dtype,
-            weight_loader=self.weight_loader,
-        )
         # The bias is whole on every rank but added only by rank 0: the sum then holds it once.
-        self.bias = (
-            new_parameter(output_size, dtype=params_dtype, weight_loader=self.weight_loader)
-            if bias
-            else None
+        self.create_parameters(
+            (output_size, self.input_size_per_partition),
+            output_size if bias else None,
+            params_dtype,
         )
 
     def weight_loader(
@@ -311,9 +310,3 @@ class RowParallelLinear(nn.Module):
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         return y
-
-    def extra_repr(self) -> str:
-        return (
-            f"in={self.input_size}, out={self.output_size}, tp_size={self.tp_size}, "
-            f"bias={self.bias is not None}"
-        )

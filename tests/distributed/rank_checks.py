@@ -73,13 +73,9 @@ class RankChecks:
         return args, kwargs
 
     def column(self, seed: int, n: int, d_in: int, d_out: int, bias: bool, gather: bool) -> float:
-        w, x = randn(seed, d_out, d_in), randn(seed + 1, n, d_in)
-        b = randn(seed + 2, d_out) if bias else None
-        ref = F.linear(x, w, b)
-        layer = ColumnParallelLinear(d_in, d_out, bias=bias, gather_output=gather)
-        layer.weight.weight_loader(layer.weight, w)
-        if bias:
-            layer.bias.weight_loader(layer.bias, b)
+        x, ref, layer = self._linear(
+            seed, n, d_in, d_out, bias, lambda: ColumnParallelLinear(d_in, d_out, bias, gather)
+        )
         out = layer(x)
         if not gather:  # this rank's slice of the output features
             size = d_out // get_tp_world_size()
@@ -87,17 +83,24 @@ class RankChecks:
         return max_diff(out, ref)
 
     def row(self, seed: int, n: int, d_in: int, d_out: int, bias: bool, parallel_in: bool):
-        w, x = randn(seed, d_out, d_in), randn(seed + 1, n, d_in)
-        b = randn(seed + 2, d_out) if bias else None
-        ref = F.linear(x, w, b)
-        layer = RowParallelLinear(d_in, d_out, bias=bias, input_is_parallel=parallel_in)
-        layer.weight.weight_loader(layer.weight, w)
-        if bias:
-            layer.bias.weight_loader(layer.bias, b)
+        x, ref, layer = self._linear(
+            seed, n, d_in, d_out, bias, lambda: RowParallelLinear(d_in, d_out, bias, parallel_in)
+        )
         if parallel_in:
             size = d_in // get_tp_world_size()
             x = x[:, self.rank * size : (self.rank + 1) * size]
         return max_diff(layer(x), ref)
+
+    @staticmethod
+    def _linear(seed: int, n: int, d_in: int, d_out: int, bias: bool, make_layer):
+        """Input, the whole layer's output, and the parallel layer loaded from the full weights."""
+        w, x = randn(seed, d_out, d_in), randn(seed + 1, n, d_in)
+        b = randn(seed + 2, d_out) if bias else None
+        layer = make_layer()
+        layer.weight.weight_loader(layer.weight, w)
+        if bias:
+            layer.bias.weight_loader(layer.bias, b)
+        return x, F.linear(x, w, b), layer
 
     def mlp(self, seed: int, n: int, hidden: int, inter: int, fused_checkpoint: bool) -> float:
         """SwiGLU with gate/up merged (column) and down (row): equal to three nn.Linear."""
