@@ -190,6 +190,6 @@ def load_sharded(
             if (id(param), s) not in loaded and (id(param), None) not in loaded
         ]
     if missing:
-        shown = ", ".join(repr(m) for m in missing[:5])
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise WeightLoadError(f"the checkpoint lacks {len(missing)} tensors: {shown}")
     return report
