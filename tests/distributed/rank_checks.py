@@ -38,7 +38,9 @@ from nanovllm.models.sharded_loader import load_sharded
 
 
 def randn(seed: int, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    """Seeded on the CPU (identical on every rank), then moved to the default device."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cpu").to(torch.get_default_device())
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,9 +64,11 @@ def reference_attention(q, k, v, num_heads: int, num_kv_heads: int, head_size: i
 class RankChecks:
     """A rank's worker in the tests; every method returns this rank's error (or a value)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, device: str | None = None) -> None:
         self.rank = rank
         assert get_tp_rank() == rank
+        if device == "cuda":  # layers and tensors on this rank's GPU (the gpu-marked tests)
+            torch.set_default_device(torch.device("cuda", torch.cuda.current_device()))
 
     def whoami(self) -> tuple[int, int, int]:
         return get_tp_rank(), get_tp_world_size(), os.getpid()
@@ -173,7 +177,9 @@ class RankChecks:
     def embedding(self, seed: int, n: int, vocab: int, dim: int) -> dict:
         table, ids = (
             randn(seed, vocab, dim),
-            torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed + 1)),
+            torch.randint(
+                0, vocab, (n,), generator=torch.Generator().manual_seed(seed + 1), device="cpu"
+            ).to(torch.get_default_device()),
         )
         layer = VocabParallelEmbedding(vocab, dim)
         layer.weight.weight_loader(layer.weight, table)
