@@ -24,7 +24,9 @@ def _pct(x) -> str:
 
 
 def _ms3(p: dict) -> str:
-    return "/".join(_f(1000 * p[k], ",.1f") for k in ("p50", "p90", "p99"))
+    """p50/p90/p99 in ms: one decimal below 100 ms, none above."""
+    ms = [1000 * p[k] for k in ("p50", "p90", "p99")]
+    return "/".join(_f(x, ",.1f" if x < 100 else ",.0f") for x in ms)
 
 
 def _si(x: float, unit: str) -> str:

@@ -1,6 +1,6 @@
 """The roofline: how fast this machine could serve the workload, from two rates measured here.
 
-Two costs no engine can avoid. Every token fed through the model multiplies through every
+Two costs no engine can avoid: every token fed through the model multiplies through every
 weight matrix (2 FLOPs per weight: a multiply and an add), and every decode step's attention
 reads the K and V of every token in each running request's context. So:
 
@@ -9,26 +9,14 @@ reads the K and V of every token in each running request's context. So:
     floor seconds = weight FLOPs / matmul rate + KV bytes read / copy bandwidth
     ceiling       = output tokens / floor seconds            (output tokens/s)
 
-A request with `p` prompt and `o` output tokens forwards `p + o - 1` tokens (the last output is
-returned, never fed back) and samples `o` times (the LM head runs only on sampled rows); its
-decode steps feed outputs 1..o-1, and step j reads the K/V of `p + j` tokens, so
-`(o - 1) * p + (o - 1) * o / 2` in all. `kv_bytes_per_token = 2 (K, V) x layers x kv_heads x
-head_dim x 4` (fp32). `layer_params` are the decoder layers' matmul weights (q, k, v, o, gate,
-up, down); the embedding is a lookup, not a matmul.
-
-The two rates are measured at start-up, with the bench's thread count, in about a second:
-
-- matmul rate: fp32 `F.linear` FLOP/s through the model's own weight shapes (one decoder
-  layer and the LM head, random values), for two batches: the decode batch (rows = requests
-  running at once) and a prefill chunk; the better one is used for every token, so the floor
-  stays a floor;
-- copy bandwidth: bytes read plus bytes written per second by `copy_` of a 64 MiB fp32 tensor
-  into another: 128 MiB in all, four times the 32 MiB last-level cache of the machine the
-  README's figures come from, so it streams from memory.
-
-Left out, so the floor is lower than any real run: attention arithmetic, prefill attention's
-reads, norms, activations, sampling, Python and scheduling. The two terms are added, not
-overlapped: within a step a CPU runs the matmuls and the attention one after the other.
+A request with `p` prompt and `o` output tokens forwards `p + o - 1` tokens (its last output is
+returned, never fed back) and samples `o` times (the LM head runs on sampled rows only); its
+decode steps feed outputs 1..o-1, step j reading the K/V of `p + j` tokens. The embedding is a
+lookup, not a matmul. The two rates are measured at start-up with the bench's thread count
+(one to three seconds): `measure_matmul` and `measure_copy` say how. Left out, so a real run is
+slower: attention arithmetic, prefill attention's reads, norms, activations, sampling, Python,
+scheduling. The two terms are added, not overlapped: within a step a CPU runs the matmuls and
+the attention one after the other. README.md walks through it.
 """
 
 from __future__ import annotations
@@ -128,7 +116,8 @@ def _best_seconds(fn, budget_s: float) -> float:
 
 @torch.inference_mode()
 def measure_matmul(shape: ModelShape, rows: int) -> float:
-    """FLOP/s of fp32 `F.linear` through one layer's weights and the LM head, `rows` rows."""
+    """FLOP/s of fp32 `F.linear` through one layer's weight shapes and the LM head's (random
+    values: they do not change a matmul's cost), for a batch of `rows` tokens."""
     flops = seconds = 0.0
     for out_features, in_features in shape.layer_weights() + [(shape.vocab, shape.hidden)]:
         w = torch.randn(out_features, in_features)  # nn.Linear's layout: [out, in]
@@ -139,14 +128,18 @@ def measure_matmul(shape: ModelShape, rows: int) -> float:
 
 
 def measure_copy(nbytes: int = 64 * 2**20) -> float:
-    """Bytes read plus written per second by one large `copy_`."""
+    """Bytes read plus written per second by `copy_` of one fp32 tensor into another: 128 MiB
+    in all, four times the 32 MiB last-level cache of the machine README.md's figures come
+    from, so it streams from memory."""
     src = torch.ones(nbytes // DTYPE_BYTES)
     dst = torch.empty_like(src)
     return 2 * nbytes / _best_seconds(lambda: dst.copy_(src), 0.2)
 
 
 def measure(shape: ModelShape, decode_rows: int, prefill_rows: int) -> dict:
-    """This machine's matmul rate at the model's shapes, and its copy bandwidth."""
+    """This machine's matmul rate at the model's shapes, and its copy bandwidth. The matmul
+    rate is the better of a decode batch's and a prefill chunk's, used for every token, so the
+    floor stays a floor."""
     by_rows = {rows: measure_matmul(shape, rows) for rows in sorted({decode_rows, prefill_rows})}
     return {
         "matmul_flops_by_rows": by_rows,
