@@ -136,6 +136,22 @@ def measure_copy(nbytes: int = 64 * 2**20) -> float:
     return 2 * nbytes / _best_seconds(lambda: dst.copy_(src), 0.2)
 
 
+def for_workload(
+    shape: ModelShape, lengths: list[tuple[int, int]], decode_rows: int, prefill_rows: int
+) -> dict:
+    """Measure the rates, then the workload's cost and floor: everything the report prints."""
+    rates = measure(shape, decode_rows, prefill_rows)
+    cost = workload_cost(shape, lengths)
+    return {
+        "layer_params": shape.layer_params,
+        "lm_head_params": shape.lm_head_params,
+        "kv_bytes_per_token": shape.kv_bytes_per_token,
+        **rates,
+        **cost,
+        **floor(cost, rates["matmul_flops"], rates["copy_bytes_per_s"]),
+    }
+
+
 def measure(shape: ModelShape, decode_rows: int, prefill_rows: int) -> dict:
     """This machine's matmul rate at the model's shapes, and its copy bandwidth. The matmul
     rate is the better of a decode batch's and a prefill chunk's, used for every token, so the

@@ -117,9 +117,8 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
 
     progress.log("measuring this machine's matmul rate and copy bandwidth (the roofline)")
     shape = roofline.ModelShape.from_config(info.config)
-    rates = roofline.measure(shape, concurrency, min(cfg.max_num_batched_tokens, 256))
-    cost = roofline.workload_cost(shape, main.lengths())
-    bound = roofline.floor(cost, rates["matmul_flops"], rates["copy_bytes_per_s"])
+    prefill_rows = min(cfg.max_num_batched_tokens, 256)
+    bound = roofline.for_workload(shape, main.lengths(), concurrency, prefill_rows)
     out: dict = {
         "model": {"name": spec, "path": info.path, **asdict(shape)},
         "workload": {
@@ -131,14 +130,7 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
         },
         "max_model_len": max_model_len,
         "threads": threads,
-        "roofline": {
-            **rates,
-            **cost,
-            **bound,
-            "layer_params": shape.layer_params,
-            "lm_head_params": shape.lm_head_params,
-            "kv_bytes_per_token": shape.kv_bytes_per_token,
-        },
+        "roofline": bound,
     }
 
     limits = EngineLimits(
