@@ -1,24 +1,19 @@
-"""`nanovllm bench`: throughput, latency and KV memory, nanovllm side by side with its peers.
+"""`nanovllm bench`: nanovllm side by side with its peers, on one workload, in one run.
 
-One run gives every engine the same requests (token ids and lengths), the same weights and the
-same thread count, and reports output tokens/s, TTFT and inter-token latency, greedy agreement,
-KV fragmentation against contiguous reservation, prefix-cache savings, engine overhead and a
-linear-layer floor. The pieces, one idea per file:
+How every number is made, and how to read the table: README.md in this folder. The pieces, one
+idea per file, in the order a run uses them:
 
-    workload.py      the requests: lengths and token ids from separate seeded generators
-    records.py       what an engine run returns (per-request token ids and token times)
-    stats.py         percentiles, throughput, latency and agreement from records
-    memory.py        paged vs contiguous KV arithmetic (fragmentation, requests that fit)
-    models.py        which checkpoint: the embedded model, a tiny or a ~100M random Llama
-    engine_*.py      one adapter per engine (engine_base.py: their contract): nanovllm,
-                     transformers static batches (and one at a time), transformers'
-                     continuous batching, vLLM (in its own venv, as a subprocess,
-                     through vllm_worker.py)
-    analysis.py      step breakdown, memory figures and targets from nanovllm's steps
-    floor.py         the model's linear layers alone for nanovllm's step shapes
-    profile_step.py  cProfile of nanovllm's step at full concurrency
-    suite.py         runs it all: load, warm up, interleaved repeats, extra experiments
-    report.py        the rich tables and the JSON document
-    plot.py          the --plot figure
-    cli.py           the command line
+    workload.py         the requests: lengths, token ids, arrivals, each from its own seed
+    models.py           which checkpoint: the embedded model, a random Llama, or a folder
+    roofline.py         this machine's matmul rate and copy bandwidth; the workload's floor
+    engines.py          the plug-in interface every engine keeps, and the registry by name
+    steploop.py         the arrival-and-step loop that times nanovllm and vLLM alike
+    engine_nanovllm.py  nanovllm, every step measured
+    engine_hf.py        transformers: static batches, one at a time, continuous batching
+    engine_vllm.py      vLLM, in its own virtualenv, through vllm_worker.py
+    records.py, stats.py  what a run returns; percentiles, latency, greedy agreement
+    analysis.py         nanovllm's steps: overhead breakdown, paged vs contiguous KV memory
+    profile_step.py     --profile: cProfile of nanovllm's step
+    suite.py            the run: load, warm up, interleaved repeats, nanovllm's extra figures
+    report.py, plot.py, cli.py   tables and JSON, the --plot figure, the command line
 """

@@ -1,20 +1,18 @@
-"""Where nanovllm's step time goes: cProfile over a run at full concurrency.
+"""`--profile`: where nanovllm's step time goes, by cProfile over one more run.
 
-`--profile` runs the workload once more under cProfile (not timed, not counted) and reports
-the functions with the most time of their own, grouped by where they live: the scheduler and
-block manager (`nanovllm/core`), the runner's input preparation and the sampler
-(`nanovllm/executor`), the model (`nanovllm/models`, attention), the engine loop
-(`nanovllm/engine`), and torch's own operators (C functions such as `torch._C._nn.linear`).
-cProfile adds a cost to every Python call, so the shares lean towards Python-heavy code; they
-say where to look, the step breakdown says how much.
+The run is not timed and not counted. Functions are grouped by where they live: the scheduler
+and block manager (`nanovllm/core`), the runner's input preparation and the sampler
+(`nanovllm/executor`), the model (`nanovllm/models`), the engine loop (`nanovllm/engine`), and
+torch's own operators (C functions such as `torch._C._nn.linear`). cProfile adds a cost to every
+Python call, so the shares lean towards Python-heavy code: they say where to look; the step
+breakdown (analysis.py) says how much.
 """
 
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
-
-from nanovllm.bench.workload import Workload
 
 GROUPS = (
     ("nanovllm/core/", "scheduler + block manager"),
@@ -34,47 +32,24 @@ def _group(filename: str, funcname: str) -> str:
             return name
     if filename == "~" and ("torch" in funcname or "method" in funcname):
         return "torch operators (C)"
-    if "/torch/" in path:
-        return "torch (python)"
-    return "other"
+    return "torch (python)" if "/torch/" in path else "other"
 
 
-def profile_run(adapter, workload: Workload, top: int = 25) -> dict:
-    """Profile `adapter.run(workload)`; return the top functions and per-group totals."""
+def profile_run(engine, workload, top: int = 15) -> dict:
+    """cProfile `engine.run(workload)`: own-time shares per group, and the top functions."""
     profiler = cProfile.Profile()
-    profiler.enable()
-    run = adapter.run(workload)
-    profiler.disable()
-    stats = pstats.Stats(profiler)
-    total = sum(v[2] for v in stats.stats.values()) or 1.0  # tottime over all functions
+    profiler.runcall(engine.run, workload)
+    entries = pstats.Stats(profiler).stats.items()  # (file, line, func) -> (cc, n, own, cum, _)
+    total = sum(own for (_, _, own, _, _) in (v for _, v in entries)) or 1.0
     groups: dict[str, float] = {}
     rows = []
-    for (filename, line, funcname), (
-        _cc,
-        ncalls,
-        tottime,
-        cumtime,
-        _callers,
-    ) in stats.stats.items():
-        group = _group(filename, funcname)
-        groups[group] = groups.get(group, 0.0) + tottime
-        short = filename.split("site-packages/")[-1].split("/main/")[-1]
+    for (filename, line, func), (_, ncalls, own, cum, _) in entries:
+        group = _group(filename, func)
+        groups[group] = groups.get(group, 0.0) + own / total
+        short = filename.split("site-packages/")[-1].removeprefix(os.getcwd() + os.sep)
+        where = func if filename == "~" else f"{short}:{line}({func})"
         rows.append(
-            {
-                "function": f"{short}:{line}({funcname})" if filename != "~" else funcname,
-                "group": group,
-                "ncalls": ncalls,
-                "tottime_s": tottime,
-                "cumtime_s": cumtime,
-                "share": tottime / total,
-            }
+            {"function": where, "ncalls": ncalls, "own_s": own, "cum_s": cum, "share": own / total}
         )
-    rows.sort(key=lambda r: r["tottime_s"], reverse=True)
-    steps = run.extra.get("steps", [])
-    return {
-        "wall_s": run.wall_s,
-        "num_steps": len(steps),
-        "profiled_s": total,
-        "groups": dict(sorted(((k, v / total) for k, v in groups.items()), key=lambda kv: -kv[1])),
-        "top": rows[:top],
-    }
+    rows.sort(key=lambda r: -r["own_s"])
+    return {"groups": dict(sorted(groups.items(), key=lambda kv: -kv[1])), "top": rows[:top]}

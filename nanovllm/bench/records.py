@@ -1,13 +1,11 @@
 """What one timed engine run returns: per request, the tokens it got and when each arrived.
 
-Every engine adapter, in-process or in vLLM's own process, reduces its run to this one shape,
-so throughput, latency and agreement are computed by the same code for all of them. Times are
+Every engine plug-in, in this process or in vLLM's, reduces its run to this one shape, so
+throughput, latency and agreement are computed by the same code for all of them. Times are
 seconds since the run's start (the moment the first request could be submitted), taken with
-`time.perf_counter` in the process that ran the engine.
-
-An engine may generate more tokens than a request asked for (a static batch runs until its
-longest member is done); adapters keep only the first `max_tokens` tokens and their times, so
-only the tokens each request asked for are counted.
+`time.perf_counter` in the process that ran the engine. An engine may generate more tokens
+than a request asked for (a static batch runs until its longest member is done); plug-ins keep
+only the first `max_tokens` tokens and their times.
 """
 
 from __future__ import annotations
@@ -23,16 +21,14 @@ class RequestRecord:
 
     @property
     def ttft(self) -> float | None:
+        """Time to first token, from the request's arrival."""
         return self.token_times[0] - self.arrival_s if self.token_times else None
 
     @property
     def itls(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive tokens."""
         t = self.token_times
         return [b - a for a, b in zip(t, t[1:])]
-
-    @property
-    def finish_s(self) -> float | None:
-        return self.token_times[-1] if self.token_times else None
 
 
 @dataclass
@@ -40,8 +36,7 @@ class EngineRun:
     engine: str
     wall_s: float  # from run start until the last request's last token
     records: list[RequestRecord]
-    # Engine-specific figures (nanovllm's step timings and KV usage, the batch size used ...).
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # engine-specific (nanovllm's per-step records)
 
     @property
     def num_output_tokens(self) -> int:
@@ -56,11 +51,4 @@ class EngineRun:
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineRun:
-        data = dict(data)
-        data["records"] = [RequestRecord(**r) for r in data["records"]]
-        return cls(**data)
-
-
-def truncate(token_ids: list[int], token_times: list[float], max_tokens: int) -> tuple:
-    """Only the tokens a request asked for (and their times)."""
-    return list(token_ids[:max_tokens]), list(token_times[:max_tokens])
+        return cls(**{**data, "records": [RequestRecord(**r) for r in data["records"]]})

@@ -1,10 +1,8 @@
 """The end-of-run report: rich tables for people, one JSON document for machines.
 
-Tables, per model: throughput and latency by engine (median and min-max over repeats, ratio to
-nanovllm, TTFT and ITL percentiles, greedy agreement); KV memory; prefix caching; step
-breakdown; the linear-layer floor; the issue's targets; and, with `--profile`, the functions
-that take nanovllm's step time. The JSON is the suite's dict as it is (plus nothing), so every
-figure in a table is in the JSON under the same name.
+Per model: the headline table (output tok/s by engine, nanovllm / engine, share of the
+roofline's ceiling, TTFT and ITL percentiles, greedy agreement), the roofline's inputs, then
+nanovllm's own figures. The JSON is the suite's dict as it is: every figure printed is in it.
 """
 
 from __future__ import annotations
@@ -17,201 +15,159 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _f(x, fmt: str = ",.0f", missing: str = "-") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return missing
-    return format(x, fmt)
-
-
-def _ms(x) -> str:
-    return _f(None if x is None else 1000 * x, ",.1f")
+def _f(x, fmt: str = ",.0f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
 def _pct(x) -> str:
-    return _f(None if x is None else 100 * x, ".1f") + ("%" if x is not None else "")
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms3(p: dict) -> str:
+    """p50/p90/p99 in ms: one decimal below 100 ms, none above."""
+    ms = [1000 * p[k] for k in ("p50", "p90", "p99")]
+    return "/".join(_f(x, ",.1f" if x < 100 else ",.0f") for x in ms)
+
+
+def _si(x: float, unit: str) -> str:
+    """3 significant digits with a k/M/G/T prefix: 52.3 MFLOP, 11.2 GB/s."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _table(console: Console, title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """First column left-aligned (labels), the others right-aligned (figures)."""
+    t = Table(title=title)
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
 
 
 def print_report(result: dict, console: Console) -> None:
     env = result["environment"]
     console.print(
-        f"[bold]nanovllm bench[/]  torch {env['torch']}, transformers {env['transformers']}, "
-        f"{env['torch_threads']} torch thread(s) of {env['cpu_count']} CPUs, fp32"
+        f"[bold]nanovllm bench[/]  torch {env['torch']}, transformers {env['transformers']}, fp32, "
+        f"{env['threads']} thread(s) of {env['cpu_count']} CPUs, load average "
+        f"{env['load_average']:.1f} at start"
     )
-    for model in result["models"]:
-        _model_report(model, console)
+    for m in result["models"]:
+        _model(m, result["config"]["repeats"], console)
 
 
-def _model_report(m: dict, console: Console) -> None:
-    info = m["model"]
-    console.rule(f"[bold]{info['name']}[/]  {info['num_params'] / 1e6:.1f}M parameters")
-    for note in m.get("notes", []):
-        console.print(f"[yellow]note:[/] {note}")
-    w = m["workload"]
+def _model(m: dict, repeats: int, console: Console) -> None:
+    s, r, w, engines = m["model"], m["roofline"], m["workload"], m["engines"]
+    console.rule(
+        f"[bold]{s['name']}[/]  {(r['layer_params'] + r['lm_head_params']) / 1e6:.2f}M matmul "
+        f"parameters: {s['layers']} layers, hidden {s['hidden']}, {s['heads']}:{s['kv_heads']} "
+        f"heads of {s['head_dim']}, vocab {s['vocab']}"
+    )
     console.print(
-        f"workload: {w['description']} ({'greedy' if w['greedy'] else 'sampled'}, EOS ignored); "
-        f"{w['output_tokens']:,} output tokens; max_model_len {m['max_model_len']}"
+        f"workload: {w['description']}; {'greedy' if w['greedy'] else 'sampled'}, EOS ignored; "
+        f"{w['prompt_tokens']:,} prompt + {w['output_tokens']:,} output tokens; fp32, "
+        f"{m['threads']} thread(s); median of {repeats} interleaved repeats"
     )
-
-    t = Table(title="Throughput and latency (median of repeats; latency pooled)")
-    for col in ("engine", "out tok/s", "min-max", "nanovllm speedup", "TTFT p50/p90/p99 ms"):
-        t.add_column(col, justify="right" if col != "engine" else "left")
-    t.add_column("ITL p50/p90/p99 ms", justify="right")
-    t.add_column("greedy agree", justify="right")
-    for name, e in m["engines"].items():
-        if "skipped" in e and not e.get("runs"):
-            t.add_row(name, "skipped", "", "", "", "", e["skipped"][:60])
+    rows = []
+    for name, e in engines.items():
+        if "tok_s" not in e:
+            rows.append([name, "skipped"])
             continue
-        if not e.get("runs"):
-            continue
-        tok = e["tok_s"]
-        lat = e["latency"]
-        agree = e.get("agreement")
-        speed = e.get("nanovllm_speedup")
-        t.add_row(
-            name + (f" (bs {e['load']['batch_size']})" if "batch_size" in e["load"] else ""),
+        tok, agree, ratio = e["tok_s"], e["agreement"], e["nanovllm_over_this"]
+        rows.append([
+            name + (f" (bs {e['batch_size']})" if "batch_size" in e else ""),
             _f(tok["median"]),
             f"{_f(tok['min'])}-{_f(tok['max'])}",
-            f"{speed:.2f}x" if speed else "-",
-            "/".join(_ms(lat["ttft"][k]) for k in ("p50", "p90", "p99")),
-            "/".join(_ms(lat["itl"][k]) for k in ("p50", "p90", "p99")),
-            _f(agree["tokens_pct"], ".1f") + "%" if agree else "-",
-        )
-    console.print(t)
-    if "hf_static_calibration" in m:
-        rates = ", ".join(f"bs {k}: {v:,.0f}" for k, v in m["hf_static_calibration"].items())
-        console.print(f"hf-static batch sizes (tok/s on shortened outputs): {rates}")
-
-    if "memory" in m:
-        _memory_table(m["memory"], console)
-    if "prefix" in m:
-        _prefix_table(m["prefix"], console)
-    if "overhead" in m:
-        _overhead_table(m["overhead"], console)
-    if "floor" in m:
-        f = m["floor"]
+            f"{ratio:.2f}x" if ratio else "-",
+            _pct(e["roofline_share"]),
+            _ms3(e["latency"]["ttft"]),
+            _ms3(e["latency"]["itl"]),
+            f"{agree['tokens_pct']:.1f}%" if agree else "-",
+        ])  # fmt: skip
+    columns = ["engine", "out tok/s", "min-max", "nanovllm / this", "of roofline"]
+    columns += ["TTFT p50/90/99 ms", "ITL p50/90/99 ms", "greedy agree"]
+    _table(console, "Output tokens/s, side by side (latency pooled over repeats)", columns, rows)
+    for name, e in engines.items():
+        if "skipped" in e:
+            console.print(f"[yellow]{name} skipped[/]: {e['skipped']}")
+    if "calibration" in engines.get("hf-static", {}):
+        rates = engines["hf-static"]["calibration"].items()
         console.print(
-            f"[bold]Ceiling[/]: linear layers alone for nanovllm's {f['num_steps']} steps "
-            f"take {f['seconds']:.2f} s = {f['output_tokens_per_s']:,.0f} output tok/s; "
-            f"nanovllm reaches {_pct(f.get('nanovllm_share'))} of it"
+            "hf-static batch sizes (tok/s, outputs cut to a quarter): "
+            + ", ".join(f"{k}: {_f(v)}" for k, v in rates)
         )
-    if "profile" in m:
-        _profile_table(m["profile"], console)
-    if "serve" in m:
-        s = m["serve"]
-        if "skipped" in s:
-            console.print(f"--serve: {s['skipped']}")
-        else:
-            console.print(
-                f"[bold]--serve[/] {s['url']}: {s['output_throughput']:,.0f} output tok/s, "
-                f"TTFT p50 {_ms(s['ttft']['p50'])} ms, ITL p50 {_ms(s['itl']['p50'])} ms, "
-                f"{s['num_errors']} errors"
-            )
-    _targets_table(m.get("targets", []), console)
 
-
-def _memory_table(mem: dict, console: Console) -> None:
-    t = Table(title="KV memory: paged (nanovllm) vs contiguous max_model_len reservation")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    t.add_row("internal fragmentation, over the run", _pct(mem["fragmentation_time_weighted"]))
-    peak = mem.get("at_peak")
-    if peak:
-        t.add_row(
-            f"at peak: slots allocated / holding KV ({peak['num_running']} running)",
-            f"{peak['allocated_slots']:,} / {peak['filled_slots']:,} "
-            f"({_pct(peak['fragmentation'])} empty)",
-        )
-        t.add_row(
-            "same moment, contiguous reservation",
-            f"{peak['contiguous_slots']:,} ({_pct(peak['contiguous_waste'])} empty; paged uses "
-            f"{_pct(peak['paged_vs_contiguous'])} of it)",
-        )
-    full = mem["all_requests_at_full_length"]
-    t.add_row(
-        "whole workload at full length: paged / contiguous",
-        f"{full['paged_slots']:,} / {full['contiguous_slots']:,} slots",
+    rates = ", ".join(
+        f"{_si(v, 'FLOP/s')} at {k} rows" for k, v in r["matmul_flops_by_rows"].items()
     )
-    t.add_row(
-        f"requests that fit in {mem['capacity_slots']:,} slots: paged / contiguous",
-        f"{mem['fit_paged']:,} / {mem['fit_contiguous']:,} ({mem['fit_ratio']:.1f}x)",
+    console.print(
+        f"[bold]Roofline[/], rates measured at start-up: matmul {_si(r['matmul_flops'], 'FLOP/s')} "
+        f"(fp32, the model's weight shapes: {rates}); copy {_si(r['copy_bytes_per_s'], 'B/s')} "
+        f"(read + written)\n  {_si(r['weight_flops'], 'FLOP')} of weight matmuls "
+        f"({r['forwarded_tokens']:,} tokens forwarded) = {r['compute_s']:.3g} s, + "
+        f"{_si(r['kv_bytes_read'], 'B')} of K/V read by decode attention = {r['memory_s']:.3g} s"
+        f"\n  floor {r['floor_s']:.3g} s for {r['output_tokens']:,} output tokens: ceiling "
+        f"{_f(r['ceiling_tok_s'])} output tok/s ('of roofline' above is an engine's share of it)"
     )
-    t.add_row("peak concurrent requests measured", f"{mem['peak_running']}")
-    console.print(t)
 
-
-def _prefix_table(p: dict, console: Console) -> None:
-    t = Table(title=f"Prefix caching: {p['workload']}")
-    t.add_column("figure")
-    t.add_column("with cache", justify="right")
-    t.add_column("without", justify="right")
-    t.add_row(
-        "prompt tokens computed",
-        f"{p['computed_with_cache']:,} of {p['prompt_tokens']:,}",
-        f"{p['computed_without_cache']:,}",
-    )
-    t.add_row(
-        "output tok/s (median)",
-        _f(p["tok_s_with_cache"]["median"]),
-        _f(p["tok_s_without_cache"]["median"]),
-    )
-    ratio = p["throughput_ratio"]
-    t.add_row("throughput ratio", f"{ratio:.2f}x" if ratio else "-", "1.00x")
-    console.print(t)
-
-
-def _overhead_table(o: dict, console: Console) -> None:
-    t = Table(title="nanovllm step time (share of wall time)")
-    t.add_column("steps")
-    for part in ("schedule", "prepare", "model", "sample", "other", "overhead", "ms/step"):
-        t.add_column(part, justify="right")
-    rows = [("all", o["all_steps"])]
-    if o.get("at_full_concurrency"):
-        rows.append((f"decode, {o['full_concurrency']} seqs", o["at_full_concurrency"]))
-    for label, b in rows:
-        s = b["share"]
-        t.add_row(
-            f"{label} ({b['num_steps']})",
-            *(_pct(s[k]) for k in ("schedule", "prepare", "model", "sample", "other")),
-            _pct(b["overhead_share"]),
-            _f(b["mean_step_ms"], ".2f"),
+    if mem := m.get("memory"):
+        alloc, filled = mem["peak_allocated_slots"], mem["peak_filled_slots"]
+        rows = [
+            ["internal fragmentation over the run (empty / allocated slot-steps)", _pct(mem["fragmentation"])],
+            [f"at peak ({mem['peak_running']} running): slots allocated / holding KV",
+             f"{alloc:,} / {filled:,} ({_pct(1 - filled / alloc)} empty)"],
+            ["same moment, contiguous reservation", f"{mem['peak_contiguous_slots']:,} slots"],
+            [f"requests that fit in {mem['capacity_slots']:,} slots: paged / contiguous",
+             f"{mem['fit_paged']:,} / {mem['fit_contiguous']:,}"],
+        ]  # fmt: skip
+        title = f"nanovllm KV memory: paged blocks vs reserving max_model_len={m['max_model_len']}"
+        _table(console, title, ["figure", "value"], rows)
+    if p := m.get("prefix"):
+        rows = [
+            ["prompt tokens computed", f"{p['computed_with_cache']:,} of {p['prompt_tokens']:,}",
+             f"{p['computed_without_cache']:,}"],
+            ["output tok/s (median)", _f(p["tok_s_with_cache"]["median"]),
+             _f(p["tok_s_without_cache"]["median"])],
+            ["speed-up", f"{p['speedup']:.2f}x", "1.00x"],
+        ]  # fmt: skip
+        if p["agreement"]:
+            rows.append(["greedy agreement", f"{p['agreement']['tokens_pct']:.1f}%", ""])
+        _table(console, f"Prefix caching: {p['workload']}", ["figure", "with", "without"], rows)
+    if o := m.get("overhead"):
+        parts = ["schedule", "prepare", "model", "sample", "other"]
+        rows = []
+        full = f"decode, {o['full_concurrency']} seqs"
+        for label, b in (("all", o["all_steps"]), (full, o["at_full_concurrency"])):
+            if b:
+                shares = [_pct(b["share"][k]) for k in parts]
+                label = f"{label} ({b['num_steps']})"
+                rows.append(
+                    [label, *shares, _pct(b["overhead_share"]), _f(b["mean_step_ms"], ".2f")]
+                )
+        title = "nanovllm step time (share of wall time; overhead = all but the model)"
+        _table(console, title, ["steps", *parts, "overhead", "ms/step"], rows)
+    if p := m.get("profile"):
+        groups = ", ".join(f"{k} {_pct(v)}" for k, v in p["groups"].items())
+        console.print(f"[bold]cProfile[/]: {groups}")
+        rows = [
+            [r["function"][-70:], f"{r['ncalls']:,}", f"{r['own_s']:.3f}", _pct(r["share"]),
+             f"{r['cum_s']:.3f}"]
+            for r in p["top"]
+        ]  # fmt: skip
+        _table(
+            console,
+            "top functions by own time",
+            ["function", "calls", "own s", "share", "cum s"],
+            rows,
         )
-    console.print(t)
-
-
-def _profile_table(p: dict, console: Console, rows: int = 15) -> None:
-    groups = ", ".join(f"{k} {_pct(v)}" for k, v in p["groups"].items())
-    console.print(f"[bold]cProfile[/] ({p['num_steps']} steps): {groups}")
-    t = Table(title="top functions by own time")
-    for col in ("function", "calls", "own s", "share", "cum s"):
-        t.add_column(col, justify="left" if col == "function" else "right")
-    for r in p["top"][:rows]:
-        t.add_row(
-            r["function"][-70:],
-            f"{r['ncalls']:,}",
-            f"{r['tottime_s']:.3f}",
-            _pct(r["share"]),
-            f"{r['cumtime_s']:.3f}",
+    if v := m.get("serve"):
+        console.print(
+            f"[bold]--serve[/] {v['url']}: {_f(v['output_throughput'])} output tok/s, "
+            f"TTFT p50 {_f(1000 * v['ttft']['p50'], '.1f')} ms, "
+            f"ITL p50 {_f(1000 * v['itl']['p50'], '.1f')} ms, {v['num_errors']} errors"
         )
-    console.print(t)
-
-
-def _targets_table(targets: list[dict], console: Console) -> None:
-    if not targets:
-        return
-    t = Table(title="Targets (issue)")
-    t.add_column("target")
-    t.add_column("measured", justify="right")
-    t.add_column("goal", justify="right")
-    t.add_column("met")
-    for c in targets:
-        if c["unit"] == "x":
-            value = "-" if c["value"] is None else f"{c['value']:.2f}x"
-            goal = f">= {c['goal']:g}x"
-        else:
-            value, goal = _pct(c["value"]), f"<= {_pct(c['goal'])}"
-        met = {True: "[green]yes[/]", False: "[red]no[/]", None: "n/a"}[c["met"]]
-        t.add_row(c["target"], value, goal, met)
-    console.print(t)
 
 
 def write_json(result: dict, destination: str) -> None:

@@ -1,11 +1,10 @@
 """Numbers from runs: percentiles, median and range over repeats, latency and agreement.
 
-Repeats are summarized by their median and min-max (not the mean: one run slowed by a noisy
-neighbour should not move the headline). Latency percentiles pool every request of every
-repeat. Greedy agreement compares each engine's tokens with nanovllm's, request by request:
-the share of asked-for tokens that match before the first difference. In fp32, two correct
-engines can still differ where the top two logits tie to rounding, after which the sequences
-legitimately part ways; the figure is a percentage rather than a pass/fail for that reason.
+Repeats are summarized by their median and min-max, not the mean: one run slowed by a noisy
+neighbour should not move the headline. Latency percentiles pool every request of every repeat.
+Greedy agreement compares an engine's tokens with nanovllm's, request by request: the share of
+asked-for tokens that match before the first difference. In fp32 two correct engines can still
+part ways where the top two logits tie to rounding, so it is a percentage, not a pass/fail.
 """
 
 from __future__ import annotations
@@ -38,24 +37,35 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-PERCENTILES = (50, 90, 99)
+def _pooled(runs: Sequence[EngineRun]) -> tuple[list[float], list[float]]:
+    ttfts = [r.ttft for run in runs for r in run.records if r.ttft is not None]
+    return ttfts, [x for run in runs for r in run.records for x in r.itls]
 
 
 def latency(runs: Sequence[EngineRun]) -> dict[str, dict[str, float]]:
     """TTFT and inter-token latency percentiles (seconds), pooled over runs."""
-    ttfts = [r.ttft for run in runs for r in run.records if r.ttft is not None]
-    itls = [x for run in runs for r in run.records for x in r.itls]
+    ttfts, itls = _pooled(runs)
+    qs = (50, 90, 99)
     return {
-        "ttft": {f"p{q}": percentile(ttfts, q) for q in PERCENTILES},
-        "itl": {f"p{q}": percentile(itls, q) for q in PERCENTILES},
+        "ttft": {f"p{q}": percentile(ttfts, q) for q in qs},
+        "itl": {f"p{q}": percentile(itls, q) for q in qs},
+    }
+
+
+def cdf(runs: Sequence[EngineRun], points: int = 101) -> dict[str, list[float]]:
+    """TTFT and ITL at evenly spaced percentiles, for the plot."""
+    ttfts, itls = _pooled(runs)
+    qs = [100.0 * i / (points - 1) for i in range(points)]
+    return {
+        "q": qs,
+        "ttft": [percentile(ttfts, q) for q in qs] if ttfts else [],
+        "itl": [percentile(itls, q) for q in qs] if itls else [],
     }
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
+    while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
 
@@ -64,12 +74,10 @@ def agreement(reference: EngineRun, other: EngineRun) -> dict[str, float]:
     """How far `other`'s greedy outputs follow `reference`'s (percentages)."""
     matched = asked = identical = 0
     for ref, rec in zip(reference.records, other.records):
-        n = max(len(ref.token_ids), len(rec.token_ids))
         matched += common_prefix(ref.token_ids, rec.token_ids)
-        asked += n
+        asked += max(len(ref.token_ids), len(rec.token_ids))
         identical += ref.token_ids == rec.token_ids
-    count = max(len(reference.records), 1)
     return {
         "tokens_pct": 100.0 * matched / asked if asked else 100.0,
-        "requests_pct": 100.0 * identical / count,
+        "requests_pct": 100.0 * identical / max(len(reference.records), 1),
     }

@@ -1,20 +1,17 @@
-"""The benchmark run: every engine on the same workload, fairly, then nanovllm's extra figures.
+"""One benchmark run: every engine on the same workload, side by side, then nanovllm's figures.
 
-For each model:
+Per model, in order (README.md says why each step is there):
 
-1. build the workloads (token ids drawn for this model's vocabulary, lengths the same for all);
-2. load every engine (weights and caches allocated, nothing timed); an engine that cannot run
-   here is skipped with its reason;
-3. warm every engine up on a few short requests (not timed);
-4. pick transformers' best static batch size on a shortened copy of the workload;
-5. timed repeats, interleaved (A B C A B C) so that a noisy neighbour slows every engine alike;
-6. nanovllm's extra experiments: prefix caching on/off on the shared-prefix workload (also
-   interleaved), the linear-layer floor for its step shapes, optionally a cProfile run, and
-   optionally an online load against a running server (`--serve URL`);
-7. figures: throughput (median, min-max), ratio to nanovllm, TTFT/ITL percentiles, greedy
-   agreement, KV memory, step overhead, targets.
+1. the workload, and the roofline: this machine's rates, measured now, and the workload's floor;
+2. load every engine, nanovllm first, whose KV cache size the peers then copy; an engine that
+   cannot run here is reported as skipped, with why;
+3. warm every engine up, and pick transformers' fastest static batch size;
+4. timed repeats, interleaved (A B C A B C);
+5. per engine: tok/s, nanovllm / engine, share of the ceiling, latency, greedy agreement;
+6. nanovllm's own figures: step overhead and KV memory (from the timed runs), prefix caching
+   on against off, `--profile`, `--serve URL`.
 
-Everything lands in one JSON-ready dict; `report.py` prints it and `plot.py` draws it.
+Everything lands in one JSON-ready dict; report.py prints it and plot.py draws it.
 """
 
 from __future__ import annotations
@@ -22,11 +19,11 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from nanovllm.bench import analysis, stats
-from nanovllm.bench.engine_base import EngineUnavailable
-from nanovllm.bench.models import ModelInfo, fingerprint, resolve
+from nanovllm.bench import analysis, roofline, stats
+from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, make_engine
+from nanovllm.bench.models import ModelInfo, resolve
 from nanovllm.bench.records import EngineRun
 from nanovllm.bench.workload import (
     Workload,
@@ -35,42 +32,41 @@ from nanovllm.bench.workload import (
     with_poisson_arrivals,
 )
 
-ALL_ENGINES = ("nanovllm", "hf-static", "hf-cb", "one-at-a-time", "vllm", "vllm-compiled")
-DEFAULT_ENGINES = ("nanovllm", "hf-static", "hf-cb", "one-at-a-time", "vllm")
+REFERENCE = "nanovllm"  # every ratio and agreement is taken against it; it always runs
 
 
 @dataclass
 class BenchConfig:
     models: list[str] = field(default_factory=lambda: ["embedded"])
-    engines: list[str] = field(default_factory=lambda: list(DEFAULT_ENGINES))
+    engines: list[str] = field(
+        default_factory=lambda: ["nanovllm", "hf-static", "hf-cb", "one-at-a-time", "vllm"]
+    )
     num_requests: int = 64
     prompt_len: tuple[int, int] = (32, 256)
     output_len: tuple[int, int] = (64, 256)
     temperature: float = 0.0
     seed: int = 0
+    request_rate: float | None = None  # requests/s: Poisson arrivals; None: all at once
     repeats: int = 3
+    warmup_requests: int = 4
     threads: int | None = None
-    request_rate: float | None = None  # requests/s: online arrivals; None: all at once
-    prefix_len: int = 256  # shared-prefix workload
-    prefix_requests: int | None = None  # default: num_requests
     hf_batch_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
-    calibration_output_scale: float = 0.25
+    vllm_python: str | None = None
+    prefix_len: int = 256  # the prefix-caching workload's shared prefix
+    extras: bool = True  # the prefix-caching runs
+    profile: bool = False
+    serve_url: str | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
-    vllm_python: str | None = None
-    extras: bool = True  # prefix caching and floor experiments
-    profile: bool = False
-    serve_url: str | None = None
-    warmup_requests: int = 4
 
 
 class Progress:
-    """What the suite tells the user while it runs (the CLI backs it with rich)."""
+    """What the suite tells the user while it runs; the CLI shows it with rich."""
 
-    def start(self, description: str, total: int) -> None:  # a new bar
+    def start(self, description: str, total: int) -> None:  # a bar of `total` tokens
         pass
 
     def advance(self, n: int) -> None:
@@ -83,370 +79,269 @@ class Progress:
         pass
 
 
-def _make_engine(
-    name: str, info: ModelInfo, cfg: BenchConfig, max_model_len: int, threads, kv: dict
-):
-    """An engine adapter; `kv` is nanovllm's KV size (blocks, bytes), mirrored by the peers."""
-    from nanovllm.bench.engine_hf_cb import HFContinuousBatchingEngine
-    from nanovllm.bench.engine_hf_static import HFStaticEngine
-    from nanovllm.bench.engine_nanovllm import NanovllmEngine
-    from nanovllm.bench.engine_vllm import VLLMEngine
-
-    path = str(info.path)
-    if name in ("nanovllm", "nanovllm-no-prefix"):
-        return NanovllmEngine(
-            path,
-            name=name,
-            block_size=cfg.block_size,
-            num_kv_blocks=cfg.num_kv_blocks,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_prefix_caching=name == "nanovllm",
-            dtype="float32",
-            seed=cfg.seed,
-            num_threads=threads,
-        )
-    if name == "hf-static":
-        return HFStaticEngine(path, batch_size=max(cfg.hf_batch_sizes))
-    if name == "one-at-a-time":
-        return HFStaticEngine(path, batch_size=1, name="one-at-a-time")
-    if name == "hf-cb":
-        return HFContinuousBatchingEngine(
-            path,
-            page_size=cfg.block_size,
-            num_blocks=kv.get("num_kv_blocks") or _kv_blocks(cfg, max_model_len),
-            max_batch_tokens=cfg.max_num_batched_tokens,
-            max_requests_per_batch=cfg.max_num_seqs,
-        )
-    if name in ("vllm", "vllm-compiled"):
-        return VLLMEngine(
-            path,
-            python=cfg.vllm_python,
-            compiled=name == "vllm-compiled",
-            threads=threads,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            block_size=cfg.block_size,
-            kv_cache_bytes=kv.get("kv_cache_bytes") or 2**30,
-            seed=cfg.seed,
-        )
-    raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ALL_ENGINES)}")
-
-
-def _kv_blocks(cfg: BenchConfig, max_model_len: int) -> int:
-    # Only when nanovllm's own figure is missing: every sequence at full length.
-    if cfg.num_kv_blocks is not None:
-        return cfg.num_kv_blocks
-    return cfg.max_num_seqs * -(-max_model_len // cfg.block_size)
-
-
-def environment(threads: int) -> dict:
-    import torch
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": threads,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
 def run(cfg: BenchConfig, progress: Progress | None = None) -> dict:
     import torch
+    import transformers
 
     progress = progress or Progress()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    threads = torch.get_num_threads()
-    result = {"environment": environment(threads), "config": _config_dict(cfg), "models": []}
-    for spec in cfg.models:
-        progress.log(f"model {spec}")
-        result["models"].append(run_model(spec, cfg, threads, progress))
-    return result
-
-
-def _config_dict(cfg: BenchConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
-
-
-def _timed(engine, workload: Workload, progress: Progress, label: str, on_tokens=True) -> EngineRun:
-    progress.start(label, workload.num_output_tokens)
-    try:
-        return engine.run(workload, progress.advance if on_tokens else None)
-    finally:
-        progress.done()
+    environment = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0],  # > cpu_count: other processes share the CPUs
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    models = [run_model(spec, cfg, environment["threads"], progress) for spec in cfg.models]
+    return {"environment": environment, "config": asdict(cfg), "models": models}
 
 
 def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> dict:
+    progress.log(f"model {spec}")
     info = resolve(spec)
-    if info.note:
-        progress.log(info.note)
     max_model_len = min(cfg.max_model_len or info.max_position, info.max_position)
     main = random_workload(
-        cfg.num_requests,
-        cfg.prompt_len,
-        cfg.output_len,
-        info.vocab_size,
-        seed=cfg.seed,
-        temperature=cfg.temperature,
+        cfg.num_requests, cfg.prompt_len, cfg.output_len, info.vocab_size, cfg.seed, cfg.temperature
     )
     if main.max_seq_len > max_model_len:
         raise ValueError(
             f"the workload needs sequences of {main.max_seq_len} tokens, more than "
             f"max_model_len={max_model_len} of model {spec!r}"
         )
-    timed_workload = (
-        with_poisson_arrivals(main, cfg.request_rate, cfg.seed) if cfg.request_rate else main
-    )
+    timed = with_poisson_arrivals(main, cfg.request_rate, cfg.seed) if cfg.request_rate else main
+    concurrency = min(cfg.max_num_seqs, main.num_requests)
+
+    progress.log("measuring this machine's matmul rate and copy bandwidth (the roofline)")
+    shape = roofline.ModelShape.from_config(info.config)
+    prefill_rows = min(cfg.max_num_batched_tokens, 256)
+    bound = roofline.for_workload(shape, main.lengths(), concurrency, prefill_rows)
     out: dict = {
-        "model": info.to_dict(),
-        "model_kind": "100m" if spec == "100m" else "small",  # which targets apply
+        "model": {"name": spec, "path": info.path, **asdict(shape)},
         "workload": {
-            "name": timed_workload.name,
-            "description": timed_workload.description,
-            "num_requests": main.num_requests,
+            "description": timed.description,
+            "greedy": main.greedy,
             "prompt_tokens": main.num_prompt_tokens,
             "output_tokens": main.num_output_tokens,
-            "greedy": main.greedy,
             "lengths": main.lengths(),
         },
         "max_model_len": max_model_len,
         "threads": threads,
-        "engines": {},
-        "notes": [],
+        "roofline": bound,
     }
-    if info.note:
-        out["notes"].append(info.note)
 
-    # 2. load
-    weights_before = fingerprint(info.path)
-    engines = {}
-    names = list(dict.fromkeys(cfg.engines))
-    if "nanovllm" not in names:
-        names.insert(0, "nanovllm")  # the reference for ratios, agreement and the extras
-    for name in names:
-        progress.log(f"loading {name}")
-        kv = out["engines"].get("nanovllm", {}).get("load", {})
-        engine = _make_engine(name, info, cfg, max_model_len, threads, kv)
-        start = time.perf_counter()
-        try:
-            load_info = engine.load()
-        except (EngineUnavailable, ImportError, OSError, RuntimeError, ValueError) as exc:
-            if name == "nanovllm":
-                raise
-            progress.log(f"skipping {name}: {exc}")
-            out["engines"][name] = {"skipped": str(exc)}
-            engine.close()
-            continue
-        load_info["load_s"] = time.perf_counter() - start
-        engines[name] = engine
-        out["engines"][name] = {"load": load_info, "runs": []}
-
-    if fingerprint(info.path) != weights_before:
-        out["notes"].append(
-            f"the checkpoint in {info.path} changed while engines loaded: they may not have "
-            "run the same weights (compare with care)"
-        )
+    limits = EngineLimits(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        block_size=cfg.block_size,
+        max_model_len=max_model_len,
+        num_kv_blocks=cfg.num_kv_blocks,
+        threads=cfg.threads,
+        seed=cfg.seed,
+        hf_batch_size=max(cfg.hf_batch_sizes),
+        vllm_python=cfg.vllm_python,
+    )
+    names = [REFERENCE] + [n for n in dict.fromkeys(cfg.engines) if n != REFERENCE]
+    out["engines"] = report = {}  # name -> {"load": {...}} or {"skipped": why}, then figures
+    engines = load_engines(names, info.path, limits, shape, report, progress)
     try:
-        _measure(engines, main, timed_workload, cfg, out, progress)
-        if "nanovllm" in engines:
-            _extras(engines["nanovllm"], info, cfg, max_model_len, threads, main, out, progress)
+        runs, calibration = measure(engines, main, timed, cfg, report, progress)
+        for name, figures in summarize(runs, main.greedy, bound["ceiling_tok_s"]).items():
+            report[name].update(figures)
+        if calibration:
+            report["hf-static"].update(batch_size=limits.hf_batch_size, calibration=calibration)
+        if REFERENCE in runs:
+            ours = runs[REFERENCE]
+            report[REFERENCE]["num_preemptions"] = ours[0].extra["num_preemptions"]
+            capacity = limits.num_kv_blocks * limits.block_size
+            steps = ours[0].extra["steps"]
+            out["memory"] = analysis.memory(
+                steps, main.lengths(), capacity, limits.block_size, max_model_len
+            )
+            all_steps = [s for run in ours for s in run.extra["steps"]]
+            out["overhead"] = analysis.overhead(all_steps, concurrency)
+            if cfg.extras:
+                out["prefix"] = prefix_caching(engines[REFERENCE], info, limits, cfg, progress)
+            if cfg.profile:
+                from nanovllm.bench.profile_step import profile_run
+
+                progress.log("profiling nanovllm's step (cProfile, not timed)")
+                out["profile"] = profile_run(engines[REFERENCE], main)
         if cfg.serve_url:
-            out["serve"] = _serve(cfg, main, progress)
+            out["serve"] = serve(cfg.serve_url, main, concurrency, progress)
     finally:
         for engine in engines.values():
             engine.close()
-    _summarize(out, cfg)
     return out
 
 
-def _measure(engines, main, timed_workload, cfg, out, progress) -> None:
-    # 3. warm-up (not timed): first calls allocate, pick kernels, fill caches.
-    warm = main.head(min(cfg.warmup_requests, main.num_requests), 0.1)
-    for name, engine in list(engines.items()):
-        workload = warm
-        if name == "hf-static":  # its largest candidate batch
-            workload = main.head(min(engine.batch_size, main.num_requests), 0.05)
+def load_engines(
+    names: list[str],
+    model_path: str,
+    limits: EngineLimits,
+    shape: roofline.ModelShape,
+    report: dict,
+    progress: Progress,
+) -> dict[str, Engine]:
+    """Load each engine; one that cannot run here is reported as skipped, with why."""
+    engines: dict[str, Engine] = {}
+    for name in names:
+        progress.log(f"loading {name}")
+        engine = make_engine(name, model_path, limits)
+        start = time.perf_counter()
         try:
-            _timed(engine, workload, progress, f"warm-up {name}")
-        except EngineUnavailable as exc:
-            _drop(engines, name, out, exc, progress)
+            info = engine.load()
+        except (EngineUnavailable, ImportError, OSError, RuntimeError, ValueError) as exc:
+            if name == REFERENCE:
+                raise
+            progress.log(f"skipping {name}: {exc}")
+            report[name] = {"skipped": str(exc)}
+            engine.close()
+            continue
+        report[name] = {"load": {**info, "load_s": time.perf_counter() - start}}
+        engines[name] = engine
+        if name == REFERENCE:  # the peers get nanovllm's KV cache: same blocks, same bytes
+            limits.num_kv_blocks = info["num_kv_blocks"]
+            limits.kv_cache_bytes = (
+                limits.num_kv_blocks * limits.block_size * shape.kv_bytes_per_token
+            )
+    return engines
 
-    # 4. transformers' best static batch size, on the workload with shorter outputs.
-    if "hf-static" in engines:
-        from nanovllm.bench.engine_hf_static import pick_batch_size
 
-        sizes = sorted({min(b, main.num_requests) for b in cfg.hf_batch_sizes})
-        calib = main.head(main.num_requests, cfg.calibration_output_scale)
-        progress.log(f"hf-static: trying batch sizes {sizes}")
-        progress.start("hf-static batch sizes", calib.num_output_tokens * len(sizes))
-        try:
-            best, rates = pick_batch_size(engines["hf-static"], calib, sizes, progress.advance)
-        finally:
-            progress.done()
-        out["engines"]["hf-static"]["load"]["batch_size"] = best
-        out["hf_static_calibration"] = {str(k): v for k, v in rates.items()}
+def _timed(engine: Engine, workload: Workload, progress: Progress, label: str) -> EngineRun:
+    progress.start(label, workload.num_output_tokens)
+    try:
+        return engine.run(workload, progress.advance)
+    finally:
+        progress.done()
 
-    # 5. interleaved repeats
+
+def measure(
+    engines: dict[str, Engine],
+    main: Workload,
+    timed: Workload,
+    cfg: BenchConfig,
+    report: dict,
+    progress: Progress,
+) -> tuple[dict[str, list[EngineRun]], dict[int, float]]:
+    """Warm-ups, the static batch size, then interleaved timed repeats. An engine that fails
+    part-way is reported as skipped, keeps the repeats it finished and leaves `engines`."""
     runs: dict[str, list[EngineRun]] = {name: [] for name in engines}
+
+    def attempt(name: str, workload: Workload, label: str) -> EngineRun | None:
+        try:
+            return _timed(engines[name], workload, progress, label)
+        except EngineUnavailable as exc:
+            progress.log(f"{name} failed: {exc}")
+            report[name]["skipped"] = str(exc)
+            engines.pop(name).close()
+            return None
+
+    n = main.num_requests
+    for name in list(engines):  # hf-static warms up at its largest batch
+        warm = max(cfg.hf_batch_sizes) if name == "hf-static" else cfg.warmup_requests
+        attempt(name, main.head(min(warm, n), 0.1), f"warm-up {name}")
+
+    calibration: dict[int, float] = {}
+    if "hf-static" in engines:
+        limits, shortened = engines["hf-static"].limits, main.head(n, 0.25)
+        for size in sorted({min(b, n) for b in cfg.hf_batch_sizes}):
+            limits.hf_batch_size = size
+            if (run := attempt("hf-static", shortened, f"hf-static batch size {size}")) is None:
+                break
+            calibration[size] = run.output_tokens_per_s
+        if calibration:
+            limits.hf_batch_size = max(calibration, key=calibration.get)
+
     for rep in range(cfg.repeats):
-        for name, engine in list(engines.items()):
+        for name in list(engines):
             label = f"{name} ({rep + 1}/{cfg.repeats})"
-            try:
-                run = _timed(engine, timed_workload, progress, label)
-            except EngineUnavailable as exc:
-                _drop(engines, name, out, exc, progress)
-                continue
-            runs[name].append(run)
-            progress.log(f"{label}: {run.output_tokens_per_s:,.0f} output tok/s")
-    out["_runs"] = runs  # consumed by _summarize, not serialized
+            if (run := attempt(name, timed, label)) is not None:
+                runs[name].append(run)
+                progress.log(f"{label}: {run.output_tokens_per_s:,.0f} output tok/s")
+    return {name: r for name, r in runs.items() if r}, calibration
 
 
-def _drop(engines: dict, name: str, out: dict, exc: Exception, progress) -> None:
-    """An engine that failed mid-way: reported as skipped, its runs so far kept."""
-    progress.log(f"{name} failed: {exc}")
-    out["engines"][name]["skipped"] = str(exc)
-    engines.pop(name).close()
+def summarize(runs: dict[str, list[EngineRun]], greedy: bool, ceiling_tok_s: float) -> dict:
+    """Per engine: tok/s over repeats, nanovllm / engine, share of the ceiling, latency, agreement."""
+    ours = runs.get(REFERENCE)
+    our_tok_s = stats.summary([r.output_tokens_per_s for r in ours])["median"] if ours else None
+    figures = {}
+    for name, engine_runs in runs.items():
+        tok_s = stats.summary([r.output_tokens_per_s for r in engine_runs])
+        figures[name] = {
+            "runs": [
+                {"wall_s": r.wall_s, "output_tokens": r.num_output_tokens} for r in engine_runs
+            ],
+            "tok_s": tok_s,
+            "nanovllm_over_this": our_tok_s / tok_s["median"] if our_tok_s else None,
+            "roofline_share": tok_s["median"] / ceiling_tok_s,
+            "latency": stats.latency(engine_runs),
+            "cdf": stats.cdf(engine_runs),
+            "agreement": stats.agreement(ours[0], engine_runs[0]) if greedy and ours else None,
+        }
+    return figures
 
 
-def _extras(adapter, info, cfg, max_model_len, threads, main, out, progress) -> None:
-    from nanovllm.bench.floor import linear_floor
-
-    runs: list[EngineRun] = out["_runs"]["nanovllm"]
-    steps = runs[0].extra["steps"]
-    load = out["engines"]["nanovllm"]["load"]
-    # Memory and overhead come from the timed runs themselves: free, always reported.
-    out["memory"] = analysis.memory(
-        steps, main.lengths(), load["num_kv_blocks"], load["block_size"], max_model_len
-    )
-    out["kv_series"] = analysis.kv_series(steps, max_model_len)
-    full = min(cfg.max_num_seqs, main.num_requests)
-    out["overhead"] = analysis.overhead([s for r in runs for s in r.extra["steps"]], full)
-    if cfg.extras:
-        # The floor: nanovllm's own linear layers for its own step shapes.
-        progress.log("timing the linear layers alone (the floor)")
-        shapes = [(s["num_tokens"], s["num_sampled"]) for s in steps]
-        floor = linear_floor(adapter.engine.model, shapes)
-        floor["output_tokens_per_s"] = runs[0].num_output_tokens / floor["seconds"]
-        out["floor"] = floor
-
-        # Prefix caching on/off, interleaved.
-        out["prefix"] = _prefix_experiment(adapter, info, cfg, max_model_len, threads, progress)
-    if cfg.profile:
-        from nanovllm.bench.profile_step import profile_run
-
-        progress.log("profiling nanovllm's step (cProfile, not timed)")
-        out["profile"] = profile_run(adapter, main)
-
-
-def _prefix_experiment(adapter, info, cfg, max_model_len, threads, progress) -> dict:
-    n = cfg.prefix_requests or cfg.num_requests
+def prefix_caching(
+    engine: Engine, info: ModelInfo, limits: EngineLimits, cfg: BenchConfig, progress: Progress
+) -> dict:
+    """nanovllm with and without prefix caching on a shared-prefix workload, interleaved."""
     suffix = (max(1, cfg.prompt_len[0] // 4), max(1, cfg.prompt_len[1] // 4))
-    prefix_len = min(cfg.prefix_len, max_model_len - suffix[1] - cfg.output_len[1])
+    prefix_len = min(cfg.prefix_len, limits.max_model_len - suffix[1] - cfg.output_len[1])
     workload = shared_prefix_workload(
-        n, prefix_len, suffix, cfg.output_len, info.vocab_size, cfg.seed, cfg.temperature
+        cfg.num_requests,
+        prefix_len,
+        suffix,
+        cfg.output_len,
+        info.vocab_size,
+        cfg.seed,
+        cfg.temperature,
     )
-    off = _make_engine("nanovllm-no-prefix", info, cfg, max_model_len, threads, {})
+    off = make_engine("nanovllm-no-prefix", info.path, limits)
     off.load()
     try:
-        _timed(off, workload.head(min(cfg.warmup_requests, n), 0.1), progress, "warm-up no-prefix")
+        _timed(
+            off, workload.head(min(cfg.warmup_requests, cfg.num_requests), 0.1), progress, "warm-up"
+        )
         on_runs, off_runs = [], []
         for rep in range(cfg.repeats):
-            on_runs.append(_timed(adapter, workload, progress, f"prefix on ({rep + 1})"))
-            off_runs.append(_timed(off, workload, progress, f"prefix off ({rep + 1})"))
+            on_runs.append(_timed(engine, workload, progress, f"prefix caching on ({rep + 1})"))
+            off_runs.append(_timed(off, workload, progress, f"prefix caching off ({rep + 1})"))
     finally:
         off.close()
 
-    def computed(run: EngineRun) -> int:
+    def computed(run: EngineRun) -> int:  # prompt tokens the model actually ran
         return sum(s["num_prefill_tokens"] for s in run.extra["steps"])
 
-    on_rate = stats.summary([r.output_tokens_per_s for r in on_runs])
-    off_rate = stats.summary([r.output_tokens_per_s for r in off_runs])
+    on = stats.summary([r.output_tokens_per_s for r in on_runs])
+    without = stats.summary([r.output_tokens_per_s for r in off_runs])
     return {
         "workload": workload.description,
         "prompt_tokens": workload.num_prompt_tokens,
         "computed_with_cache": computed(on_runs[0]),
         "computed_without_cache": computed(off_runs[0]),
-        "cache_hit_tokens": on_runs[0].extra["prefix_cache_hits"],
-        "tok_s_with_cache": on_rate,
-        "tok_s_without_cache": off_rate,
-        "throughput_ratio": on_rate["median"] / off_rate["median"] if off_rate["median"] else None,
-        "agreement": stats.agreement(on_runs[0], off_runs[0]) if workload.greedy else None,
+        "tok_s_with_cache": on,
+        "tok_s_without_cache": without,
+        "speedup": on["median"] / without["median"],
+        "agreement": stats.agreement(off_runs[0], on_runs[0]) if workload.greedy else None,
     }
 
 
-def _serve(cfg: BenchConfig, main: Workload, progress) -> dict:
-    try:
-        from nanovllm.serve.load import run_load_sync
-    except ImportError as exc:
-        progress.log(f"--serve: the load generator is not available ({exc}); skipped")
-        return {"skipped": f"nanovllm.serve.load not available: {exc}"}
+def serve(url: str, main: Workload, concurrency: int, progress: Progress) -> dict:
+    """The same prompts against a running server, `concurrency` clients at a time."""
+    from nanovllm.serve.load import run_load_sync
+
     max_tokens = round(main.num_output_tokens / main.num_requests)
-    concurrency = min(cfg.max_num_seqs, main.num_requests)
-    progress.log(f"--serve {cfg.serve_url}: {main.num_requests} requests, {concurrency} clients")
+    progress.log(f"--serve {url}: {main.num_requests} requests, {concurrency} clients")
     report = run_load_sync(
-        cfg.serve_url,
+        url,
         [r.prompt_token_ids for r in main.requests],
         concurrency=concurrency,
         max_tokens=max_tokens,
         temperature=main.temperature,
     )
     return {"max_tokens": max_tokens, **report.as_dict()}
-
-
-def _summarize(out: dict, cfg: BenchConfig) -> None:
-    runs: dict[str, list[EngineRun]] = out.pop("_runs", {})
-    ref = runs.get("nanovllm", [None])[0] if runs.get("nanovllm") else None
-    medians: dict[str, float] = {}
-    for name, engine_runs in runs.items():
-        entry = out["engines"][name]
-        if not engine_runs:
-            continue
-        rates = [r.output_tokens_per_s for r in engine_runs]
-        entry["runs"] = [
-            {
-                "wall_s": r.wall_s,
-                "output_tokens": r.num_output_tokens,
-                "tok_s": r.output_tokens_per_s,
-            }
-            for r in engine_runs
-        ]
-        entry["tok_s"] = stats.summary(rates)
-        entry["latency"] = stats.latency(engine_runs)
-        medians[name] = entry["tok_s"]["median"]
-        if ref is not None and engine_runs[0].records and out["workload"]["greedy"]:
-            entry["agreement"] = stats.agreement(ref, engine_runs[0])
-        entry["cdf"] = _cdf(engine_runs)
-        if name == "nanovllm":
-            r0 = engine_runs[0].extra
-            entry["preemptions"] = r0["num_preemptions"]
-            entry["prefix_cache_hits"] = r0["prefix_cache_hits"]
-    ours = medians.get("nanovllm")
-    for name, m in medians.items():
-        out["engines"][name]["ratio_to_nanovllm"] = m / ours if ours else None
-        out["engines"][name]["nanovllm_speedup"] = ours / m if ours and m else None
-    if "floor" in out and ours:
-        out["floor"]["nanovllm_share"] = ours / out["floor"]["output_tokens_per_s"]
-    full = (out.get("overhead") or {}).get("at_full_concurrency") or {}
-    overhead_share = full.get("overhead_share")
-    frag = (out.get("memory") or {}).get("fragmentation_time_weighted")
-    out["targets"] = analysis.targets(out["model_kind"], medians, overhead_share, frag)
-
-
-def _cdf(runs: list[EngineRun], points: int = 101) -> dict:
-    ttft = [r.ttft for run in runs for r in run.records if r.ttft is not None]
-    itl = [x for run in runs for r in run.records for x in r.itls]
-    qs = [100.0 * i / (points - 1) for i in range(points)]
-    return {
-        "q": qs,
-        "ttft": [stats.percentile(ttft, q) for q in qs] if ttft else [],
-        "itl": [stats.percentile(itl, q) for q in qs] if itl else [],
-    }
