@@ -8,6 +8,9 @@
     GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
     GET  /docs, /openapi.json   FastAPI's documentation of all of the above
 
+Every request passes `RequestGuard` (guard.py) first: the API key, the body size limit and the
+limit on concurrent generation requests.
+
 `build_app` wires an `AsyncLLMEngine` (which owns the engine thread) into the routes; it does
 not start or stop the engine, so tests and the CLI decide its lifetime, and several apps can
 share one engine. Each app has its own metrics registry, fed by that engine.
@@ -27,6 +30,11 @@ from nanovllm import __version__
 from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from nanovllm.serve.errors import APIError, ErrorResponse, install_error_handlers
 from nanovllm.serve.event_stream import event_sse
+from nanovllm.serve.guard import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    RequestGuard,
+)
 from nanovllm.serve.metrics import ServerMetrics
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
@@ -34,6 +42,7 @@ from nanovllm.serve.sse import ClosingStreamingResponse
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key (with --api-key)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
     503: {"model": ErrorResponse, "description": "The engine is not running"},
 }
@@ -44,6 +53,8 @@ _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {}, "text/event-stream": {}},
     },
     **_ERRORS,
+    413: {"model": ErrorResponse, "description": "The request body is over the size limit"},
+    429: {"model": ErrorResponse, "description": "Too many concurrent requests: retry later"},
 }
 
 
@@ -53,8 +64,12 @@ def build_app(
     served_model_name: str | None = None,
     chat_template: str | None = None,
     tokenizer: Any = None,
+    api_key: str | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
 ) -> FastAPI:
-    """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own."""
+    """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
+    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's."""
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
@@ -76,6 +91,12 @@ def build_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_request_body_bytes=max_request_body_bytes,
+        max_concurrent_requests=max_concurrent_requests,
+    )
     app.state.engine = engine
     app.state.serving = serving
     app.state.metrics = metrics
