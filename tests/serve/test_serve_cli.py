@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from nanovllm.cli import main
+from nanovllm.serve.cli import add_arguments
 
 
 def test_help_lists_server_and_engine_options(capsys):
@@ -39,10 +42,6 @@ def test_bad_model_folder_is_an_error(tmp_path, capsys):
 
 
 def parse(argv: list[str]):
-    import argparse
-
-    from nanovllm.serve.cli import add_arguments
-
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(argv)
@@ -96,3 +95,17 @@ def test_server_defaults_are_safe_and_the_key_comes_from_the_environment(monkeyp
 def test_conflicting_model_flags_exit_2(capsys):
     assert main(["serve", "./a", "--model", "./b"]) == 2
     assert "two models" in capsys.readouterr().err
+
+
+def test_the_serve_readme_lists_every_flag():
+    from pathlib import Path
+
+    import nanovllm.serve
+
+    readme = (Path(nanovllm.serve.__file__).parent / "README.md").read_text()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = [s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help")]
+    assert len(flags) > 20
+    missing = [flag for flag in flags if f"`{flag}`" not in readme]
+    assert not missing
