@@ -39,6 +39,8 @@ def test_missing_chat_template_file_is_an_error(tmp_path, capsys):
 def test_bad_model_folder_is_an_error(tmp_path, capsys):
     assert main(["serve", "--model", str(tmp_path)]) == 2
     assert "error:" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path)]) == 2  # the positional form, as `vllm serve MODEL`
+    assert "error:" in capsys.readouterr().err
 
 
 def parse(argv: list[str]):
