@@ -31,9 +31,6 @@ class EngineConfig:
     attention_backend: str | None = None  # None: the fastest where we run
     device: str | None = None  # None: cuda if available, else cpu
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
-    # vLLM's knob: the fraction of GPU memory the engine may use. Checked here; nothing in the
-    # engine reads it yet (the KV cache is sized by num_kv_blocks / kv_cache_memory_bytes).
-    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -52,14 +49,6 @@ class EngineConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 1
         ):
             raise ValueError(f"max_model_len must be an int >= 1, got {self.max_model_len!r}")
-        if (
-            isinstance(self.gpu_memory_utilization, bool)
-            or not isinstance(self.gpu_memory_utilization, int | float)
-            or not 0 < self.gpu_memory_utilization <= 1
-        ):
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(
                 f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"
