@@ -1,24 +1,23 @@
 """The `nanovllm` command: one entry point, a subcommand per job.
 
-Each subcommand lives beside the code it drives and is imported only when used, so
-`nanovllm --help` is instant and `nanovllm generate` never loads Textual:
+Each subcommand lives beside the code it drives, and the dispatch below imports only the one
+being run: `nanovllm --help` imports no subcommand module (checking that one exists imports
+just its package's `__init__`), so it loads neither torch nor Textual, and neither does
+`import nanovllm` (its public names are lazy, see `__init__.py`). `nanovllm generate` never
+loads Textual.
 
-    nanovllm generate   stream text from a model (engine/generate_cli.py)
-    nanovllm viz        watch the engine work, live (viz/)
-    nanovllm serve      an OpenAI-compatible server (serve/)
-    nanovllm bench      throughput and latency against peers (bench/)
-    nanovllm lesson     the course (lessons/)
-    nanovllm microbench the block manager's per-operation cost (core/microbench.py)
-    nanovllm stress     step time with 10,000 waiting, and a soak run (engine/stress.py)
-
-A subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+A subcommand module provides `add_arguments(parser)` and `run(args) -> int`; it should import
+heavy modules (torch, the engine, Textual) inside `run`, so its `--help` stays fast too.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+
+from nanovllm import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": (
@@ -43,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="nanovllm", description="A compact, readable LLM inference engine in vLLM's design."
     )
+    parser.add_argument("--version", action="version", version=f"nanovllm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     for name, (module, help_text) in SUBCOMMANDS.items():

@@ -5,17 +5,26 @@
     outputs = llm.generate(["ROMEO:"], SamplingParams(temperature=0.8, max_tokens=64))
     print(outputs[0].outputs[0].text)
 
+    llm = LLM("path/to/chat-model")
+    outputs = llm.chat([{"role": "user", "content": "Hello!"}], SamplingParams(max_tokens=64))
+
 `generate` hands every prompt to the engine at once and steps until all are done; continuous
-batching does the rest. Outputs come back in the order of the prompts.
+batching does the rest. Outputs come back in the order of the prompts. A prompt is text, a
+list of token ids, or vLLM's `TextPrompt` / `TokensPrompt` dict (see `nanovllm/inputs.py`).
+`chat` renders each conversation through the tokenizer's chat template (`chat_utils.py`) and
+generates from the result, so a script written against vLLM's `LLM` runs here unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from nanovllm.chat_utils import render_chat, resolve_chat_template
 from nanovllm.config import EngineConfig
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
+from nanovllm.inputs import check_prompt_dict
 from nanovllm.sampling_params import SamplingParams
 
 
@@ -38,6 +47,9 @@ class LLM:
         ):
             prompts = [prompts]  # a single prompt
         prompts = list(prompts)
+        for prompt in prompts:
+            if isinstance(prompt, dict):
+                check_prompt_dict(prompt)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -71,6 +83,50 @@ class LLM:
         if bar is not None:
             bar.close()
         return [final[request_id] for request_id in ids]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation, or to a list of conversations (vLLM's `chat`).
+
+        A conversation is a list of OpenAI-style messages (`{"role": ..., "content": ...}`,
+        content a string or a list of text parts). `chat_template` (Jinja text) replaces the
+        tokenizer's own; without either, a `ValueError` names the model.
+        """
+        if not messages:
+            raise ValueError("messages is empty: pass a conversation or a list of them")
+        single = isinstance(messages[0], Mapping)
+        conversations = [messages] if single else list(messages)
+        tokenizer = self.get_tokenizer()
+        template = resolve_chat_template(
+            tokenizer,
+            chat_template,
+            str(self.llm_engine.model_path),
+            fix="pass chat_template= (a Jinja template string) to LLM.chat, or use "
+            "LLM.generate with a plain text prompt",
+        )
+        prompts = [
+            render_chat(
+                tokenizer,
+                conversation,
+                template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 
 def _progress(total: int):

@@ -4,34 +4,45 @@
     POST /v1/chat/completions   chat, through the tokenizer's chat template
     GET  /v1/models             the one model served
     GET  /health                200 while the engine thread runs, else 503
-    GET  /metrics               Prometheus text format (see metrics.py)
+    GET  /metrics               Prometheus' format, vLLM's metric names (see metrics.py)
     GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
     GET  /docs, /openapi.json   FastAPI's documentation of all of the above
 
+Every request passes `RequestGuard` (guard.py) first: the API key, the body size limit and the
+limit on concurrent generation requests.
+
 `build_app` wires an `AsyncLLMEngine` (which owns the engine thread) into the routes; it does
 not start or stop the engine, so tests and the CLI decide its lifetime, and several apps can
-share one engine.
+share one engine. Each app has its own metrics registry, fed by that engine.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from nanovllm import __version__
 from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from nanovllm.serve.errors import APIError, ErrorResponse, install_error_handlers
 from nanovllm.serve.event_stream import event_sse
-from nanovllm.serve.metrics import CONTENT_TYPE, render_metrics
+from nanovllm.serve.guard import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    RequestGuard,
+)
+from nanovllm.serve.metrics import ServerMetrics
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
 from nanovllm.serve.sse import ClosingStreamingResponse
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key (with --api-key)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
     503: {"model": ErrorResponse, "description": "The engine is not running"},
 }
@@ -42,6 +53,8 @@ _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {}, "text/event-stream": {}},
     },
     **_ERRORS,
+    413: {"model": ErrorResponse, "description": "The request body is over the size limit"},
+    429: {"model": ErrorResponse, "description": "Too many concurrent requests: retry later"},
 }
 
 
@@ -51,24 +64,42 @@ def build_app(
     served_model_name: str | None = None,
     chat_template: str | None = None,
     tokenizer: Any = None,
+    api_key: str | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
 ) -> FastAPI:
-    """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own."""
+    """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
+    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's."""
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
         tokenizer = load_tokenizer(engine.engine.model_path)  # our own: see serving.py
     model_name = served_model_name or engine.model_name
     serving = OpenAIServing(engine, tokenizer, model_name, chat_template)
+    metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        metrics.close()  # the engine may outlive this app: stop feeding its histograms
 
     app = FastAPI(
         title="nanovllm",
         version=__version__,
         description="An OpenAI-compatible streaming server on the nanovllm engine.",
+        lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_request_body_bytes=max_request_body_bytes,
+        max_concurrent_requests=max_concurrent_requests,
+    )
     app.state.engine = engine
     app.state.serving = serving
+    app.state.metrics = metrics
 
     @app.post("/v1/completions", responses=_GENERATION_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -105,9 +136,10 @@ def build_app(
             )
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(engine.stats, model_name), media_type=CONTENT_TYPE)
+    @app.get("/metrics", response_class=Response)
+    async def get_metrics(request: Request) -> Response:
+        body, content_type = metrics.render(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     async def events() -> Response:
         try:

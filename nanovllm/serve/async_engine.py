@@ -20,7 +20,9 @@ loop never touch it, they only send commands and receive outputs:
   responsive while the model computes. (PyTorch releases the GIL inside its kernels.)
 - An abort (a client that went away) frees the request's KV blocks before the next step.
 - Metrics are read from an immutable `EngineStats` snapshot the engine thread publishes after
-  every iteration, so nothing outside the thread reads the engine's changing state.
+  every iteration, so nothing outside the thread reads the engine's changing state. Per-request
+  latencies (time to first token, inter-token, queue, end to end: stats.py) are measured on the
+  engine thread and handed after every step to the observers of `add_stats_observer`.
 
 If a step raises, every request in flight fails with `EngineError` and is aborted (its blocks
 are freed), and the loop goes on serving new requests.
@@ -34,7 +36,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
@@ -42,6 +44,7 @@ from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.serve.stats import IterationStats, RequestTimer
 
 logger = logging.getLogger("nanovllm.serve")
 
@@ -189,6 +192,7 @@ class _Add:
     stream: RequestStream
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
+    arrival: float  # time.monotonic() when add_request was called
 
 
 @dataclass
@@ -255,6 +259,9 @@ class AsyncLLMEngine:
         self._num_steps = 0
         self._num_errors = 0
         self._buckets: deque[list[int]] = deque()  # [second, tokens]
+        self._timer = RequestTimer()
+        # Replaced, never mutated, so the engine thread can iterate it while a handler adds one.
+        self._stats_observers: tuple[Callable[[IterationStats], None], ...] = ()
         self._started_at = time.time()
         self._dead: BaseException | None = None
         self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
@@ -280,11 +287,12 @@ class AsyncLLMEngine:
         Raises the engine's `ValueError` (naming the bad value) if it was refused, or
         `EngineDeadError` if the engine thread is gone.
         """
+        arrival = time.monotonic()
         self._check_alive()
         loop = asyncio.get_running_loop()
         stream = RequestStream(self, request_id)
         accepted = loop.create_future()
-        self._send(_Add(request_id, prompt, params, stream, loop, accepted))
+        self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -317,6 +325,17 @@ class AsyncLLMEngine:
         sink = EventStream(self)
         self._send(_Subscribe(sink, asyncio.get_running_loop()))
         return sink
+
+    def add_stats_observer(self, fn: Callable[[IterationStats], None]) -> Callable[[], None]:
+        """Call `fn(stats)` on the engine thread after every step that changed the per-request
+        statistics (stats.py). `fn` must be quick and thread-safe; what it raises is logged.
+        Returns the function that removes it."""
+        self._stats_observers = (*self._stats_observers, fn)
+
+        def remove() -> None:
+            self._stats_observers = tuple(f for f in self._stats_observers if f is not fn)
+
+        return remove
 
     def sync(self, timeout: float | None = 30.0) -> bool:
         """Wait (blocking) until the engine thread has handled every command sent before this
@@ -408,11 +427,13 @@ class AsyncLLMEngine:
                 self._call(command.loop, _resolve, command.accepted, exc)
                 return False
             self._streams[request.request_id] = (command.stream, command.loop)
+            self._timer.add(request.request_id, command.arrival, request.num_prompt_tokens)
             self._prompt_tokens += request.num_prompt_tokens
             self._call(command.loop, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
             if self._streams.pop(command.request_id, None) is None:
                 return False  # finished already, or never accepted
+            self._timer.forget(command.request_id)
             try:
                 engine.abort_request(command.request_id)
             except ValueError:
@@ -432,6 +453,7 @@ class AsyncLLMEngine:
         return False
 
     def _step(self) -> None:
+        step_start = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
@@ -439,6 +461,7 @@ class AsyncLLMEngine:
             self._num_errors += 1
             self._fail_streams(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
             return
+        step_end = time.monotonic()
         self._num_steps += 1
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         new_tokens = 0
@@ -455,6 +478,13 @@ class AsyncLLMEngine:
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
         self._count_tokens(new_tokens)
+        stats = self._timer.step(step_start, step_end, self.engine.scheduler.running, outputs)
+        if stats:
+            for observe in self._stats_observers:
+                try:
+                    observe(stats)
+                except Exception:  # noqa: BLE001 - a broken observer must not stop the engine
+                    logger.exception("a stats observer failed")
 
     def _fail_streams(self, error: BaseException) -> None:
         """Abort every request we serve (freeing its blocks) and hand each stream `error`."""
@@ -467,6 +497,7 @@ class AsyncLLMEngine:
                 pass
             by_loop.setdefault(loop, []).append((stream, error))
         self._streams.clear()
+        self._timer.clear()
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
         try:

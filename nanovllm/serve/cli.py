@@ -1,22 +1,40 @@
-"""`nanovllm serve`: start the OpenAI-compatible server on a model.
+"""`nanovllm serve`: start the OpenAI-compatible server on a model, with `vllm serve`'s flags.
 
     nanovllm serve                                  # the embedded model on 127.0.0.1:8000
-    nanovllm serve --model ./ckpt --host 0.0.0.0 --port 8080 --max-num-seqs 32
+    nanovllm serve ./ckpt --port 8080 --max-num-seqs 32 --api-key sk-local
+    nanovllm serve --model ./ckpt --host 0.0.0.0    # --model works too
 
-It takes the same engine options as `nanovllm generate` (see `add_engine_arguments`).
+It takes the same engine options as `nanovllm generate` (see `add_engine_arguments`), plus
+vLLM's spellings (`--enable-prefix-caching` / `--no-enable-prefix-caching`, the same for
+chunked prefill, `--gpu-memory-utilization`) and the server's own: where to listen, the API
+key and the limits the guard enforces (guard.py). Every flag is listed in serve/README.md.
+Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
+from nanovllm.serve.guard import DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_REQUEST_BODY_BYTES
+
+API_KEY_ENV = "NANOVLLM_API_KEY"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="checkpoint folder, as `vllm serve MODEL` (same as --model; default: the embedded model)",
+    )
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument(
         "--served-model-name", default=None, help="the model's name in the API (default: folder)"
@@ -27,15 +45,94 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)",
     )
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}, else none)",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="larger request bodies get a 413 (default: %(default)s = 2 MiB)",
+    )
+    g.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENT_REQUESTS,
+        help="generation requests in flight at once; one more gets a 429 (0: no limit; "
+        "default: %(default)s)",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from nanovllm.engine.generate_cli import add_engine_arguments
 
     add_engine_arguments(parser)
+    v = parser.add_argument_group("vLLM's spellings of engine options")
+    v.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix caching on (default) or off (--no-enable-prefix-caching = --no-prefix-caching)",
+    )
+    v.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="chunked prefill on (default) or off",
+    )
+    v.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="the fraction of GPU memory the engine may use, in (0, 1] (default: %(default)s)",
+    )
+
+
+def engine_config_options(args: argparse.Namespace) -> dict:
+    """EngineConfig's arguments from the flags. ValueError when two flags disagree."""
+    from nanovllm.engine.generate_cli import engine_options
+
+    options = engine_options(args)
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(
+                f"two models given: {args.model_tag!r} (positional) and --model {args.model!r}"
+            )
+        options["model"] = args.model_tag
+    for name, ours in (
+        ("enable_prefix_caching", "--no-prefix-caching"),
+        ("enable_chunked_prefill", "--no-chunked-prefill"),
+    ):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if value and not options[name]:
+            raise ValueError(f"--{name.replace('_', '-')} contradicts {ours}")
+        options[name] = value
+    options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return options
+
+
+def server_options(args: argparse.Namespace) -> dict:
+    """`build_app`'s guard arguments from the flags (and $NANOVLLM_API_KEY)."""
+    if args.max_request_body_bytes < 1:
+        raise ValueError(
+            f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}"
+        )
+    if args.max_concurrent_requests < 0:
+        raise ValueError(
+            f"--max-concurrent-requests must be >= 0 (0: no limit), got "
+            f"{args.max_concurrent_requests}"
+        )
+    return dict(
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_request_body_bytes=args.max_request_body_bytes,
+        max_concurrent_requests=args.max_concurrent_requests or None,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from nanovllm.config import EngineConfig
-    from nanovllm.engine.generate_cli import engine_options
     from nanovllm.engine.llm_engine import LLMEngine
     from nanovllm.serve.api_server import build_app
     from nanovllm.serve.async_engine import AsyncLLMEngine
@@ -53,18 +150,30 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
     try:
-        engine = LLMEngine(EngineConfig(**engine_options(args)))
+        guard = server_options(args)
+        engine = LLMEngine(EngineConfig(**engine_config_options(args)))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if guard["api_key"] is None and args.host not in LOOPBACK:
+        print(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this "
+            f"port can use the model and watch every prompt on /v1/events (--api-key or "
+            f"${API_KEY_ENV})",
+            file=sys.stderr,
+        )
     async_engine = AsyncLLMEngine(engine)
     try:
         app = build_app(
-            async_engine, served_model_name=args.served_model_name, chat_template=chat_template
+            async_engine,
+            served_model_name=args.served_model_name,
+            chat_template=chat_template,
+            **guard,
         )
         print(
             f"nanovllm: serving {app.state.serving.model_name!r} on "
-            f"http://{args.host}:{args.port}/v1  (docs: /docs, events: /v1/events)",
+            f"http://{args.host}:{args.port}/v1  (docs: /docs, events: /v1/events"
+            f"{', API key required' if guard['api_key'] else ''})",
             file=sys.stderr,
         )
         serve(app, args.host, args.port, log_level=args.log_level)

@@ -15,8 +15,9 @@ for the disconnect itself, since nothing is being written that would notice it.
 When a slow client falls behind, the outputs already waiting are merged into one chunk, so it
 catches up in one write instead of one per token.
 
-Tokenizer use on this side (chat templates, logprob token strings, echo) goes through the
-server's own tokenizer instance: the engine's belongs to the engine thread.
+Chat messages become a prompt through `nanovllm/chat_utils.py`, as in `LLM.chat`. Tokenizer use
+on this side (chat templates, logprob token strings, echo) goes through the server's own
+tokenizer instance: the engine's belongs to the engine thread.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from nanovllm.chat_utils import render_chat, resolve_chat_template
 from nanovllm.engine.llm_engine import Prompt
 from nanovllm.engine.outputs import Logprob, RequestOutput
 from nanovllm.sampling_params import SamplingParams
@@ -55,7 +57,7 @@ class OpenAIServing:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+        self.chat_template = chat_template  # None: the tokenizer's own (chat_utils.py)
 
     # --- /v1/completions ------------------------------------------------------------------------
 
@@ -161,30 +163,24 @@ class OpenAIServing:
         )
 
     def _chat_prompt(self, body: ChatCompletionRequest) -> Prompt:
-        if not self.chat_template:
-            raise APIError(
-                "this model's tokenizer has no chat template, so chat messages cannot be turned "
-                "into a prompt: use /v1/completions, or start the server with --chat-template",
-                param="messages",
-                code="chat_template_missing",
-            )
-        messages = body.template_messages()
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                chat_template=self.chat_template,
-                tokenize=False,
+            template = resolve_chat_template(
+                self.tokenizer,
+                self.chat_template,
+                self.model_name,
+                fix="use /v1/completions, or start the server with --chat-template FILE",
+            )
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages", code="chat_template_missing") from exc
+        try:
+            return render_chat(
+                self.tokenizer,
+                body.template_messages(),
+                template,
                 add_generation_prompt=body.add_generation_prompt,
             )
-        except Exception as exc:  # noqa: BLE001 - a template may raise on a bad conversation
-            raise APIError(
-                f"messages: the chat template cannot render them: {exc}", param="messages"
-            ) from exc
-        # The template writes its own special tokens (BOS ...): don't add them a second time.
-        return {
-            "prompt": text,
-            "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
-        }
+        except ValueError as exc:
+            raise APIError(f"messages: {exc}", param="messages") from exc
 
     async def _chat_chunks(
         self, stream: RequestStream, body: ChatCompletionRequest, created: int

@@ -1,34 +1,41 @@
-"""What a server shows about itself: /health, /metrics and the live /v1/events stream."""
+"""What a server shows about itself: /health, /metrics (vLLM's names) and the live /v1/events."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
 import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serve_support import PROMPTS, wait_idle
 
 from nanovllm.events import event_from_dict
+from nanovllm.serve.api_server import build_app
+from nanovllm.serve.server import ServerThread
 
-SAMPLE = re.compile(r'^(nanovllm_\w+)\{model_name="[^"]*"(?:,(\w+)="([^"]*)")?\} (\S+)$')
+M = "nanovllm:"
 
 
-def scrape(server) -> dict[str, float]:
+def scrape(server, model: str) -> dict[str, float]:
+    """Every sample, parsed by prometheus_client's own parser: name[other labels] -> value."""
     response = httpx.get(server.url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     values = {}
-    for line in response.text.splitlines():
-        if line.startswith("#"):
-            assert re.match(r"^# (HELP|TYPE) nanovllm_\w+ ", line), line
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a Prometheus sample: {line!r}"
-        name, label, label_value, value = match.groups()
-        values[f"{name}[{label_value}]" if label else name] = float(value)
+    for family in text_string_to_metric_families(response.text):
+        assert family.name.startswith(M), family.name
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert labels.pop("model_name") == model
+            key = sample.name + (f"[{','.join(labels.values())}]" if labels else "")
+            values[key] = sample.value
     return values
+
+
+def delta(after: dict, before: dict, name: str) -> float:
+    return after[M + name] - before[M + name]
 
 
 def test_health(server):
@@ -38,18 +45,18 @@ def test_health(server):
 
 def test_metrics_count_requests_and_tokens(server, async_engine):
     wait_idle(async_engine)
-    before = scrape(server)
+    before = scrape(server, async_engine.model_name)
     for name in (
-        "nanovllm_num_requests_running",
-        "nanovllm_num_requests_waiting",
-        "nanovllm_kv_cache_usage_ratio",
-        "nanovllm_generation_tokens_per_second",
-        "nanovllm_num_preemptions_total",
-        "nanovllm_prefix_cache_hits_total",
-        "nanovllm_prefix_cache_queries_total",
-        "nanovllm_request_success_total[length]",
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "generation_tokens_per_second",
+        "num_preemptions_total",
+        "prefix_cache_hits_total",
+        "prefix_cache_queries_total",
+        "request_success_total[length]",
     ):
-        assert name in before
+        assert M + name in before
     prompt = PROMPTS[3] * 6  # long enough to fill a KV block, so the repeat hits the cache
     for _ in range(2):
         response = httpx.post(
@@ -59,22 +66,93 @@ def test_metrics_count_requests_and_tokens(server, async_engine):
         )
         assert response.status_code == 200
     wait_idle(async_engine)
-    after = scrape(server)
-    assert (
-        after["nanovllm_generation_tokens_total"] - before["nanovllm_generation_tokens_total"] == 10
+    after = scrape(server, async_engine.model_name)
+    assert delta(after, before, "generation_tokens_total") == 10
+    assert delta(after, before, "prompt_tokens_total") == 2 * len(prompt)
+    assert delta(after, before, "request_success_total[length]") == 2
+    assert delta(after, before, "prefix_cache_hits_total") > 0
+    assert after[M + "generation_tokens_per_second"] > 0
+    assert after[M + "num_requests_running"] == 0
+    assert after[M + "kv_cache_usage_perc"] == 0
+
+
+def test_latency_histograms_hold_what_was_sent(server, chat_server, async_engine):
+    """Counts and sums of every histogram against the requests this test sends."""
+    wait_idle(async_engine)
+    model = async_engine.model_name
+    before = scrape(server, model)
+    other_before = scrape(chat_server, model)
+    # (prompt length, max_tokens): one streamed; one with a single token (no inter-token gap).
+    shapes = [(3, 5), (12, 7), (30, 1)]
+    client_latency = 0.0
+    for i, (length, max_tokens) in enumerate(shapes):
+        body = {
+            "prompt": [(5 * i + j) % 200 + 3 for j in range(length)],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": i == 0,
+        }
+        start = time.monotonic()
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        client_latency += time.monotonic() - start
+        assert response.status_code == 200
+    wait_idle(async_engine)
+    after = scrape(server, model)
+
+    def count(name: str) -> float:
+        return delta(after, before, name + "_count")
+
+    def total(name: str) -> float:
+        return delta(after, before, name + "_sum")
+
+    n = len(shapes)
+    for name in (
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "request_max_num_generation_tokens",
+    ):
+        assert count(name) == n, name
+        assert delta(after, before, name + "_bucket[+Inf]") == n, name
+    assert count("inter_token_latency_seconds") == sum(m - 1 for _, m in shapes)
+    assert total("request_prompt_tokens") == sum(length for length, _ in shapes)
+    assert total("request_generation_tokens") == sum(m for _, m in shapes)
+    # Bucket by bucket (cumulative): prompt lengths 3, 12, 30 and generation lengths 5, 7, 1.
+    for le, expected in {"1.0": 0, "2.0": 0, "5.0": 1, "10.0": 1, "20.0": 2, "50.0": 3}.items():
+        assert delta(after, before, f"request_prompt_tokens_bucket[{le}]") == expected, le
+    for le, expected in {"1.0": 1, "2.0": 1, "5.0": 2, "10.0": 3}.items():
+        assert delta(after, before, f"request_generation_tokens_bucket[{le}]") == expected, le
+    # The intervals add up: TTFT + inter-token gaps = end to end; queue + prefill = TTFT.
+    ttft, itl, e2e = (
+        total("time_to_first_token_seconds"),
+        total("inter_token_latency_seconds"),
+        total("e2e_request_latency_seconds"),
     )
-    assert after["nanovllm_prompt_tokens_total"] - before[
-        "nanovllm_prompt_tokens_total"
-    ] == 2 * len(prompt)
-    assert (
-        after["nanovllm_request_success_total[length]"]
-        - before["nanovllm_request_success_total[length]"]
-        == 2
-    )
-    assert after["nanovllm_prefix_cache_hits_total"] > before["nanovllm_prefix_cache_hits_total"]
-    assert after["nanovllm_generation_tokens_per_second"] > 0
-    assert after["nanovllm_num_requests_running"] == 0
-    assert after["nanovllm_kv_cache_usage_ratio"] == 0
+    assert ttft + itl == pytest.approx(e2e, rel=1e-6)
+    queue, prefill = total("request_queue_time_seconds"), total("request_prefill_time_seconds")
+    assert queue + prefill == pytest.approx(ttft, rel=1e-6)
+    assert total("request_decode_time_seconds") == pytest.approx(itl, rel=1e-6, abs=1e-9)
+    assert total("request_inference_time_seconds") == pytest.approx(prefill + itl, rel=1e-6)
+    # The server saw each request within the time the client waited for it.
+    assert 0 < e2e <= client_latency
+    assert queue >= 0 and itl > 0
+    # A second app on the same engine has its own registry and sees the same engine.
+    other = scrape(chat_server, model)
+    for name in ("e2e_request_latency_seconds_count", "inter_token_latency_seconds_sum"):
+        assert delta(other, other_before, name) == delta(after, before, name)
+
+
+def test_an_app_that_stops_stops_observing(async_engine):
+    observers = len(async_engine._stats_observers)
+    with ServerThread(build_app(async_engine)):
+        assert len(async_engine._stats_observers) == observers + 1
+    assert len(async_engine._stats_observers) == observers
 
 
 def test_events_stream_shows_a_request_from_start_to_finish(server, async_engine):

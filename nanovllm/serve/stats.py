@@ -1,0 +1,139 @@
+"""Per-request latencies: each request's timeline, turned into what a dashboard plots.
+
+The engine thread keeps one `RequestTimes` per request it serves and, after every step,
+hands the observers (`/metrics`, see metrics.py) an `IterationStats`: the time to first token of
+each request that got its first token in that step, the inter-token latency of each that got a
+later one, and the summary of each that finished. These are vLLM's per-request statistics
+(`vllm/v1/metrics/stats.py`), measured on one clock (`time.monotonic()`, seconds):
+
+    arrival      the server handed the request to the engine thread (AsyncLLMEngine.add_request)
+    scheduled    the start of the first step that scheduled it (its wait in the queue ends)
+    first_token  the end of the step that produced its first token
+    last_token   the end of the step that produced its latest token
+
+    queued_time       = scheduled - arrival      time spent waiting, before any compute
+    time to 1st token = first_token - arrival
+    inter-token       = token time - previous token time   (one per token after the first)
+    prefill_time      = first_token - scheduled
+    decode_time       = finished - first_token
+    inference_time    = finished - scheduled
+    e2e_latency       = finished - arrival
+
+So, for every finished request, TTFT + the sum of its inter-token latencies = its e2e latency.
+A preempted request keeps its first `scheduled` time; the recompute shows up in the gap before
+its next token. Aborted requests (a client that left) are dropped, not summarised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nanovllm.engine.outputs import RequestOutput
+from nanovllm.request import Request
+
+
+@dataclass
+class RequestTimes:
+    """One request's timeline (monotonic seconds) and token counts, while it runs."""
+
+    arrival: float
+    num_prompt_tokens: int
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    num_generation_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class FinishedRequestStats:
+    finish_reason: str
+    e2e_latency: float
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    inference_time: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one engine step changed in the per-request statistics."""
+
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.time_to_first_tokens or self.inter_token_latencies or self.finished_requests
+        )
+
+
+class RequestTimer:
+    """The timelines of the requests in flight. Used by the engine thread only."""
+
+    def __init__(self) -> None:
+        self._times: dict[str, RequestTimes] = {}
+        self._unscheduled: set[str] = set()
+
+    def add(self, request_id: str, arrival: float, num_prompt_tokens: int) -> None:
+        self._times[request_id] = RequestTimes(arrival, num_prompt_tokens)
+        self._unscheduled.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """An aborted or failed request: no statistics."""
+        self._times.pop(request_id, None)
+        self._unscheduled.discard(request_id)
+
+    def clear(self) -> None:
+        self._times.clear()
+        self._unscheduled.clear()
+
+    def step(
+        self,
+        step_start: float,
+        step_end: float,
+        running: Iterable[Request],
+        outputs: Iterable[RequestOutput],
+    ) -> IterationStats:
+        """Account for one step, which began at `step_start` and returned at `step_end`."""
+        stats = IterationStats()
+        if self._unscheduled:  # who was scheduled for the first time (a prefill, or a chunk of it)
+            for request in running:
+                if request.request_id in self._unscheduled:
+                    self._times[request.request_id].scheduled = step_start
+                    self._unscheduled.discard(request.request_id)
+        for output in outputs:
+            times = self._times.get(output.request_id)
+            if times is None or not output.delta_token_ids:
+                continue  # not ours, or an abort's output
+            if times.scheduled is None:  # scheduled and finished within this one step
+                times.scheduled = step_start
+                self._unscheduled.discard(output.request_id)
+            if times.first_token is None:
+                times.first_token = step_end
+                stats.time_to_first_tokens.append(step_end - times.arrival)
+            else:
+                stats.inter_token_latencies.append(step_end - times.last_token)
+            times.last_token = step_end
+            times.num_generation_tokens += len(output.delta_token_ids)
+            if output.finished:
+                del self._times[output.request_id]
+                stats.finished_requests.append(_finished(times, output, step_end))
+        return stats
+
+
+def _finished(times: RequestTimes, output: RequestOutput, now: float) -> FinishedRequestStats:
+    assert times.scheduled is not None and times.first_token is not None
+    return FinishedRequestStats(
+        finish_reason=output.outputs[0].finish_reason or "unknown",
+        e2e_latency=now - times.arrival,
+        queued_time=times.scheduled - times.arrival,
+        prefill_time=times.first_token - times.scheduled,
+        decode_time=now - times.first_token,
+        inference_time=now - times.scheduled,
+        num_prompt_tokens=times.num_prompt_tokens,
+        num_generation_tokens=times.num_generation_tokens,
+    )
