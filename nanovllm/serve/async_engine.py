@@ -426,8 +426,10 @@ class AsyncLLMEngine:
             except Exception as exc:  # noqa: BLE001 - the caller decides what it means
                 self._call(command.loop, _resolve, command.accepted, exc)
                 return False
-            self._streams[request.request_id] = (command.stream, command.loop)
-            self._timer.add(request.request_id, command.arrival, request.num_prompt_tokens)
+            # Keyed by the caller's id: with n > 1 the engine runs children under other ids, and
+            # its outputs carry the caller's.
+            self._streams[command.request_id] = (command.stream, command.loop)
+            self._timer.add(command.request_id, command.arrival, request.num_prompt_tokens)
             self._prompt_tokens += request.num_prompt_tokens
             self._call(command.loop, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):

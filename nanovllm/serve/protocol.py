@@ -8,8 +8,10 @@ engine needs are declared here, where they show up in the schema:
   sampler takes a top-k of that size from the vocabulary);
 - unknown fields are refused by name ("Unrecognized request argument supplied: foo"), as
   OpenAI does, rather than silently ignored;
-- OpenAI fields the engine does not implement (`n` > 1, penalties, `logit_bias`, `best_of`,
-  `suffix`) are accepted at their neutral value and refused with a 400 otherwise.
+- `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
+  the engine, and one HTTP request must not be able to fill it;
+- OpenAI fields the engine does not implement (penalties, `logit_bias`, `best_of`, `suffix`)
+  are accepted at their neutral value and refused with a 400 otherwise.
 
 The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
 `skip_special_tokens`, `include_stop_str_in_output`.
@@ -27,6 +29,7 @@ from nanovllm.serve.errors import APIError, param_from_message
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 MAX_LOGPROBS = 20
+MAX_N = 16  # completions per request (parallel sampling)
 
 
 def _check_utf8(value: object) -> object:
@@ -65,7 +68,7 @@ class _GenerationRequest(_Strict):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None

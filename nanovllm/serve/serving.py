@@ -4,7 +4,11 @@ Each HTTP request becomes one engine request:
 
     body (pydantic) -> SamplingParams + prompt -> AsyncLLMEngine.add_request -> RequestStream
         stream=false: wait for the finished output -> one JSON response
-        stream=true:  each output -> one SSE chunk (its `delta_text`) ... -> data: [DONE]
+        stream=true:  each output -> one SSE chunk (its completions' `delta_text`) ... -> [DONE]
+
+With `n` > 1 the engine samples n completions of the prompt (parallel sampling): the response
+has one choice per completion, `index` 0 .. n-1, and a stream's chunks carry the choices that
+moved.
 
 The engine is asked first and the response starts only after it accepted the request, so a
 refused request (prompt too long, bad stop string ...) is a proper 400, never a broken stream.
@@ -33,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 
 from nanovllm.chat_utils import render_chat, resolve_chat_template
 from nanovllm.engine.llm_engine import Prompt
-from nanovllm.engine.outputs import Logprob, RequestOutput
+from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.serve.async_engine import (
     AsyncLLMEngine,
@@ -76,24 +80,29 @@ class OpenAIServing:
                 self._completion_chunks(stream, body, created, echo), on_close=stream.abort
             )
         final = await self._collect(stream, raw)
-        out = final.outputs[0]
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs, _ = self._completion_logprobs(out.token_ids, out.logprobs, params.logprobs, 0)
-        choice = {
-            "index": 0,
-            "text": echo + out.text,
-            "logprobs": logprobs,
-            "finish_reason": out.finish_reason,
-            "stop_reason": out.stop_reason,
-        }
+        choices = []
+        for out in final.outputs:
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs, _ = self._completion_logprobs(
+                    out.token_ids, out.logprobs, params.logprobs, 0
+                )
+            choices.append(
+                {
+                    "index": out.index,
+                    "text": echo + out.text,
+                    "logprobs": logprobs,
+                    "finish_reason": out.finish_reason,
+                    "stop_reason": out.stop_reason,
+                }
+            )
         return JSONResponse(
             {
                 "id": request_id,
                 "object": "text_completion",
                 "created": created,
                 "model": self.model_name,
-                "choices": [choice],
+                "choices": choices,
                 "usage": _usage(final),
             }
         )
@@ -104,22 +113,26 @@ class OpenAIServing:
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
             return self._chunk("text_completion", stream.request_id, created, choices, usage)
 
-        offset = len(echo)
+        offsets = [len(echo)] * body.n  # where each choice's next text starts
+        finished: set[int] = set()
         try:
             if echo:
-                yield chunk([_text_choice(echo, None, None)])
+                yield chunk([_text_choice(i, echo, None, None) for i in range(body.n)])
             async for output in stream:
-                last, text, token_ids = _merge([output, *stream.drain_ready()])
-                out = last.outputs[0]
-                logprobs = None
-                if body.logprobs is not None and token_ids:
-                    entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
-                    logprobs, offset = self._completion_logprobs(
-                        token_ids, entries, body.logprobs, offset
-                    )
-                finish = out.finish_reason if last.finished else None
-                if text or finish or logprobs:
-                    yield chunk([_text_choice(text, logprobs, finish)])
+                last, moved = _merge([output, *stream.drain_ready()])
+                choices = []
+                for out, text, token_ids in moved:
+                    logprobs = None
+                    if body.logprobs is not None and token_ids:
+                        entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
+                        logprobs, offsets[out.index] = self._completion_logprobs(
+                            token_ids, entries, body.logprobs, offsets[out.index]
+                        )
+                    finish = _finish_once(out, finished)
+                    if text or finish or logprobs:
+                        choices.append(_text_choice(out.index, text, logprobs, finish))
+                if choices:
+                    yield chunk(choices)
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
@@ -140,24 +153,27 @@ class OpenAIServing:
                 self._chat_chunks(stream, body, created), on_close=stream.abort
             )
         final = await self._collect(stream, raw)
-        out = final.outputs[0]
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs = self._chat_logprobs(out.token_ids, out.logprobs, params.logprobs)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": logprobs,
-            "finish_reason": out.finish_reason,
-            "stop_reason": out.stop_reason,
-        }
+        choices = []
+        for out in final.outputs:
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs = self._chat_logprobs(out.token_ids, out.logprobs, params.logprobs)
+            choices.append(
+                {
+                    "index": out.index,
+                    "message": {"role": "assistant", "content": out.text},
+                    "logprobs": logprobs,
+                    "finish_reason": out.finish_reason,
+                    "stop_reason": out.stop_reason,
+                }
+            )
         return JSONResponse(
             {
                 "id": request_id,
                 "object": "chat.completion",
                 "created": created,
                 "model": self.model_name,
-                "choices": [choice],
+                "choices": choices,
                 "usage": _usage(final),
             }
         )
@@ -188,22 +204,28 @@ class OpenAIServing:
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
             return self._chunk("chat.completion.chunk", stream.request_id, created, choices, usage)
 
-        def choice(delta: dict, logprobs: dict | None, finish: str | None) -> dict:
-            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        def choice(index: int, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
         top_n = (body.top_logprobs or 0) if body.logprobs else None
+        finished: set[int] = set()
         try:
-            yield chunk([choice({"role": "assistant", "content": ""}, None, None)])
+            role = {"role": "assistant", "content": ""}
+            yield chunk([choice(i, role, None, None) for i in range(body.n)])
             async for output in stream:
-                last, text, token_ids = _merge([output, *stream.drain_ready()])
-                out = last.outputs[0]
-                logprobs = None
-                if top_n is not None and token_ids:
-                    entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
-                    logprobs = self._chat_logprobs(token_ids, entries, top_n)
-                finish = out.finish_reason if last.finished else None
-                if text or finish or logprobs:
-                    yield chunk([choice({"content": text} if text else {}, logprobs, finish)])
+                last, moved = _merge([output, *stream.drain_ready()])
+                choices = []
+                for out, text, token_ids in moved:
+                    logprobs = None
+                    if top_n is not None and token_ids:
+                        entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
+                        logprobs = self._chat_logprobs(token_ids, entries, top_n)
+                    finish = _finish_once(out, finished)
+                    if text or finish or logprobs:
+                        delta = {"content": text} if text else {}
+                        choices.append(choice(out.index, delta, logprobs, finish))
+                if choices:
+                    yield chunk(choices)
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
@@ -264,9 +286,11 @@ class OpenAIServing:
             await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watcher.cancel()
+            stream.abort()  # a no-op when it finished
             if not consumer.done():
                 consumer.cancel()
-            stream.abort()  # a no-op when it finished
+                # Let the cancellation land: until it has, the task is neither done nor cancelled.
+                await asyncio.wait({consumer})
         if consumer.cancelled():
             raise APIError("client disconnected", status_code=499, code="client_disconnected")
         try:
@@ -330,20 +354,36 @@ class OpenAIServing:
         return {"content": content}
 
 
-def _merge(outputs: list[RequestOutput]) -> tuple[RequestOutput, str, list[int]]:
-    """Several outputs of one request as one: the latest state, the joined deltas."""
-    text = "".join(o.delta_text for o in outputs)
-    token_ids = [t for o in outputs for t in o.delta_token_ids]
-    return outputs[-1], text, token_ids
+def _merge(
+    outputs: list[RequestOutput],
+) -> tuple[RequestOutput, list[tuple[CompletionOutput, str, list[int]]]]:
+    """Several outputs of one request as one: the latest state, and for each completion its
+    latest state with the text and token ids it gained over all of them."""
+    last = outputs[-1]
+    moved = []
+    for completion in last.outputs:
+        i = completion.index
+        text = "".join(o.outputs[i].delta_text for o in outputs)
+        token_ids = [t for o in outputs for t in o.outputs[i].delta_token_ids]
+        moved.append((completion, text, token_ids))
+    return last, moved
 
 
-def _text_choice(text: str, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+def _finish_once(completion: CompletionOutput, finished: set[int]) -> str | None:
+    """The completion's finish reason the first time it is seen finished, else None."""
+    if completion.finish_reason is None or completion.index in finished:
+        return None
+    finished.add(completion.index)
+    return completion.finish_reason
+
+
+def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 def _usage(output: RequestOutput) -> dict[str, int]:
     prompt = len(output.prompt_token_ids)
-    completion = len(output.outputs[0].token_ids)
+    completion = sum(len(c.token_ids) for c in output.outputs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

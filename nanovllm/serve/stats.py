@@ -102,12 +102,14 @@ class RequestTimer:
         stats = IterationStats()
         if self._unscheduled:  # who was scheduled for the first time (a prefill, or a chunk of it)
             for request in running:
-                if request.request_id in self._unscheduled:
-                    self._times[request.request_id].scheduled = step_start
-                    self._unscheduled.discard(request.request_id)
+                request_id = request.parent_id or request.request_id  # n > 1: the parent's
+                if request_id in self._unscheduled:
+                    self._times[request_id].scheduled = step_start
+                    self._unscheduled.discard(request_id)
         for output in outputs:
             times = self._times.get(output.request_id)
-            if times is None or not output.delta_token_ids:
+            num_new = sum(len(c.delta_token_ids) for c in output.outputs)
+            if times is None or not num_new:
                 continue  # not ours, or an abort's output
             if times.scheduled is None:  # scheduled and finished within this one step
                 times.scheduled = step_start
@@ -118,7 +120,7 @@ class RequestTimer:
             else:
                 stats.inter_token_latencies.append(step_end - times.last_token)
             times.last_token = step_end
-            times.num_generation_tokens += len(output.delta_token_ids)
+            times.num_generation_tokens += num_new
             if output.finished:
                 del self._times[output.request_id]
                 stats.finished_requests.append(_finished(times, output, step_end))

@@ -21,7 +21,8 @@ BAD_BODIES = [
     ({"max_tokens": "many"}, "max_tokens"),
     ({"logprobs": 99}, "logprobs"),
     ({"seed": 2**70}, "seed"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),  # more completions than one request may ask for (MAX_N)
     ({"stop": [""]}, "stop"),
     ({"stop": ["a", 3]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids.0"),

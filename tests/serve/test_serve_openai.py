@@ -174,3 +174,48 @@ def test_chat_with_template_matches_offline(chat_server, async_engine, offline_l
     assert chunks[-1].choices[0].finish_reason == "length"
     content = [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
     assert len(content) == 10 and all(len(t.top_logprobs) <= 2 for t in content)
+
+
+def test_n_completions_streamed_or_not_match_offline(chat_server, async_engine, offline_llm):
+    """`n` > 1: one choice per completion, each equal to the offline engine's child i (seeded),
+    whether it comes whole or as a stream of per-choice deltas."""
+    from nanovllm import SamplingParams
+
+    n, seed, prompt = 3, 21, PROMPTS[4]
+    params = SamplingParams(n=n, temperature=0.9, seed=seed, max_tokens=8, ignore_eos=True)
+    expected = offline_llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    expected = [c.text for c in expected[0].outputs]
+    assert len(set(expected)) > 1, "the children should differ"
+    c = client(chat_server)
+    kwargs = dict(
+        model=async_engine.model_name,
+        prompt=prompt,
+        n=n,
+        max_tokens=8,
+        temperature=0.9,
+        seed=seed,
+        extra_body={"ignore_eos": True},
+    )
+    whole = c.completions.create(**kwargs)
+    assert [ch.index for ch in whole.choices] == list(range(n))
+    assert [ch.text for ch in whole.choices] == expected
+    assert whole.usage.completion_tokens == n * 8
+    texts, finishes = [""] * n, [None] * n
+    for chunk in c.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            texts[ch.index] += ch.text
+            if ch.finish_reason:
+                assert finishes[ch.index] is None, "a choice finished twice"
+                finishes[ch.index] = ch.finish_reason
+    assert texts == expected and finishes == ["length"] * n
+    chat = c.chat.completions.create(
+        model=async_engine.model_name,
+        messages=[{"role": "user", "content": "Who goes there?"}],
+        n=2,
+        max_tokens=4,
+        temperature=0.9,
+        seed=seed,
+    )
+    assert [ch.index for ch in chat.choices] == [0, 1]
+    wait_idle(async_engine)
+    assert async_engine.engine.kv_cache_manager.num_used_blocks == 0
