@@ -15,6 +15,7 @@ Engine options (`--num-kv-blocks`, `--max-num-batched-tokens`, ...) override the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -42,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--connect",
         metavar="URL",
         help="animate a running `nanovllm serve` at URL from its /v1/events stream (no model)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("NANOVLLM_API_KEY"),
+        help="with --connect: the server's API key (default $NANOVLLM_API_KEY)",
     )
     g.add_argument(
         "--screenshot",
@@ -150,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         from nanovllm.viz.connect import ConnectDriver
 
         common["speed"] = 0.0  # the server sets the pace: show each step as it arrives
-        make_driver = partial(_replay_driver, ConnectDriver, args.connect, common)
+        connect = dict(common, api_key=args.api_key)
+        make_driver = partial(_replay_driver, ConnectDriver, args.connect, connect)
     elif args.replay is not None:
         if args.record is not None:
             return fail("--record and --replay do not go together")

@@ -31,9 +31,13 @@ WAIT_FOR_EVENTS_S = 0.25  # a tick returns after this long with no event, so the
 class ConnectDriver(Driver):
     mode = "connect"
 
-    def __init__(self, url: str, publish: Publish, **kwargs: Any) -> None:
+    def __init__(
+        self, url: str, publish: Publish, api_key: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(publish, **kwargs)
         self.base_url = url.rstrip("/")
+        # A server started with --api-key wants it on /v1/events and /v1/completions too.
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.events_url = self.base_url + "/v1/events"
         self._queue: queue.Queue[Event | BaseException] = queue.Queue()
         self._closing = threading.Event()
@@ -44,11 +48,16 @@ class ConnectDriver(Driver):
         import httpx
 
         self._client = httpx.Client(timeout=httpx.Timeout(10.0, read=None))
-        request = self._client.build_request("GET", self.events_url)
+        request = self._client.build_request("GET", self.events_url, headers=self.headers)
         try:
             response = self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise ConnectionError(f"cannot reach {self.events_url}: {exc}") from exc
+        if response.status_code == 401:
+            raise ConnectionError(
+                f"{self.events_url} answered HTTP 401: the server wants an API key "
+                "(--api-key KEY or $NANOVLLM_API_KEY)"
+            )
         if response.status_code != 200:
             raise ConnectionError(f"{self.events_url} answered HTTP {response.status_code}")
         self._response = response
@@ -109,6 +118,7 @@ class ConnectDriver(Driver):
                     "max_tokens": command.max_tokens,
                     "temperature": 0.8,
                 },
+                headers=self.headers,
                 timeout=None,
             )
         except httpx.HTTPError as exc:

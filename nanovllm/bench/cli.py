@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-extras", dest="extras", action="store_false", default=None, help="no prefix runs")
     add("--profile", action="store_true", default=None, help="cProfile nanovllm's step")
     add("--serve", dest="serve_url", metavar="URL", help="also load a running server")
+    add("--api-key", help="the --serve server's key (default $NANOVLLM_API_KEY)")
     add("--quick", action="store_true", help="a seconds-long smoke run on a micro model")
     mirrored = "nanovllm's, mirrored by the peers"
     add("--max-num-seqs", type=_positive, help=f"default 64; {mirrored}")

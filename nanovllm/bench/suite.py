@@ -56,6 +56,7 @@ class BenchConfig:
     extras: bool = True  # the prefix-caching runs
     profile: bool = False
     serve_url: str | None = None
+    api_key: str | None = None  # for serve_url; None: $NANOVLLM_API_KEY
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16
@@ -171,7 +172,7 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
                 progress.log("profiling nanovllm's step (cProfile, not timed)")
                 out["profile"] = profile_run(engines[REFERENCE], main)
         if cfg.serve_url:
-            out["serve"] = serve(cfg.serve_url, main, concurrency, progress)
+            out["serve"] = serve(cfg.serve_url, main, concurrency, progress, cfg.api_key)
     finally:
         for engine in engines.values():
             engine.close()
@@ -331,8 +332,12 @@ def prefix_caching(
     }
 
 
-def serve(url: str, main: Workload, concurrency: int, progress: Progress) -> dict:
+def serve(
+    url: str, main: Workload, concurrency: int, progress: Progress, api_key: str | None = None
+) -> dict:
     """The same prompts against a running server, `concurrency` clients at a time."""
+    import os
+
     from nanovllm.serve.load import run_load_sync
 
     max_tokens = round(main.num_output_tokens / main.num_requests)
@@ -343,5 +348,6 @@ def serve(url: str, main: Workload, concurrency: int, progress: Progress) -> dic
         concurrency=concurrency,
         max_tokens=max_tokens,
         temperature=main.temperature,
+        api_key=api_key or os.environ.get("NANOVLLM_API_KEY"),
     )
     return {"max_tokens": max_tokens, **report.as_dict()}

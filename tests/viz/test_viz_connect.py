@@ -98,3 +98,27 @@ def test_connect_to_a_busy_server_starts_from_its_state(tiny_llama) -> None:
         worker.join(10)
         server.stop()
         async_engine.shutdown()
+
+
+def test_connect_to_a_server_with_an_api_key(tiny_llama) -> None:
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4, num_kv_blocks=40))
+    async_engine = AsyncLLMEngine(engine)
+    server = ServerThread(build_app(async_engine, api_key="sesame")).start()
+    try:
+        without = ConnectDriver(server.url, lambda state, status: None, speed=0)
+        with pytest.raises(ConnectionError, match="401.*--api-key"):
+            without.setup()
+        without.close()
+        states = []
+        driver = ConnectDriver(
+            server.url, lambda state, status: states.append(state), speed=0, api_key="sesame"
+        )
+        worker = threading.Thread(target=driver.run, daemon=True)
+        worker.start()
+        wait_for(lambda: states and states[-1].num_blocks, "the snapshot")
+        assert states[-1].num_blocks == engine.kv_cache_manager.num_blocks
+        driver.stop()
+        worker.join(10)
+    finally:
+        server.stop()
+        async_engine.shutdown()
