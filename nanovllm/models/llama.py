@@ -15,8 +15,12 @@ Unlike a training model, the forward pass takes a *flat* batch: `input_ids` and 
 per-token (projections, norms, MLP) does not care which request a token belongs to; only
 attention does, and it learns the layout from `AttentionMetadata`.
 
-Parameter names equal Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
-checkpoint's state dict loads directly. transformers is never used for this forward pass.
+The linear layers are vLLM's (`linear.py`, `embedding.py`): q, k and v are ONE matmul
+(`qkv_proj`), gate and up another (`gate_up_proj`), and with tensor parallelism every layer
+holds only its rank's heads, features or vocabulary rows. Parameter names are Hugging Face's
+where nothing is fused (`model.layers.0.self_attn.o_proj.weight`, ...); the loader maps the
+checkpoint's q_proj, k_proj, v_proj, gate_proj and up_proj into the fused ones
+(`sharded_loader.py`). transformers is never used for this forward pass.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.executor.attention import AttentionMetadata, make_attention
+from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.models.rotary import RotaryEmbedding
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -106,19 +112,21 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, backend: str) -> None:
         super().__init__()
-        self.num_heads = args.num_attention_heads
-        self.num_kv_heads = args.num_key_value_heads
         self.head_dim = args.head_dim
-        self.q_proj = nn.Linear(
-            args.hidden_size, self.num_heads * self.head_dim, bias=args.qkv_bias
+        self.qkv_proj = QKVParallelLinear(
+            args.hidden_size,
+            self.head_dim,
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            bias=args.qkv_bias,
         )
-        self.k_proj = nn.Linear(
-            args.hidden_size, self.num_kv_heads * self.head_dim, bias=args.qkv_bias
+        # This rank's heads (all of them without tensor parallelism).
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(
+            args.num_attention_heads * self.head_dim, args.hidden_size, bias=args.o_bias
         )
-        self.v_proj = nn.Linear(
-            args.hidden_size, self.num_kv_heads * self.head_dim, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
@@ -136,9 +144,11 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)  # [n, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
@@ -147,16 +157,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        size = args.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            args.hidden_size, [size, size], bias=args.mlp_bias
+        )
+        self.down_proj = RowParallelLinear(size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [n, intermediate / tp] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -175,7 +188,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, args: ModelArgs, backend: str) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(args, backend) for _ in range(args.num_hidden_layers)
         )
@@ -191,7 +204,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = DecoderModel(args, backend)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size)
         self.tie_weights()
         self.rotary = RotaryEmbedding(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
@@ -200,7 +213,7 @@ class CausalLM(nn.Module):
     def tie_weights(self) -> None:
         """With tied embeddings, the LM head *is* the embedding matrix (one tensor, not a copy)."""
         if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_weights(self.model.embed_tokens)
 
     def forward(
         self,

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from nanovllm.models.llama import CausalLM, ModelArgs
+from nanovllm.models.sharded_loader import WeightLoadError, load_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,37 +84,21 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_weights(model: CausalLM, path: Path) -> None:
-    """Copy every tensor of the checkpoint into `model`, checking names and shapes."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded: set[str] = set()
-    for file in weight_files(path):
+    """Copy every tensor of the checkpoint into `model` (this rank's slice of it), checking
+    names and shapes; q/k/v and gate/up go into their fused parameters (`sharded_loader.py`)."""
+    files = weight_files(path)
+    for file in files:  # a truncated or corrupt file fails here, by name
         try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    if name not in params:
-                        if "rotary_emb" in name:
-                            continue  # old checkpoints store RoPE tables; we compute them
-                        raise ModelLoadError(f"unexpected tensor {name!r} in {str(file)!r}")
-                    tensor = f.get_tensor(name)
-                    param = params[name]
-                    if tuple(tensor.shape) != tuple(param.shape):
-                        raise ModelLoadError(
-                            f"tensor {name!r} in {str(file)!r} has shape {tuple(tensor.shape)}, "
-                            f"expected {tuple(param.shape)}"
-                        )
-                    with torch.no_grad():
-                        param.copy_(tensor.to(param.dtype))
-                    loaded.add(name)
-        except ModelLoadError:
-            raise
-        except Exception as exc:  # a truncated or corrupt file
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as exc:
             raise ModelLoadError(f"cannot read weights from {str(file)!r}: {exc}") from exc
-    if model.args.tie_word_embeddings:
-        loaded.add("lm_head.weight")
-    missing = sorted(set(params) - loaded)
-    if missing:
-        shown = ", ".join(repr(m) for m in missing[:5])
-        raise ModelLoadError(f"checkpoint {str(path)!r} lacks {len(missing)} tensors: {shown}")
+    try:
+        load_sharded(model, files)
+    except WeightLoadError as exc:
+        raise ModelLoadError(f"checkpoint {str(path)!r}: {exc}") from exc
+    except Exception as exc:  # a truncated or corrupt file
+        raise ModelLoadError(f"cannot read weights from {str(path)!r}: {exc}") from exc
 
 
 def load_model(
@@ -121,23 +106,20 @@ def load_model(
 ) -> CausalLM:
     """Build the model in `dtype` on `device` and load the checkpoint into it.
 
-    The model is first built on the "meta" device (shapes only, no memory, no random
-    initialisation), then given uninitialised storage of the target dtype on the target device,
-    which the checkpoint then fills. So an 8B bfloat16 model never exists in float32, and no
-    time goes into initialising weights that are overwritten anyway.
+    The model is built directly in `dtype` on `device`: its layers allocate their weights
+    uninitialised (`torch.empty`, `linear.py`), and the checkpoint fills them. So an 8B bfloat16
+    model never exists in float32, and no time goes into initialising weights that are
+    overwritten anyway.
     """
     path = Path(path)
     _, args = load_model_args(path)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta"):
+        with torch.device(device):
             model = CausalLM(args, backend, max_position=max_position)
     finally:
         torch.set_default_dtype(default_dtype)
-    model.to_empty(device=device)
-    model.tie_weights()  # storage was replaced: re-share the embedding with the LM head
-    model.rotary.build_tables(device)  # computed, not loaded: build on the real device
     load_weights(model, path)
     return model.eval()
 

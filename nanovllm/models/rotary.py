@@ -54,21 +54,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, rope_parameters: dict) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        self.max_position = max_position
-        self.rope_parameters = rope_parameters
-        self.build_tables()
-
-    def build_tables(self, device: torch.device | None = None) -> None:
-        """Compute the cos and sin tables, on `device` (default: torch's current default device).
-
-        The loader builds the model on the "meta" device, where these are shapes only, and calls
-        this again on the real device.
-        """
-        inv_freq = compute_inv_freq(self.head_dim, self.rope_parameters)  # [head_dim // 2]
-        positions = torch.arange(self.max_position, dtype=torch.float32, device=inv_freq.device)
+        inv_freq = compute_inv_freq(head_dim, rope_parameters)  # [head_dim // 2]
+        positions = torch.arange(max_position, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [max_position, head_dim // 2]
-        emb = torch.cat((freqs, freqs), dim=-1).to(device)  # [max_position, head_dim]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         # fp32 tables, cast to the activations' dtype when used (as Hugging Face does).
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
