@@ -38,6 +38,8 @@ class EngineConfig:
     attention_backend: str | None = None  # None: the fastest where we run
     device: str | None = None  # None: cuda if available, else cpu
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    # Speculative decoding, vLLM's shape: {"method": "ngram", "num_speculative_tokens": k, ...}
+    speculative_config: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -68,6 +70,10 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"
             )
+        if self.speculative_config is not None:
+            from nanovllm.spec_decode.config import SpeculativeConfig
+
+            SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"

@@ -198,6 +198,19 @@ class BlockEvicted(Event):
 
 
 @dataclass(frozen=True)
+class SpecTokensVerified(Event):
+    """Speculative decoding: the tokens proposed for a request this step, and how many of them
+    (the first `num_accepted`) the target model accepted. The request also got one more token
+    of its own (the correction, or a bonus when all were accepted)."""
+
+    kind: ClassVar[str] = "spec_tokens_verified"
+    step: int
+    request_id: str
+    proposed: tuple[int, ...]
+    num_accepted: int
+
+
+@dataclass(frozen=True)
 class StepSummary(Event):
     """What one engine step did, and what the KV cache looks like afterwards.
 
@@ -293,6 +306,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BlockFreed,
         BlockCached,
         BlockEvicted,
+        SpecTokensVerified,
         StepSummary,
         EngineSnapshot,
     )

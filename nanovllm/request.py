@@ -62,6 +62,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # why it finished with FinishReason.ERROR
+    # Speculative decoding: tokens proposed for the next step, verified by its forward pass.
+    spec_token_ids: list[int] = field(default_factory=list)
     # Parallel sampling (n > 1): the parent's id and this child's index
     # (`engine/parallel_sampling.py`).
     parent_id: str | None = None
@@ -96,3 +98,11 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def drop_output_tokens_after(self, num_output_tokens: int) -> None:
+        """Forget output tokens past the first `num_output_tokens` (a stop condition met by a
+        token in the middle of several accepted at once)."""
+        extra = self.num_output_tokens - num_output_tokens
+        if extra > 0:
+            del self.output_token_ids[-extra:]
+            del self.all_token_ids[-extra:]

@@ -237,4 +237,30 @@ PLANTED_BUGS = [
         ("tests/test_parallel_sampling.py", "-k", "seed_plus_i"),
         "n children with one seed draw the same tokens n times.",
     ),
+    PlantedBug(
+        "rejected-proposals-stay-computed",
+        "nanovllm/core/scheduler.py",
+        (("                num_computed -= num_rejected\n", ""),),
+        ("tests/test_spec_decode.py", "-k", "identical"),
+        "The KV of a rejected proposal is wrong: num_computed_tokens must step back over it.",
+    ),
+    PlantedBug(
+        "residual-keeps-the-rejected-token",
+        "nanovllm/spec_decode/rejection_sampler.py",
+        (("            residual[x] = 0.0  # max(0, p - onehot(x)): p without x\n", ""),),
+        ("tests/test_spec_decode.py", "-k", "keeps_the_target_distribution"),
+        "After a rejection, drawing from p itself over-weights the rejected token.",
+    ),
+    PlantedBug(
+        "proposals-enter-the-prefix-cache",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "self._cache_full_blocks(request, blocks, min(total_tokens, request.num_tokens))",
+                "self._cache_full_blocks(request, blocks, total_tokens)",
+            ),
+        ),
+        ("tests/test_scheduler.py",),
+        "A block full of proposals may be rejected; cached, it would serve wrong KV.",
+    ),
 ]

@@ -103,7 +103,7 @@ def test_draws_follow_the_distribution() -> None:
     n = 4000
     logits = probs.log().expand(n, -1).contiguous()
     requests = [_request(i, SamplingParams(temperature=1.0)) for i in range(n)]
-    tokens = Sampler()(logits, requests).token_ids
+    tokens = [t for (t,) in Sampler()(logits, requests).token_ids]
     counts = torch.bincount(torch.tensor(tokens), minlength=5).double()
     expected = probs.double() * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
@@ -115,6 +115,7 @@ def test_a_seeded_row_draws_the_same_whatever_shares_the_batch() -> None:
     logits = torch.randn(6, 50)
     params = SamplingParams(temperature=0.9, top_p=0.95)
     alone = Sampler()(logits[2:3], [_request(2, params, seed=77)]).token_ids[0]
+    assert len(alone) == 1
     batch = [_request(i, params, seed=77 if i == 2 else 1000 + i) for i in range(6)]
     assert Sampler()(logits, batch).token_ids[2] == alone
 
@@ -156,10 +157,10 @@ def test_a_nan_row_fails_alone() -> None:
     ]
     out = Sampler()(logits, requests)
     assert set(out.errors) == {1} and "'r1'" in out.errors[1] and "temperature=0.7" in out.errors[1]
-    assert out.token_ids[0] == int(logits[0].argmax()) and out.token_ids[3] == int(
-        logits[3].argmax()
-    )
-    assert 0 <= out.token_ids[2] < 20 and out.logprobs[3] is not None
+    assert out.token_ids[0] == [int(logits[0].argmax())]
+    assert out.token_ids[3] == [int(logits[3].argmax())]
+    assert out.token_ids[1] == [] and 0 <= out.token_ids[2][0] < 20
+    assert out.logprobs[3] is not None
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,12 @@ tokens. The next token is a fixed function of that context. So the oracle is exa
 request's output must equal what the same function gives when run alone, one token at a time,
 whatever batching, chunking, preemption and prefix caching happened in between.
 
+Speculative decoding: a rule proposes tokens for decoding requests (sometimes the right ones,
+sometimes not). The FakeRunner writes the proposals' "KV" (their token ids) and verifies them
+as the rejection sampler does greedily: each is accepted while it equals the fake model's next
+token. Rejected slots hold wrong tokens, so the scheduler must step `num_computed_tokens` back
+over them; the context check above and the reference output catch it if it does not.
+
 Faults: a step whose forward pass writes garbage into some of the step's KV and then raises is
 rolled back by the scheduler. Every block left in the prefix cache must still hold exactly its
 tokens (an invariant checked after every rule), and requests that later hit those blocks must
@@ -63,19 +69,28 @@ class FakeRunner:
                 written += 1
         raise RuntimeError("injected fault")
 
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+    def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         bs = self.block_size
         for s in out.scheduled:  # write every new token first (as every layer does)
+            tokens = s.request.all_token_ids + s.spec_token_ids  # proposals after its own
             for pos in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens):
                 slot = s.block_table[pos // bs] * bs + pos % bs
-                self.cache[slot] = s.request.all_token_ids[pos]
+                self.cache[slot] = tokens[pos]
         sampled = {}
         for s in out.scheduled:
             seq_len = s.num_computed_tokens + s.num_new_tokens
             context = [self.cache[s.block_table[p // bs] * bs + p % bs] for p in range(seq_len)]
-            assert context == s.request.all_token_ids[:seq_len], "the paged cache holds wrong KV"
+            expected = (s.request.all_token_ids + s.spec_token_ids)[:seq_len]
+            assert context == expected, "the paged cache holds wrong KV"
             if s.samples:
-                sampled[s.request.request_id] = next_token(context)
+                # Greedy verification: accept proposals while they are what the model says.
+                own = s.request.num_tokens
+                emitted = []
+                for i, proposed in enumerate([*s.spec_token_ids, None]):
+                    emitted.append(next_token(context[: own + i]))
+                    if proposed != emitted[-1]:
+                        break
+                sampled[s.request.request_id] = emitted
         return sampled
 
 
@@ -150,6 +165,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prompts.append(prompt)
         return req
 
+    @rule(data=st.data())
+    def propose(self, data) -> None:
+        """Speculative decoding: proposals for the decoding requests, right or wrong."""
+        for request in self.scheduler.running:
+            if request.num_computed_tokens != request.num_tokens - 1:
+                continue
+            room = request.max_tokens - request.num_output_tokens - 1
+            right = reference_output(request.prompt_token_ids, request.max_tokens)
+            right = right[request.num_output_tokens : request.num_output_tokens + room]
+            wrong = data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=room))
+            request.spec_token_ids = data.draw(st.sampled_from([right, wrong, right[:1] + wrong]))[
+                :room
+            ]
+
     @rule(num_written=st.integers(0, 40))
     def failing_step(self, num_written: int) -> None:
         """The forward pass writes part of the step's KV, garbage, and raises: roll back."""
@@ -181,8 +210,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.scheduler.has_unfinished_requests():
             assert not out.is_empty, "work is waiting but nothing was scheduled: a stall"
         sampled = self.runner.execute(out)
-        for req in self.scheduler.update_from_output(out, sampled):
+        for req, _ in self.scheduler.update_from_output(out, sampled):
             if req.num_output_tokens >= req.max_tokens:
+                req.drop_output_tokens_after(req.max_tokens)
                 self.scheduler.finish_request(req, FinishReason.LENGTH)
                 self.finished[req.request_id] = req
 
@@ -262,7 +292,7 @@ def test_preemption_happens_and_resumed_requests_finish_correctly() -> None:
         requests.append(req)
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
-        for req in scheduler.update_from_output(out, runner.execute(out)):
+        for req, _ in scheduler.update_from_output(out, runner.execute(out)):
             if req.num_output_tokens >= req.max_tokens:
                 scheduler.finish_request(req, FinishReason.LENGTH)
     assert scheduler.num_preemptions > 0

@@ -85,8 +85,8 @@ def simulate_engine(workload: list[tuple[int, int]], max_num_seqs: int, budget: 
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
         running.append(len(out.scheduled))
-        for request in scheduler.update_from_output(
-            out, {s.request.request_id: 0 for s in out.scheduled}
+        for request, _ in scheduler.update_from_output(
+            out, {s.request.request_id: [0] for s in out.scheduled}
         ):
             if request.num_output_tokens >= request.max_tokens:
                 scheduler.finish_request(request, FinishReason.LENGTH)

@@ -175,7 +175,9 @@ class KVCacheManager:
 
         self.req_num_filled_slots[req_id] = total_tokens
         if self.enable_prefix_caching:
-            self._cache_full_blocks(request, blocks, total_tokens)
+            # Only blocks full of the request's own tokens: proposed (speculative) tokens past
+            # `num_tokens` may be rejected, and their KV with them.
+            self._cache_full_blocks(request, blocks, min(total_tokens, request.num_tokens))
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -198,6 +200,22 @@ class KVCacheManager:
         self.req_to_block_hashes.pop(req_id, None)
         self.req_num_cached_blocks.pop(req_id, None)
         self.req_num_filled_slots.pop(req_id, None)
+
+    def free_slots_from(self, request: Request, num_tokens: int) -> None:
+        """Keep only the slots of the request's first `num_tokens` tokens: the blocks past them
+        (which held rejected proposals) go back to the free queue, tail first."""
+        req_id = request.request_id
+        blocks = self.req_to_blocks.get(req_id, [])
+        keep = -(-num_tokens // self.block_size)
+        emit = self.events.active
+        while len(blocks) > keep:
+            block = blocks.pop()
+            assert block.ref_cnt == 1 and block.block_hash is None, "a proposal's block is private"
+            block.ref_cnt = 0
+            self.free_block_queue.append(block)
+            if emit:
+                self.events.emit(BlockFreed(req_id, block.block_id, 0, False))
+        self.req_num_filled_slots[req_id] = num_tokens
 
     def begin_step(self) -> None:
         """A new step starts: forget which blocks the previous one registered."""

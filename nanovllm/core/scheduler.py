@@ -47,9 +47,12 @@ class ScheduledRequest:
     block_table: list[int]  # physical block ids, logical order
     # True when this step reaches the end of the request's known tokens: sample the next one.
     samples: bool
-    # Decode = exactly the one token sampled last step; anything else computes prompt (or
-    # recomputes lost) tokens: a prefill, and a prefill *chunk* when it does not sample.
+    # Decode = exactly the one token sampled last step (plus proposed tokens, with speculative
+    # decoding); anything else computes prompt (or recomputes lost) tokens: a prefill, and a
+    # prefill *chunk* when it does not sample.
     is_prefill: bool
+    # Speculative decoding: the proposed tokens computed after the request's own, to verify.
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -129,11 +132,15 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_count)
         budget = self.max_num_batched_tokens
 
-        # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding).
+        # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
+        # plus any proposed tokens to verify).
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(
+                request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens,
+                budget,
+            )
             # Make room in the KV cache, preempting the newest running request until it fits.
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self.running.pop()
@@ -176,22 +183,38 @@ class Scheduler:
         out.schedule_time = time.perf_counter() - start
         return out
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+    ) -> list[tuple[Request, int]]:
         """Advance `num_computed_tokens` and append the sampled tokens.
 
-        Returns the requests that received a token this step. Stop conditions are checked by the
-        engine, which owns the tokenizer (stop strings need text).
+        `sampled` gives each sampling request its new tokens: one, or with speculative decoding
+        the accepted proposals and one more (1 to k + 1). The KV of rejected proposals is wrong
+        (computed for tokens that were not chosen): `num_computed_tokens` steps back over them,
+        and blocks that hold nothing else go back to the free queue.
+
+        Returns the requests that received tokens this step, each with how many. Stop conditions
+        are checked by the engine, which owns the tokenizer (stop strings need text).
         """
-        got_token = []
+        got_tokens = []
         for s in out.scheduled:
             request = s.request
             if request.is_finished:
                 continue  # finished during this step (its row could not be sampled)
-            request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            num_computed = s.num_computed_tokens + s.num_new_tokens
             if s.samples:
-                request.append_output_token(sampled[request.request_id])
-                got_token.append(request)
-        return got_token
+                tokens = sampled[request.request_id]
+                num_rejected = len(s.spec_token_ids) - (len(tokens) - 1)
+                num_computed -= num_rejected
+                if s.spec_token_ids:
+                    request.spec_token_ids = []
+                    if num_rejected:
+                        self.kv.free_slots_from(request, num_computed)
+                for token in tokens:
+                    request.append_output_token(token)
+                got_tokens.append((request, len(tokens)))
+            request.num_computed_tokens = num_computed
+        return got_tokens
 
     def rollback_step(self, out: SchedulerOutput) -> None:
         """Undo a step whose forward pass failed: its requests will recompute from scratch.
@@ -217,13 +240,20 @@ class Scheduler:
 
     def _add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         computed = request.num_computed_tokens
-        samples = computed + num_new == request.num_tokens
-        is_prefill = (
-            request.num_output_tokens == 0 or num_new > 1 or computed + 1 < request.num_tokens
-        )
+        num_spec = max(computed + num_new - request.num_tokens, 0)  # (the budget may cut some)
+        samples = computed + num_new >= request.num_tokens
+        is_prefill = request.num_output_tokens == 0 or computed + 1 < request.num_tokens
         block_table = self.kv.get_block_table(request.request_id)
         out.scheduled.append(
-            ScheduledRequest(request, num_new, computed, block_table, samples, is_prefill)
+            ScheduledRequest(
+                request,
+                num_new,
+                computed,
+                block_table,
+                samples,
+                is_prefill,
+                request.spec_token_ids[:num_spec],
+            )
         )
         if self.events.active:
             self.events.emit(
@@ -239,6 +269,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         lost = request.num_computed_tokens
+        request.spec_token_ids = []
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0

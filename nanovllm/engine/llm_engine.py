@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ from nanovllm.events import (
     EventBus,
     RequestAdded,
     RequestRejected,
+    SpecTokensVerified,
     StepSummary,
     TokenEmitted,
 )
@@ -56,6 +58,8 @@ from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.models.loader import load_model, load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.spec_decode.config import SpeculativeConfig
+from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger("nanovllm")
 
@@ -81,6 +85,30 @@ def pick_attention_backend(requested: str | None, device: torch.device) -> str:
         if triton_available():
             return "triton"
     return "torch"
+
+
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding so far: how many times requests verified proposals (`num_drafts`),
+    how many tokens were proposed, and how many of those were accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def record(self, num_proposed: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_proposed
+        self.num_accepted_tokens += num_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verifying step: the accepted proposals plus the one the step adds."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 class LLMEngine:
@@ -139,6 +167,16 @@ class LLMEngine:
         self._detok: dict[str, DetokenizerState] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
         self._parents: dict[str, ParentRequest] = {}  # requests with n > 1, by the caller's id
+        # Speculative decoding: the proposer, and counts of what was proposed and accepted.
+        self.speculative_config = None
+        self.proposer = None
+        if config.speculative_config is not None:
+            spec = SpeculativeConfig.from_dict(config.speculative_config)
+            self.speculative_config = spec
+            self.proposer = NgramProposer(
+                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+            )
+        self.spec_stats = SpecDecodingStats()
         self._arrivals = 0
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.started_event = EngineStarted(
@@ -366,32 +404,77 @@ class LLMEngine:
             logger.warning("nanovllm: %s", error)
             request.error = error
             progress.append(self._finish(request, FinishReason.ERROR))
-        for request in self.scheduler.update_from_output(sched, result.sampled_token_ids):
-            token = request.output_token_ids[-1]
-            if request.request_id in logprobs:
-                request.logprobs.append(logprobs[request.request_id])
-            delta, finished = self._process_token(request, token)
-            if emit:
-                self.events.emit(
-                    TokenEmitted(
-                        sched.step, request.request_id, token, delta, request.num_output_tokens
+        if self.proposer is not None:
+            self._count_verified(sched, result.sampled_token_ids)
+        for request, num_new in self.scheduler.update_from_output(sched, result.sampled_token_ids):
+            # One token, or with speculative decoding several: each is checked for a stop in
+            # turn, and tokens after the one that stops the request are dropped.
+            first = request.num_output_tokens - num_new
+            new_tokens = request.output_token_ids[first:]
+            entries = logprobs.get(request.request_id)
+            text, finished = "", None
+            for j, token in enumerate(new_tokens):
+                num_output = first + j + 1
+                if entries is not None:
+                    request.logprobs.append(entries[j])
+                token_ids = request.all_token_ids
+                if j < num_new - 1:  # the detokenizer must not see the tokens after this one
+                    token_ids = token_ids[: request.num_prompt_tokens + num_output]
+                delta, finished = self._process_token(request, token, token_ids, num_output)
+                text += delta
+                if emit:
+                    self.events.emit(
+                        TokenEmitted(sched.step, request.request_id, token, delta, num_output)
                     )
-                )
+                if finished is not None:
+                    request.drop_output_tokens_after(num_output)
+                    break
             if finished is not None:
                 self.scheduler.finish_request(request, finished)
-            progress.append((request, delta, [token]))
+            progress.append((request, text, request.output_token_ids[first:]))
         outputs.extend(self._outputs(progress))
+        if self.proposer is not None:
+            self._propose()
         if emit:
             self.events.emit(self._summary(sched, forward_time))
         self.last_schedule_time = sched.schedule_time
         self.last_forward_time = forward_time
         return outputs
 
-    def _process_token(self, request: Request, token: int) -> tuple[str, FinishReason | None]:
-        """Detokenize the new token and decide whether the request is done."""
+    def _count_verified(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        """Statistics (and events) of the proposals this step verified."""
+        emit = self.events.active
+        for s in sched.scheduled:
+            tokens = sampled.get(s.request.request_id)
+            if not s.spec_token_ids or tokens is None:
+                continue
+            num_accepted = len(tokens) - 1
+            self.spec_stats.record(len(s.spec_token_ids), num_accepted)
+            if emit:
+                self.events.emit(
+                    SpecTokensVerified(
+                        sched.step, s.request.request_id, tuple(s.spec_token_ids), num_accepted
+                    )
+                )
+
+    def _propose(self) -> None:
+        """Proposals for every decoding request's next step (speculative decoding)."""
+        assert self.proposer is not None
+        for request in self.scheduler.running:
+            if request.num_computed_tokens != request.num_tokens - 1:
+                continue  # still prefilling: nothing to speculate on yet
+            # No point proposing past max_tokens: the step emits up to k + 1 tokens.
+            room = request.max_tokens - request.num_output_tokens - 1
+            request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
+
+    def _process_token(
+        self, request: Request, token: int, token_ids: list[int], num_output: int
+    ) -> tuple[str, FinishReason | None]:
+        """Detokenize a new token (`token_ids` ends with it, the `num_output`-th output token)
+        and decide whether the request is done."""
         params = request.sampling_params
         state = self._detok[request.request_id]
-        self.detokenizer.step(state, request.all_token_ids)
+        self.detokenizer.step(state, token_ids)
         stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
         finished: FinishReason | None = None
         if stop is not None:
@@ -400,12 +483,12 @@ class LLMEngine:
             finished = FinishReason.STOP
         elif token in params.stop_token_ids:
             finished, request.stop_reason = FinishReason.STOP, token
-        elif request.num_output_tokens >= request.max_tokens:
+        elif num_output >= request.max_tokens:
             finished = FinishReason.LENGTH
         if finished is not None:
             request.finish_reason = finished
             if stop is None:  # (a stop-string cut already decided the final text)
-                self.detokenizer.step(state, request.all_token_ids, final=True)
+                self.detokenizer.step(state, token_ids, final=True)
         delta = take_streamable(state, params.stop_strings, finished is not None)
         return delta, finished
 

@@ -10,10 +10,11 @@ starting at 37; ...". The ModelRunner:
    (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
    head_dim]);
 3. computes logits only for the rows that produce a token: the last scheduled token of each
-   request that has caught up. A prefill chunk that does not reach the end of its prompt, and
-   every prompt token but the last, need no logits (for a 4k vocabulary and a 2k-token prefill
-   that is most of the LM head's work saved);
-4. samples one token per such request.
+   request that has caught up (and, with speculative decoding, the rows of its proposed tokens:
+   each one's logits verify the next proposal). A prefill chunk that does not reach the end of
+   its prompt, and every prompt token but the last, need no logits (for a 4k vocabulary and a
+   2k-token prefill that is most of the LM head's work saved);
+4. samples one token per such request (1 to k + 1 when it verifies k proposals).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ DECODE_GROUP = 16  # decodes per padded attention gather (see prepare_inputs)
 class ModelRunnerOutput:
     """One step's results, by request id."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # 1 to k + 1 each
+    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)  # one per token
     errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
 
 
@@ -110,13 +111,15 @@ class ModelRunner:
         logits_rows: list[int] = []
         for s in out.scheduled:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            input_ids.extend(s.request.all_token_ids[start:end])
+            num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
+            input_ids.extend(s.request.all_token_ids[start : end - num_spec])
+            input_ids.extend(s.spec_token_ids)
             positions.extend(range(start, end))
             seq_lens.append(end)
             query_lens.append(s.num_new_tokens)
             query_starts.append(query_starts[-1] + s.num_new_tokens)
-            if s.samples:
-                logits_rows.append(query_starts[-1] - 1)  # the request's last new token
+            if s.samples:  # the request's last own token, then each proposal
+                logits_rows.extend(range(query_starts[-1] - 1 - num_spec, query_starts[-1]))
 
         device = self.device
         max_blocks = max(len(s.block_table) for s in out.scheduled)
@@ -167,21 +170,23 @@ class ModelRunner:
         start = time.perf_counter()
         input_ids, positions, meta, logits_rows = self.prepare_inputs(out)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-        sampling = [s.request for s in out.scheduled if s.samples]
+        sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             self.last_forward_time = time.perf_counter() - start
             self.last_sample_time = 0.0
             return ModelRunnerOutput()
-        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        logits = self.model.compute_logits(hidden[logits_rows])  # [num_rows, vocab]
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         mid = time.perf_counter()
-        sampled = self.sampler(logits, sampling)
+        sampled = self.sampler(
+            logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
+        )
         self.last_forward_time = mid - start
         self.last_sample_time = time.perf_counter() - mid
         result = ModelRunnerOutput()
-        for i, request in enumerate(sampling):
-            rid = request.request_id
+        for i, s in enumerate(sampling):
+            rid = s.request.request_id
             if i in sampled.errors:
                 result.errors[rid] = sampled.errors[i]
                 continue

@@ -40,13 +40,14 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.request import Request
+from nanovllm.spec_decode.rejection_sampler import verify_greedy, verify_random
 
 
 @dataclass
 class SamplerOutput:
-    token_ids: list[int]  # one per row; -1 where the row failed (see `errors`)
-    logprobs: list[dict[int, float] | None]  # per row, when the request asked for them
-    errors: dict[int, str] = field(default_factory=dict)  # row -> why it could not be sampled
+    token_ids: list[list[int]]  # per request: its new tokens (1, or 1 to k + 1 when verifying)
+    logprobs: list[list[dict[int, float]] | None]  # per request and new token, when asked for
+    errors: dict[int, str] = field(default_factory=dict)  # request -> why it could not sample
 
 
 def apply_filters(
@@ -83,15 +84,26 @@ def generator_for(request: Request, device: torch.device) -> torch.Generator:
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        """logits: [n, vocab] fp32, one row per request."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        spec_token_ids: list[list[int]] | None = None,
+    ) -> SamplerOutput:
+        """logits: [num_rows, vocab] fp32. Each request has one row, or with speculative
+        decoding 1 + k rows: its last own token's, then one per proposed token (the proposals
+        are verified by `spec_decode/rejection_sampler.py`)."""
         device = logits.device
-        tokens = logits.argmax(dim=-1)  # greedy rows are done; random rows are overwritten
-        bad = torch.isnan(logits).any(dim=-1)  # [n]
-        random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        if random_rows:
-            rows = torch.tensor(random_rows, device=device)
-            params = [requests[i].sampling_params for i in random_rows]
+        spec = spec_token_ids or [[] for _ in requests]
+        counts = [1 + len(proposed) for proposed in spec]
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        argmax = logits.argmax(dim=-1).tolist()  # greedy rows are done
+        bad = torch.isnan(logits).any(dim=-1)  # [num_rows]
+        random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
+        if random:
+            rows = [row for i in random for row in range(starts[i], starts[i] + counts[i])]
+            params = [requests[i].sampling_params for i in random for _ in range(counts[i])]
             vocab = logits.shape[-1]
             temperature = torch.tensor([p.temperature for p in params], device=device)
             top_k = torch.tensor(
@@ -99,37 +111,62 @@ class Sampler:
             )
             top_p = torch.tensor([p.top_p for p in params], device=device)
             min_p = torch.tensor([p.min_p for p in params], device=device)
-            filtered = apply_filters(logits[rows] / temperature[:, None], top_k, top_p, min_p)
-            probs = filtered.softmax(dim=-1)  # [num_random, vocab]
-            bad[rows] |= torch.isnan(probs).any(dim=-1)
-            noise = torch.empty_like(probs)
-            for j, i in enumerate(random_rows):
+            rows_t = torch.tensor(rows, device=device)
+            filtered = apply_filters(logits[rows_t] / temperature[:, None], top_k, top_p, min_p)
+            random_probs = filtered.softmax(dim=-1)  # [num_random_rows, vocab]
+            bad[rows_t] |= torch.isnan(random_probs).any(dim=-1)
+            offset = 0
+            for i in random:
+                probs[i] = random_probs[offset : offset + counts[i]]
+                offset += counts[i]
+        bad_rows = set(torch.nonzero(bad).flatten().tolist()) if bad.any() else set()
+
+        token_ids: list[list[int]] = [[] for _ in requests]
+        errors: dict[int, str] = {}
+        plain_random = []  # random requests with no proposals: drawn together below
+        for i, request in enumerate(requests):
+            if bad_rows.intersection(range(starts[i], starts[i] + counts[i])):
+                errors[i] = (
+                    f"request {request.request_id!r}: the next-token distribution is not "
+                    f"finite (NaN in the logits or probabilities at temperature="
+                    f"{request.sampling_params.temperature!r}); the request was stopped"
+                )
+            elif i not in probs:
+                rows = argmax[starts[i] : starts[i] + counts[i]]
+                token_ids[i] = verify_greedy(rows, spec[i]) if spec[i] else rows
+            elif spec[i]:
+                generator = generator_for(request, device)
+                token_ids[i] = verify_random(probs[i], spec[i], generator)
+            else:
+                plain_random.append(i)
+        if plain_random:
+            # The exponential race for every row at once, each with its request's own noise.
+            batch = torch.stack([probs[i][0] for i in plain_random])  # [n, vocab]
+            noise = torch.empty_like(batch)
+            for j, i in enumerate(plain_random):
                 noise[j].exponential_(generator=generator_for(requests[i], device))
             noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # an exact 0 would make 0 / 0
-            tokens[rows] = (probs / noise).argmax(dim=-1)
-        token_list = tokens.tolist()
-        errors = {}
-        if bad.any():
-            for i in torch.nonzero(bad).flatten().tolist():
-                params = requests[i].sampling_params
-                errors[i] = (
-                    f"request {requests[i].request_id!r}: the next-token distribution is not "
-                    f"finite (NaN in the logits or probabilities at temperature="
-                    f"{params.temperature!r}); the request was stopped"
-                )
-                token_list[i] = -1
-        logprobs: list[dict[int, float] | None] = [None] * len(requests)
-        wanted = [
-            i
-            for i, r in enumerate(requests)
-            if r.sampling_params.logprobs is not None and i not in errors
-        ]
-        if wanted:
-            raw = logits[wanted].log_softmax(dim=-1)
-            for j, i in enumerate(wanted):
-                n = requests[i].sampling_params.logprobs
-                top = raw[j].topk(n) if n else None
+            for i, token in zip(plain_random, (batch / noise).argmax(dim=-1).tolist()):
+                token_ids[i] = [token]
+        return SamplerOutput(token_ids, self._logprobs(logits, requests, starts, token_ids), errors)
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, requests: list[Request], starts: list[int], token_ids: list[list[int]]
+    ) -> list[list[dict[int, float]] | None]:
+        """For each new token of the requests that asked: the top `logprobs` of its row's raw
+        distribution, and the token's own."""
+        out: list[list[dict[int, float]] | None] = [None] * len(requests)
+        for i, request in enumerate(requests):
+            n = request.sampling_params.logprobs
+            if n is None or not token_ids[i]:
+                continue
+            rows = logits[starts[i] : starts[i] + len(token_ids[i])].log_softmax(dim=-1)
+            entries = []
+            for row, token in zip(rows, token_ids[i]):
+                top = row.topk(n) if n else None
                 entry = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
-                entry[token_list[i]] = raw[j, token_list[i]].item()
-                logprobs[i] = entry
-        return SamplerOutput(token_list, logprobs, errors)
+                entry[token] = row[token].item()
+                entries.append(entry)
+            out[i] = entries
+        return out

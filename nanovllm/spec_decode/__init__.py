@@ -1,0 +1,6 @@
+"""Speculative decoding: propose several next tokens cheaply, verify them in one forward pass.
+
+- `config.py`: `speculative_config`, vLLM's shape, checked once.
+- `ngram_proposer.py`: proposals from the request's own earlier tokens (prompt lookup).
+- `rejection_sampler.py`: the verification rule that keeps the target model's distribution.
+"""
