@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--against",
         default=None,
         metavar="IMPL",
-        help="with --check, --run or --viz: 'reference', 'exercise' (the untouched stub) or a "
-        ".py file, instead of your copy (no progress is recorded)",
+        help="with --check or --run: 'reference', 'exercise' (the untouched stub) or a .py "
+        "file, instead of your copy (no progress is recorded)",
     )
 
 

@@ -22,8 +22,8 @@ draws hypothesis notes on the exception (`data.draw(..., label=...)`).
 Examples are fresh every check (not the same seed each time), the smallest failing example is
 shown (hypothesis shrinks it), and failures are saved in the learner's workspace and tried
 first next time (`Workspace.database_dir`): the bug you just saw is the first thing tried after
-your fix. Nothing is written anywhere else: hypothesis' own storage (it caches Unicode tables
-there) is pointed into the workspace too.
+your fix. Nothing lands in the folder the learner runs it from: hypothesis' own storage (where it
+caches Unicode tables) is pointed into the workspace too.
 """
 
 from __future__ import annotations

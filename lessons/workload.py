@@ -9,14 +9,14 @@ same run every time.
 Prompts are lines of Shakespeare (public domain), the embedded model's training text, so its
 completions look like something.
 
-    batch    64 requests at once, prompts of 8-30 tokens, 6-24 tokens each: they finish at
+    batch    64 requests at once, prompts of 12-38 tokens, 6-24 tokens each: they finish at
              different steps, and waiting requests take the freed seats
     waves    64 requests in 8 waves of 8, every one starting with one of two long "stage
-             directions": the first wave computes them, later waves find them in the prefix
-             cache, in blocks freed by the waves before
-    long     64 requests whose prompts run to 60-160 tokens: longer than a step's budget
+             directions" (prompts of 56-69 tokens): the first wave computes them, later waves
+             find them in the prefix cache, in blocks freed by the waves before
+    long     64 requests whose prompts run to 47-237 tokens: most longer than a step's budget
     sampled  `batch`, sampled (temperature 0.8, top-k 40, top-p 0.9) with a seed per request
-    short    8 requests of 6 tokens: for a slow path (Triton's interpreter on a CPU)
+    short    8 requests of 6 tokens after 14-16: for a slow path (Triton's interpreter on a CPU)
 """
 
 from __future__ import annotations

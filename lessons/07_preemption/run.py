@@ -1,7 +1,7 @@
 """Lesson 07 in the real engine: your `schedule_step` preempts when the KV cache runs out.
 
 `nanovllm lesson 7 --run` replaces the scheduler's `schedule` with your `schedule_step` (as in
-lesson 06), on a KV cache of 24 blocks of 16 tokens for 64 requests of up to 72 tokens: the
+lesson 06), on a KV cache of 24 blocks of 16 tokens for 64 requests of up to 60 tokens: the
 running requests outgrow it, and your step must preempt the newest, which later recompute. The
 run compares your decisions (admissions, tokens, victims) with the stock scheduler's at every
 step, and the completions token for token: recomputation must not change anybody's output.

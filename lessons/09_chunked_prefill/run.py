@@ -1,7 +1,7 @@
 """Lesson 09 in the real engine: your chunked scheduler and your flat step inputs.
 
 `nanovllm lesson 9 --run` replaces the scheduler's `schedule` with your `schedule_step` and the
-model runner's `prepare_inputs` with yours. Prompts of 60-160 tokens meet a budget of 48 tokens
+model runner's `prepare_inputs` with yours. Prompts of 47-237 tokens meet a budget of 48 tokens
 a step: most are prefilled in chunks, next to the requests decoding. The run compares your
 decisions with the stock scheduler's at every step, and the completions token for token.
 """

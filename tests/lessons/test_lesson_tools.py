@@ -285,3 +285,53 @@ def test_viz_opens_paused_at_the_first_preemption(home, tmp_path, capsys):
     screen = shot.read_text()
     assert f"step {step}" in screen
     assert "preempted" in screen
+
+
+def test_a_hit_from_the_middle_of_the_free_queue_is_found():
+    """The free queue's order, followed from the events: a hit on the head or the tail is not
+    from the middle; a hit on a block with freed blocks on both sides is."""
+    from nanovllm.events import BlockAllocated, BlockFreed, CacheHit, EngineStarted, StepSummary
+    from nanovllm.lessons.moments import MOMENTS
+
+    def summary(step):
+        return StepSummary(step, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
+
+    started = EngineStarted("m", 4, 16, 8, 64, 256, True, True, "torch")
+    events = [
+        started,
+        *(BlockAllocated("a", b, b) for b in range(3)),  # queue: 3
+        summary(1),
+        *(BlockFreed("a", b, 0, True) for b in (2, 1, 0)),  # queue: 3 2 1 0
+        summary(2),
+        CacheHit("b", 0, 0, True, 1),  # the tail: not the middle; queue: 3 2 1
+        summary(3),
+        CacheHit("c", 2, 0, True, 1),  # between 3 and 1: the middle
+        summary(4),
+    ]
+    assert MOMENTS["hit_from_the_middle"].find(events) == 4
+    assert MOMENTS["first_hit"].find(events) == 3
+    assert MOMENTS["preemption"].find(events) is None
+
+
+ENGINE_LESSONS = [lesson for lesson in LESSONS if your_engine.has_run(lesson)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", ENGINE_LESSONS, ids=[lesson.name for lesson in ENGINE_LESSONS])
+def test_every_lessons_learner_solution_runs_the_real_engine(lesson, home):
+    impl = harness.implementation(lesson, solve(lesson, home / "lessons"))
+    report = your_engine.run_lesson(lesson, impl)
+    assert report.passed, (report.error, report.divergences, report.decisions_differ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", ENGINE_LESSONS, ids=[lesson.name for lesson in ENGINE_LESSONS])
+def test_every_lessons_moment_happens_in_its_run(lesson, tmp_path):
+    from nanovllm.lessons.catalog import lesson_module
+    from nanovllm.lessons.moments import MOMENTS
+
+    key = lesson_module(lesson, "run").MOMENT
+    if key is None:
+        pytest.skip("no moment: the idea happens inside a step")
+    events = your_engine.record_stock(lesson, tmp_path / "trace.jsonl")
+    assert MOMENTS[key].find(events) is not None
