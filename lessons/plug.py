@@ -308,7 +308,8 @@ class PerSequenceAttention:
     attend(q, ctx_k, ctx_v)                                  causal, queries last in the context
     decode(q, key_cache, value_cache, block_table, seq_len)  one query token (None: `attend`)
 
-    Slower than the engine's batched paths (a Python loop over sequences), and as exact.
+    Slower than the engine's batched paths (a Python loop over sequences); the same computation,
+    up to float rounding.
     """
 
     def __init__(self, store, gather, attend, decode=None) -> None:

@@ -112,7 +112,7 @@ def describe_failure(
             number, label, value = match.groups()
             inputs.append((label or f"draw {number}", value))
     message = _message(exc) if exc is not None else "failed"
-    return Failure(name, meaning(prop), inputs, message, _where(exc, path) if exc else None)
+    return Failure(name, meaning(prop), inputs, message, last_line_in(exc, path) if exc else None)
 
 
 def meaning(prop: Any) -> str:
@@ -152,7 +152,7 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _where(exc: BaseException, path: Path | None) -> str | None:
+def last_line_in(exc: BaseException, path: Path | None) -> str | None:
     """The last line of the learner's file that ran before the error, if any did."""
     if path is None:
         return None
@@ -174,7 +174,7 @@ def _load_error(exc: BaseException, path: Path) -> str:
     if isinstance(exc, SyntaxError) and exc.lineno:
         where = f" (line {exc.lineno})"
     else:
-        found = _where(exc, path)
+        found = last_line_in(exc, path)
         where = f" ({found})" if found else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
