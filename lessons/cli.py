@@ -286,21 +286,23 @@ def _check_once(console, workspace: Workspace, lesson: Lesson, path: Path, recor
         console.print(f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]")
         return False
     if record:
-        followers = workspace.mark_passed(lesson)
-        console.print(f"[green]Lesson {lesson.number} passed![/]")
-        for follower in followers:
-            console.print(
-                f"Lesson {follower.number}'s exercise now starts from your code: "
-                f"{workspace.exercise_path(follower)}"
-            )
-        if lesson.file("run.py").is_file():
-            console.print(
-                f"See it run the real engine: [bold]nanovllm lesson {lesson.number} --run[/]"
-            )
-        upcoming = workspace.next_lesson()
-        if upcoming is not None:
-            console.print(f"Next: [bold]nanovllm lesson {upcoming.number}[/] ({upcoming.title})")
+        _record_pass(console, workspace, lesson)
     return True
+
+
+def _record_pass(console, workspace: Workspace, lesson: Lesson) -> None:
+    followers = workspace.mark_passed(lesson)
+    console.print(f"[green]Lesson {lesson.number} passed![/]")
+    for follower in followers:
+        console.print(
+            f"Lesson {follower.number}'s exercise now starts from your code: "
+            f"{workspace.exercise_path(follower)}"
+        )
+    if lesson.file("run.py").is_file():
+        console.print(f"See it run the real engine: [bold]nanovllm lesson {lesson.number} --run[/]")
+    upcoming = workspace.next_lesson()
+    if upcoming is not None:
+        console.print(f"Next: [bold]nanovllm lesson {upcoming.number}[/] ({upcoming.title})")
 
 
 def _watch(console, workspace: Workspace, lesson: Lesson) -> int:
@@ -357,8 +359,7 @@ def _check_with_pytest(console, workspace: Workspace, lesson: Lesson, against: s
         console.print(f"[yellow]Not yet.[/] Stuck? [bold]nanovllm lesson {lesson.number} --hint[/]")
         return 1
     if against is None:
-        workspace.mark_passed(lesson)
-        console.print(f"[green]Lesson {lesson.number} passed![/]")
+        _record_pass(console, workspace, lesson)
     return 0
 
 
@@ -415,7 +416,11 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
             f"[yellow]Lesson {lesson.number} has no {what}: its exercise is not engine code.[/]"
         )
         return 2
-    spec = lesson_module(lesson, "run")
+    try:
+        spec = lesson_module(lesson, "run")
+    except ImportError as exc:  # lesson 05 without Triton
+        console.print(f"[yellow]Lesson {lesson.number}'s --run needs {exc.name or exc}.[/]")
+        return 2
     moment = MOMENTS.get(spec.MOMENT) if spec.MOMENT else None
     if args.viz and moment is None:
         console.print(
