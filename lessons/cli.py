@@ -278,9 +278,9 @@ def _check_once(console, workspace: Workspace, lesson: Lesson, path: Path, recor
     from nanovllm.lessons import report
 
     _single_thread()
-    report.use_storage(workspace.storage_dir())
     console.print(f"Checking lesson {lesson.number}: [bold]{path}[/]")
-    result = report.check_exercise(lesson, path, workspace.database_dir(lesson))
+    with report.storage_in(workspace.storage_dir()):
+        result = report.check_exercise(lesson, path, workspace.database_dir(lesson))
     report.render(console, result, path)
     if not result.passed:
         console.print(f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]")
@@ -333,28 +333,28 @@ def _check_with_pytest(console, workspace: Workspace, lesson: Lesson, against: s
     from nanovllm.lessons import report
 
     _single_thread()
-    report.use_storage(workspace.storage_dir())
     target = str(_target(workspace, lesson, against))
     console.print(f"Checking lesson {lesson.number} against [bold]{target}[/]")
-    code = pytest.main(
-        [
-            str(lesson.file("test_exercise.py")),
-            "-p",
-            "nanovllm.lessons.pytest_plugin",
-            f"--lesson-impl={target}",
-            # No project's pytest configuration (wherever the learner stands) may change the
-            # run, and pytest's cache is not written (it would go into the installed package).
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            os.devnull,
-            f"--rootdir={lesson.path}",  # names tests "test_exercise.py::..."
-            "--import-mode=importlib",
-            "-q",
-            "--tb=short",
-            "--no-header",
-        ]
-    )
+    with report.storage_in(workspace.storage_dir()):
+        code = pytest.main(
+            [
+                str(lesson.file("test_exercise.py")),
+                "-p",
+                "nanovllm.lessons.pytest_plugin",
+                f"--lesson-impl={target}",
+                # No project's pytest configuration (wherever the learner stands) may change the
+                # run, and pytest's cache is not written (it would go into the installed package).
+                "-p",
+                "no:cacheprovider",
+                "-c",
+                os.devnull,
+                f"--rootdir={lesson.path}",  # names tests "test_exercise.py::..."
+                "--import-mode=importlib",
+                "-q",
+                "--tb=short",
+                "--no-header",
+            ]
+        )
     if code != 0:
         console.print(f"[yellow]Not yet.[/] Stuck? [bold]nanovllm lesson {lesson.number} --hint[/]")
         return 1

@@ -32,6 +32,8 @@ import dataclasses
 import re
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,13 +66,18 @@ class CheckReport:
         return self.failure is None and self.load_error is None
 
 
-def use_storage(directory: Path) -> None:
-    """Point hypothesis' own storage (its Unicode caches) at `directory` instead of
-    `./.hypothesis` in whatever folder the learner runs from."""
+@contextmanager
+def storage_in(directory: Path) -> Iterator[None]:
+    """Point hypothesis' own storage (its Unicode caches) at `directory`, instead of
+    `./.hypothesis` in whatever folder the learner runs from, for the duration."""
     from hypothesis import configuration
 
     directory.mkdir(parents=True, exist_ok=True)
     configuration.set_hypothesis_home_dir(directory)
+    try:
+        yield
+    finally:
+        configuration.set_hypothesis_home_dir(None)  # back to hypothesis' own default
 
 
 def check_exercise(lesson: Lesson, path: Path, database_dir: Path) -> CheckReport:

@@ -139,10 +139,18 @@ def test_check_records_progress_and_next_carries_on(home, capsys):
     assert "1/12 passed" in capsys.readouterr().out
 
 
-def test_full_check_runs_pytest(home, capsys):
+def test_full_check_runs_pytest_and_writes_nothing_where_it_runs(
+    home, tmp_path, capsys, monkeypatch
+):
+    """`--check --full`: hypothesis' own report through pytest. Lesson 11 draws text, for which
+    hypothesis caches Unicode tables: in the workspace, not in the learner's current folder."""
+    cwd = tmp_path / "anywhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     solve(get_lesson(11), home / "lessons")
     assert _cli("11", "--check", "--full") == 0
     assert "passed" in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
 
 
 def test_a_load_error_is_reported_in_one_line(home, capsys):
