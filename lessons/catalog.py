@@ -17,6 +17,12 @@ from pathlib import Path
 from types import ModuleType
 
 LESSONS_DIR = Path(__file__).resolve().parent
+# Lessons whose exercise starts from the learner's solution of an earlier one:
+# {lesson: (earlier lesson, the function copied from it)}. See `Workspace.seed_followers`.
+STARTS_FROM: dict[str, tuple[str, str]] = {
+    "07_preemption": ("06_continuous_batching", "schedule_step"),
+    "09_chunked_prefill": ("06_continuous_batching", "schedule_step"),
+}
 _FOLDER = re.compile(r"^(\d\d)_([a-z0-9_]+)$")
 _TIME = re.compile(r"\*\*Time:\*\*\s*(\d+)")
 

@@ -1,28 +1,31 @@
-"""`nanovllm lesson`: list, read, run, check and get hints for the course's lessons.
+"""`nanovllm lesson`: list, read, check, watch, run and visualize the course's lessons.
 
     nanovllm lesson                 the lessons and your progress
     nanovllm lesson 3               lesson 3: its text, then its live demo
-    nanovllm lesson 3 --check       run lesson 3's properties on your exercise; record a pass
+    nanovllm lesson 3 --check       check your exercise: the first failing property, or a pass
+    nanovllm lesson 3 --watch       check again on every save of your exercise (Ctrl-C stops)
+    nanovllm lesson 3 --run         your code inside the real engine, against the stock one
+    nanovllm lesson 3 --viz         the visualizer, paused where the lesson's idea shows
+                                    (with --run: your engine's run)
     nanovllm lesson 3 --hint        the next hint
+    nanovllm lesson 3 --reset       your exercise back to its start (yours kept as .bak)
     nanovllm lesson 3 --path        where your copy of the exercise is
     nanovllm lesson next            carry on where you stopped (takes the same options)
     nanovllm lesson --mutants       how many of the course's planted bugs its properties catch
 
 Your exercises live in $NANOVLLM_HOME/lessons (default ~/.nanovllm/lessons), copied there on
 first use and never overwritten, so your work survives upgrades of the package.
+
+Listing, the text and hints load neither torch nor the engine: they answer at once. Checking,
+demos and runs load them when they start.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import re
-
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.panel import Panel
-from rich.table import Table
+import sys
+from pathlib import Path
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, get_lesson, lesson_module
 from nanovllm.lessons.workspace import Workspace
@@ -34,25 +37,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--check", action="store_true", help="check your exercise")
+    what.add_argument(
+        "--watch", action="store_true", help="check your exercise again on every save"
+    )
     what.add_argument("--hint", action="store_true", help="show the next hint")
     what.add_argument("--path", action="store_true", help="print the path of your exercise")
     what.add_argument("--text", action="store_true", help="only the lesson's text, no demo")
     what.add_argument("--demo", action="store_true", help="only the demo")
+    what.add_argument(
+        "--reset",
+        action="store_true",
+        help="put your exercise back to its start (yours is kept as exercise.py.bak) and "
+        "forget the failing examples saved for it",
+    )
     what.add_argument(
         "--mutants",
         action="store_true",
         help="run the properties against every planted bug (of one lesson, or all)",
     )
     parser.add_argument(
+        "--run",
+        action="store_true",
+        help="run the real engine with your code in it; compare with the stock engine",
+    )
+    parser.add_argument(
+        "--viz",
+        action="store_true",
+        help="open the visualizer where the lesson's idea shows (with --run: your engine's)",
+    )
+    parser.add_argument(
+        "--screenshot",
+        type=Path,
+        metavar="OUT",
+        help="with --viz: save the paused screen to OUT (.svg, .txt) instead of opening it",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="with --check: hypothesis' complete report through pytest, not the short one",
+    )
+    parser.add_argument(
         "--against",
         default=None,
         metavar="IMPL",
-        help="with --check: 'reference', 'exercise' (the untouched stub) or a .py file, "
-        "instead of your copy (no progress is recorded)",
+        help="with --check or --run: 'reference', 'exercise' (the untouched stub) or a .py "
+        "file, instead of your copy (no progress is recorded)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     console = Console(highlight=False)
     workspace = Workspace()
     copied = workspace.ensure()
@@ -67,19 +102,31 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mutants:
         return _mutants(console, lesson)
+    acts = ("check", "watch", "hint", "path", "text", "demo", "reset")
+    if (args.run or args.viz) and any(getattr(args, name) for name in acts):
+        console.print("[red]--run and --viz go with a lesson alone: nanovllm lesson N --run[/]")
+        return 2
     if lesson is None:
         if args.lesson == "next":
             console.print("[green]Every lesson is passed. Well done![/]")
             return 0
-        if args.check or args.hint or args.path or args.text or args.demo:
+        if any(getattr(args, name) for name in (*acts, "run", "viz")):
             console.print("[red]name a lesson: nanovllm lesson N --check (or 'next')[/]")
             return 2
         _list(console, workspace)
         return 0
+    if args.check and args.full:
+        return _check_with_pytest(console, workspace, lesson, args.against)
     if args.check:
         return _check(console, workspace, lesson, args.against)
+    if args.watch:
+        return _watch(console, workspace, lesson)
+    if args.run or args.viz:
+        return _run_engine(console, workspace, lesson, args)
     if args.hint:
         return _hint(console, workspace, lesson)
+    if args.reset:
+        return _reset(console, workspace, lesson)
     if args.path:
         print(workspace.exercise_path(lesson))
         return 0
@@ -102,7 +149,9 @@ def _pick(key: str | None, workspace: Workspace) -> Lesson | None:
 # --- listing ----------------------------------------------------------------------------------
 
 
-def _list(console: Console, workspace: Workspace) -> None:
+def _list(console, workspace: Workspace) -> None:
+    from rich.table import Table
+
     progress = workspace.load_progress()
     table = Table(title="nanovllm: the course", title_justify="left")
     table.add_column("#", justify="right")
@@ -132,20 +181,23 @@ def _list(console: Console, workspace: Workspace) -> None:
 # --- reading and the demo -----------------------------------------------------------------------
 
 
-def _show_text(console: Console, workspace: Workspace, lesson: Lesson) -> None:
+def _show_text(console, workspace: Workspace, lesson: Lesson) -> None:
+    from rich.markdown import Markdown
+    from rich.panel import Panel
+
     console.print(Markdown(lesson.readme.read_text(encoding="utf-8")))
-    console.print(
-        Panel(
-            f"Your exercise: [bold]{workspace.exercise_path(lesson)}[/]\n"
-            f"Check it: [bold]nanovllm lesson {lesson.number} --check[/]    "
-            f"Stuck? [bold]nanovllm lesson {lesson.number} --hint[/]",
-            title=f"Lesson {lesson.number}",
-            expand=False,
-        )
-    )
+    n = lesson.number
+    lines = [
+        f"Your exercise: [bold]{workspace.exercise_path(lesson)}[/]",
+        f"Check it: [bold]nanovllm lesson {n} --check[/] (or [bold]--watch[/]: on every save)"
+        f"    Stuck? [bold]nanovllm lesson {n} --hint[/]",
+    ]
+    if lesson.file("run.py").is_file():
+        lines.append(f"Passed? [bold]nanovllm lesson {n} --run[/]: your code in the real engine")
+    console.print(Panel("\n".join(lines), title=f"Lesson {n}", expand=False))
 
 
-def _run_demo(console: Console, lesson: Lesson) -> None:
+def _run_demo(console, lesson: Lesson) -> None:
     console.rule(f"[bold]Demo: {lesson.title}")
     _single_thread()
     try:
@@ -156,7 +208,7 @@ def _run_demo(console: Console, lesson: Lesson) -> None:
     demo.run(console)
 
 
-# --- hints -------------------------------------------------------------------------------------
+# --- hints and reset -----------------------------------------------------------------------------
 
 
 def parse_hints(text: str) -> list[str]:
@@ -165,7 +217,10 @@ def parse_hints(text: str) -> list[str]:
     return [part.strip() for part in parts[1:] if part.strip()]
 
 
-def _hint(console: Console, workspace: Workspace, lesson: Lesson) -> int:
+def _hint(console, workspace: Workspace, lesson: Lesson) -> int:
+    from rich.markdown import Markdown
+    from rich.panel import Panel
+
     hints = parse_hints(lesson.file("hints.md").read_text(encoding="utf-8"))
     n = min(workspace.next_hint(lesson), len(hints))
     console.print(
@@ -176,64 +231,143 @@ def _hint(console: Console, workspace: Workspace, lesson: Lesson) -> int:
     return 0
 
 
+def _reset(console, workspace: Workspace, lesson: Lesson) -> int:
+    backup = workspace.reset(lesson)
+    console.print(
+        f"Lesson {lesson.number}'s exercise is back to its start: {workspace.exercise_path(lesson)}"
+    )
+    if backup is not None:
+        console.print(f"Your previous version is in {backup}")
+    console.print("The failing examples saved for it are forgotten.")
+    return 0
+
+
 # --- checking ----------------------------------------------------------------------------------
 
 
 def _missing_test_tools() -> list[str]:
+    import importlib.util
+
     return [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
 
 
-def _check(console: Console, workspace: Workspace, lesson: Lesson, against: str | None) -> int:
-    missing = _missing_test_tools()
-    if missing:
-        console.print(
-            f"[red]Checking needs {' and '.join(missing)}: pip install 'nanovllm[dev]'[/]"
-        )
-        return 2
-    import pytest
-
-    _single_thread()
-    target = against or str(workspace.exercise_path(lesson))
-    console.print(f"Checking lesson {lesson.number} against [bold]{target}[/]")
-    code = pytest.main(
-        [
-            str(lesson.file("test_exercise.py")),
-            "-p",
-            "nanovllm.lessons.pytest_plugin",
-            f"--lesson-impl={target}",
-            # Nothing may be written into the installed package, and no project's pytest
-            # configuration (wherever the learner stands) may change the run.
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            os.devnull,
-            f"--rootdir={lesson.path}",  # names tests "test_exercise.py::..."; nothing is written
-            "--import-mode=importlib",
-            "-q",
-            "--tb=short",
-            "--no-header",
-        ]
-    )
-    if code != 0:
-        console.print(
-            f"[yellow]Not yet.[/] The failing properties above show an example input. "
-            f"Stuck? [bold]nanovllm lesson {lesson.number} --hint[/]"
-        )
-        return 1
-    if against is None:
-        workspace.mark_passed(lesson)
-        console.print(f"[green]Lesson {lesson.number} passed![/]")
-        upcoming = workspace.next_lesson()
-        if upcoming is not None:
-            console.print(f"Next: [bold]nanovllm lesson {upcoming.number}[/] ({upcoming.title})")
-    return 0
-
-
-def _mutants(console: Console, lesson: Lesson | None) -> int:
+def _needs_test_tools(console) -> bool:
     missing = _missing_test_tools()
     if missing:
         console.print(f"[red]This needs {' and '.join(missing)}: pip install 'nanovllm[dev]'[/]")
+    return bool(missing)
+
+
+def _target(workspace: Workspace, lesson: Lesson, against: str | None) -> Path | str:
+    if against in ("reference", "exercise"):
+        return against
+    return Path(against) if against else workspace.exercise_path(lesson)
+
+
+def _check(console, workspace: Workspace, lesson: Lesson, against: str | None) -> int:
+    if _needs_test_tools(console):
         return 2
+    target = _target(workspace, lesson, against)
+    path = lesson.file(f"{target}.py") if isinstance(target, str) else target
+    ok = _check_once(console, workspace, lesson, path, record=against is None)
+    return 0 if ok else 1
+
+
+def _check_once(console, workspace: Workspace, lesson: Lesson, path: Path, record: bool) -> bool:
+    """One check of the file at `path`, reported compactly; records a pass when `record`."""
+    from nanovllm.lessons import report
+
+    _single_thread()
+    console.print(f"Checking lesson {lesson.number}: [bold]{path}[/]")
+    with report.storage_in(workspace.storage_dir()):
+        result = report.check_exercise(lesson, path, workspace.database_dir(lesson))
+    report.render(console, result, path)
+    if not result.passed:
+        console.print(f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]")
+        return False
+    if record:
+        _record_pass(console, workspace, lesson)
+    return True
+
+
+def _record_pass(console, workspace: Workspace, lesson: Lesson) -> None:
+    followers = workspace.mark_passed(lesson)
+    console.print(f"[green]Lesson {lesson.number} passed![/]")
+    for follower in followers:
+        console.print(
+            f"Lesson {follower.number}'s exercise now starts from your code: "
+            f"{workspace.exercise_path(follower)}"
+        )
+    if lesson.file("run.py").is_file():
+        console.print(f"See it run the real engine: [bold]nanovllm lesson {lesson.number} --run[/]")
+    upcoming = workspace.next_lesson()
+    if upcoming is not None:
+        console.print(f"Next: [bold]nanovllm lesson {upcoming.number}[/] ({upcoming.title})")
+
+
+def _watch(console, workspace: Workspace, lesson: Lesson) -> int:
+    if _needs_test_tools(console):
+        return 2
+    from nanovllm.lessons.watch import watch
+
+    path = workspace.exercise_path(lesson)
+
+    def check() -> bool:
+        if console.is_terminal:
+            console.clear()
+        passed = _check_once(console, workspace, lesson, path, record=True)
+        console.print(f"[dim]Watching {path}: save to check again, Ctrl-C to stop.[/]")
+        return passed
+
+    return watch(path, check)
+
+
+def _check_with_pytest(console, workspace: Workspace, lesson: Lesson, against: str | None) -> int:
+    """The check through pytest, with hypothesis' complete report (`--check --full`)."""
+    if _needs_test_tools(console):
+        return 2
+    import os
+
+    import pytest
+
+    from nanovllm.lessons import report
+
+    _single_thread()
+    target = str(_target(workspace, lesson, against))
+    console.print(f"Checking lesson {lesson.number} against [bold]{target}[/]")
+    with report.storage_in(workspace.storage_dir()):
+        code = pytest.main(
+            [
+                str(lesson.file("test_exercise.py")),
+                "-p",
+                "nanovllm.lessons.pytest_plugin",
+                f"--lesson-impl={target}",
+                # No project's pytest configuration (wherever the learner stands) may change the
+                # run, and pytest's cache is not written (it would go into the installed package).
+                "-p",
+                "no:cacheprovider",
+                "-c",
+                os.devnull,
+                f"--rootdir={lesson.path}",  # names tests "test_exercise.py::..."
+                "--import-mode=importlib",
+                "-q",
+                "--tb=short",
+                "--no-header",
+            ]
+        )
+    if code != 0:
+        console.print(f"[yellow]Not yet.[/] Stuck? [bold]nanovllm lesson {lesson.number} --hint[/]")
+        return 1
+    if against is None:
+        _record_pass(console, workspace, lesson)
+    return 0
+
+
+def _mutants(console, lesson: Lesson | None) -> int:
+    if _needs_test_tools(console):
+        return 2
+    from rich.table import Table
+
     from nanovllm.lessons import harness
 
     _single_thread()
@@ -265,6 +399,68 @@ def _mutants(console: Console, lesson: Lesson | None) -> int:
     colour = "green" if caught == len(results) else "red"
     console.print(f"[{colour}]{caught}/{len(results)} planted bugs caught[/]")
     return 0 if caught == len(results) else 1
+
+
+# --- your engine, and the visualizer -------------------------------------------------------------
+
+
+def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Namespace) -> int:
+    """`--run` (your code in the engine, compared), `--viz` (the visualizer at the lesson's
+    moment), or both (the visualizer on your engine's run)."""
+    from nanovllm.lessons import your_engine
+    from nanovllm.lessons.moments import MOMENTS
+
+    if not your_engine.has_run(lesson):
+        what = "--run" if args.run else "--viz"
+        console.print(
+            f"[yellow]Lesson {lesson.number} has no {what}: its exercise is not engine code.[/]"
+        )
+        return 2
+    try:
+        spec = lesson_module(lesson, "run")
+    except ImportError as exc:  # lesson 05 without Triton
+        console.print(f"[yellow]Lesson {lesson.number}'s --run needs {exc.name or exc}.[/]")
+        return 2
+    moment = MOMENTS.get(spec.MOMENT) if spec.MOMENT else None
+    if args.viz and moment is None:
+        console.print(
+            f"[yellow]Lesson {lesson.number} has no moment to show in the visualizer: its idea "
+            "happens inside a step.[/]"
+        )
+        return 2
+    _single_thread()
+    trace = workspace.root / lesson.name / ("your-run.jsonl" if args.run else "stock-run.jsonl")
+    if args.run:
+        from nanovllm.lessons import harness
+
+        target = _target(workspace, lesson, args.against)
+        try:
+            impl = harness.implementation(lesson, target)
+        except Exception as exc:  # noqa: BLE001 - a learner's file can fail to import in any way
+            console.print(f"[red]✗ {target} does not load:[/] {exc}")
+            return 1
+        with console.status("running the stock engine, then yours..."):
+            report = your_engine.run_lesson(lesson, impl, record=trace if args.viz else None)
+        your_engine.render(console, report)
+        if not args.viz:
+            return 0 if report.passed else 1
+        events = report.events
+    else:
+        with console.status("running the engine..."):
+            events = your_engine.record_stock(lesson, trace)
+    step = moment.find(events)
+    if step is None:
+        console.print(f"[yellow]This run never reached the moment to show ({moment.words}).[/]")
+        return 1
+    console.print(f"The visualizer, paused after step {step}: {moment.words}. Space resumes.")
+    from nanovllm.lessons import viz_adapter
+
+    if args.screenshot is None and not sys.stdout.isatty():
+        console.print(
+            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step))}[/]"
+        )
+        return 2
+    return viz_adapter.show(trace, step, args.screenshot)
 
 
 def _single_thread() -> None:

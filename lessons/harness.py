@@ -1,17 +1,21 @@
 """Running a lesson's properties in-process, against any implementation.
 
-`pytest` is the right tool for a learner (`--check` uses it: its report shows the falsifying
-example), but starting it costs seconds, and CI judges 12 references, 12 untouched exercises, one
-stub swap per exercise function and every planted bug: hundreds of runs. So here a property is
-simply called, `prop(impl=...)`, with its hypothesis settings tightened for the occasion:
+A property is simply called, `prop(impl=...)`, with its hypothesis settings set for the
+occasion (starting pytest once per run would cost seconds, and CI judges 12 references, 12
+untouched exercises, one stub swap per exercise function and every planted bug: hundreds of
+runs). Three occasions:
 
-- `derandomize=True`: the same examples every run, so "all planted bugs are caught" is a fact
-  about the code, not about luck;
-- no example database (a bug's failing example must not leak into the next implementation's run)
-  and quiet output;
-- no shrinking (we only need to know *that* a property fails, not the smallest example);
-- `testing.QUICK` set for the duration, so a property that drives hypothesis itself (lesson 12)
-  can do the same.
+- CI's verdicts (the default): `derandomize=True`, the same examples every run, so "all planted
+  bugs are caught" is a fact about the code, not about luck; no example database (a bug's
+  failing example must not leak into the next implementation's run); quiet; no shrinking (only
+  *that* a property fails matters).
+- soundness (`fresh=True`): new random examples every run, at `scale` times each property's own
+  count, so a property that fails correct code on some inputs cannot hide behind a fixed seed.
+- the learner's `--check` (`fresh=True, shrink=True, database=...`): new examples, the failures
+  saved in the learner's workspace and tried first next time, and the smallest failing example.
+
+`testing.MODE` holds the occasion for the duration, so a property that drives hypothesis itself
+(lesson 12) runs the same way.
 
 A planted bug is first tried with a few examples per property (`QUICK_EXAMPLES`), and only put
 through the full runs if it survives them: most bugs show at once.
@@ -30,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import Phase, Verbosity, settings
+from hypothesis.database import ExampleDatabase
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
-from nanovllm.lessons.testing import QUICK, Mutant
+from nanovllm.lessons.testing import MODE, Mutant, RunMode
 
 
 def implementation(lesson: Lesson, choice: str | Path) -> Any:
@@ -66,6 +71,7 @@ class PropertyResult:
     passed: bool
     error: str | None  # "ExceptionType: message" of the first failure
     seconds: float
+    exception: BaseException | None = None  # the failure itself, for `report`
 
 
 def properties(lesson: Lesson) -> list[tuple[str, Callable[..., Any]]]:
@@ -79,8 +85,10 @@ def properties(lesson: Lesson) -> list[tuple[str, Callable[..., Any]]]:
 
 
 @contextmanager
-def _quick_settings(prop: Callable[..., Any], max_examples: int | None = None) -> Iterator[None]:
-    """Tighten a hypothesis property's settings for an in-process run (see module docstring).
+def _run_settings(
+    prop: Callable[..., Any], mode: RunMode, scale: float, database: ExampleDatabase | None
+) -> Iterator[None]:
+    """Set a hypothesis property's settings for an in-process run (see the module docstring).
 
     hypothesis reads a test's settings from this attribute each time it runs, which is also what
     its own `@settings` decorator sets; we swap it for the call and put it back.
@@ -90,19 +98,28 @@ def _quick_settings(prop: Callable[..., Any], max_examples: int | None = None) -
     if original is None:  # a plain function, not a hypothesis property
         yield
         return
-    overrides = (
-        {} if max_examples is None else {"max_examples": min(max_examples, original.max_examples)}
-    )
+    examples = max(1, round(original.max_examples * scale))
+    if mode.max_examples is not None:
+        examples = min(examples, mode.max_examples)
+    if mode.shrink:
+        # A learner's run: saved failures first (`reuse`), then new examples, then the smallest
+        # failing one. Normal verbosity makes hypothesis attach the example's draws as notes.
+        phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
+        if database is not None:
+            phases.insert(1, Phase.reuse)
+        verbosity = Verbosity.normal
+    else:
+        phases, verbosity = [Phase.explicit, Phase.generate], Verbosity.quiet
     setattr(
         prop,
         attr,
         settings(
             original,
-            **overrides,
-            derandomize=True,
-            database=None,
-            verbosity=Verbosity.quiet,
-            phases=(Phase.explicit, Phase.generate),
+            max_examples=examples,
+            derandomize=not mode.fresh,
+            database=database if mode.fresh else None,
+            verbosity=verbosity,
+            phases=phases,
             print_blob=False,
             report_multiple_bugs=False,
         ),
@@ -114,21 +131,35 @@ def _quick_settings(prop: Callable[..., Any], max_examples: int | None = None) -
 
 
 def run_property(
-    name: str, prop: Callable[..., Any], impl: Any, max_examples: int | None = None
+    name: str,
+    prop: Callable[..., Any],
+    impl: Any,
+    max_examples: int | None = None,
+    *,
+    fresh: bool = False,
+    scale: float = 1.0,
+    shrink: bool = False,
+    database: ExampleDatabase | None = None,
 ) -> PropertyResult:
-    """Run one property against `impl` (at most `max_examples` examples, if given)."""
+    """Run one property against `impl`.
+
+    max_examples: a cap per property. fresh: new random examples (False: derandomized). scale:
+    multiplies the property's own example count. shrink: find the smallest failing example.
+    database: where failing examples are saved and replayed first (used only when fresh).
+    """
     start = time.perf_counter()
-    token = QUICK.set(max_examples or 0)
+    mode = RunMode(max_examples=max_examples, fresh=fresh, shrink=shrink)
+    token = MODE.set(mode)
     try:
-        with _quick_settings(prop, max_examples):
+        with _run_settings(prop, mode, scale, database):
             prop(impl=impl)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - any error fails the property (pytest's
         # `Failed` included, which is not an Exception)
-        return PropertyResult(name, False, _describe(exc), time.perf_counter() - start)
+        return PropertyResult(name, False, _describe(exc), time.perf_counter() - start, exc)
     finally:
-        QUICK.reset(token)
+        MODE.reset(token)
     return PropertyResult(name, True, None, time.perf_counter() - start)
 
 
@@ -138,11 +169,12 @@ def check(
     *,
     stop_at_first_failure: bool = False,
     max_examples: int | None = None,
+    **options: Any,
 ) -> list[PropertyResult]:
-    """Run every property of `lesson` against `impl`."""
+    """Run every property of `lesson` against `impl` (`options`: as for `run_property`)."""
     results = []
     for name, prop in properties(lesson):
-        results.append(run_property(name, prop, impl, max_examples))
+        results.append(run_property(name, prop, impl, max_examples, **options))
         if stop_at_first_failure and not results[-1].passed:
             break
     return results

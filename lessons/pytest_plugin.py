@@ -1,6 +1,6 @@
 """pytest plugin for the lesson properties: the `impl` fixture and the `--lesson-impl` option.
 
-`nanovllm lesson N --check` runs
+`nanovllm lesson N --check --full` runs
 
     pytest -p nanovllm.lessons.pytest_plugin --lesson-impl ~/.nanovllm/lessons/NN_x/exercise.py \
         .../nanovllm/lessons/NN_x/test_exercise.py
@@ -10,8 +10,9 @@ variable NANOVLLM_LESSON_IMPL) also takes `reference` (the engine: the default) 
 (the shipped stub), which is handy when working on a lesson itself.
 
 Unless a hypothesis profile is chosen already (HYPOTHESIS_PROFILE), failing examples are saved in
-the workspace, not in whatever folder the learner happens to run from, and replayed first on the
-next check: the bug you just saw is the first thing tried after your fix.
+the workspace, in the lesson's folder (the same place the short `--check` keeps them), not in
+whatever folder the learner happens to run from, and replayed first on the next check: the bug
+you just saw is the first thing tried after your fix.
 """
 
 from __future__ import annotations
@@ -41,11 +42,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if "HYPOTHESIS_PROFILE" in os.environ:
         return
-    from nanovllm.lessons.workspace import home
+    from nanovllm.lessons.workspace import Workspace
 
+    workspace = Workspace()
+    lessons = []
+    for arg in config.args:
+        try:
+            lessons.append(harness.lesson_of(Path(arg.split("::")[0])))
+        except LookupError:
+            pass
+    database = workspace.database_dir(lessons[0]) if len(lessons) == 1 else workspace.storage_dir()
     settings.register_profile(
         "nanovllm-lessons",
-        database=DirectoryBasedExampleDatabase(str(home() / "lessons" / ".hypothesis")),
+        database=DirectoryBasedExampleDatabase(str(database)),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )

@@ -7,9 +7,10 @@ decorated with `@lesson_settings(n)`, hypothesis' `@given(...)` for its other pa
 Nothing in a property may import the implementation itself; it only reaches it through `impl`.
 That is what lets one property judge the learner's code, the engine and a planted bug alike.
 
-`impl` arrives as a pytest fixture under `nanovllm lesson N --check` (see `pytest_plugin`), and as
-a keyword argument when `harness` calls the property directly (`prop(impl=...)`), which is how CI
-runs hundreds of them in seconds without starting pytest again and again.
+`impl` arrives as a keyword argument when `harness` calls the property directly
+(`prop(impl=...)`): that is how `nanovllm lesson N --check` and CI run them, hundreds in seconds,
+without starting pytest again and again. Under pytest (`nanovllm lesson N --check --full`, see
+`pytest_plugin`) it arrives as a fixture.
 """
 
 from __future__ import annotations
@@ -24,16 +25,26 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-# Set by `harness` while it runs properties in-process (CI, `--mutants`): a property that drives
-# hypothesis by itself (lesson 12 does) should then skip shrinking and may cap its examples, since
-# only pass or fail matters there, not the smallest failing example.
-QUICK: ContextVar[int | None] = ContextVar("nanovllm_lessons_quick", default=None)
+
+@dataclass(frozen=True)
+class RunMode:
+    """How `harness` is running the properties right now, in-process (CI, `--check`, `--mutants`).
+
+    A property that drives hypothesis by itself (lesson 12 does) reads it to run the same way.
+    """
+
+    max_examples: int | None = None  # a cap on examples per property (None: its own count)
+    fresh: bool = False  # fresh random examples; False: derandomized, the same every run
+    shrink: bool = False  # look for the smallest failing example (a learner wants it; CI not)
 
 
-def quick_mode() -> tuple[bool, int | None]:
-    """(running in-process?, the example cap asked for, if any)."""
-    cap = QUICK.get()
-    return cap is not None, (cap or None)
+# Set by `harness` for the duration of a run; None under plain pytest.
+MODE: ContextVar[RunMode | None] = ContextVar("nanovllm_lessons_mode", default=None)
+
+
+def run_mode() -> RunMode | None:
+    """The harness's current `RunMode`, or None when the property runs under pytest."""
+    return MODE.get()
 
 
 def lesson_settings(max_examples: int = 30) -> settings:
@@ -49,11 +60,12 @@ def lesson_settings(max_examples: int = 30) -> settings:
 
 
 def show_inputs(prop: Callable[..., Any]) -> Callable[..., Any]:
-    """Attach a property's inputs (all but `impl`) to any error it raises, as a note.
+    """Attach a property's inputs (all but `impl`) to any error it raises.
 
-    hypothesis prints the failing example itself, but under some pytest versions its report shows
-    the argument names with blank values; the note makes sure the learner always sees the input
-    that broke their code. Goes between `@given` and the function.
+    Two ways, for two readers: `exc.lesson_inputs` holds them as a dict (what `report` prints,
+    one named field per line), and a note "Input: ..." goes on the exception for pytest's
+    report. (`add_note` is Python 3.11+; on 3.10 the note is appended to `__notes__`, the list
+    `add_note` keeps, by hand.) Goes between `@given` and the function.
     """
 
     @functools.wraps(prop)
@@ -62,14 +74,30 @@ def show_inputs(prop: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return prop(*args, **kwargs)
         except Exception as exc:
-            shown = ", ".join(
-                f"{k}={v!r}" for k, v in kwargs.items() if k != "impl" and not _is_data(v)
-            )
-            if shown and hasattr(exc, "add_note"):  # Python 3.11+
-                exc.add_note(f"Input: {shown}")
+            inputs = {k: v for k, v in kwargs.items() if k != "impl" and not _is_data(v)}
+            try:
+                exc.lesson_inputs = inputs  # type: ignore[attr-defined]
+            except AttributeError:  # an exception type that takes no new attributes
+                pass
+            if inputs:
+                _add_note(exc, "Input: " + ", ".join(f"{k}={v!r}" for k, v in inputs.items()))
             raise
 
     return wrapper
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        exc.add_note(note)
+        return
+    notes = getattr(exc, "__notes__", None)
+    try:
+        if isinstance(notes, list):
+            notes.append(note)
+        else:
+            exc.__notes__ = [note]  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
 
 
 def _is_data(value: Any) -> bool:

@@ -225,7 +225,10 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama) -> None:
         ({"method": "ngram"}, "num_speculative_tokens must be an int >= 1, got None"),
         ({**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min=4 exceeds"),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an int >= 1, got 0"),
-        ({"model": "/some/draft", "num_speculative_tokens": 2}, "draft model ('/some/draft') is not supported"),
+        (
+            {"model": "/some/draft", "num_speculative_tokens": 2},
+            "draft model ('/some/draft') is not supported",
+        ),
         ({**NGRAM, "bogus": 1}, "unknown keys ['bogus']"),
         ("ngram", "must be a dict"),
     ],

@@ -67,8 +67,10 @@ def generate_with_cache(model: ToyModel, prompt: list[int], n: int) -> list[int]
     q, k_cache, v_cache = model.qkv(prompt, 0)  # prefill: the whole prompt once
     tokens = list(prompt)
     out = attend(q, k_cache, v_cache)
-    for _ in range(n):
+    for step in range(n):
         tokens.append(int(model.logits(out)[-1].argmax()))
+        if step == n - 1:
+            break  # the last token is out: nothing will attend to its K/V
         q, k, v = model.qkv(tokens[-1:], len(tokens) - 1)  # decode: only the new token
         k_cache, v_cache = torch.cat([k_cache, k]), torch.cat([v_cache, v])
         out = attend(q, k_cache, v_cache)

@@ -98,7 +98,8 @@ def test_cache_appends_and_keeps_everything(impl, num_heads, chunks, seed):
 @given(num_heads=heads, seq_len=lengths, seed=seeds)
 @show_inputs
 def test_decoding_through_the_cache_equals_full_attention(impl, num_heads, seq_len, seed):
-    """Token-by-token decode steps give exactly the rows of one causal pass over the sequence."""
+    """Token-by-token decode steps give the rows of one causal pass over the sequence (to float
+    rounding)."""
     q = randn(seed, seq_len, num_heads, 8)
     k = randn(seed + 1, seq_len, num_heads, 8)
     v = randn(seed + 2, seq_len, num_heads, 8)
@@ -115,11 +116,16 @@ def test_decoding_through_the_cache_equals_full_attention(impl, num_heads, seq_l
 @given(seed=seeds)
 @show_inputs
 def test_attention_is_stable_with_large_scores(impl, seed):
-    """Scores of a few hundred must not overflow exp(): subtract the row maximum first (or use
+    """Scores in the thousands must not overflow exp(): subtract the row maximum first (or use
     torch.softmax, which does)."""
     q = randn(seed, 3, 2, 8) * 30
     k = randn(seed + 1, 3, 2, 8) * 30
     v = randn(seed + 2, 3, 2, 8)
     out = impl.attention(q, k, v, 1.0)
     assert torch.isfinite(out).all(), "attention produced inf/nan for large scores"
-    assert _close(out, causal_attention_oracle(q, k, v, 1.0))
+    # Scores this large are rounded by float32 to about 1e-3, which moves near-tied softmax
+    # weights: the engine's own attention is up to 4e-4 from the float64 formula here (20,000
+    # seeds measured), so the comparison allows 5e-3.
+    expected = causal_attention_oracle(q, k, v, 1.0)
+    error = (out.double() - expected).abs().max()
+    assert error <= 5e-3, f"attention differs from the formula by {error:.3g}"

@@ -65,6 +65,8 @@ def _replay(impl, num_blocks: int, script) -> tuple[object, list[int], list[KVCa
 @given(num_blocks=st.integers(0, 8), script=scripts)
 @show_inputs
 def test_behaves_like_a_list_in_lru_order(impl, num_blocks, script):
+    """After every popleft, append and remove the queue holds what a plain list would, in LRU
+    order."""
     _replay(impl, num_blocks, script)
 
 
@@ -72,6 +74,7 @@ def test_behaves_like_a_list_in_lru_order(impl, num_blocks, script):
 @given(num_blocks=st.integers(0, 6), script=scripts)
 @show_inputs
 def test_popleft_on_an_empty_queue_raises(impl, num_blocks, script):
+    """popleft on an empty queue raises ValueError and leaves the queue empty."""
     queue, model, _ = _replay(impl, num_blocks, script)
     for _ in model:
         queue.popleft()
@@ -84,6 +87,8 @@ def test_popleft_on_an_empty_queue_raises(impl, num_blocks, script):
 @given(num_blocks=st.integers(1, 8), script=scripts, k=st.integers(0, 100))
 @show_inputs
 def test_misuse_raises_and_changes_nothing(impl, num_blocks, script, k):
+    """Appending a free block (a double free) or removing a taken one raises ValueError and
+    changes nothing."""
     queue, model, taken = _replay(impl, num_blocks, script)
     if model:  # appending a block that is already free: a double free
         in_queue = queue.get_all_free_blocks()[k % len(model)]

@@ -37,6 +37,7 @@ def _decode(impl, case: PagedCase) -> torch.Tensor:
 @given(case=paged_sequence())
 @show_inputs
 def test_gather_returns_the_sequence_in_logical_order(impl, case):
+    """gather_kv reads exactly positions 0..seq_len-1, in order, through the block table."""
     key_cache, value_cache = case.caches()
     keys, values = impl.gather_kv(key_cache, value_cache, list(case.block_table), case.seq_len)
     assert keys.shape == case.k.shape, (
@@ -50,6 +51,7 @@ def test_gather_returns_the_sequence_in_logical_order(impl, case):
 @given(case=paged_sequence())
 @show_inputs
 def test_decode_matches_contiguous_attention(impl, case):
+    """paged_decode gives the attention of the query over the sequence laid out contiguously."""
     out = _decode(impl, case)
     expected = causal_attention_oracle(case.query[None], case.k, case.v, case.scale)[0]
     assert _close(out, expected), (
@@ -84,6 +86,7 @@ def test_where_the_blocks_are_does_not_matter(impl, case, seed):
 @given(case=paged_sequence(max_len=12))
 @show_inputs
 def test_inputs_are_not_modified(impl, case):
+    """paged_decode only reads the cache: the key and value caches are unchanged afterwards."""
     key_cache, value_cache = case.caches()
     impl.paged_decode(
         case.query, key_cache, value_cache, list(case.block_table), case.seq_len, case.scale

@@ -3,8 +3,8 @@
 You write the bodies of the two `@triton.jit` functions; the Python wrappers below them (written
 for you) check the inputs and launch one program per token, or per (sequence, query head).
 
-Without a GPU, Triton's interpreter runs the kernels on the CPU (slowly, but exactly), so this
-lesson works on any Linux x86_64 machine. Check with `nanovllm lesson 5 --check`.
+Without a GPU, Triton's interpreter runs the kernels on the CPU (thousands of times slower, and
+equal to a GPU's results up to float rounding), so this lesson works on any Linux x86_64 machine. Check with `nanovllm lesson 5 --check`.
 
 To keep the address arithmetic simple, every tensor here is contiguous: the element [i, j, k] of a
 tensor shaped [A, B, C] is at offset (i * B + j) * C + k from its pointer.

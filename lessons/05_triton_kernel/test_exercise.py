@@ -113,11 +113,15 @@ def _check_decode(impl, spec: DecodeBatch, scale: float) -> None:
     block_size=st.sampled_from([1, 4, 8]),
     seed=seeds,
 )
+# Always tried: more tokens than 4 blocks of 1 slot hold (the pool must grow to fit them).
+@example(num_tokens=6, heads=1, block_size=1, seed=0)
 @show_inputs
 def test_store_writes_each_token_to_its_slot_and_nothing_else(
     impl, num_tokens, heads, block_size, seed
 ):
-    pool = 4
+    """Each token's K and V land in its slot, a padding token (slot -1) writes nothing, and
+    nothing else in the cache changes."""
+    pool = max(4, -(-num_tokens // block_size))  # room for every token in a slot of its own
     slots = random.Random(seed).sample(range(pool * block_size), num_tokens)
     padding = random.Random(seed + 1).sample(range(num_tokens), num_tokens // 3)
     for t in padding:
@@ -146,6 +150,7 @@ def test_store_writes_each_token_to_its_slot_and_nothing_else(
 @example(batch=DecodeBatch(block_size=2, num_heads=4, num_kv_heads=2, seq_lens=(21, 5), seed=1))
 @show_inputs
 def test_decode_matches_attention(impl, batch):
+    """Each sequence's output is attention over its own context, read through its block table."""
     _check_decode(impl, batch, HEAD_DIM**-0.5)
 
 

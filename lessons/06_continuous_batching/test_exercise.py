@@ -22,6 +22,8 @@ def _step(impl, state: SchedState):
 @given(state=sched_states())
 @show_inputs
 def test_budget_and_seats_are_respected(impl, state):
+    """A step stays within its token budget, every scheduled request gets 1+ tokens, and at most
+    max_num_seqs run."""
     _, (running, _), scheduled = _step(impl, state)
     assert sum(scheduled.values()) <= state.token_budget, "the step is over its token budget"
     assert all(n >= 1 for n in scheduled.values()), "a scheduled request must get 1+ tokens"
@@ -32,6 +34,8 @@ def test_budget_and_seats_are_respected(impl, state):
 @given(state=sched_states())
 @show_inputs
 def test_running_requests_go_first_in_order(impl, state):
+    """Running requests are scheduled first, oldest first, each min(remaining, budget left)
+    tokens."""
     (old_running, _, _), _, scheduled = _step(impl, state)
     left = state.token_budget
     order = list(scheduled)
@@ -57,6 +61,7 @@ def test_running_requests_go_first_in_order(impl, state):
 )
 @show_inputs
 def test_admission_is_first_come_first_served(impl, state):
+    """Admitted requests are the front of the waiting queue, in order, each with its whole prompt."""
     (old_running, old_waiting, _), (running, waiting), scheduled = _step(impl, state)
     admitted = running[len(old_running) :]
     assert running[: len(old_running)] == old_running, "running requests keep their places"
@@ -74,6 +79,8 @@ def test_admission_is_first_come_first_served(impl, state):
 @example(state=SchedState(running=((5, 1, 5),), waiting=((3, 0),), max_num_seqs=4, token_budget=10))
 @show_inputs
 def test_admission_stops_only_for_a_reason(impl, state):
+    """A request is left waiting only when the seats are full or its prompt does not fit the
+    budget left."""
     _, (running, waiting), scheduled = _step(impl, state)
     if waiting:
         left = state.token_budget - sum(scheduled.values())
@@ -88,6 +95,8 @@ def test_admission_stops_only_for_a_reason(impl, state):
 @given(state=sched_states())
 @show_inputs
 def test_nothing_else_changes(impl, state):
+    """No request is lost or duplicated, and no num_computed changes: the engine advances it after
+    the step."""
     (_, _, computed), (running, waiting), _ = _step(impl, state)
     ids = [r.id for r in running + waiting]
     assert sorted(ids) == sorted(computed), "a request was lost or duplicated"

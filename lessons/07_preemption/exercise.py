@@ -1,6 +1,7 @@
 """Lesson 07 exercise: a scheduler step with a finite KV cache, and preemption.
 
-Start from your lesson 06 `schedule_step`. `Req` is the scheduler's view of a request; the helpers
+Start from your lesson 06 `schedule_step` (passing lesson 06 copies it in below, if this file is
+still untouched). `Req` is the scheduler's view of a request; the helpers
 from `nanovllm.lessons.sim`: `blocks_for(num_tokens, block_size)` is ceil(num_tokens /
 block_size), and `StepPlan(scheduled, preempted)` is what a step returns. Check with
 `nanovllm lesson 7 --check`.

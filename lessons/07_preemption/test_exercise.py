@@ -51,6 +51,7 @@ def _blocks_after(running, scheduled, computed, block_size) -> int:
 @example(state=TIGHT)
 @show_inputs
 def test_memory_is_never_overcommitted(impl, state):
+    """After the step the running requests' blocks fit in the cache, within the token budget."""
     before, running, _, scheduled, _ = _step(impl, state)
     used = _blocks_after(running, scheduled, before["computed"], state.block_size)
     assert used <= state.num_blocks, (
@@ -65,6 +66,8 @@ def test_memory_is_never_overcommitted(impl, state):
 @example(state=TIGHT)
 @show_inputs
 def test_victims_are_the_newest_and_go_to_the_front(impl, state):
+    """The victims are the newest running requests; they go to the front of the waiting queue with
+    num_computed 0."""
     before, running, waiting, _, preempted = _step(impl, state)
     old_running = before["running"]
     kept = old_running[: len(old_running) - len(preempted)]
@@ -110,6 +113,8 @@ def test_no_needless_preemption(impl, state):
 @example(state=TIGHT)
 @show_inputs
 def test_admission_waits_for_memory_and_not_after_preemption(impl, state):
+    """A step that preempted admits nobody; otherwise admission also stops when the next prompt's
+    blocks are not free."""
     before, running, waiting, scheduled, preempted = _step(impl, state)
     admitted = [r for r in running if r not in before["running"]]
     if preempted:

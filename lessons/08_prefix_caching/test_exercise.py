@@ -18,6 +18,7 @@ block_sizes = st.sampled_from([1, 2, 3, 4, 8])
 @given(block=blocks, parent=st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
 @show_inputs
 def test_hash_is_deterministic_bytes(impl, block, parent):
+    """A block's hash is bytes, the same every time, for a list or a tuple of the same tokens."""
     first = impl.hash_block_tokens(parent, block)
     assert isinstance(first, bytes) and len(first) >= 16, "a hash is bytes, at least 16 of them"
     assert impl.hash_block_tokens(parent, list(block)) == first
@@ -28,6 +29,7 @@ def test_hash_is_deterministic_bytes(impl, block, parent):
 @given(block=blocks, data=st.data())
 @show_inputs
 def test_every_token_its_order_and_the_parent_count(impl, block, data):
+    """Changing one token, their order, or the parent hash changes a block's hash."""
     base = impl.hash_block_tokens(None, block)
     i = data.draw(st.integers(0, len(block) - 1), label="changed position")
     changed = list(block)
@@ -49,6 +51,7 @@ def test_every_token_its_order_and_the_parent_count(impl, block, data):
 @given(token_ids=tokens, block_size=block_sizes)
 @show_inputs
 def test_one_chained_hash_per_full_block(impl, token_ids, block_size):
+    """One hash per full block, each chained to the hash of the block before it."""
     hashes = impl.block_hashes(token_ids, block_size)
     assert len(hashes) == len(token_ids) // block_size, "one hash per FULL block"
     parent = None
@@ -64,6 +67,7 @@ def test_one_chained_hash_per_full_block(impl, token_ids, block_size):
 @given(token_ids=tokens, block_size=block_sizes, data=st.data())
 @show_inputs
 def test_appending_tokens_never_changes_earlier_hashes(impl, token_ids, block_size, data):
+    """Appending tokens never changes the hashes of the blocks already full."""
     k = data.draw(st.integers(0, len(token_ids)), label="prefix length")
     short = impl.block_hashes(token_ids[:k], block_size)
     assert impl.block_hashes(token_ids, block_size)[: len(short)] == short
@@ -77,6 +81,8 @@ def test_appending_tokens_never_changes_earlier_hashes(impl, token_ids, block_si
 )
 @show_inputs
 def test_a_changed_block_changes_its_hash_and_all_later_ones(impl, token_ids, block_size, data):
+    """A changed block changes its own hash and every later block's, even where their tokens are
+    equal."""
     num_blocks = len(token_ids) // block_size
     assume(num_blocks >= 2)
     j = data.draw(st.integers(0, num_blocks - 2), label="changed block")
@@ -108,6 +114,8 @@ def _cache_for(impl, prompt, block_size, seed, drop=None):
 )
 @show_inputs
 def test_reuses_exactly_the_shared_full_blocks(impl, prompt, block_size, seed, data):
+    """A new request reuses exactly the cached full blocks it shares, always leaving a token to
+    compute."""
     cache, ids = _cache_for(impl, prompt, block_size, seed)
     shared = data.draw(st.integers(0, len(prompt)), label="shared tokens")
     suffix = data.draw(st.lists(st.integers(100, 199), max_size=12), label="new suffix")
@@ -130,6 +138,7 @@ def test_reuses_exactly_the_shared_full_blocks(impl, prompt, block_size, seed, d
 )
 @show_inputs
 def test_lookup_stops_at_the_first_miss(impl, prompt, block_size, seed, data):
+    """The lookup stops at the first block that is not cached, even when later ones are."""
     num_blocks = len(prompt) // block_size
     assume(num_blocks >= 1)
     dropped = data.draw(st.integers(0, num_blocks - 1), label="evicted block")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -30,6 +31,8 @@ def _step(impl, state: SchedState):
 @example(state=LONG_PROMPT)
 @show_inputs
 def test_budget_seats_and_running_first(impl, state):
+    """Budget and seats hold, and running requests go first with min(remaining, budget left)
+    tokens each."""
     old_running, _, running, _, scheduled = _step(impl, state)
     assert sum(scheduled.values()) <= state.token_budget, "the step is over its token budget"
     assert len(running) <= state.max_num_seqs
@@ -48,6 +51,7 @@ def test_budget_seats_and_running_first(impl, state):
 @example(state=LONG_PROMPT)
 @show_inputs
 def test_a_long_prompt_never_blocks_the_queue(impl, state):
+    """A prompt longer than the budget left is admitted with a chunk of exactly what is left."""
     _, old_waiting, running, waiting, scheduled = _step(impl, state)
     admitted = [r for r in running if r in old_waiting]
     assert admitted == old_waiting[: len(admitted)], "admission is first come first served"
@@ -76,6 +80,7 @@ def test_a_long_prompt_never_blocks_the_queue(impl, state):
 )
 @show_inputs
 def test_prompts_longer_than_a_step_finish(impl, jobs, max_num_seqs, budget):
+    """Whole workloads with prompts several budgets long all finish, within the budget every step."""
     requests = [Req(f"q{i}", p, max_output=o) for i, (p, o) in enumerate(jobs)]
     bound = sum(p // budget + o + 2 for p, o in jobs) + 5
     records = simulate(
@@ -88,8 +93,13 @@ def test_prompts_longer_than_a_step_finish(impl, jobs, max_num_seqs, budget):
     assert all(rec.num_tokens <= budget for rec in records)
 
 
+class Step(NamedTuple):
+    batch: list[ScheduledSeq]
+    block_size: int
+
+
 @st.composite
-def steps(draw) -> tuple[list[ScheduledSeq], int]:
+def steps(draw) -> Step:
     """A step of 1-4 requests: prefills, chunks and decodes, in blocks scattered over a pool."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]), label="block_size")
     seqs, needs = [], []
@@ -108,13 +118,15 @@ def steps(draw) -> tuple[list[ScheduledSeq], int]:
     for (token_ids, computed, new), need in zip(seqs, needs):
         batch.append(ScheduledSeq(token_ids, computed, new, pool[start : start + need]))
         start += need
-    return batch, block_size
+    return Step(batch, block_size)
 
 
 @lesson_settings(40)
 @given(step=steps())
 @show_inputs
 def test_flat_inputs_put_every_token_in_its_place(impl, step):
+    """Every new token has its id, its position (from num_computed on), its slot, and each request
+    its rows and context length."""
     batch, block_size = step
     inputs = impl.prepare_inputs(batch, block_size)
     qsl = list(inputs.query_start_loc)
@@ -144,6 +156,8 @@ def test_flat_inputs_put_every_token_in_its_place(impl, step):
 @given(step=steps())
 @show_inputs
 def test_logits_only_where_a_token_is_sampled(impl, step):
+    """logits_rows is the last row of each request that catches up, and nothing for a chunk that
+    stops short."""
     batch, block_size = step
     inputs = impl.prepare_inputs(batch, block_size)
     qsl = list(inputs.query_start_loc)

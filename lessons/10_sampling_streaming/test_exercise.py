@@ -36,6 +36,8 @@ def _kept(filtered: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 @given(logits=logit_rows(), k=st.integers(1, 14))
 @show_inputs
 def test_top_k_keeps_the_k_largest_and_their_ties(impl, logits, k):
+    """top-k keeps every logit >= the row's k-th largest (k of them, more when logits tie at the
+    boundary, as in vLLM), unchanged, and sets the rest to -inf."""
     original = logits.clone()
     kept = _kept(impl.apply_top_k(logits, k), logits)
     assert torch.equal(logits, original), "the input logits were modified"
@@ -52,6 +54,8 @@ def test_top_k_keeps_the_k_largest_and_their_ties(impl, logits, k):
 @given(logits=logit_rows(), p=st.floats(0.01, 1.0))
 @show_inputs
 def test_top_p_keeps_the_smallest_nucleus(impl, logits, p):
+    """top-p keeps the smallest set of most likely tokens whose probability reaches p, the most
+    likely always."""
     original = logits.clone()
     kept = _kept(impl.apply_top_p(logits, p), logits)
     assert torch.equal(logits, original), "the input logits were modified"
@@ -101,6 +105,7 @@ def test_streamed_pieces_add_up_to_the_text(impl, token_ids):
 @given(token_ids=toy_token_ids)
 @show_inputs
 def test_never_streams_half_a_character(impl, token_ids):
+    """No streamed piece ends in half a character (U+FFFD)."""
     _, _, deltas = _stream(impl, token_ids)
     for delta in deltas:
         assert not delta.endswith("\ufffd"), f"streamed {delta!r}: half a character"

@@ -18,6 +18,7 @@ qs = st.floats(0, 100)
 @given(xs=values, q=qs, data=st.data())
 @show_inputs
 def test_percentile_is_an_order_statistic(impl, xs, q, data):
+    """A percentile lies between the minimum and maximum, ignores order, and grows with q."""
     p = impl.percentile(xs, q)
     assert min(xs) <= p <= max(xs), f"percentile {p} outside [{min(xs)}, {max(xs)}]"
     assert impl.percentile(xs, 0) == min(xs), "the 0th percentile is the minimum"
@@ -32,6 +33,7 @@ def test_percentile_is_an_order_statistic(impl, xs, q, data):
 @given(a=st.floats(-1e3, 1e3), b=st.floats(-1e3, 1e3), q=qs)
 @show_inputs
 def test_percentile_interpolates_linearly(impl, a, b, q):
+    """Between two values, the q-th percentile is linear interpolation (NumPy's default)."""
     lo, hi = sorted((a, b))
     expected = lo + (hi - lo) * q / 100
     assert math.isclose(impl.percentile([a, b], q), expected, rel_tol=1e-9, abs_tol=1e-9), (
@@ -44,6 +46,7 @@ def test_percentile_interpolates_linearly(impl, a, b, q):
 @given(q=qs)
 @show_inputs
 def test_percentile_of_nothing_is_nan(impl, q):
+    """The percentile of no values is NaN."""
     assert math.isnan(impl.percentile([], q))
 
 
@@ -54,6 +57,8 @@ times = st.lists(st.floats(0, 1e4, allow_nan=False), max_size=20).map(sorted)
 @given(arrival=st.floats(0, 1e4), token_times=times)
 @show_inputs
 def test_latencies_add_up(impl, arrival, token_times):
+    """TTFT is arrival to first token; the n - 1 gaps between n tokens add up to the last token's
+    time."""
     first = impl.ttft(arrival, token_times)
     gaps = list(impl.inter_token_latencies(token_times))
     if not token_times:
@@ -83,6 +88,8 @@ payloads = st.dictionaries(
 @given(payload=payloads)
 @show_inputs
 def test_an_sse_event_is_exactly_one_event(impl, payload):
+    """An SSE event is 'data: <json>' and a blank line, with no raw newline inside, carrying the
+    payload."""
     event = impl.sse_event(payload)
     assert event.startswith("data: "), "an event's line starts with 'data: '"
     assert event.endswith("\n\n"), "an event ends with a blank line"

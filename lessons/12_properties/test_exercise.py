@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
+from typing import NamedTuple
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from nanovllm.core.free_block_queue import FreeBlockQueue
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.lessons.catalog import get_lesson, lesson_module
 from nanovllm.lessons.scripts import AllocatorCase
-from nanovllm.lessons.testing import quick_mode
+from nanovllm.lessons.testing import run_mode
 
 # --- inputs -----------------------------------------------------------------------------------
 
@@ -46,7 +47,9 @@ def queue_scripts(draw) -> list[tuple[str, int]]:
 
 @st.composite
 def allocator_cases(draw) -> AllocatorCase:
-    ids = st.sampled_from("abcde")
+    # Few request ids and scripts of 6+ operations: requests come back after being freed (as
+    # preempted ones do) in most scripts, which is where allocator bugs show.
+    ids = st.sampled_from("abc")
     op = st.one_of(
         st.tuples(st.just("allocate"), ids, st.integers(1, 8)),
         st.tuples(st.just("free"), ids),
@@ -54,16 +57,21 @@ def allocator_cases(draw) -> AllocatorCase:
     return AllocatorCase(
         num_blocks=draw(st.integers(2, 10), label="num_blocks"),
         block_size=draw(st.sampled_from([1, 2, 4]), label="block_size"),
-        script=tuple(draw(st.lists(op, max_size=25), label="script")),
+        script=tuple(draw(st.lists(op, min_size=6, max_size=25), label="script")),
     )
 
 
+class SlotCase(NamedTuple):
+    block_table: list[int]
+    block_size: int
+
+
 @st.composite
-def slot_cases(draw) -> tuple[list[int], int]:
+def slot_cases(draw) -> SlotCase:
     block_size = draw(st.sampled_from([1, 2, 3, 4, 8]), label="block_size")
     num_blocks = draw(st.integers(1, 6), label="num_blocks")
     seed = draw(st.integers(0, 10**6), label="seed")
-    return random.Random(seed).sample(range(num_blocks + 4), num_blocks), block_size
+    return SlotCase(random.Random(seed).sample(range(num_blocks + 4), num_blocks), block_size)
 
 
 # --- the systems: the engine's, and the planted bugs ----------------------------------------------
@@ -174,22 +182,31 @@ PROPERTIES = [
 
 
 def _run(prop, system, inputs, *, max_examples: int, quiet: bool) -> None:
-    """Drive one property with hypothesis; raises whatever the property raises."""
-    in_process, cap = quick_mode()
-    if in_process:  # CI or --mutants: only pass/fail matters, so no shrinking
-        if not quiet:
+    """Drive one property with hypothesis; raises whatever the property raises.
+
+    Under pytest: derandomized (the same scripts every check: a verdict on your properties does
+    not change from run to run), shrinking when looking for a false alarm (`quiet=False`). Run
+    in-process (`testing.run_mode()`), the harness decides: fresh scripts or not, a cap on
+    examples, and shrinking only for a learner's check.
+    """
+    mode = run_mode()
+    fresh, shrink = False, not quiet
+    if mode is not None:
+        fresh, shrink = mode.fresh, mode.shrink and not quiet
+        if not quiet and mode.max_examples:
             # Looking for a false alarm: any one found is real, so fewer examples may be tried.
             # (Not when looking for a catch: fewer examples could miss a bug that is there.)
-            max_examples = min(max_examples, cap or max_examples)
-        quiet = True
+            max_examples = min(max_examples, mode.max_examples)
 
     @settings(
         max_examples=max_examples,
-        derandomize=True,
+        derandomize=not fresh,
         database=None,
         deadline=None,
-        phases=(Phase.explicit, Phase.generate) if quiet else tuple(Phase),
-        verbosity=Verbosity.quiet if quiet else Verbosity.normal,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink)
+        if shrink
+        else (Phase.explicit, Phase.generate),
+        verbosity=Verbosity.normal if shrink else Verbosity.quiet,
         suppress_health_check=[HealthCheck.too_slow],
     )
     @given(args=inputs)
@@ -197,6 +214,11 @@ def _run(prop, system, inputs, *, max_examples: int, quiet: bool) -> None:
         prop(system, *args)
 
     search()
+
+
+# Examples per property when looking for a planted bug. Fresh random scripts must catch every
+# bug every time with the reference properties: measured, 40 missed none in 300 runs.
+CATCH_EXAMPLES = 60
 
 
 # --- the checks -----------------------------------------------------------------------------------
@@ -217,7 +239,13 @@ def _catch_test(bug: str):
         ordered = sorted(PROPERTIES, key=lambda prop: prop[1] not in overrides)
         for name, system, inputs in ordered:
             try:
-                _run(getattr(impl, name), systems[system], inputs, max_examples=40, quiet=True)
+                _run(
+                    getattr(impl, name),
+                    systems[system],
+                    inputs,
+                    max_examples=CATCH_EXAMPLES,
+                    quiet=True,
+                )
             except NotImplementedError:
                 raise
             except Exception:  # noqa: BLE001 - any failure of a property is a catch

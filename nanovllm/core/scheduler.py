@@ -18,7 +18,8 @@ samples its next token.
 When the KV cache cannot hold the next tokens of the running requests, the most recently
 admitted running request is *preempted*: its blocks are freed, it goes back to the front of the
 waiting queue with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus the
-tokens it had already produced. Because the recomputed KV is the same, its output is exactly
+tokens it had already produced. The recomputed KV equals the first up to float rounding (the
+batch it is computed in differs; a few millionths here), so its greedy output matches in practice
 what it would have been without preemption.
 
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
@@ -144,13 +145,13 @@ class Scheduler:
             # Make room in the KV cache, preempting the newest running request until it fits.
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self.running.pop()
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     break
             if request.status != RequestStatus.RUNNING:
                 break  # it preempted itself: nobody left to make room
-            self._add_to_step(out, request, num_new)
+            self.add_to_step(out, request, num_new)
             budget -= num_new
             i += 1
 
@@ -177,7 +178,7 @@ class Scheduler:
             request.num_cached_tokens = num_cached
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached
-            self._add_to_step(out, request, num_new)
+            self.add_to_step(out, request, num_new)
             budget -= num_new
 
         out.schedule_time = time.perf_counter() - start
@@ -229,7 +230,7 @@ class Scheduler:
             if s.request.status != RequestStatus.RUNNING:
                 continue
             self.running.remove(s.request)
-            self._preempt(s.request)
+            self.preempt(s.request)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -238,7 +239,8 @@ class Scheduler:
             self.waiting.popleft()  # an aborted request, dropped lazily
         return self.waiting[0] if self.waiting else None
 
-    def _add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+    def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
         computed = request.num_computed_tokens
         num_spec = max(computed + num_new - request.num_tokens, 0)  # (the budget may cut some)
         samples = computed + num_new >= request.num_tokens
@@ -267,7 +269,8 @@ class Scheduler:
                 )
             )
 
-    def _preempt(self, request: Request) -> None:
+    def preempt(self, request: Request) -> None:
+        """Free `request`'s blocks and put it at the front of the waiting queue, to recompute."""
         lost = request.num_computed_tokens
         request.spec_token_ids = []
         self.kv.free(request)

@@ -84,6 +84,12 @@ def generator_for(request: Request, device: torch.device) -> torch.Generator:
 
 
 class Sampler:
+    """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
+    the lessons swap in the learner's)."""
+
+    def __init__(self, filters=apply_filters) -> None:
+        self.filters = filters
+
     def __call__(
         self,
         logits: torch.Tensor,
@@ -112,7 +118,7 @@ class Sampler:
             top_p = torch.tensor([p.top_p for p in params], device=device)
             min_p = torch.tensor([p.min_p for p in params], device=device)
             rows_t = torch.tensor(rows, device=device)
-            filtered = apply_filters(logits[rows_t] / temperature[:, None], top_k, top_p, min_p)
+            filtered = self.filters(logits[rows_t] / temperature[:, None], top_k, top_p, min_p)
             random_probs = filtered.softmax(dim=-1)  # [num_random_rows, vocab]
             bad[rows_t] |= torch.isnan(random_probs).any(dim=-1)
             offset = 0

@@ -148,7 +148,9 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        # (q and k leave RoPE as new tensors; v is still a strided view into the fused output,
+        # and the KV-write kernels take contiguous tensors.)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim).contiguous()
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)

@@ -1,0 +1,34 @@
+"""Lesson 06 in the real engine: your `schedule_step` decides every step.
+
+`nanovllm lesson 6 --run` replaces the scheduler's `schedule` with one that shows your
+`schedule_step` the engine's running and waiting requests (as `Req`s), and carries out what it
+decides: admissions, and how many tokens each request computes. Memory is plentiful and there is
+no chunked prefill, as in the exercise; 64 requests, at most 16 at once, finish at different
+steps, so waiting requests take the freed seats. Besides the completions, the run compares your
+decisions with the stock scheduler's at every step.
+"""
+
+from __future__ import annotations
+
+from nanovllm.lessons.plug import swap_schedule_step
+
+ENGINE = dict(
+    enable_prefix_caching=False,
+    enable_chunked_prefill=False,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    num_kv_blocks=256,
+)
+WORKLOAD = "batch"
+COMPARE = "schedule"
+MOMENT = "seat_refilled"  # a request finishes and a waiting one takes its seat next step
+
+
+def plug_in(engine, impl) -> list[str]:
+    def call(running, waiting, scheduler):
+        return impl.schedule_step(
+            running, waiting, scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+        )
+
+    swap_schedule_step(engine, call)
+    return ["every scheduling decision: your `schedule_step`"]

@@ -1,0 +1,38 @@
+"""Lesson 07 in the real engine: your `schedule_step` preempts when the KV cache runs out.
+
+`nanovllm lesson 7 --run` replaces the scheduler's `schedule` with your `schedule_step` (as in
+lesson 06), on a KV cache of 24 blocks of 16 tokens for 64 requests of up to 60 tokens: the
+running requests outgrow it, and your step must preempt the newest, which later recompute. The
+run compares your decisions (admissions, tokens, victims) with the stock scheduler's at every
+step, and the completions token for token: recomputation must not change anybody's output.
+"""
+
+from __future__ import annotations
+
+from nanovllm.lessons.plug import swap_schedule_step
+
+ENGINE = dict(
+    enable_prefix_caching=False,
+    enable_chunked_prefill=False,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    num_kv_blocks=24,
+)
+WORKLOAD = "batch"
+COMPARE = "schedule"
+MOMENT = "preemption"
+
+
+def plug_in(engine, impl) -> list[str]:
+    def call(running, waiting, scheduler):
+        return impl.schedule_step(
+            running,
+            waiting,
+            max_num_seqs=scheduler.max_num_seqs,
+            token_budget=scheduler.max_num_batched_tokens,
+            num_blocks=scheduler.kv.num_blocks,
+            block_size=scheduler.kv.block_size,
+        )
+
+    swap_schedule_step(engine, call)
+    return ["every scheduling decision, preemptions included: your `schedule_step`"]

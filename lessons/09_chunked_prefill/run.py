@@ -1,0 +1,36 @@
+"""Lesson 09 in the real engine: your chunked scheduler and your flat step inputs.
+
+`nanovllm lesson 9 --run` replaces the scheduler's `schedule` with your `schedule_step` and the
+model runner's `prepare_inputs` with yours. Prompts of 47-237 tokens meet a budget of 48 tokens
+a step: most are prefilled in chunks, next to the requests decoding. The run compares your
+decisions with the stock scheduler's at every step, and the completions token for token.
+"""
+
+from __future__ import annotations
+
+from nanovllm.lessons.plug import swap_prepare_inputs, swap_schedule_step
+
+ENGINE = dict(
+    enable_prefix_caching=False,
+    enable_chunked_prefill=True,
+    max_num_seqs=8,
+    max_num_batched_tokens=48,
+    num_kv_blocks=256,
+)
+WORKLOAD = "long"
+COMPARE = "schedule"
+MOMENT = "chunk"
+
+
+def plug_in(engine, impl) -> list[str]:
+    def call(running, waiting, scheduler):
+        return impl.schedule_step(
+            running, waiting, scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+        )
+
+    swap_schedule_step(engine, call)
+    swap_prepare_inputs(engine, impl)
+    return [
+        "every scheduling decision, chunks included: your `schedule_step`",
+        "every step's flat inputs: your `prepare_inputs`",
+    ]

@@ -1,0 +1,115 @@
+"""The moment a lesson's idea shows in a real run, found in the run's events.
+
+`nanovllm lesson N --viz` opens the visualizer paused right there. Each moment is a question
+asked of a recorded run, step by step (a step's events end with its `StepSummary`):
+
+    new_block            a decoding request's last block is full and it takes a new one (02)
+    hit_from_the_middle  a new request pulls a cached block out of the middle of the free
+                         queue: neither the next to be handed out nor the last freed (03)
+    seat_refilled        a request finished last step, and a waiting one takes its seat while
+                         the others decode (06)
+    preemption           the first preemption (07)
+    first_hit            the first prefix-cache hit (08)
+    chunk                the first prefill chunk: a prompt only partly computed this step (09)
+
+The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
+them (blocks leave when handed out or hit, and join the tail when freed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Moment:
+    words: str  # "the first preemption"
+    find: Callable[[list], int | None]  # the step it happens at, or None
+
+
+def steps(events: list) -> Iterator[tuple[int, list]]:
+    """(step number, the step's events), a step ending with its StepSummary."""
+    frame: list = []
+    for event in events:
+        frame.append(event)
+        if type(event).__name__ == "StepSummary":
+            yield event.step, frame
+            frame = []
+
+
+def _first(events: list, test: Callable[[object], bool]) -> int | None:
+    for step, frame in steps(events):
+        if any(test(e) for e in frame):
+            return step
+    return None
+
+
+def _kind(event: object) -> str:
+    return type(event).__name__
+
+
+def _new_block(events: list) -> int | None:
+    for step, frame in steps(events):
+        decoding = {
+            e.request_id for e in frame if _kind(e) == "RequestScheduled" and not e.is_prefill
+        }
+        for e in frame:
+            if _kind(e) == "BlockAllocated" and e.logical_index >= 1 and e.request_id in decoding:
+                return step
+    return None
+
+
+def _hit_from_the_middle(events: list) -> int | None:
+    queue: list[int] = []
+    for step, frame in steps(events):
+        for e in frame:
+            kind = _kind(e)
+            if kind == "EngineStarted":
+                queue = list(range(e.num_kv_blocks))
+            elif kind == "BlockAllocated" and e.block_id in queue:
+                queue.remove(e.block_id)
+            elif kind == "BlockFreed" and e.ref_count == 0:
+                queue.append(e.block_id)
+            elif kind == "CacheHit" and e.was_free and e.block_id in queue:
+                position = queue.index(e.block_id)
+                if 0 < position < len(queue) - 1:
+                    return step
+                queue.remove(e.block_id)
+    return None
+
+
+def _seat_refilled(events: list) -> int | None:
+    finished_last_step = False
+    for step, frame in steps(events):
+        admitted = [
+            e
+            for e in frame
+            if _kind(e) == "RequestScheduled" and e.num_computed_tokens == 0 and e.is_prefill
+        ]
+        decoding = any(_kind(e) == "RequestScheduled" and not e.is_prefill for e in frame)
+        if finished_last_step and admitted and decoding:
+            return step
+        finished_last_step = any(_kind(e) == "RequestFinished" for e in frame)
+    return None
+
+
+MOMENTS: dict[str, Moment] = {
+    "new_block": Moment("a decoding request takes a new block", _new_block),
+    "hit_from_the_middle": Moment(
+        "a prefix hit pulls a block out of the middle of the free queue", _hit_from_the_middle
+    ),
+    "seat_refilled": Moment("a waiting request takes a finished one's seat", _seat_refilled),
+    "preemption": Moment(
+        "the first preemption",
+        lambda events: _first(events, lambda e: _kind(e) == "RequestPreempted"),
+    ),
+    "first_hit": Moment(
+        "the first prefix-cache hit",
+        lambda events: _first(events, lambda e: _kind(e) == "CacheHit"),
+    ),
+    "chunk": Moment(
+        "the first prefill chunk",
+        lambda events: _first(events, lambda e: _kind(e) == "RequestScheduled" and e.is_chunk),
+    ),
+}

@@ -1,0 +1,431 @@
+"""Plugging a learner's code into the real engine, one component at a time.
+
+`nanovllm lesson N --run` builds an ordinary `LLMEngine`, then, before the first request, hands
+one of its parts to the learner's code from lesson N. Nothing in the engine's files changes: each
+swap sets an attribute on an engine object, which the engine then calls as its own:
+
+    free block queue       kv_cache_manager.free_block_queue = YourQueue(its blocks)     lesson 03
+    slots, block tables    runner.prepare_inputs = your slot mapping around the stock    lesson 02
+    flat step inputs       runner.prepare_inputs = your prepare_inputs                   lesson 09
+    scheduler step         scheduler.schedule = your schedule_step, applied              06, 07, 09
+    prefix-cache lookup    kv_cache_manager.get_computed_blocks, allocate_slots          lesson 08
+    attention              every layer's attention backend = PerSequenceAttention        01, 04, 05
+    sampling, detokenizing runner.sampler, engine.detokenizer                            lesson 10
+
+A scheduler step written for a lesson works on `sim.Req` views of the engine's requests; the
+swap builds those views, calls the learner's function, checks the decisions (a request lost, a
+request given more tokens than it has left, a step that needs more blocks than the cache has:
+`LessonRunError`, named), and carries them out with the scheduler's own bookkeeping
+(`Scheduler.preempt` and `Scheduler.add_to_step`, which also emit the events the visualizer
+shows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.attention import (
+    AttentionMetadata,
+    TorchAttention,
+    TritonAttention,
+)
+from nanovllm.executor.sampler import Sampler
+from nanovllm.lessons.sim import Req, ScheduledSeq, StepPlan
+from nanovllm.request import RequestStatus
+
+
+class LessonRunError(RuntimeError):
+    """The learner's component did something the engine cannot carry out (the message says
+    what, with the request and the step)."""
+
+
+# --- the free block queue (lesson 03) ---------------------------------------------------------
+
+
+def swap_free_block_queue(engine, queue_class: type) -> None:
+    """Replace the KV cache manager's free block queue with `queue_class` over the same blocks.
+
+    Done before any block is handed out, so the new queue starts as the old one did: every
+    block free, in id order. (`peek`, which only the engine's step summary uses, is added if
+    the learner's class lacks it.)
+    """
+    kv = engine.kv_cache_manager
+    if kv.num_free_blocks != kv.num_blocks:
+        raise LessonRunError("the free block queue can only be swapped before the first request")
+    if not hasattr(queue_class, "peek"):
+        queue_class = type(queue_class.__name__, (queue_class,), {"peek": _peek})
+    for block in kv.blocks:  # unlink them from the stock queue, whose sentinels are dropped
+        block.prev_free = block.next_free = None
+    kv.free_block_queue = queue_class(kv.blocks)
+
+
+def _peek(queue, n: int) -> list[int]:
+    return [block.block_id for block in queue.get_all_free_blocks()[:n]]
+
+
+# --- the model runner's inputs (lessons 02 and 09) ---------------------------------------------
+
+
+def swap_slot_mapping(engine, impl) -> None:
+    """Lesson 02: every block table is cut to `impl.blocks_needed` blocks, and every step's slot
+    mapping is `impl.slot_mapping` of each request's new positions."""
+    runner = engine.runner
+    stock = runner.prepare_inputs
+    block_size = runner.block_size
+
+    def prepare_inputs(out: SchedulerOutput):
+        scheduled = []
+        for s in out.scheduled:
+            end = s.num_computed_tokens + s.num_new_tokens
+            table = s.block_table[: impl.blocks_needed(end, block_size)]
+            scheduled.append(replace(s, block_table=table))
+        input_ids, positions, meta, logits_rows = stock(replace(out, scheduled=scheduled))
+        slots = []
+        for s in scheduled:
+            start = s.num_computed_tokens
+            new = impl.slot_mapping(s.block_table, start, start + s.num_new_tokens, block_size)
+            slots.extend(int(slot) for slot in new)
+        meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runner.device)
+        return input_ids, positions, meta, logits_rows
+
+    runner.prepare_inputs = prepare_inputs
+
+
+def swap_prepare_inputs(engine, impl) -> None:
+    """Lesson 09: the step's flat inputs (token ids, positions, slots, query starts, context
+    lengths, logits rows) are all `impl.prepare_inputs`'s."""
+    runner = engine.runner
+
+    def prepare_inputs(out: SchedulerOutput):
+        batch = [
+            ScheduledSeq(
+                list(s.request.all_token_ids),
+                s.num_computed_tokens,
+                s.num_new_tokens,
+                list(s.block_table),
+            )
+            for s in out.scheduled
+        ]
+        inputs = impl.prepare_inputs(batch, runner.block_size)
+        device = runner.device
+        meta = metadata_from(
+            list(inputs.slot_mapping),
+            list(inputs.query_start_loc),
+            list(inputs.seq_lens),
+            [s.block_table for s in out.scheduled],
+            device,
+        )
+        input_ids = torch.tensor(list(inputs.input_ids), dtype=torch.int64, device=device)
+        positions = torch.tensor(list(inputs.positions), dtype=torch.int64, device=device)
+        return input_ids, positions, meta, [int(r) for r in inputs.logits_rows]
+
+    runner.prepare_inputs = prepare_inputs
+
+
+def metadata_from(
+    slot_mapping: list[int],
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    device: torch.device,
+) -> AttentionMetadata:
+    """Attention metadata from a step's flat inputs given as lists (one decode group: every
+    decode is gathered padded to the whole block table)."""
+    if len(query_start_loc) != len(seq_lens) + 1 or len(seq_lens) != len(block_tables):
+        raise LessonRunError(
+            f"query_start_loc has {len(query_start_loc)} entries and seq_lens {len(seq_lens)} "
+            f"for a step of {len(block_tables)} requests"
+        )
+    query_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
+    width = max(len(table) for table in block_tables)
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return AttentionMetadata(
+        slot_mapping=tensor(slot_mapping, torch.int64),
+        block_tables=tensor([t + [0] * (width - len(t)) for t in block_tables], torch.int32),
+        seq_lens=tensor(seq_lens, torch.int32),
+        query_start_loc=tensor(query_start_loc, torch.int32),
+        seq_lens_list=list(seq_lens),
+        query_lens_list=query_lens,
+        query_start_list=list(query_start_loc),
+        decode_seq_indices=tensor(decodes, torch.int64),
+        decode_token_indices=tensor([query_start_loc[i] for i in decodes], torch.int64),
+        prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
+    )
+
+
+# --- the scheduler step (lessons 06, 07 and 09) --------------------------------------------------
+
+
+class YourScheduleStep:
+    """`Scheduler.schedule`, with every decision made by a lesson's `schedule_step`.
+
+    `call(running, waiting, scheduler)` runs the learner's function on the `Req` views (the
+    lessons' signatures differ: lesson 07's takes the cache's size) and returns its plan.
+    """
+
+    def __init__(self, scheduler, call: Callable[[list[Req], list[Req], Any], Any]) -> None:
+        for name in ("preempt", "add_to_step"):
+            if not hasattr(scheduler, name):
+                raise LessonRunError(
+                    f"the engine's Scheduler has no {name} any more: lessons/plug.py needs "
+                    "updating to the new scheduler"
+                )
+        self.scheduler = scheduler
+        self.call = call
+
+    def __call__(self) -> SchedulerOutput:
+        s = self.scheduler
+        start = time.perf_counter()
+        s.step_count += 1
+        out = SchedulerOutput(step=s.step_count)
+        live_waiting = [r for r in s.waiting if r.status != RequestStatus.FINISHED]
+        engine_of = {r.request_id: r for r in s.running + live_waiting}
+        running = [_view(r) for r in s.running]
+        waiting = [_view(r) for r in live_waiting]
+        plan = self.call(running, waiting, s)
+        if isinstance(plan, StepPlan):
+            scheduled, preempted = dict(plan.scheduled), list(plan.preempted)
+        else:
+            scheduled, preempted = dict(plan), []
+        where = f"step {s.step_count}"
+
+        ids = sorted(r.id for r in running + waiting)
+        if ids != sorted(engine_of):
+            raise LessonRunError(f"{where}: requests were lost or duplicated between the queues")
+        for rid in preempted:
+            request = engine_of.get(rid)
+            if request is None or request not in s.running:
+                raise LessonRunError(f"{where}: {rid} was preempted but was not running")
+            s.running.remove(request)
+            s.preempt(request)
+            out.preempted.append(request)
+
+        new_running = [engine_of[r.id] for r in running]
+        for request in new_running:
+            if request.status != RequestStatus.RUNNING:  # admitted this step
+                request.status = RequestStatus.RUNNING
+                request.num_cached_tokens = 0
+        running_ids = {r.id for r in running}
+        s.running = new_running
+        s.waiting = deque(engine_of[r.id] for r in waiting)
+        s.num_waiting = len(waiting)
+        for rid, n in scheduled.items():
+            request = engine_of.get(rid)
+            if request is None or rid not in running_ids:
+                raise LessonRunError(f"{where}: {rid} was scheduled but is not running")
+            left = request.num_tokens - request.num_computed_tokens
+            if not 1 <= n <= left:
+                raise LessonRunError(
+                    f"{where}: {rid} was given {n} tokens; it has {left} left to compute"
+                )
+            if s.kv.allocate_slots(request, n) is None:
+                raise LessonRunError(
+                    f"{where}: no free KV block for {rid}'s {n} tokens: the step needs more "
+                    f"blocks than the cache's {s.kv.num_blocks}"
+                )
+            s.add_to_step(out, request, n)
+        out.schedule_time = time.perf_counter() - start
+        return out
+
+
+def _view(request) -> Req:
+    """The scheduler's view of an engine request (see `sim.Req`)."""
+    return Req(
+        request.request_id,
+        request.num_prompt_tokens,
+        max_output=request.max_tokens,
+        num_output=request.num_output_tokens,
+        num_computed=request.num_computed_tokens,
+    )
+
+
+def swap_schedule_step(engine, call: Callable[[list[Req], list[Req], Any], Any]) -> None:
+    engine.scheduler.schedule = YourScheduleStep(engine.scheduler, call)
+
+
+# --- the prefix cache (lesson 08) ----------------------------------------------------------------
+
+
+def swap_prefix_cache(engine, impl) -> None:
+    """Lesson 08: every block hash is `impl.block_hashes`'s, and every lookup at admission is
+    `impl.cached_prefix` over the cache's {hash: block id} table.
+
+    The manager registers full blocks under the hashes it finds in its per-request list and
+    only computes those missing, so filling that list with the learner's hashes first makes
+    the registry theirs too.
+    """
+    kv = engine.kv_cache_manager
+    stock_allocate = kv.allocate_slots
+    block_size = kv.block_size
+
+    def fill_hashes(request) -> None:
+        kv.req_to_block_hashes[request.request_id] = list(
+            impl.block_hashes(list(request.all_token_ids), block_size)
+        )
+
+    def get_computed_blocks(request):
+        fill_hashes(request)
+        table = {h: block.block_id for h, block in kv.cached_block_hash_to_block.items()}
+        ids = list(impl.cached_prefix(list(request.all_token_ids), block_size, table))
+        blocks = [kv.blocks[i] for i in ids]
+        for i, block in enumerate(blocks):
+            tokens = tuple(request.all_token_ids[i * block_size : (i + 1) * block_size])
+            if block.token_ids != tokens:
+                raise LessonRunError(
+                    f"cached_prefix gave {request.request_id} block {block.block_id} as its "
+                    f"block {i}, but that block holds other tokens"
+                )
+        return blocks, len(blocks) * block_size
+
+    def allocate_slots(request, num_new_tokens, new_computed_blocks=None):
+        fill_hashes(request)
+        return stock_allocate(request, num_new_tokens, new_computed_blocks)
+
+    kv.get_computed_blocks = get_computed_blocks
+    kv.allocate_slots = allocate_slots
+
+
+# --- attention (lessons 01, 04 and 05) -----------------------------------------------------------
+
+
+class PerSequenceAttention:
+    """The engine's attention interface, `forward(q, k, v, key_cache, value_cache, meta)`,
+    computed one sequence at a time by a lesson's functions:
+
+    store(k, v, key_cache, value_cache, slot_mapping)        writes the step's new K/V
+    gather(key_cache, value_cache, block_table, seq_len)     a sequence's context K/V
+    attend(q, ctx_k, ctx_v)                                  causal, queries last in the context
+    decode(q, key_cache, value_cache, block_table, seq_len)  one query token (None: `attend`)
+
+    Slower than the engine's batched paths (a Python loop over sequences); the same computation,
+    up to float rounding.
+    """
+
+    def __init__(self, store, gather, attend, decode=None) -> None:
+        self.store, self.gather, self.attend, self.decode = store, gather, attend, decode
+
+    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        self.store(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        for i in range(meta.num_seqs):
+            start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
+            seq_len, table = meta.seq_lens_list[i], meta.block_tables[i]
+            rows = slice(start, start + q_len)
+            if q_len == 1 and self.decode is not None:
+                out[rows] = self.decode(q[rows], key_cache, value_cache, table, seq_len)
+            else:
+                ctx_k, ctx_v = self.gather(key_cache, value_cache, table, seq_len)
+                out[rows] = self.attend(q[rows], ctx_k, ctx_v)
+        return out
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Plain causal attention with GQA, the queries being the last q_len of kv_len positions:
+    what a lesson's attention does not cover is done this way."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+    mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1)
+
+
+def attention_backends(engine) -> list[tuple[Any, str, Any]]:
+    """(module, attribute name, backend) for every attention backend in the engine's model."""
+    found = []
+    for module in engine.model.modules():
+        for name, value in vars(module).items():
+            if isinstance(value, TorchAttention | TritonAttention):
+                found.append((module, name, value))
+    if not found:
+        raise LessonRunError("found no attention backend in the engine's model")
+    return found
+
+
+def swap_attention(engine, make: Callable[[int, int, int, float], PerSequenceAttention]) -> int:
+    """Replace every layer's attention backend with `make(num_heads, num_kv_heads, head_dim,
+    scale)`. Returns how many layers were swapped."""
+    args = engine.model_args
+    backends = attention_backends(engine)
+    for module, name, backend in backends:
+        scale = backend.scale
+        setattr(
+            module,
+            name,
+            make(args.num_attention_heads, args.num_key_value_heads, args.head_dim, scale),
+        )
+    return len(backends)
+
+
+# --- sampling and detokenizing (lesson 10) -------------------------------------------------------
+
+
+def your_filters(apply_top_k, apply_top_p):
+    """The sampler's filters (`Sampler.filters`: per-row top-k, top-p and min-p over a batch)
+    made of the learner's one-row functions. Lesson 10 has no min-p."""
+
+    def filters(logits, top_k, top_p, min_p) -> torch.Tensor:
+        if bool((min_p > 0).any()):
+            raise LessonRunError("min_p is not part of lesson 10's sampler")
+        vocab = logits.shape[-1]
+        rows = []
+        for i in range(logits.shape[0]):
+            row = logits[i : i + 1]  # [1, vocab]
+            if int(top_k[i]) < vocab:
+                row = apply_top_k(row, int(top_k[i]))
+            if float(top_p[i]) < 1:
+                row = apply_top_p(row, float(top_p[i]))
+            rows.append(row)
+        return torch.cat(rows)
+
+    return filters
+
+
+class YourDetokenizer:
+    """The engine's incremental detokenizer, each step by the learner's `detokenize_step`.
+
+    The final flush of a request (an unfinished character when it ends) is the engine's: it is
+    not part of the exercise.
+    """
+
+    def __init__(self, stock, detokenize_step) -> None:
+        self.stock, self.detokenize_step = stock, detokenize_step
+
+    def step(self, state, output_ids: list[int], final: bool = False) -> str:
+        if final:
+            return self.stock.step(state, output_ids, final=True)
+        tokenizer = _Decoding(self.stock.tokenizer, state.skip_special_tokens)
+        return self.detokenize_step(tokenizer, state, output_ids)
+
+
+class _Decoding:
+    """A tokenizer whose `decode` keeps the request's skip_special_tokens choice."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+
+    def decode(self, token_ids, **_: Any) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=self.skip)
+
+
+def swap_sampling(engine, impl) -> None:
+    engine.runner.sampler = Sampler(filters=your_filters(impl.apply_top_k, impl.apply_top_p))
+    engine.detokenizer = YourDetokenizer(engine.detokenizer, impl.detokenize_step)

@@ -1,0 +1,30 @@
+"""The lessons' one way into the visualizer: replay a recorded run, paused at a step.
+
+Everything the lessons know of `nanovllm.viz` is here, and it is only the public command line
+(`nanovllm viz --replay TRACE --steps N`): the same arguments a user could type, parsed by the
+visualizer's own parser. A trace is the engine's events as JSON lines (`nanovllm.events`),
+which the lessons write themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def viz_argv(trace: Path, step: int, screenshot: Path | None = None) -> list[str]:
+    """`nanovllm viz` arguments that replay `trace` as fast as it goes and pause after `step`
+    (with `screenshot`: headless, save the paused screen there instead)."""
+    argv = ["--replay", str(trace), "--steps", str(step), "--speed", "0"]
+    if screenshot is not None:
+        argv += ["--screenshot", str(screenshot)]
+    return argv
+
+
+def show(trace: Path, step: int, screenshot: Path | None = None) -> int:
+    """Open the visualizer on `trace`, paused after `step`; returns its exit status."""
+    from nanovllm.viz import cli
+
+    parser = argparse.ArgumentParser(prog="nanovllm viz")
+    cli.add_arguments(parser)
+    return int(cli.run(parser.parse_args(viz_argv(trace, step, screenshot))) or 0)

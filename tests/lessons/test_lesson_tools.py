@@ -1,0 +1,345 @@
+"""The `nanovllm lesson` command: listing, hints, progress, the short check, `--watch`,
+`--reset`, lessons that start from an earlier one, `--run` (the learner's code in the real
+engine) and `--viz` (the visualizer at the lesson's moment).
+
+A learner is simulated by `solutions.solve`, which writes a plain, learner-style solution into
+the workspace, as the learner would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanovllm.lessons import harness, testing, your_engine
+from nanovllm.lessons.catalog import all_lessons, get_lesson
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `solutions`
+from solutions import solve  # noqa: E402
+
+LESSONS = all_lessons()
+
+
+def _cli(*argv: str) -> int:
+    from nanovllm.lessons.cli import main
+
+    return main(list(argv))
+
+
+# --- listing, hints, progress -------------------------------------------------------------------
+
+
+def test_listing_creates_the_workspace(home, capsys):
+    assert _cli() == 0
+    out = capsys.readouterr().out
+    for lesson in LESSONS:
+        assert lesson.title[:20] in out
+        assert (home / "lessons" / lesson.name / "exercise.py").is_file()
+    assert "0/12 passed" in out
+
+
+def test_the_learners_copy_is_never_overwritten(home, capsys):
+    _cli("--path")  # `--path` without a lesson: an error, but the workspace is made
+    mine = home / "lessons" / "02_paged_blocks" / "exercise.py"
+    mine.write_text("# my work in progress\n")
+    (home / "lessons" / "03_free_block_queue" / "exercise.py").unlink()
+    assert _cli("2", "--path") == 0
+    assert capsys.readouterr().out.strip().endswith(str(mine))
+    assert mine.read_text() == "# my work in progress\n"
+    assert (home / "lessons" / "03_free_block_queue" / "exercise.py").is_file()
+
+
+def test_hints_come_one_at_a_time(home, capsys):
+    assert _cli("3", "--hint") == 0
+    assert "hint 1 of" in capsys.readouterr().out
+    assert _cli("3", "--hint") == 0
+    assert "hint 2 of" in capsys.readouterr().out
+    progress = json.loads((home / "lessons" / "progress.json").read_text())
+    assert progress["hints_seen"] == {"03_free_block_queue": 2}
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.name for lesson in LESSONS])
+def test_lesson_text_and_demo_run(lesson, home, capsys):
+    """`nanovllm lesson N`: the text, then the demo, from a fresh workspace."""
+    assert _cli(str(lesson.number)) == 0
+    out = capsys.readouterr().out
+    assert lesson.title[:20] in out
+    assert f"Demo: {lesson.title}"[:30] in out
+    progress = json.loads((home / "lessons" / "progress.json").read_text())
+    assert progress["last"] == lesson.name
+
+
+def test_reading_loads_no_more_than_the_package_does(tmp_path):
+    """Listing, the text and hints import neither torch nor the engine themselves: whatever
+    `import nanovllm` costs, `nanovllm lesson` adds no torch to it."""
+    code = (
+        "import sys, nanovllm\n"
+        "before = 'torch' in sys.modules\n"
+        "from nanovllm.lessons.cli import main\n"
+        "for argv in ([], ['3', '--text'], ['3', '--hint'], ['3', '--path']):\n"
+        "    main(argv)\n"
+        "print('TORCH', before, 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "NANOVLLM_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    _, before, after = out.strip().splitlines()[-1].split()
+    assert after == before, "the lessons' reading commands imported torch"
+
+
+# --- checking ---------------------------------------------------------------------------------
+
+
+def test_check_reports_the_first_failure_compactly(home, tmp_path, capsys, monkeypatch):
+    """The short report: the first failing property, what it means, its input by named field,
+    the assertion, where in the learner's file. Nothing is written where the learner stands."""
+    cwd = tmp_path / "anywhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    lesson = get_lesson(2)
+    mine = solve(lesson, home / "lessons")
+    mine.write_text(
+        mine.read_text().replace(
+            "return block_table[logical] * block_size + offset",
+            "return block_table[logical] * block_size + offset + (position > 2)",
+        )
+    )
+    assert _cli("2", "--check") == 1
+    out = capsys.readouterr().out
+    assert "✓ test_blocks_needed_is_the_fewest_that_fit" in out
+    assert "✗ test_slot_is_in_the_right_block_at_the_right_offset" in out
+    assert "(2 of 5)" in out
+    assert "seq.block_table" in out and "seq.block_size" in out and "position" in out
+    assert "AssertionError: position" in out
+    assert "Not yet" in out
+    assert list(cwd.iterdir()) == [], "the check wrote into the learner's current folder"
+    assert any((home / "lessons" / lesson.name / ".hypothesis").rglob("*")), (
+        "the failing example is saved in the workspace"
+    )
+
+
+def test_check_records_progress_and_next_carries_on(home, capsys):
+    assert _cli("2", "--check") == 1, "the untouched exercise must fail"
+    assert "NotImplementedError: write blocks_needed" in capsys.readouterr().out
+    solve(get_lesson(2), home / "lessons")  # the learner solves it in their copy
+    assert _cli("2", "--check") == 0
+    out = capsys.readouterr().out
+    assert "passed" in out and "nanovllm lesson 3" in out and "--run" in out
+    progress = json.loads((home / "lessons" / "progress.json").read_text())
+    assert list(progress["passed"]) == ["02_paged_blocks"]
+    assert _cli("next", "--path") == 0
+    assert "03_free_block_queue" in capsys.readouterr().out
+    assert _cli() == 0
+    assert "1/12 passed" in capsys.readouterr().out
+
+
+def test_full_check_runs_pytest_and_writes_nothing_where_it_runs(
+    home, tmp_path, capsys, monkeypatch
+):
+    """`--check --full`: hypothesis' own report through pytest. Lesson 11 draws text, for which
+    hypothesis caches Unicode tables: in the workspace, not in the learner's current folder."""
+    cwd = tmp_path / "anywhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    solve(get_lesson(11), home / "lessons")
+    assert _cli("11", "--check", "--full") == 0
+    assert "passed" in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_load_error_is_reported_in_one_line(home, capsys):
+    _cli("--path")
+    (home / "lessons" / "11_serving_benchmarking" / "exercise.py").write_text("def oops(:\n")
+    assert _cli("11", "--check") == 1
+    assert "does not load: SyntaxError" in capsys.readouterr().out
+
+
+def test_inputs_are_noted_without_add_note():
+    """Python 3.10 has no `add_note`: the note goes into `__notes__` by hand."""
+
+    class Legacy:  # stands in for an exception without add_note
+        pass
+
+    legacy = Legacy()
+    testing._add_note(legacy, "Input: x=1")
+    testing._add_note(legacy, "Input: y=2")
+    assert legacy.__notes__ == ["Input: x=1", "Input: y=2"]
+
+
+def test_watch_checks_again_on_every_save(home, capsys, monkeypatch):
+    """`--watch`: a check at once, then one after each save that changes the file."""
+    from nanovllm.lessons import watch as watch_module
+
+    lesson = get_lesson(2)
+    real_watch = watch_module.watch
+    saves = []
+
+    def save_a_solution(_seconds: float) -> None:  # stands in for the pause between polls
+        if not saves:
+            solve(lesson, home / "lessons")  # the learner saves a solution
+        saves.append(1)
+
+    monkeypatch.setattr(
+        watch_module,
+        "watch",
+        lambda path, check: real_watch(path, check, max_checks=2, sleep=save_a_solution),
+    )
+    assert _cli("2", "--watch") == 0
+    out = capsys.readouterr().out
+    assert out.index("Not yet") < out.index("Lesson 2 passed")
+    assert out.count("Checking lesson 2") == 2
+    assert len(saves) == 1, "one save, one more check"
+
+
+def test_reset_restores_the_exercise_and_forgets_saved_failures(home, capsys):
+    lesson = get_lesson(2)
+    mine = home / "lessons" / lesson.name / "exercise.py"
+    assert _cli("2", "--check") == 1
+    database = home / "lessons" / lesson.name / ".hypothesis"
+    assert database.is_dir()
+    mine.write_text(mine.read_text() + "\n# my attempt\n")
+    assert _cli("2", "--reset") == 0
+    assert mine.read_text() == lesson.file("exercise.py").read_text()
+    assert mine.with_name("exercise.py.bak").read_text().endswith("# my attempt\n")
+    assert not database.exists()
+
+
+def test_lessons_7_and_9_start_from_the_learners_lesson_6(home, capsys):
+    _cli("--path")
+    lessons = home / "lessons"
+    touched = lessons / "09_chunked_prefill" / "exercise.py"
+    touched.write_text(touched.read_text() + "\n# started already\n")
+    solve(get_lesson(6), lessons)
+    assert _cli("6", "--check") == 0
+    assert "Lesson 7's exercise now starts from your code" in capsys.readouterr().out
+    seven = (lessons / "07_preemption" / "exercise.py").read_text()
+    assert "Your schedule_step from lesson 06" in seven
+    assert "scheduled[r.id] = r.num_tokens" in seven, "the learner's own lines"
+    assert "NotImplementedError" not in seven
+    assert touched.read_text().endswith("# started already\n"), "a touched copy is never replaced"
+    # The copy is a start, not a solution: it knows nothing of memory yet.
+    impl = harness.implementation(get_lesson(7), lessons / "07_preemption" / "exercise.py")
+    assert [r for r in harness.check(get_lesson(7), impl, max_examples=5) if not r.passed]
+    (lessons / "07_preemption" / "exercise.py").write_text("# scribbles\n")
+    assert _cli("7", "--reset") == 0
+    assert (lessons / "07_preemption" / "exercise.py").read_text() == seven
+
+
+# --- the learner's code in the real engine ------------------------------------------------------
+
+
+@pytest.mark.parametrize("number", [2, 3, 6])
+def test_a_learners_solution_runs_the_real_engine(number, home, capsys):
+    """Done when: a learner who solved lessons 2, 3 and 6 sees their own code run the embedded
+    model to the same output as the stock engine (and, for 3 and 6, the same block and
+    scheduling decisions)."""
+    lesson = get_lesson(number)
+    solve(lesson, home / "lessons")
+    assert _cli(str(number), "--run") == 0
+    out = capsys.readouterr().out
+    assert "Your engine produced the same 64 completions as the stock engine" in out
+    if number == 6:
+        assert "every step's scheduling decisions matched" in out
+
+
+def test_run_catches_what_the_properties_would(home):
+    """A slot mapping that ignores where the step starts writes K/V over earlier tokens'; the
+    run's completions show it (8 short requests keep this quick)."""
+    lesson = get_lesson(2)
+    (broken,) = [m for m in harness.mutants(lesson) if m.name == "slot-mapping-from-zero"]
+    impl = broken.build(harness.implementation(lesson, "reference"))
+    report = your_engine.run_lesson(lesson, impl, workload="short")
+    assert not report.passed
+    assert report.divergences or report.error
+
+
+def test_run_names_a_decision_the_engine_cannot_carry_out(home):
+    """A scheduler that gives a request more tokens than it has left is stopped, by name."""
+    lesson = get_lesson(6)
+
+    def greedy(running, waiting, max_num_seqs, token_budget):
+        while waiting and len(running) < max_num_seqs:
+            running.append(waiting.pop(0))
+        return {r.id: r.remaining + 1 for r in running}
+
+    impl = testing.variant(harness.implementation(lesson, "reference"), schedule_step=greedy)
+    report = your_engine.run_lesson(lesson, impl, workload="short")
+    assert report.error is not None and "has" in report.error and "left to compute" in report.error
+
+
+def test_lessons_without_engine_code_say_so(home, capsys):
+    assert _cli("12", "--run") == 2
+    assert "no --run" in capsys.readouterr().out
+
+
+# --- the visualizer -------------------------------------------------------------------------------
+
+
+def test_viz_opens_paused_at_the_first_preemption(home, tmp_path, capsys):
+    """`nanovllm lesson 7 --viz`: the stock engine's run, replayed in the visualizer and paused
+    at the step of the first preemption (headless here: a screenshot of that screen)."""
+    pytest.importorskip("textual")
+    shot = tmp_path / "moment.txt"
+    assert _cli("7", "--viz", "--screenshot", str(shot)) == 0
+    out = capsys.readouterr().out
+    assert "the first preemption" in out
+    step = int(out.split("paused after step ")[1].split(":")[0])
+    screen = shot.read_text()
+    assert f"step {step}" in screen
+    assert "preempted" in screen
+
+
+def test_a_hit_from_the_middle_of_the_free_queue_is_found():
+    """The free queue's order, followed from the events: a hit on the head or the tail is not
+    from the middle; a hit on a block with freed blocks on both sides is."""
+    from nanovllm.events import BlockAllocated, BlockFreed, CacheHit, EngineStarted, StepSummary
+    from nanovllm.lessons.moments import MOMENTS
+
+    def summary(step):
+        return StepSummary(step, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
+
+    started = EngineStarted("m", 4, 16, 8, 64, 256, True, True, "torch")
+    events = [
+        started,
+        *(BlockAllocated("a", b, b) for b in range(3)),  # queue: 3
+        summary(1),
+        *(BlockFreed("a", b, 0, True) for b in (2, 1, 0)),  # queue: 3 2 1 0
+        summary(2),
+        CacheHit("b", 0, 0, True, 1),  # the tail: not the middle; queue: 3 2 1
+        summary(3),
+        CacheHit("c", 2, 0, True, 1),  # between 3 and 1: the middle
+        summary(4),
+    ]
+    assert MOMENTS["hit_from_the_middle"].find(events) == 4
+    assert MOMENTS["first_hit"].find(events) == 3
+    assert MOMENTS["preemption"].find(events) is None
+
+
+ENGINE_LESSONS = [lesson for lesson in LESSONS if your_engine.has_run(lesson)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", ENGINE_LESSONS, ids=[lesson.name for lesson in ENGINE_LESSONS])
+def test_every_lessons_learner_solution_runs_the_real_engine(lesson, home):
+    impl = harness.implementation(lesson, solve(lesson, home / "lessons"))
+    report = your_engine.run_lesson(lesson, impl)
+    assert report.passed, (report.error, report.divergences, report.decisions_differ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", ENGINE_LESSONS, ids=[lesson.name for lesson in ENGINE_LESSONS])
+def test_every_lessons_moment_happens_in_its_run(lesson, tmp_path):
+    from nanovllm.lessons.catalog import lesson_module
+    from nanovllm.lessons.moments import MOMENTS
+
+    key = lesson_module(lesson, "run").MOMENT
+    if key is None:
+        pytest.skip("no moment: the idea happens inside a step")
+    events = your_engine.record_stock(lesson, tmp_path / "trace.jsonl")
+    assert MOMENTS[key].find(events) is not None
