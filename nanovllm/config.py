@@ -40,9 +40,16 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Speculative decoding, vLLM's shape: {"method": "ngram", "num_speculative_tokens": k, ...}
     speculative_config: dict | None = None
+    # Tensor parallelism: the model cut across this many processes (`executor/tensor_parallel.py`)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

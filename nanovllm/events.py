@@ -237,6 +237,8 @@ class StepSummary(Event):
     num_preempted: int = 0
     token_budget: int = 0
     free_queue_head: tuple[int, ...] = field(default_factory=tuple)
+    # Each tensor-parallel rank's forward time this step, in rank order (one without TP).
+    rank_forward_times: tuple[float, ...] = field(default_factory=tuple)
 
 
 # --- a late subscriber's starting point -----------------------------------------------------------

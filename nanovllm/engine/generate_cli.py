@@ -18,9 +18,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--no-chunked-prefill", action="store_true")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: the checkpoint's half precision on a GPU, float32 on a CPU",
+    )
     g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="run the model over this many processes (tensor parallelism; see `torchrun` in "
+        "nanovllm/executor/tensor_parallel.py)",
+    )
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -36,6 +48,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -29,6 +29,7 @@ import torch
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.detokenizer import (
     DetokenizerState,
     IncrementalDetokenizer,
@@ -53,9 +54,9 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
-from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.models.loader import load_model, load_model_args, load_tokenizer, resolve_dtype
+from nanovllm.executor.tensor_parallel import RunnerSpec, start_runners
+from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.config import SpeculativeConfig
@@ -152,13 +153,21 @@ class LLMEngine:
 
         self.tokenizer = load_tokenizer(path)
         self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)
-        self.model = load_model(
-            path, self.dtype, self.device, self.attention_backend, self.max_model_len
-        )
-
-        self.runner = ModelRunner(self.model, config.block_size, self.dtype, self.device)
+        # The model (rank 0's shard of it with tensor parallelism, the other ranks starting in
+        # their own processes) and its runner.
+        tp = config.tensor_parallel_size
+        threads = config.num_threads
+        if tp > 1 and not threads and self.device.type == "cpu":
+            threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
+        spec = RunnerSpec(
+            path, self.dtype, self.device.type, self.attention_backend, self.max_model_len,
+            config.block_size, threads,
+        )  # fmt: skip
+        self.runner, self.group = start_runners(tp, spec, args)
+        self.model = self.runner.model
+        self._dead: BaseException | None = None  # set when a rank died: no step can run
         self.num_kv_blocks = self._num_kv_blocks()
-        self.runner.allocate_kv_cache(self.num_kv_blocks)
+        self._on_every_rank("allocate_kv_cache", self.num_kv_blocks)
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
@@ -209,10 +218,13 @@ class LLMEngine:
         config = self.config
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
-        per_block = ModelRunner.kv_bytes_per_block(self.model_args, config.block_size, self.dtype)
+        per_block = ModelRunner.kv_bytes_per_block(
+            self.model_args, config.block_size, self.dtype, config.tensor_parallel_size
+        )
         budget = config.kv_cache_memory_bytes
-        if budget is None:
-            budget = kv_cache_budget(self.runner, config, self.max_model_len)
+        if budget is None:  # the smallest any rank can give (each holds its heads' share)
+            budgets = self._on_every_rank("measure_kv_budget", config, self.max_model_len, all=True)
+            budget = min(budgets)
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(
@@ -222,6 +234,24 @@ class LLMEngine:
         # More than every sequence at full length could ever use is wasted memory.
         useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
         return int(min(num_blocks, useful))
+
+    def _on_every_rank(self, method: str, *args, all: bool = False):
+        """Call a runner method on every rank (just here without tensor parallelism): rank 0's
+        result, or with `all` every rank's in rank order."""
+        if self.group is None:
+            result = getattr(self.runner, method)(*args)
+            return [result] if all else result
+        return self.group.run_all(method, *args) if all else self.group.run(method, *args)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of tensor parallelism (also done at interpreter exit)."""
+        if self.group is not None:
+            self.group.close()
+
+    def __del__(self) -> None:
+        group = getattr(self, "group", None)
+        if group is not None:
+            group.close()
 
     # --- events -------------------------------------------------------------------------------
 
@@ -384,15 +414,19 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._dead is not None:
+            raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
         try:
             result = self.runner.execute(sched)
-        except Exception:
+        except Exception as exc:
             self.scheduler.rollback_step(sched)
             self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
+            if isinstance(exc, WorkerGroupError):  # a rank died (named): the group is closed
+                self._dead = exc
             raise
         forward_time = self.runner.last_forward_time + self.runner.last_sample_time
         emit = self.events.active
@@ -562,7 +596,15 @@ class LLMEngine:
             num_preempted=len(sched.preempted),
             token_budget=self.config.max_num_batched_tokens,
             free_queue_head=tuple(kv.free_block_queue.peek(8)),
+            rank_forward_times=self._rank_forward_times(),
         )
+
+    def _rank_forward_times(self) -> tuple[float, ...]:
+        """Each rank's forward time of the last step (a round trip to every rank: only asked
+        when someone listens to events)."""
+        if self.group is None:
+            return (self.runner.last_rank_forward_time,)
+        return tuple(self.group.run_all("rank_forward_time"))
 
     # --- streaming ------------------------------------------------------------------------------
 

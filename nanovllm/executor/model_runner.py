@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import AttentionMetadata
+from nanovllm.executor.attention import AttentionMetadata, to_device
+from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
 from nanovllm.models.llama import CausalLM
 
@@ -42,6 +43,13 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
+    """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share).
+
+    With tensor parallelism (`group`, on rank 0 only) the step's inputs are prepared here, once;
+    `forward_logits` then runs on every rank at the same time (`WorkerGroup.run`), whose layers
+    meet in their all-reduces; and the tokens are sampled here, on rank 0 alone.
+    """
+
     def __init__(
         self, model: CausalLM, block_size: int, dtype: torch.dtype, device: torch.device
     ) -> None:
@@ -50,14 +58,21 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.sampler = Sampler()
+        self.group = None  # rank 0's WorkerGroup with tensor parallelism
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_forward_time = 0.0
         self.last_sample_time = 0.0
+        self.last_rank_forward_time = 0.0
+
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads this rank holds (all of them without tensor parallelism)."""
+        return self.model.model.layers[0].self_attn.num_kv_heads
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks."""
         args = self.model.args
-        shape = (num_blocks, self.block_size, args.num_key_value_heads, args.head_dim)
+        shape = (num_blocks, self.block_size, self.num_kv_heads, args.head_dim)
         self.kv_caches = []  # let an earlier (profiling) cache go before the new one is made
         self.kv_caches = [
             (
@@ -89,14 +104,21 @@ class ModelRunner:
             block_table = list(range(first_block, first_block + num_blocks))
             first_block += num_blocks
             out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
-        self.execute(out)
+        # This rank's forward alone: with tensor parallelism every rank profiles at once.
+        self.forward_logits(*self.prepare_inputs(out))
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
+    def measure_kv_budget(self, config, max_model_len: int) -> int:
+        """Bytes this rank can give its KV cache (`executor/memory.py`)."""
+        return kv_cache_budget(self, config, max_model_len)
+
     @staticmethod
-    def kv_bytes_per_block(model_args, block_size: int, dtype: torch.dtype) -> int:
-        per_token = (
-            2 * model_args.num_hidden_layers * model_args.num_key_value_heads * model_args.head_dim
-        )
+    def kv_bytes_per_block(
+        model_args, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
+    ) -> int:
+        """Bytes of one KV block on one rank (which holds num_kv_heads / tp heads, at least 1)."""
+        kv_heads = max(model_args.num_key_value_heads // tensor_parallel_size, 1)
+        per_token = 2 * model_args.num_hidden_layers * kv_heads * model_args.head_dim
         return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
     def prepare_inputs(
@@ -121,7 +143,6 @@ class ModelRunner:
             if s.samples:  # the request's last own token, then each proposal
                 logits_rows.extend(range(query_starts[-1] - 1 - num_spec, query_starts[-1]))
 
-        device = self.device
         max_blocks = max(len(s.block_table) for s in out.scheduled)
         block_tables = torch.tensor(
             [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
@@ -147,37 +168,65 @@ class ModelRunner:
                 (start, end, seq_lens[decode_seqs[end - 1]])
             )  # sorted: last is longest
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(device),
-            block_tables=block_tables.to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-            query_start_loc=torch.tensor(query_starts, dtype=torch.int32).to(device),
+            slot_mapping=slot_mapping,
+            block_tables=block_tables,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(query_starts, dtype=torch.int32),
             seq_lens_list=seq_lens,
             query_lens_list=query_lens,
             query_start_list=query_starts,
-            decode_seq_indices=torch.tensor(decode_seqs, dtype=torch.int64).to(device),
+            decode_seq_indices=torch.tensor(decode_seqs, dtype=torch.int64),
             decode_token_indices=torch.tensor(
                 [query_starts[i] for i in decode_seqs], dtype=torch.int64
-            ).to(device),
+            ),
             prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
             decode_groups=decode_groups,
         )
-        input_ids_t = torch.tensor(input_ids, dtype=torch.int64).to(device)
-        return input_ids_t, positions_t.to(device), meta, logits_rows
+        input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
+        # Built on the CPU: with tensor parallelism they travel to every rank from here.
+        return input_ids_t, positions_t, meta, logits_rows
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: forward pass, then one token for each request that samples."""
+    def forward_logits(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens], on the CPU
+        positions: torch.Tensor,  # [num_tokens]
+        meta: AttentionMetadata,
+        logits_rows: list[int],
+    ) -> torch.Tensor | None:
+        """This rank's forward pass over the step; the logits of `logits_rows` ([rows, vocab]),
+        or None when no row samples. Every rank runs it together under tensor parallelism."""
         start = time.perf_counter()
-        input_ids, positions, meta, logits_rows = self.prepare_inputs(out)
+        device = self.device
+        input_ids, positions, meta = (
+            to_device(input_ids, device),
+            to_device(positions, device),
+            meta.to(device),
+        )
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.last_rank_forward_time = time.perf_counter() - start
+        return logits  # [num_rows, vocab]
+
+    def rank_forward_time(self) -> float:
+        """Seconds this rank's last `forward_logits` took (per rank, for the step summary)."""
+        return self.last_rank_forward_time
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: forward pass (on every rank), then sample (here)."""
+        start = time.perf_counter()
+        inputs = self.prepare_inputs(out)
+        if self.group is not None:
+            logits = self.group.run("forward_logits", *inputs)
+        else:
+            logits = self.forward_logits(*inputs)
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             self.last_forward_time = time.perf_counter() - start
             self.last_sample_time = 0.0
             return ModelRunnerOutput()
-        logits = self.model.compute_logits(hidden[logits_rows])  # [num_rows, vocab]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
         mid = time.perf_counter()
         sampled = self.sampler(
             logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]

@@ -351,10 +351,12 @@ class AsyncLLMEngine:
         return done.wait(timeout) and self.is_alive
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; requests still in flight fail with `EngineDeadError`."""
+        """Stop the engine thread (and the engine's tensor-parallel workers); requests still in
+        flight fail with `EngineDeadError`."""
         if self._thread.is_alive():
             self._send(_Stop())
             self._thread.join(timeout)
+        self.engine.shutdown()
 
     def _send(self, command: object) -> None:
         self._commands.put(command)

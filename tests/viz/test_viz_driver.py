@@ -197,7 +197,8 @@ def test_cli_engine_overrides_keep_scenario_defaults():
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert cli.engine_overrides(parser.parse_args([])) == {"dtype": "float32", "seed": 0}
+    defaults = {"dtype": "auto", "seed": 0, "tensor_parallel_size": 1}
+    assert cli.engine_overrides(parser.parse_args([])) == defaults
     args = parser.parse_args(["--num-kv-blocks", "12", "--no-prefix-caching", "--model", "m"])
     overrides = cli.engine_overrides(args)
     assert overrides["num_kv_blocks"] == 12 and overrides["enable_prefix_caching"] is False

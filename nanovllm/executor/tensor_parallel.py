@@ -1,0 +1,109 @@
+"""Running one model over N processes: tensor parallelism, as the engine starts it.
+
+With `tensor_parallel_size=N` the engine starts N ranks (`distributed/worker_group.py`): rank
+0 is the engine's own process, ranks 1..N-1 are worker processes (or, under `torchrun`, the
+processes torchrun started, on one machine or several). Every rank builds a `ModelRunner` with
+its shard of the model: its attention heads, its slice of the MLP and of the vocabulary
+(`models/linear.py`, `models/embedding.py`), read from the checkpoint slice by slice
+(`models/sharded_loader.py`), and a KV cache for its heads only, under the same block ids.
+
+The scheduler and the KV cache manager stay single, on rank 0. Each step rank 0 prepares the
+step's inputs once and sends them to every rank; all ranks run the forward pass together (their
+layers meet in all-reduces); rank 0 alone samples (`ModelRunner.execute`).
+
+    torchrun --standalone --nproc-per-node 2 -m nanovllm generate "ROMEO:" \\
+        --tensor-parallel-size 2                       # 2 processes on this machine
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+        -m nanovllm serve --tensor-parallel-size 4     # the same on both machines
+
+Without torchrun, `LLM(..., tensor_parallel_size=2)` starts its worker processes itself, with
+the "spawn" method (a fresh interpreter, as CUDA requires), which imports the caller's script
+again in each worker: as with vLLM, a script must be a file whose work sits under
+`if __name__ == "__main__":`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
+from nanovllm.distributed.worker_group import WorkerGroup
+from nanovllm.executor.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What every rank needs to build its runner (sent to the worker processes, so plain data)."""
+
+    model_path: Path
+    dtype: torch.dtype
+    device_type: str
+    attention_backend: str
+    max_model_len: int
+    block_size: int
+    num_threads: int | None
+
+
+def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
+    """Rank `rank`'s runner: its shard of the model (the process group is set up already)."""
+    from nanovllm.models.loader import load_model
+
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    device = torch.device("cuda", rank) if spec.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = load_model(
+        spec.model_path, spec.dtype, device, spec.attention_backend, spec.max_model_len
+    )
+    return ModelRunner(model, spec.block_size, spec.dtype, device)
+
+
+def _check_main_is_importable() -> None:
+    """Spawned workers import the caller's main script again: it must be a file."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        raise RuntimeError(
+            f"tensor_parallel_size > 1 starts worker processes that import the main script "
+            f"again, and {main_file!r} is not a file: run the code from a script file (with its "
+            "work under `if __name__ == '__main__':`), not from standard input"
+        )
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE"} <= set(os.environ)
+
+
+def start_runners(
+    tensor_parallel_size: int, spec: RunnerSpec, model_args
+) -> tuple[ModelRunner, WorkerGroup | None]:
+    """Rank 0's runner, and the group of all ranks (None with a single rank)."""
+    tp = tensor_parallel_size
+    check_tensor_parallel_size(
+        tp, model_args.num_attention_heads, model_args.num_key_value_heads,
+        model_args.intermediate_size,
+    )  # fmt: skip
+    if tp == 1:
+        return build_runner(0, spec), None
+    factory = functools.partial(build_runner, spec=spec)
+    if under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if world_size != tp:
+            raise ValueError(
+                f"tensor_parallel_size={tp} but torchrun started WORLD_SIZE={world_size} "
+                "processes: they must be equal"
+            )
+        group = WorkerGroup.from_torchrun(factory, device_type=spec.device_type)
+    else:
+        check_device_count(tp, spec.device_type)
+        _check_main_is_importable()
+        group = WorkerGroup(tp, factory, device_type=spec.device_type)
+    runner = group.driver_worker
+    runner.group = group
+    return runner, group

@@ -1,0 +1,100 @@
+"""Tensor parallelism: one model over 2 processes (gloo on this CPU), the same tokens as 1.
+
+Oracles: transformers' greedy output and the single-process engine, on Llama, Qwen2 and Qwen3
+checkpoints (including fewer KV heads than ranks), under preemption, chunked prefill and prefix
+caching at once; the processes themselves (none left behind, a killed rank named).
+Each parallel layer's own property tests (sharded = unsharded) are in tests/distributed/.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+
+import pytest
+from tiny_models import hf_greedy, make_model
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.distributed.worker_group import WorkerDiedError
+from nanovllm.events import StepSummary
+
+MODELS = {
+    "llama-gqa": dict(arch="llama", num_heads=4, num_kv_heads=2),
+    "llama-one-kv-head": dict(arch="llama", num_heads=4, num_kv_heads=1, tie=True),
+    "qwen2-bias": dict(arch="qwen2", num_heads=4, num_kv_heads=2),
+    "qwen3-qknorm": dict(arch="qwen3", num_heads=4, num_kv_heads=2, head_dim=32),
+}
+# Preemption (a tiny cache), chunked prefill (a budget under the prompt lengths) and prefix
+# caching (shared prefixes) all at once.
+TIGHT = dict(block_size=4, num_kv_blocks=14, max_num_batched_tokens=16, max_num_seqs=4)
+
+
+def prompts(vocab_size: int) -> list[list[int]]:
+    rng = random.Random(0)
+    shared = [rng.randrange(2, vocab_size) for _ in range(12)]
+    return [
+        (shared if i % 2 else [])
+        + [rng.randrange(2, vocab_size) for _ in range(rng.randint(3, 20))]
+        for i in range(6)
+    ]
+
+
+def no_workers_left() -> bool:
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_two_ranks_give_the_tokens_of_one_and_of_transformers(tmp_path, name) -> None:
+    path = make_model(tmp_path / name, vocab_size=300, **MODELS[name])
+    batch = prompts(300)
+    expected = hf_greedy(path, batch, 10)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    llm = LLM(str(path), tensor_parallel_size=2, **TIGHT)
+    try:
+        events = []
+        llm.llm_engine.subscribe(events.append)
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected
+        engine = llm.llm_engine
+        assert engine.scheduler.num_preemptions > 0 and engine.scheduler.prefix_cache_hits > 0
+        assert engine.kv_cache_manager.num_used_blocks == 0
+        summaries = [e for e in events if isinstance(e, StepSummary)]
+        assert all(len(s.rank_forward_times) == 2 for s in summaries)
+    finally:
+        llm.llm_engine.shutdown()
+    assert no_workers_left()
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_process(tiny_llama) -> None:
+    with pytest.raises(
+        ValueError, match="tensor_parallel_size=3 does not divide num_attention_heads=4"
+    ):
+        LLM(str(tiny_llama), tensor_parallel_size=3)
+    assert not multiprocessing.active_children()
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 1, got 0"):
+        LLM(str(tiny_llama), tensor_parallel_size=0)
+
+
+def test_a_rank_that_dies_is_named_and_nothing_hangs(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), tensor_parallel_size=2, block_size=4)
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    engine.add_request("a", "ROMEO:", params)
+    engine.step()
+    (worker,) = [p for p in multiprocessing.active_children() if "rank1" in p.name]
+    os.kill(worker.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="rank 1 died") as info:
+        while True:
+            engine.step()
+    assert info.value.rank == 1 and time.monotonic() - start < 60
+    with pytest.raises(RuntimeError, match="cannot run any more: tensor-parallel rank 1 died"):
+        engine.step()
+    engine.shutdown()
+    assert no_workers_left()
