@@ -586,7 +586,7 @@ def test_reducer_agrees_with_engine(tiny_llama: Path, run):
         SamplingParams(temperature=0, max_tokens=r[3], ignore_eos=True, n=r[5]) for r in requests
     ]
     added: set[str] = set()
-    for tick in range(60):
+    for tick in range(200):  # (it stops once every request is done)
         for i, (arrival, use_shared, prompt, _, abort_at, n) in enumerate(requests):
             rid = f"q{i}"
             if arrival == tick:
