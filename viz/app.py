@@ -174,13 +174,16 @@ class VizApp(App[object]):
             MetricsView: ("Metrics", ""),
             TimelineView: (
                 "Batch timeline",
-                "P prefill · p chunk · = decode · X preempted · · waiting",
+                "P prefill · p chunk · = decode · ≡ + proposals · X preempted · · waiting",
             ),
             StepView: ("Step composition", "upper case: prompt tokens · lower case: decode"),
             KVCacheView: ("Physical KV cache", "A owned · A² shared · a cached-free · · free"),
             FreeQueueView: ("Free block queue", "head: next out · tail: last freed"),
             BlockTablesView: ("Block tables", "logical → physical · last block fill"),
-            PagingView: ("Paging: the selected request", "logical block → physical block"),
+            PagingView: (
+                "Paging: the selected request",
+                "logical → physical block · underlined: accepted proposal",
+            ),
             NarrativeView: ("What happened", "in the engine's order"),
             RequestTextView: ("Selected request", ""),
         }

@@ -1,7 +1,8 @@
 """`nanovllm viz`: the command line of the visualizer.
 
     nanovllm viz                                  the embedded model on the steady workload
-    nanovllm viz --scenario burst                 preemption (also: prefix, chunked)
+    nanovllm viz --scenario burst                 preemption (also: prefix, chunked,
+                                                  speculative, parallel)
     nanovllm viz --record run.jsonl               ... and write every event to a trace
     nanovllm viz --replay run.jsonl               play a trace back, no model needed
     nanovllm viz --connect http://127.0.0.1:8000  watch a running `nanovllm serve`

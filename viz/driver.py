@@ -465,7 +465,8 @@ class EngineDriver(Driver):
         for arrival in self.workload.arrivals(self._tick, engine.has_unfinished_requests()):
             self._arrivals += 1
             params = SamplingParams(
-                temperature=0.8,
+                n=arrival.n,
+                temperature=arrival.temperature,
                 top_k=50,
                 max_tokens=arrival.max_tokens,
                 seed=arrival.seed,

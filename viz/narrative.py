@@ -11,6 +11,12 @@ its sampled tokens) become one note, so a step reads as a short list:
     r12 preempted (lost 37 tokens): blocks 24 14 to the tail; back to the front of the queue
     r11 logical block 2 <- block 24 (head of the free queue; evicts r3's cached prefix)
     r15 prefix hit: logical 0-2 <- blocks 0 1 2 (pulled from the middle of the free queue)
+    r3: proposed 4, accepted 1, rejected 3 (+1 token of its own); block 17 to the tail
+
+A verification's note takes in the `BlockFreed` events of its request that follow it (the
+blocks that held only rejected proposals), even when other requests' verifications come in
+between: the engine verifies every request first and rolls back after. The children of one
+parallel-sampling parent arrive as one note.
 
 A `Note` keeps the events' data, not only its text, so that merging a new event into it is
 exact; `text` is built from that data when a view asks for it.
@@ -34,9 +40,11 @@ from nanovllm.events import (
     RequestPreempted,
     RequestRejected,
     RequestScheduled,
+    SpecTokensVerified,
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.families import follows
 
 if TYPE_CHECKING:
     from nanovllm.viz.state import VizState
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
 ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
 TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
+SPEC = "spec"
 
 MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
 
@@ -72,6 +81,8 @@ class Note:
             return tuple(item[1] for item in self.items)
         if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH):
             return tuple(item[0] for item in self.items)
+        if self.kind == SPEC:  # items[0] is the verification; the rest are freed blocks
+            return tuple(item[0] for item in self.items[1:])
         return ()
 
     @property
@@ -89,14 +100,15 @@ def narrate(state: VizState, event: Event) -> Note | None:
     i = len(state.draft.events)
     if isinstance(event, RequestAdded):
         where = len(state.waiting)
-        return Note(ARRIVE, event.request_id, i, i, ((event.num_prompt_tokens, where),), count=1)
+        item = (event.num_prompt_tokens, where, event.request_id)
+        return Note(ARRIVE, event.request_id, i, i, (item,), count=1)
     if isinstance(event, RequestRejected):
         return Note(REJECT, event.request_id, i, i, detail=event.reason, count=1)
     if isinstance(event, RequestScheduled):
         info = state.requests.get(event.request_id)
         admitted = info is not None and info.status == "waiting"
         if not event.is_prefill and not admitted:
-            return Note(DECODE, None, i, i, ((event.request_id,),), count=1)
+            return Note(DECODE, None, i, i, ((event.request_id, event.num_tokens),), count=1)
         item = (event.num_tokens, event.num_computed_tokens, event.is_chunk, admitted)
         return Note(SCHEDULE, event.request_id, i, i, (item,), count=1)
     if isinstance(event, BlockEvicted):
@@ -118,13 +130,22 @@ def narrate(state: VizState, event: Event) -> Note | None:
     if isinstance(event, RequestFinished):
         detail = f"{event.finish_reason}, {event.num_output_tokens} tokens"
         return Note(FINISH, event.request_id, i, i, detail=detail, count=0)
+    if isinstance(event, SpecTokensVerified):
+        item = (len(event.proposed), event.num_accepted)
+        return Note(SPEC, event.request_id, i, i, (item,), count=1)
     if isinstance(event, TokenEmitted):
         return Note(TOKENS, None, i, i, ((event.request_id, event.text_delta),), count=1)
     if isinstance(event, StepSummary):
-        tokens = event.num_prefill_tokens + event.num_decode_tokens
+        # Split as the step view splits it (a decode's proposals are decode tokens).
+        scheduled = state.draft.scheduled
+        tokens = sum(s.num_tokens for s in scheduled)
+        decode = sum(s.num_tokens for s in scheduled if s.is_decode)
+        proposed = sum(s.num_proposed for s in scheduled)
+        split = f"prefill {tokens - decode} + decode {decode}"
+        if proposed:
+            split += f", {proposed} of them proposed"
         detail = (
-            f"step {event.step} done: {tokens} tokens (prefill {event.num_prefill_tokens} + "
-            f"decode {event.num_decode_tokens}); {event.num_running} running, "
+            f"step {event.step} done: {tokens} tokens ({split}); {event.num_running} running, "
             f"{event.num_waiting} waiting, {event.num_free_blocks} blocks free"
         )
         return Note(SUMMARY, None, i, i, detail=detail)
@@ -164,6 +185,19 @@ def merge(a: Note, b: Note) -> Note | None:
         return replace(b, first=a.first, items=(taken,))
     if a.kind == FREE and same and b.kind in (PREEMPT, FINISH):
         return _join(a, b, kind=b.kind, detail=b.detail)
+    if a.kind == b.kind == ARRIVE and follows(a.items[-1][2], b.request_id) is not None:
+        return _join(a, b)  # the next child of one parallel-sampling parent
+    return None
+
+
+def _into_verification(notes: tuple[Note, ...], note: Note) -> tuple[Note, ...] | None:
+    """`notes` with the block freed by `note` told in its request's verification note, when that
+    note is among the last ones and only other verifications come after it; else None."""
+    for j in range(len(notes) - 1, -1, -1):
+        if notes[j].kind != SPEC:
+            return None
+        if notes[j].request_id == note.request_id:
+            return notes[:j] + (_join(notes[j], note),) + notes[j + 1 :]
     return None
 
 
@@ -171,6 +205,10 @@ def add_note(notes: tuple[Note, ...], note: Note | None) -> tuple[Note, ...]:
     """`notes` with `note` told after them, merged with the last ones where it belongs."""
     if note is None:
         return notes
+    if note.kind == FREE:
+        merged = _into_verification(notes, note)
+        if merged is not None:
+            return merged
     notes = notes + (note,)
     while len(notes) >= 2:
         merged = merge(notes[-2], notes[-1])
@@ -200,8 +238,15 @@ def _span(values: list[int]) -> str:
 
 
 def _arrive(n: Note) -> str:
-    tokens, where = n.items[0]
+    tokens, where, _ = n.items[0]
     place = "first in" if where == 0 else f"at the back of ({where} ahead)"
+    if n.count > 1:  # the children of one parent (parallel sampling)
+        parent = n.request_id.split("_", 1)[1]
+        children = _ids(item[2] for item in n.items) + _more(n)
+        return (
+            f"{parent} arrives with n={n.count}: children {children}, {tokens} prompt tokens "
+            f"each, {place} the waiting queue"
+        )
     return f"{n.request_id} arrives: {tokens} prompt tokens, {place} the waiting queue"
 
 
@@ -216,7 +261,12 @@ def _schedule(n: Note) -> str:
 
 
 def _decode(n: Note) -> str:
-    return f"decode, one token each: {_ids(item[0] for item in n.items)}{_more(n)}"
+    plain = [rid for rid, tokens in n.items if tokens == 1]
+    parts = [f"one token each: {_ids(plain)}"] if plain else []
+    verify = [f"{rid} 1+{tokens - 1}" for rid, tokens in n.items if tokens > 1]
+    if verify:
+        parts.append("with proposals to verify: " + " ".join(verify))
+    return "decode, " + "; ".join(parts) + _more(n)
 
 
 def _take(n: Note) -> str:
@@ -298,6 +348,16 @@ def _finish(n: Note) -> str:
     return text + (f": {_freed(n)}" if n.items else "")
 
 
+def _spec(n: Note) -> str:
+    proposed, accepted = n.items[0]
+    text = f"{n.request_id}: proposed {proposed}, "
+    if accepted == proposed:
+        return text + f"accepted {accepted} + 1 bonus token"
+    text += f"accepted {accepted}, rejected {proposed - accepted} (+1 token of its own)"
+    freed = replace(n, items=n.items[1:], count=n.count - 1)
+    return text + (f"; {_freed(freed)}" if freed.items else "")
+
+
 def _tokens(n: Note) -> str:
     return "sampled: " + ", ".join(f"{rid} {text!r}" for rid, text in n.items) + _more(n)
 
@@ -323,6 +383,7 @@ _TEXT = {
     PREEMPT: _preempt,
     FINISH: _finish,
     TOKENS: _tokens,
+    SPEC: _spec,
     SUMMARY: _plain,
     SNAPSHOT: _plain,
 }

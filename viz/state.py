@@ -17,6 +17,13 @@ prefix), `CacheHit(was_free=True)` pulls a block out of the middle, and `BlockFr
 
 Events that arrive between two `StepSummary` events belong to the step in progress (`draft`);
 the summary closes it into `last_step` and one more column of the batch timeline.
+
+Speculative decoding: a decoding request with proposals is scheduled for 1 + k tokens, so its
+`num_computed_tokens` counts the proposals' slots too; `SpecTokensVerified` then steps it back
+over the rejected ones (as the scheduler does), and the `BlockFreed` events that follow, for
+blocks that held only rejected slots, take those blocks out of the request's block table while
+it keeps running. Parallel sampling: children of one parent are grouped as a family
+(`families.py`).
 """
 
 from __future__ import annotations
@@ -39,9 +46,11 @@ from nanovllm.events import (
     RequestPreempted,
     RequestRejected,
     RequestScheduled,
+    SpecTokensVerified,
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.families import follows, group_children, parse_child_id
 from nanovllm.viz.narrative import Note, add_note, narrate
 
 # Request status, as the visualizer tells it.
@@ -53,6 +62,7 @@ FINISHED = "finished"
 PREFILL = "prefill"  # the (last piece of the) prompt was computed and a token sampled
 CHUNK = "chunk"  # a piece of a prompt too long for the step's token budget
 DECODE = "decode"  # one token in, one token out
+SPEC = "spec"  # a decode with proposed tokens to verify: 1 + k tokens in, 1 to k + 1 out
 PREEMPTED = "preempted"  # lost its blocks this step, back to the waiting queue
 WAIT = "waiting"  # in the waiting queue, not scheduled
 
@@ -83,10 +93,19 @@ class RequestInfo:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its last admission
     num_preemptions: int = 0
     finish_reason: str | None = None
+    # Speculative decoding: tokens proposed for it and accepted, and where the accepted ones
+    # sit: (position of the first, how many) per verification that accepted any.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
+
+    def accepted_positions(self) -> frozenset[int]:
+        """Positions (in prompt + output) of the tokens that were accepted proposals."""
+        return frozenset(t for start, n in self.accepted for t in range(start, start + n))
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,15 @@ class Scheduled:
     kind: str  # PREFILL, CHUNK or DECODE
     num_computed_tokens: int  # already in the cache before the step (prefix hits included)
 
+    @property
+    def is_decode(self) -> bool:
+        return self.kind == DECODE
+
+    @property
+    def num_proposed(self) -> int:
+        """Proposed tokens computed to be verified: a decode's tokens beyond its own one."""
+        return self.num_tokens - 1 if self.kind == DECODE else 0
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -130,6 +158,8 @@ class StepRecord:
     # Where a prefix hit pulled a block out of the free queue: (the block before it in the
     # queue, None at the head; the block pulled). Views draw a gap there.
     gaps: tuple[tuple[int | None, int], ...] = ()
+    # Speculative decoding: (request id, tokens proposed, tokens accepted) per verification.
+    verified: tuple[tuple[str, int, int], ...] = ()
     events: tuple[Event, ...] = ()  # the step's events in engine order
     notes: tuple[Note, ...] = ()  # the step told in words (see `narrative.py`)
     summary: StepSummary | None = None
@@ -142,7 +172,7 @@ class StepRecord:
 @dataclass(frozen=True)
 class TimelineColumn:
     step: int
-    cells: Mapping[str, str]  # request id -> PREFILL, CHUNK, DECODE, PREEMPTED or WAIT
+    cells: Mapping[str, str]  # request id -> PREFILL, CHUNK, DECODE, SPEC, PREEMPTED or WAIT
 
 
 @dataclass(frozen=True)
@@ -158,6 +188,11 @@ class Metrics:
     engine_time: float = 0.0  # schedule + forward, summed over steps
     prefix_queries: int = 0  # tokens of requests at admission (the scheduler's definition)
     prefix_hits: int = 0  # of those, tokens served by the prefix cache
+    # Speculative decoding, as the engine's `spec_stats` counts it: verifications (`drafts`),
+    # tokens proposed, tokens accepted.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     # The last MAX_RECENT steps: (tokens, schedule seconds, forward seconds).
     recent: tuple[tuple[int, float, float], ...] = ()
 
@@ -179,6 +214,18 @@ class Metrics:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted proposed tokens / proposed tokens."""
+        if not self.num_draft_tokens:
+            return 0.0
+        return self.num_accepted_tokens / self.num_draft_tokens
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verifying step gives its request: the accepted proposals plus one."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
 
 @dataclass(frozen=True)
 class VizState:
@@ -198,6 +245,9 @@ class VizState:
     metrics: Metrics = field(default_factory=Metrics)
     num_arrivals: int = 0
     rejected: tuple[tuple[str, str], ...] = ()  # (request id, reason), most recent last
+    # Parallel sampling: parent id -> its children's ids by index (families of two or more).
+    families: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    last_added: str | None = None  # the latest RequestAdded's id (children arrive in a row)
 
     @property
     def step(self) -> int:
@@ -262,6 +312,15 @@ def last_block_fill(state: VizState, request: RequestInfo) -> int:
         return 0
     used = request.num_computed_tokens - (len(request.block_table) - 1) * state.block_size
     return max(0, min(used, state.block_size))
+
+
+def family_of(state: VizState, request_id: str) -> tuple[str, tuple[str, ...]] | None:
+    """(parent id, every child's id) when `request_id` is a child of parallel sampling."""
+    child = parse_child_id(request_id)
+    if child is None:
+        return None
+    members = state.families.get(child[1], ())
+    return (child[1], members) if request_id in members else None
 
 
 def shown_step(state: VizState) -> StepRecord | None:
@@ -355,11 +414,20 @@ def _on_request_added(state: VizState, e: RequestAdded) -> VizState:
         max_tokens=e.max_tokens,
         tokens=e.prompt_tokens,
     )
+    families = state.families
+    parent = follows(state.last_added, e.request_id)
+    if parent is not None:
+        members = families.get(parent, ())
+        if not members or members[-1] != state.last_added:  # child 1: a new family
+            members = (state.last_added,)
+        families = MappingProxyType({**families, parent: members + (e.request_id,)})
     return replace(
         state,
         requests=_set_request(state, info),
         waiting=state.waiting + (e.request_id,),
         num_arrivals=state.num_arrivals + 1,
+        families=families,
+        last_added=e.request_id,
     )
 
 
@@ -459,10 +527,14 @@ def _on_request_finished(state: VizState, e: RequestFinished) -> VizState:
     requests = dict(state.requests)
     requests[e.request_id] = new_info
     finished = state.finished + (e.request_id,)
+    families = state.families
     if len(finished) > MAX_FINISHED:  # forget the oldest finished requests
         for old in finished[:-MAX_FINISHED]:
             requests.pop(old, None)
         finished = finished[-MAX_FINISHED:]
+        families = MappingProxyType(
+            {p: ids for p, ids in families.items() if any(r in requests for r in ids)}
+        )
     draft = replace(state.draft, finished=state.draft.finished + (e.request_id,))
     metrics = replace(state.metrics, num_finished=state.metrics.num_finished + 1)
     return replace(
@@ -473,6 +545,7 @@ def _on_request_finished(state: VizState, e: RequestFinished) -> VizState:
         finished=finished,
         draft=draft,
         metrics=metrics,
+        families=families,
     )
 
 
@@ -546,11 +619,19 @@ def _on_block_freed(state: VizState, e: BlockFreed) -> VizState:
     if e.ref_count == 0 and e.block_id not in free_queue:
         free_queue = free_queue + (e.block_id,)  # joins the tail
         draft = replace(draft, returned=draft.returned + (e.block_id,))
-    # The request's block table is dropped whole by RequestPreempted / RequestFinished.
+    # Out of the request's block table: a finishing or preempted request's table empties
+    # block by block (tail first), and a running request loses the blocks that held only its
+    # rejected proposals.
+    requests = state.requests
+    info = requests.get(e.request_id)
+    if info is not None and e.block_id in info.block_table:
+        table = _without(info.block_table, e.block_id)
+        requests = _set_request(state, replace(info, block_table=table))
     return replace(
         state,
         blocks=_set_block(state.blocks, e.block_id, new_block),
         free_queue=free_queue,
+        requests=requests,
         draft=draft,
     )
 
@@ -570,13 +651,41 @@ def _on_block_evicted(state: VizState, e: BlockEvicted) -> VizState:
     return replace(state, blocks=_set_block(state.blocks, e.block_id, new_block), draft=draft)
 
 
+def _on_spec_tokens_verified(state: VizState, e: SpecTokensVerified) -> VizState:
+    """The first `num_accepted` proposals were accepted: the rest are rolled back."""
+    proposed, accepted = len(e.proposed), e.num_accepted
+    m = state.metrics
+    metrics = replace(
+        m,
+        num_drafts=m.num_drafts + 1,
+        num_draft_tokens=m.num_draft_tokens + proposed,
+        num_accepted_tokens=m.num_accepted_tokens + accepted,
+    )
+    draft = replace(
+        state.draft, verified=state.draft.verified + ((e.request_id, proposed, accepted),)
+    )
+    info = state.requests.get(e.request_id)
+    if info is None:
+        return replace(state, metrics=metrics, draft=draft)
+    # The accepted tokens come next, as the request's next output tokens (`TokenEmitted`).
+    spans = info.accepted + ((info.num_tokens, accepted),) if accepted else info.accepted
+    new_info = replace(
+        info,
+        num_computed_tokens=max(0, info.num_computed_tokens - (proposed - accepted)),
+        num_draft_tokens=info.num_draft_tokens + proposed,
+        num_accepted_tokens=info.num_accepted_tokens + accepted,
+        accepted=spans,
+    )
+    return replace(state, requests=_set_request(state, new_info), metrics=metrics, draft=draft)
+
+
 def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
     record = replace(state.draft, step=e.step, summary=e)
     cells: dict[str, str] = {}
     for rid in state.waiting:
         cells[rid] = WAIT
     for s in record.scheduled:
-        cells[s.request_id] = s.kind
+        cells[s.request_id] = SPEC if s.num_proposed else s.kind
     for rid in record.preempted:
         cells[rid] = PREEMPTED
     column = TimelineColumn(e.step, MappingProxyType(cells))
@@ -650,6 +759,8 @@ def _on_engine_snapshot(state: VizState, e: EngineSnapshot) -> VizState:
         metrics=metrics,
         num_arrivals=len(requests),
         rejected=(),
+        families=MappingProxyType(group_children(requests)),
+        last_added=None,
     )
 
 
@@ -666,5 +777,6 @@ _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
     BlockFreed: _on_block_freed,
     BlockCached: _on_block_cached,
     BlockEvicted: _on_block_evicted,
+    SpecTokensVerified: _on_spec_tokens_verified,
     StepSummary: _on_step_summary,
 }

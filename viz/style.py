@@ -16,7 +16,7 @@ from rich.cells import set_cell_size
 from rich.style import Style
 from rich.text import Text
 
-from nanovllm.viz.state import CHUNK, DECODE, PREEMPTED, PREFILL, WAIT, RequestInfo
+from nanovllm.viz.state import CHUNK, DECODE, PREEMPTED, PREFILL, SPEC, WAIT, RequestInfo
 
 COLORS: tuple[str, ...] = (
     "#e06c75",
@@ -45,6 +45,7 @@ PULLED = Style(color="black", bgcolor="#c678dd", bold=True)  # pulled out by a p
 ALERT = Style(color="white", bgcolor="red", bold=True)
 FLASH = Style(color="black", bgcolor="white", bold=True)  # what the latest move changed
 MARK = Style(bold=True, underline=True)  # the selected request's blocks
+PROPOSED = Style(color="black", bgcolor="#e5c07b")  # a proposed token's slot, not verified yet
 
 
 def token_cell(text: str, width: int) -> str:
@@ -118,7 +119,7 @@ def superscript(n: int) -> str:
 
 
 # One timeline cell: a character that reads without colour, and a style.
-CELL_CHARS = {PREFILL: "P", CHUNK: "p", DECODE: "=", PREEMPTED: "X", WAIT: "·"}
+CELL_CHARS = {PREFILL: "P", CHUNK: "p", DECODE: "=", SPEC: "≡", PREEMPTED: "X", WAIT: "·"}
 
 
 @lru_cache(maxsize=1024)
@@ -127,7 +128,7 @@ def cell_style(kind: str, index: int) -> Style:
         return owner_style(index)
     if kind == CHUNK:
         return Style(color="black", bgcolor=request_color(index), dim=True)
-    if kind == DECODE:
+    if kind in (DECODE, SPEC):
         return text_style(index)
     if kind == PREEMPTED:
         return ALERT

@@ -44,6 +44,7 @@ from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.serve.spec_decode_stats import AcceptedPerPosition
 from nanovllm.serve.stats import IterationStats, RequestTimer
 
 logger = logging.getLogger("nanovllm.serve")
@@ -82,6 +83,12 @@ class EngineStats:
     # (whole second, tokens generated in it) for the last RATE_WINDOW_S seconds.
     token_buckets: tuple[tuple[int, int], ...] = ()
     started_at: float = field(default_factory=time.time)
+    # Speculative decoding (spec_decode_stats.py): k, 0 when the engine does not speculate.
+    num_speculative_tokens: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
     @property
     def kv_usage(self) -> float:
@@ -264,6 +271,11 @@ class AsyncLLMEngine:
         self._stats_observers: tuple[Callable[[IterationStats], None], ...] = ()
         self._started_at = time.time()
         self._dead: BaseException | None = None
+        self._accepted_per_pos: AcceptedPerPosition | None = None
+        if engine.speculative_config is not None:
+            k = engine.speculative_config.num_speculative_tokens
+            self._accepted_per_pos = AcceptedPerPosition(k)
+            engine.subscribe(self._accepted_per_pos)
         self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
         self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
@@ -559,4 +571,18 @@ class AsyncLLMEngine:
             num_event_subscribers=len(self._sinks),
             token_buckets=tuple((s, n) for s, n in self._buckets),
             started_at=self._started_at,
+            **self._spec_decode_stats(),
+        )
+
+    def _spec_decode_stats(self) -> dict:
+        per_pos = self._accepted_per_pos
+        if per_pos is None:
+            return {}
+        spec = self.engine.spec_stats
+        return dict(
+            num_speculative_tokens=len(per_pos.counts),
+            spec_decode_num_drafts=spec.num_drafts,
+            spec_decode_num_draft_tokens=spec.num_draft_tokens,
+            spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(per_pos.counts),
         )

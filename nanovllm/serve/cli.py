@@ -3,10 +3,11 @@
     nanovllm serve                                  # the embedded model on 127.0.0.1:8000
     nanovllm serve ./ckpt --port 8080 --max-num-seqs 32 --api-key sk-local
     nanovllm serve --model ./ckpt --host 0.0.0.0    # --model works too
+    nanovllm serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
 
 It takes the same engine options as `nanovllm generate` (see `add_engine_arguments`), plus
 vLLM's spellings (`--enable-prefix-caching` / `--no-enable-prefix-caching`, the same for
-chunked prefill, `--gpu-memory-utilization`) and the server's own: where to listen, the API
+chunked prefill, `--gpu-memory-utilization`, `--speculative-config`) and the server's own: where to listen, the API
 key and the limits the guard enforces (guard.py). Every flag is listed in serve/README.md.
 Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch.
 """
@@ -14,6 +15,7 @@ Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -86,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="the fraction of GPU memory the engine may use, in (0, 1] (default: %(default)s)",
     )
+    v.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, as a JSON object: {"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} '
+        "(default: none)",
+    )
 
 
 def engine_config_options(args: argparse.Namespace) -> dict:
@@ -110,6 +120,13 @@ def engine_config_options(args: argparse.Namespace) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} contradicts {ours}")
         options[name] = value
     options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.speculative_config is not None:
+        try:
+            options["speculative_config"] = json.loads(args.speculative_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"--speculative-config is not valid JSON ({exc}): {args.speculative_config!r}"
+            ) from None
     return options
 
 

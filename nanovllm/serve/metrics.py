@@ -25,6 +25,15 @@ thread's `EngineStats` snapshot:
     nanovllm:engine_errors_total               counter   (ours) steps that raised
     nanovllm:event_subscribers                 gauge     (ours) /v1/events listeners
 
+When the engine speculates (`--speculative-config`), vLLM's four counters of speculative
+decoding too (see spec_decode_stats.py):
+
+    nanovllm:spec_decode_num_drafts_total                   verifications of proposed tokens
+    nanovllm:spec_decode_num_draft_tokens_total             tokens proposed
+    nanovllm:spec_decode_num_accepted_tokens_total          ... and accepted
+    nanovllm:spec_decode_num_accepted_tokens_per_pos_total  drafts whose proposal at
+                                                            `position` (0..k-1) was accepted
+
 Per request (histograms), observed as the engine thread measures them (see stats.py for
 exactly what each interval is; requests that finish with "stop" or "length", not aborts):
 
@@ -45,13 +54,13 @@ can run several servers (the tests do) without their metrics colliding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from nanovllm.serve.async_engine import AsyncLLMEngine
+from nanovllm.serve.async_engine import AsyncLLMEngine, EngineStats
 from nanovllm.serve.stats import IterationStats
 
 PREFIX = "nanovllm:"
@@ -213,6 +222,8 @@ class _EngineStateCollector:
         for reason, count in sorted({"stop": 0, "length": 0, "abort": 0, **stats.finished}.items()):
             success.add_metric([self._model, reason], count)
         yield success
+        if stats.num_speculative_tokens:
+            yield from self._spec_decode(stats, counter)
         yield gauge("kv_cache_used_blocks", "KV cache blocks in use.", stats.num_used_blocks)
         yield gauge("kv_cache_total_blocks", "KV cache blocks in all.", stats.num_kv_blocks)
         yield gauge(
@@ -228,3 +239,29 @@ class _EngineStateCollector:
         yield counter("engine_steps", "Engine steps run.", stats.num_steps)
         yield counter("engine_errors", "Engine steps that raised.", stats.num_engine_errors)
         yield gauge("event_subscribers", "Listeners on /v1/events.", stats.num_event_subscribers)
+
+    def _spec_decode(
+        self, stats: EngineStats, counter: Callable[[str, str, float], CounterMetricFamily]
+    ) -> Iterator[Metric]:
+        """vLLM's speculative decoding counters (vllm/v1/spec_decode/metrics.py)."""
+        yield counter(
+            "spec_decode_num_drafts",
+            "Verifications of proposed tokens (one per request and step with proposals).",
+            stats.spec_decode_num_drafts,
+        )
+        yield counter(
+            "spec_decode_num_draft_tokens", "Proposed tokens.", stats.spec_decode_num_draft_tokens
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Proposed tokens accepted.",
+            stats.spec_decode_num_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose proposed token at this position was accepted.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric([self._model, str(position)], count)
+        yield per_pos

@@ -94,6 +94,22 @@ def test_server_defaults_are_safe_and_the_key_comes_from_the_environment(monkeyp
         server_options(parse(["--max-request-body-bytes", "0"]))
 
 
+def test_speculative_config_flag_reaches_the_engine_config(capsys):
+    from nanovllm import EngineConfig
+    from nanovllm.serve.cli import engine_config_options
+
+    assert "speculative_config" not in engine_config_options(parse([]))
+    config = '{"method": "ngram", "num_speculative_tokens": 2}'
+    options = engine_config_options(parse(["--speculative-config", config]))
+    assert options["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 2}
+    assert EngineConfig(**options).speculative_config == options["speculative_config"]
+    with pytest.raises(ValueError, match=r"--speculative-config is not valid JSON .*'\{ngram'"):
+        engine_config_options(parse(["--speculative-config", "{ngram"]))
+    # A bad value in good JSON: the engine's own error, naming it; nothing is started.
+    assert main(["serve", "--speculative-config", '{"method": "medusa"}']) == 2
+    assert "unknown method 'medusa'" in capsys.readouterr().err
+
+
 def test_conflicting_model_flags_exit_2(capsys):
     assert main(["serve", "./a", "--model", "./b"]) == 2
     assert "two models" in capsys.readouterr().err

@@ -148,6 +148,47 @@ def test_latency_histograms_hold_what_was_sent(server, chat_server, async_engine
         assert delta(other, other_before, name) == delta(after, before, name)
 
 
+def test_spec_decode_counters_equal_what_the_engine_recorded(model_path, server, async_engine):
+    """A server started with speculation exports vLLM's four counters; a plain one none."""
+    from nanovllm import EngineConfig, LLMEngine
+    from nanovllm.events import SpecTokensVerified
+    from nanovllm.serve.async_engine import AsyncLLMEngine
+
+    assert not [k for k in scrape(server, async_engine.model_name) if "spec_decode" in k]
+    k = 3
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 2}  # fmt: skip
+    llm_engine = LLMEngine(EngineConfig(model=str(model_path), speculative_config=spec))
+    verified: list[SpecTokensVerified] = []  # the oracle of the per-position counts
+    llm_engine.subscribe(lambda e: verified.append(e) if e.kind == "spec_tokens_verified" else 0)
+    engine = AsyncLLMEngine(llm_engine)
+    try:
+        with ServerThread(build_app(engine)) as running:
+            model = engine.model_name
+            per_pos = [M + f"spec_decode_num_accepted_tokens_per_pos_total[{i}]" for i in range(k)]
+            before = scrape(running, model)
+            assert [before[name] for name in per_pos] == [0] * k
+            # One token repeated: this random model then often repeats its own output, so
+            # some proposals are accepted and some rejected. One request has n = 2.
+            for i, token in enumerate((58, 4, 12, 16)):
+                body = {"prompt": [token] * 6, "max_tokens": 16, "temperature": 0,
+                        "ignore_eos": True, "n": 1 + (i == 0)}  # fmt: skip
+                response = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
+                assert response.status_code == 200
+            wait_idle(engine)
+            after = scrape(running, model)
+    finally:
+        engine.shutdown()
+    stats = llm_engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "accepted and rejected"
+    assert after[M + "spec_decode_num_drafts_total"] == stats.num_drafts
+    assert after[M + "spec_decode_num_draft_tokens_total"] == stats.num_draft_tokens
+    assert after[M + "spec_decode_num_accepted_tokens_total"] == stats.num_accepted_tokens
+    counts = [after[name] for name in per_pos]
+    assert counts == [sum(e.num_accepted > i for e in verified) for i in range(k)]
+    assert sum(counts) == stats.num_accepted_tokens
+
+
 def test_an_app_that_stops_stops_observing(async_engine):
     observers = len(async_engine._stats_observers)
     with ServerThread(build_app(async_engine)):

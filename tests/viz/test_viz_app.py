@@ -216,9 +216,10 @@ async def press_events(pilot, app: VizApp, n: int) -> None:
 @pytest.mark.parametrize(
     "name, size, step, events",
     [
-        ("small_80x24", (80, 24), 45, 0),  # a preemption and a finish in one step
+        ("small_80x24", (80, 24), 44, 0),  # a prefix hit pulls ten blocks out of the queue
         ("medium_100x30", (100, 30), 10, 8),  # mid-step 11: preempted, then a block taken
-        ("wide_160x48", (160, 48), 40, 0),  # a prefix hit pulls a block out of the queue
+        ("medium_120x40", (120, 40), 59, 0),  # rejected proposals: blocks freed mid-run
+        ("wide_160x48", (160, 48), 60, 0),  # three children (n=3) verify proposals
     ],
 )
 def test_snapshot(trace_path: Path, name: str, size: tuple[int, int], step: int, events: int):

@@ -160,6 +160,36 @@ def test_engine_driver_records_adds_and_switches(tiny_llama: Path, tmp_path: Pat
     assert any(isinstance(e, RequestAdded) and e.request_id == "you1" for e in events)
 
 
+def test_speculative_and_parallel_scenarios_reach_the_engine(tiny_llama: Path):
+    """The speculative scenario's engine speculates and its requests are greedy; the parallel
+    scenario's requests have n > 1, and the visualizer sees their children as families."""
+    c = Collector()
+    driver = EngineDriver(
+        c.publish,
+        notify=c.notify,
+        scenario="speculative",
+        overrides=dict(model=str(tiny_llama), num_threads=1),
+        speed=0,
+        max_steps=2,
+    )
+    thread = start(driver)
+    c.wait(lambda: c.status is not None and c.status.paused and c.state.step == 2)
+    engine = driver.engine
+    assert engine.speculative_config.num_speculative_tokens == 4
+    assert all(r.sampling_params.temperature == 0 for r in engine.scheduler.requests.values())
+    driver.max_steps = 4
+    driver.send(SwitchScenario("parallel"))
+    c.wait(lambda: c.status.scenario == "parallel" and not c.status.loading)
+    driver.send(Step())
+    c.wait(lambda: c.state.step == 1)
+    parents = driver.engine._parents
+    assert parents and c.state.families == {
+        p.request_id: tuple(child.request_id for child in p.children) for p in parents.values()
+    }
+    driver.stop()
+    thread.join(10)
+
+
 def test_engine_driver_reports_a_bad_config(tiny_llama: Path):
     c = Collector()
     driver = EngineDriver(

@@ -1,10 +1,11 @@
 """The reducer: hand-written event sequences, the committed trace, and a real engine.
 
 The property test runs the real engine (the tiny random model, a KV cache of a few blocks so
-preemption and prefix caching happen) on random workloads, folds every event into `reduce`,
-and after every step (and every abort) checks the rebuilt state against the engine's own
-figures: the free queue's order, every block table, ref counts and cached flags, the queues,
-the block and slot counts, preemptions and prefix-cache hits.
+preemption and prefix caching happen, speculative decoding on or off, requests with n > 1) on
+random workloads, folds every event into `reduce`, and after every step (and every abort)
+checks the rebuilt state against the engine's own figures: the free queue's order, every block
+table, ref counts and cached flags, the queues, the block and slot counts, preemptions,
+prefix-cache hits, the speculative decoding counts and the parallel-sampling families.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from nanovllm.events import (
     RequestPreempted,
     RequestRejected,
     RequestScheduled,
+    SpecTokensVerified,
     StepSummary,
     TokenEmitted,
 )
@@ -41,9 +43,11 @@ from nanovllm.viz.state import (
     PREEMPTED,
     PREFILL,
     RUNNING,
+    SPEC,
     WAIT,
     WAITING,
     VizState,
+    family_of,
     initial_state,
     kv_figures,
     last_block_fill,
@@ -255,6 +259,104 @@ def test_last_block_fill():
     assert last_block_fill(s, s.requests["a"]) == 1
 
 
+def test_rejected_proposals_roll_back_and_free_their_block_while_the_request_runs():
+    """A decode of 1 + 3 tokens crosses into a new block; 1 proposal is accepted, 2 are
+    rejected: the request keeps its first block, the second (only rejected slots) goes to the
+    free queue's tail, and `num_computed_tokens` steps back over the rejected slots."""
+    s = initial_state(started(num_blocks=4, block_size=4))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 2, 8),
+            BlockAllocated("a", 0, 0),
+            RequestScheduled(1, "a", 2, 0, True, False),
+            TokenEmitted(1, "a", 7, "x", 1),
+            summary(1),
+            # Step 2: tokens 2 (its own) and 3-5 (proposed) need slots 2-5: a second block.
+            BlockAllocated("a", 1, 1),
+            RequestScheduled(2, "a", 4, 2, False, False),
+        ],
+    )
+    assert s.requests["a"].num_computed_tokens == 6 and s.requests["a"].block_table == (0, 1)
+    assert s.free_queue == (2, 3)
+    s = reduce_all(
+        s,
+        [
+            SpecTokensVerified(2, "a", (7, 8, 9), 1),
+            BlockFreed("a", 1, 0, False),
+            TokenEmitted(2, "a", 7, "y", 2),
+            TokenEmitted(2, "a", 5, "z", 3),
+            summary(2),
+        ],
+    )
+    a = s.requests["a"]
+    assert a.status == RUNNING and a.block_table == (0,)
+    assert a.num_computed_tokens == 4 and a.num_tokens == 5  # 2 prompt + 3 output
+    assert s.free_queue == (2, 3, 1) and s.blocks[1].owners == ()
+    assert a.accepted == ((3, 1),) and a.accepted_positions() == {3}
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (3, 1)
+    m = s.metrics
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (1, 3, 1)
+    assert m.acceptance_rate == pytest.approx(1 / 3) and m.mean_accepted_length == 2
+    assert s.timeline[-1].cells == {"a": SPEC}
+    assert s.last_step.verified == (("a", 3, 1),) and s.last_step.scheduled[0].num_proposed == 3
+    texts = [n.text for n in s.last_step.notes]
+    assert "a: proposed 3, accepted 1, rejected 2 (+1 token of its own); block 1 to the tail" in (
+        texts
+    )
+    assert "decode, with proposals to verify: a 1+3" in texts
+    assert any("4 tokens (prefill 0 + decode 4, 3 of them proposed)" in t for t in texts)
+
+
+def test_each_verification_note_takes_its_own_freed_blocks():
+    """The engine verifies every request before rolling any back: each BlockFreed is told in the
+    note of its own request's verification, not the latest one."""
+    s = initial_state(started(num_blocks=6, block_size=2))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 2, 8),
+            RequestAdded("b", None, 2, 8),
+            SpecTokensVerified(1, "a", (1, 2, 3), 0),
+            SpecTokensVerified(1, "b", (1, 2), 2),
+            SpecTokensVerified(1, "c", (4, 4), 1),
+            BlockFreed("a", 4, 0, False),
+            BlockFreed("a", 3, 0, False),
+            BlockFreed("c", 5, 0, False),
+        ],
+    )
+    texts = [n.text for n in s.draft.notes]
+    assert texts == [
+        "a arrives: 2 prompt tokens, first in the waiting queue",
+        "b arrives: 2 prompt tokens, at the back of (1 ahead) the waiting queue",
+        "a: proposed 3, accepted 0, rejected 3 (+1 token of its own); blocks 4 3 to the tail",
+        "b: proposed 2, accepted 2 + 1 bonus token",
+        "c: proposed 2, accepted 1, rejected 1 (+1 token of its own); block 5 to the tail",
+    ]
+
+
+def test_children_of_one_parent_are_a_family():
+    s = initial_state(started(num_blocks=8))
+    s = reduce_all(
+        s,
+        [RequestAdded(f"{i}_p", None, 5, 4) for i in range(3)]
+        + [
+            RequestAdded("0_x", None, 5, 4),  # named like a child, but alone
+            RequestAdded("2_y", None, 5, 4),  # no 0_y and 1_y before it
+            RequestAdded("1_y", None, 5, 4),
+        ],
+    )
+    assert s.families == {"p": ("0_p", "1_p", "2_p")}
+    assert family_of(s, "1_p") == ("p", ("0_p", "1_p", "2_p"))
+    assert family_of(s, "0_x") is None and family_of(s, "1_y") is None
+    assert [n.text for n in s.draft.notes][0] == (
+        "p arrives with n=3: children 0_p 1_p 2_p, 5 prompt tokens each, first in the waiting queue"
+    )
+    # A parent id used again later (after the first family finished) starts a new family.
+    s = reduce_all(s, [RequestAdded("0_p", None, 3, 4), RequestAdded("1_p", None, 3, 4)])
+    assert s.families["p"] == ("0_p", "1_p")
+
+
 # --- the committed trace --------------------------------------------------------------------------
 
 
@@ -266,6 +368,19 @@ def test_trace_shows_every_effect(trace_events):
     assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)
     assert any(isinstance(e, RequestScheduled) and e.is_chunk for e in trace_events)
     assert any(isinstance(e, RequestFinished) and e.finish_reason == "abort" for e in trace_events)
+    verified = [e for e in trace_events if isinstance(e, SpecTokensVerified)]
+    assert any(e.num_accepted == len(e.proposed) for e in verified), "all accepted, + a bonus"
+    assert any(0 < e.num_accepted < len(e.proposed) for e in verified)
+    assert any(e.num_accepted == 0 for e in verified)
+    # Blocks that held only rejected proposals, freed right after their verification.
+    freed_after_verification = [
+        b
+        for a, b in zip(trace_events, trace_events[1:])
+        if isinstance(a, SpecTokensVerified) and isinstance(b, BlockFreed)
+    ]
+    assert freed_after_verification
+    state = reduce_all(VizState(), trace_events)
+    assert any(len(children) == 3 for children in state.families.values()), "a request, n=3"
 
 
 def test_trace_replay_matches_summaries(trace_events):
@@ -346,6 +461,13 @@ any_event = st.one_of(
     st.builds(BlockFreed, ids, blocks, st.integers(0, 2), st.booleans()),
     st.builds(BlockCached, ids, blocks, st.just("h")),
     st.builds(BlockEvicted, blocks, st.just("h")),
+    st.builds(
+        SpecTokensVerified,
+        st.integers(0, 9),
+        ids,
+        st.lists(st.integers(0, 9), max_size=4).map(tuple),
+        st.integers(0, 4),
+    ),
     st.integers(0, 9).map(lambda step: summary(step)),
 )
 
@@ -365,10 +487,12 @@ def test_reduce_never_raises(events, with_start):
 
 @st.composite
 def engine_runs(draw):
-    """Engine options with a tiny KV cache, and a workload: arrivals, a shared prefix, aborts.
+    """Engine options with a tiny KV cache, and a workload: arrivals, a shared prefix, aborts,
+    requests with n > 1, and n-gram speculation two times in three.
 
     Sized so that the cache is usually too small for everything at once (preemption) and many
     prompts share full blocks (prefix caching); the budget is often below a prompt (chunks).
+    Prompts repeat a short motif, so the n-gram proposer finds matches from the start.
     """
     block_size = draw(st.sampled_from([2, 4]))
     config = dict(
@@ -378,24 +502,36 @@ def engine_runs(draw):
         max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 32])),
         enable_prefix_caching=draw(st.sampled_from([True, True, True, False])),
     )
+    if draw(st.sampled_from([True, True, False])):
+        k = draw(st.integers(1, 4))
+        config["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 2,
+        }
     shared = list(range(3, 3 + block_size * draw(st.integers(0, 3))))
+    motif = st.lists(st.integers(3, 200), min_size=1, max_size=2)
     requests = draw(
         st.lists(
             st.tuples(
                 st.integers(0, 6),  # arrival tick
                 st.booleans(),  # starts with the shared prefix
-                st.lists(st.integers(3, 200), min_size=1, max_size=10),
+                st.tuples(motif, st.integers(1, 10)).map(lambda m: (m[0] * 10)[: m[1]]),
                 st.integers(1, 16),  # max_tokens
                 st.one_of(st.none(), st.integers(0, 14)),  # abort at tick
+                st.sampled_from([1, 1, 1, 2, 3]),  # n
             ),
             min_size=2,
-            max_size=7,
+            max_size=6,
         )
     )
     return config, shared, requests
 
 
-def check_against_engine(state: VizState, engine) -> None:
+def check_against_engine(state: VizState, engine, since_start: bool = True) -> None:
+    """The rebuilt state against the engine. `since_start`: the state saw every event from the
+    engine's start (not a snapshot mid-run), so running totals must match too."""
     from nanovllm.request import RequestStatus
 
     kv, scheduler = engine.kv_cache_manager, engine.scheduler
@@ -422,31 +558,45 @@ def check_against_engine(state: VizState, engine) -> None:
     assert state.metrics.num_preemptions == scheduler.num_preemptions
     assert state.metrics.prefix_hits == scheduler.prefix_cache_hits
     assert state.metrics.prefix_queries == scheduler.prefix_cache_queries
+    for parent in engine._parents.values():
+        children = tuple(c.request_id for c in parent.children)
+        assert family_of(state, children[-1]) == (parent.request_id, children)
+    if since_start:
+        spec, m = engine.spec_stats, state.metrics
+        assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (
+            spec.num_drafts,
+            spec.num_draft_tokens,
+            spec.num_accepted_tokens,
+        )
 
 
-@settings(max_examples=12)
+@settings(max_examples=25)
 @given(run=engine_runs())
 def test_reducer_agrees_with_engine(tiny_llama: Path, run):
     from nanovllm.config import EngineConfig
     from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.engine.parallel_sampling import child_request_id
     from nanovllm.sampling_params import SamplingParams
 
     config, shared, requests = run
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), num_threads=1, **config))
     box = [VizState()]
     engine.subscribe(lambda event: box.__setitem__(0, reduce(box[0], event)))
-    params = [SamplingParams(temperature=0, max_tokens=r[3], ignore_eos=True) for r in requests]
+    params = [
+        SamplingParams(temperature=0, max_tokens=r[3], ignore_eos=True, n=r[5]) for r in requests
+    ]
     added: set[str] = set()
-    for tick in range(60):
-        for i, (arrival, use_shared, prompt, _, abort_at) in enumerate(requests):
+    for tick in range(200):  # (it stops once every request is done)
+        for i, (arrival, use_shared, prompt, _, abort_at, n) in enumerate(requests):
             rid = f"q{i}"
             if arrival == tick:
                 try:
                     engine.add_request(rid, (shared if use_shared else []) + prompt, params[i])
-                    added.add(rid)
+                    added.update([rid] if n == 1 else (child_request_id(rid, j) for j in range(n)))
                 except ValueError:
                     pass  # too big for this KV cache: a RequestRejected event
-            if abort_at == tick and rid in engine.scheduler.requests:
+            live = rid in engine.scheduler.requests or rid in engine._parents
+            if abort_at == tick and live:
                 engine.abort_request(rid)
                 check_against_engine(box[0], engine)
         if engine.has_unfinished_requests():
@@ -458,6 +608,8 @@ def test_reducer_agrees_with_engine(tiny_llama: Path, run):
     note(f"preempted: {state.metrics.num_preemptions > 0}")
     note(f"prefix hits: {state.metrics.prefix_hits > 0}")
     note(f"chunks: {any(CHUNK in c.cells.values() for c in state.timeline)}")
+    note(f"proposals accepted: {state.metrics.num_accepted_tokens > 0}")
+    note(f"families: {bool(state.families)}")
     assert not engine.has_unfinished_requests()
     assert state.running == () and state.waiting == ()
     assert set(state.finished) == added
@@ -480,6 +632,7 @@ def test_reducer_agrees_with_engine_on_planned_workload(tiny_llama: Path):
     assert box["checks"] > 30
     assert state.metrics.num_preemptions > 0 and state.metrics.prefix_hits > 0
     assert state.metrics.num_rejected == 1
+    assert 0 < state.metrics.num_accepted_tokens < state.metrics.num_draft_tokens
 
 
 def test_snapshot_mid_run_then_events_agree_with_engine(tiny_llama: Path):
@@ -503,7 +656,7 @@ def test_snapshot_mid_run_then_events_agree_with_engine(tiny_llama: Path):
             box["seen"] = len(events)
         box["state"] = reduce_all(box["state"], events[box["seen"] :])
         box["seen"] = len(events)
-        check_against_engine(box["state"], engine)
+        check_against_engine(box["state"], engine, since_start=False)
         box["checks"] += 1
 
     record_trace(tiny_llama, check=check)

@@ -24,7 +24,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `+` / `-` | faster / slower (up to 8 steps/s a step plays event by event) |
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
-| `1`-`4`, `c` | switch scenario / next scenario (live runs) |
+| `1`-`6`, `c` | switch scenario / next scenario (live runs) |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 
@@ -33,22 +33,24 @@ What the latest event changed is drawn in white.
 ## The views
 
 - **Queues**: waiting, running, finished. A preempted request goes back to the *front* of
-  the waiting queue (`⟲` counts its preemptions).
+  the waiting queue (`⟲` counts its preemptions); `n=3` marks a child of parallel sampling.
 - **Batch timeline**: a row per request, a column per step. `P` prefill, `p` prefill chunk,
-  `=` decode, `X` preempted, `·` waiting.
+  `=` decode, `≡` decode + proposed tokens verified, `X` preempted, `·` waiting.
 - **Step**: the step's tokens by request against the token budget, in proportion;
   upper-case letters are prompt tokens, lower-case ones decode tokens, `·` unused budget.
 - **Block tables**: each running request's logical blocks → physical block ids; `²` marks a
   block shared through the prefix cache; the gauge is how full the last block is.
 - **Paging**: the selected request's logical blocks as rows of token slots with the tokens'
-  text, each labelled logical → physical block, with ref count, owners and fill.
+  text, each labelled logical → physical block, with ref count, owners and fill; accepted
+  proposals underlined, proposals being verified `?`.
 - **KV cache**: every physical block, coloured by owner: `A` owned, `A²` shared, `a` free but
   still holding a cached prefix, `·` free; the selected request's blocks underlined.
 - **Free block queue**: head to tail, coloured by the cached prefix each block holds, `▾` the
   next eviction, `←n` taken at the head, `↑n` pulled out by a prefix hit.
 - **What happened**: the step in words, in the engine's order.
 - **Metrics**: throughput in engine time, KV usage, internal fragmentation, prefix-cache hit
-  rate, preemptions, and a step's time split into scheduling and forward pass.
+  rate, preemptions, and a step's time split into scheduling and forward pass; with
+  speculative decoding the acceptance rate and tokens per draft.
 
 ## Scenarios
 """

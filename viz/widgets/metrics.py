@@ -1,6 +1,11 @@
 """Metrics, all from events: throughput, KV usage, fragmentation, prefix hits, preemptions, and
 where a step's time goes (scheduling on the CPU vs the forward pass).
 
+With speculative decoding (from the first verification on) two more rows: the acceptance rate
+(accepted proposed tokens / proposed tokens) and the mean accepted length (tokens a request
+gains per verification: the accepted proposals plus the one token the step adds), the figures
+the engine's `spec_stats` and vLLM report.
+
 Throughput is measured in *engine* time (schedule + forward of the recent steps), so it does
 not change when you slow the animation down.
 """
@@ -42,6 +47,10 @@ class MetricsView(StateView):
         hits = m.prefix_hit_rate
         table.add_row("prefix hit", bar(hits, gauge, "#c678dd") + Text(f" {hits:.0%}"))
         table.add_row("preempted", f"{m.num_preemptions}")
+        if m.num_drafts:
+            rate = m.acceptance_rate
+            table.add_row("spec acc.", bar(rate, gauge, "#98c379") + Text(f" {rate:.0%}"))
+            table.add_row("spec len", f"{m.mean_accepted_length:.2f} tokens/draft")
         table.add_row("step time", seconds(summary.schedule_time + summary.forward_time))
         table.add_row(" schedule", Text(seconds(summary.schedule_time), DIM))
         table.add_row(" forward", Text(seconds(summary.forward_time), DIM))

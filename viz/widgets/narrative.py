@@ -21,6 +21,7 @@ from nanovllm.viz.narrative import (
     HIT,
     PREEMPT,
     REJECT,
+    SPEC,
     SUMMARY,
     TAKE,
     TOKENS,
@@ -39,6 +40,7 @@ MARKS = {
     FREE: "→",
     PREEMPT: "⟲",
     FINISH: "✓",
+    SPEC: "»",
     SUMMARY: "■",
 }
 

@@ -7,6 +7,13 @@ hold a token. The slots show the tokens' text: bright where the token's K and V 
 the cache, dim where the token is known but not computed yet (a prompt waiting for its next
 chunk), `·` where the slot is still empty. Only the last block can have empty slots: that is
 all the memory paged attention wastes (internal fragmentation).
+
+Speculative decoding: while a step verifies proposed tokens their slots hold KV already but
+the tokens are not the request's yet (`?` on yellow; the event only says how many); once
+verified, the accepted ones become ordinary tokens, drawn underlined in green for as long as
+the request lives, and the rejected slots are gone (a block that held only rejected slots went
+back to the free queue). A child of parallel sampling names its parent and its siblings: the
+prompt blocks they share show every sibling as an owner.
 """
 
 from __future__ import annotations
@@ -17,8 +24,16 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState, latest_changes
-from nanovllm.viz.style import DIM, FLASH, HEADING, request_label, superscript, token_cell
+from nanovllm.viz.state import VizState, family_of, latest_changes
+from nanovllm.viz.style import (
+    DIM,
+    FLASH,
+    HEADING,
+    PROPOSED,
+    request_label,
+    superscript,
+    token_cell,
+)
 from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
@@ -50,9 +65,10 @@ class PagingView(StateView):
             DIM,
         )
         head.truncate(width, overflow="ellipsis")
+        heads = [head, *self._about_request(info, width)]
         if not info.block_table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
-            return Text("\n").join([head, Text(why.get(info.status, "no blocks"), DIM)])
+            return Text("\n").join([*heads, Text(why.get(info.status, "no blocks"), DIM)])
         label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
         avail = max(1, width - label_width)
         per_line = max(1, min(bs, avail // MIN_SLOT))
@@ -62,8 +78,8 @@ class PagingView(StateView):
         for logical, block_id in enumerate(info.block_table):
             rows.append(self._block_rows(info, logical, block_id, label_width, per_line, slot))
         # Keep the newest blocks when they do not all fit: that is where the request grows.
-        room = height - 1
-        out = [head]
+        room = height - len(heads)
+        out = heads
         if len(rows) * (lines_per_block + 1) > room:
             fit = max(1, room // (lines_per_block + 1))
             if fit < len(rows):
@@ -75,6 +91,27 @@ class PagingView(StateView):
             line.truncate(width)
         return Text("\n").join(out[:height])
 
+    def _about_request(self, info, width: int) -> list[Text]:
+        """A line for its family (parallel sampling) and one for its proposals, when it has them."""
+        lines = []
+        family = family_of(self.state, info.request_id)
+        if family is not None:
+            parent, members = family
+            siblings = " ".join(r for r in members if r != info.request_id)
+            lines.append(Text(f"child of {parent} (n={len(members)}); siblings: {siblings}", DIM))
+        if info.num_draft_tokens:
+            rate = info.num_accepted_tokens / info.num_draft_tokens
+            lines.append(
+                Text(
+                    f"speculation: {info.num_draft_tokens} proposed, "
+                    f"{info.num_accepted_tokens} accepted ({rate:.0%}), underlined",
+                    DIM,
+                )
+            )
+        for line in lines:
+            line.truncate(width, overflow="ellipsis")
+        return lines
+
     def _block_rows(
         self, info, logical: int, block_id: int, label_width: int, per_line: int, slot: int
     ) -> list[Text]:
@@ -85,13 +122,17 @@ class PagingView(StateView):
         first = logical * bs
         filled = max(0, min(bs, info.num_tokens - first))
         computed = max(0, min(bs, info.num_computed_tokens - first))
+        accepted = info.accepted_positions() if info.accepted else frozenset()
         label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
         about = Text(" " * label_width)
         refs = block.ref_count if block else 1
         about.append(f"ref {refs}", DIM)
         if block is not None and refs > 1:
             about.append(f"{superscript(refs)} shared: " + " ".join(block.owners), "bold")
-        about.append(f" · {filled}/{bs} slots", DIM)
+            family = family_of(state, info.request_id)
+            if family is not None and set(block.owners) <= set(family[1]):
+                about.append(" (siblings)", DIM)
+        about.append(f" · {max(filled, computed)}/{bs} slots", DIM)
         if block is not None and block.cached:
             about.append(f" · cached #{block.block_hash}", DIM)
         slots: list[Text] = []
@@ -106,9 +147,15 @@ class PagingView(StateView):
                 text = token_cell(info.tokens[t], slot)
             elif t < info.num_tokens:
                 text = "▮".ljust(slot)
+            elif i < computed:  # a proposed token's slot, this step: verified, or about to be
+                text = ("✓" if t in accepted else "?").ljust(slot)
             else:
                 text = "·".ljust(slot)
-            if i < computed:
+            if t >= info.num_tokens and i < computed:
+                style = PROPOSED
+            elif t in accepted:
+                style = Style(color="#98c379", bgcolor=bg, bold=True, underline=True)
+            elif i < computed:
                 style = Style(color="white", bgcolor=bg, bold=True)
             elif i < filled:
                 style = Style(color="grey50", bgcolor=bg)

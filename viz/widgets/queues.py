@@ -1,7 +1,8 @@
 """Queues: waiting, running and finished requests.
 
 A preemption shows as a request leaving RUNNING for the *front* of WAITING (marked with how
-many times it was preempted). Click a request, or use the arrow keys, to select it.
+many times it was preempted). A child of parallel sampling (`1_p`: child 1 of request `p`) is
+marked with the size of its family, `n=3`. Click a request, or use the arrow keys, to select it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from textual import events
 from textual.message import Message
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState
+from nanovllm.viz.state import VizState, family_of
 from nanovllm.viz.style import DIM, HEADING, SELECTED, request_label
 from nanovllm.viz.widgets.base import StateView
 
@@ -31,7 +32,7 @@ class QueuesView(StateView):
         self._rows: list[str | None] = []  # request id drawn on each line, for clicks
 
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.requests, state.waiting, state.running, state.finished)
+        return (state.requests, state.waiting, state.running, state.finished, state.families)
 
     def sections(self) -> list[tuple[str, list[str]]]:
         state = self.state
@@ -82,6 +83,9 @@ class QueuesView(StateView):
                     detail = f" prefill {info.num_computed_tokens}/{info.num_prompt_tokens}"
                 if info.num_cached_tokens:
                     detail += f" hit {info.num_cached_tokens}"
+            family = family_of(self.state, rid)
+            if family is not None:
+                detail += f" n={len(family[1])}"
             line.append(detail, DIM)
         line.truncate(width, pad=True)
         if rid == self.selected:

@@ -1,9 +1,14 @@
-"""The selected request's text as it streams: its prompt (dim), then what the model wrote."""
+"""The selected request's text as it streams: its prompt (dim), then what the model wrote.
+
+Tokens that were accepted proposals (speculative decoding) are underlined, when the events
+gave the text of each token.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
@@ -38,7 +43,13 @@ class RequestTextView(StateView):
             body.append(info.prompt, DIM)
         else:
             body.append(f"[{info.num_prompt_tokens} prompt tokens]", DIM)
-        body.append(info.output_text, text_style(info.index))
+        style = text_style(info.index)
+        if info.accepted and len(info.tokens) == info.num_tokens:
+            accepted, marked = info.accepted_positions(), style + Style(underline=True)
+            for t in range(info.num_prompt_tokens, info.num_tokens):
+                body.append(info.tokens[t], marked if t in accepted else style)
+        else:
+            body.append(info.output_text, style)
         lines = list(body.wrap(self.app.console, max(1, width)))
         keep = max(0, height - 1)
         return Text("\n").join([head] + lines[-keep:] if keep else [head])

@@ -2,10 +2,14 @@
 
 The bar is the step's token budget (`max_num_batched_tokens`), each request's share drawn in
 its colour with its letter, in proportion to its tokens: upper case for prompt tokens (prefill
-or a chunk of one), lower case for a decode token; `·` is budget left unused. Decodes cost one
-token each, so a step full of decodes barely dents the budget while one long prefill can fill
-it: that is why a long prompt is cut into chunks. A request whose share is less than a cell
+or a chunk of one), lower case for decode tokens; `·` is budget left unused. A decode costs one
+token (without speculation), so a step full of decodes barely dents the budget while one long
+prefill can fill it: that is why a long prompt is cut into chunks. A request whose share is less than a cell
 draws nothing and the line under the bar says so.
+
+With speculative decoding a decode computes its own token plus the k proposed tokens it
+verifies (`decode 1+k` under the bar, then how many were accepted once the step has verified
+them): speculation spends spare budget to gain several tokens in one step.
 
 While a step plays event by event this shows the step in progress (requests join it as the
 scheduler picks them); otherwise the last step done.
@@ -62,17 +66,21 @@ class StepView(StateView):
         used = record.num_tokens
         prefill = sum(s.num_tokens for s in record.scheduled if s.kind != DECODE)
         decode = used - prefill
+        proposed = sum(s.num_proposed for s in record.scheduled)
         playing = summary is None
         head = Text(f"step {record.step}{' so far' if playing else ''}: ", HEADING)
         share = f" ({used / budget:.0%})" if budget else ""
         head.append(f"{used} of {budget} tokens{share}, {len(record.scheduled)} requests · ")
         head.append(f"prefill {prefill} + decode {decode}")
+        if proposed:
+            head.append(f" ({proposed} proposed)")
         head.truncate(width, overflow="ellipsis")
         lines = [head]
 
         changed = latest_changes(state).requests if playing else frozenset()
         bar = Text()
         infos = [state.requests.get(s.request_id) for s in record.scheduled]
+        verified = {rid: accepted for rid, _, accepted in record.verified}
         widths = segment_widths([s.num_tokens for s in record.scheduled], budget, width - 2)
         for s, info, w in zip(record.scheduled, infos, widths):
             index = info.index if info else 0
@@ -92,7 +100,12 @@ class StepView(StateView):
         shown = 0
         for n, (s, info) in enumerate(zip(record.scheduled, infos)):
             item = request_label(info, s.request_id)
-            item.append(f" {KIND_NAMES[s.kind]} {s.num_tokens}", DIM)
+            if s.num_proposed:
+                item.append(f" decode 1+{s.num_proposed}", DIM)
+                if s.request_id in verified:
+                    item.append(f", {verified[s.request_id]} accepted", DIM)
+            else:
+                item.append(f" {KIND_NAMES[s.kind]} {s.num_tokens}", DIM)
             if s.kind != DECODE and s.num_computed_tokens:
                 item.append(f" (from {s.num_computed_tokens})", DIM)
             rest = len(record.scheduled) - n

@@ -1,7 +1,8 @@
 """Batch timeline: a row per request, a column per engine step.
 
 Cells: `P` prefill (the prompt's last piece, which samples a token), `p` a prefill chunk, `=`
-decode, `X` preempted, `·` waiting. Reading down a column gives one step's batch; reading along a
+decode, `≡` a decode that also verified proposed tokens (speculative decoding), `X` preempted,
+`·` waiting. Reading down a column gives one step's batch; reading along a
 row gives one request's life. Continuous batching shows as new rows starting in the very step
 after another row ends.
 """
