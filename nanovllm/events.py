@@ -56,6 +56,9 @@ class EngineStarted(Event):
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
     attention_backend: str
+    tensor_parallel_size: int = 1
+    speculative_method: str | None = None  # e.g. "ngram", None: no speculative decoding
+    num_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)

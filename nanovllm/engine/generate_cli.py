@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, as a JSON object: {"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} '
+        "(default: none)",
+    )
+    g.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -36,6 +45,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict:
+    """EngineConfig's arguments from the flags (ValueError for a --speculative-config that is
+    not JSON)."""
+    speculative_config = None
+    if args.speculative_config is not None:
+        try:
+            speculative_config = json.loads(args.speculative_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"--speculative-config is not valid JSON ({exc}): {args.speculative_config!r}"
+            ) from None
     return dict(
         model=args.model,
         block_size=args.block_size,
@@ -49,6 +68,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         attention_backend=args.attention_backend,
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
+        speculative_config=speculative_config,
     )
 
 

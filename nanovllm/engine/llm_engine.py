@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -90,17 +90,23 @@ def pick_attention_backend(requested: str | None, device: torch.device) -> str:
 
 @dataclass
 class SpecDecodingStats:
-    """Speculative decoding so far: how many times requests verified proposals (`num_drafts`),
-    how many tokens were proposed, and how many of those were accepted."""
+    """Speculative decoding so far, vLLM's counters: how many times requests verified proposals
+    (`num_drafts`), how many tokens were proposed, how many of those were accepted, and per
+    position i (from 0) how many drafts had their proposal i accepted."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (num_accepted - len(per_pos)))
+        for position in range(num_accepted):  # the first num_accepted were accepted
+            per_pos[position] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -198,6 +204,11 @@ class LLMEngine:
             enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=config.enable_chunked_prefill,
             attention_backend=self.attention_backend,
+            tensor_parallel_size=config.tensor_parallel_size,
+            speculative_method=self.speculative_config and self.speculative_config.method,
+            num_speculative_tokens=(
+                self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+            ),
         )
         capacity = self.num_kv_blocks * config.block_size
         logger.info(
@@ -578,7 +589,7 @@ class LLMEngine:
     def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:
         kv = self.kv_cache_manager
         scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
-        num_decode = sum(1 for s in sched.scheduled if not s.is_prefill)
+        num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
         return StepSummary(
             step=sched.step,
             scheduled=scheduled,

@@ -44,7 +44,6 @@ from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.serve.spec_decode_stats import AcceptedPerPosition
 from nanovllm.serve.stats import IterationStats, RequestTimer
 
 logger = logging.getLogger("nanovllm.serve")
@@ -83,7 +82,7 @@ class EngineStats:
     # (whole second, tokens generated in it) for the last RATE_WINDOW_S seconds.
     token_buckets: tuple[tuple[int, int], ...] = ()
     started_at: float = field(default_factory=time.time)
-    # Speculative decoding (spec_decode_stats.py): k, 0 when the engine does not speculate.
+    # Speculative decoding (the engine's `spec_stats`): k, 0 when the engine does not speculate.
     num_speculative_tokens: int = 0
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
@@ -271,11 +270,6 @@ class AsyncLLMEngine:
         self._stats_observers: tuple[Callable[[IterationStats], None], ...] = ()
         self._started_at = time.time()
         self._dead: BaseException | None = None
-        self._accepted_per_pos: AcceptedPerPosition | None = None
-        if engine.speculative_config is not None:
-            k = engine.speculative_config.num_speculative_tokens
-            self._accepted_per_pos = AcceptedPerPosition(k)
-            engine.subscribe(self._accepted_per_pos)
         self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
         self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
@@ -575,14 +569,17 @@ class AsyncLLMEngine:
         )
 
     def _spec_decode_stats(self) -> dict:
-        per_pos = self._accepted_per_pos
-        if per_pos is None:
+        """The engine's speculative decoding counters (none when it does not speculate)."""
+        config = self.engine.speculative_config
+        if config is None:
             return {}
         spec = self.engine.spec_stats
+        k = config.num_speculative_tokens
+        per_pos = spec.num_accepted_tokens_per_pos
         return dict(
-            num_speculative_tokens=len(per_pos.counts),
+            num_speculative_tokens=k,
             spec_decode_num_drafts=spec.num_drafts,
             spec_decode_num_draft_tokens=spec.num_draft_tokens,
             spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
-            spec_decode_num_accepted_tokens_per_pos=tuple(per_pos.counts),
+            spec_decode_num_accepted_tokens_per_pos=tuple(per_pos) + (0,) * (k - len(per_pos)),
         )

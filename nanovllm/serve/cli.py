@@ -15,7 +15,6 @@ Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -88,14 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="the fraction of GPU memory the engine may use, in (0, 1] (default: %(default)s)",
     )
-    v.add_argument(
-        "--speculative-config",
-        default=None,
-        metavar="JSON",
-        help='speculative decoding, as a JSON object: {"method": "ngram", '
-        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} '
-        "(default: none)",
-    )
 
 
 def engine_config_options(args: argparse.Namespace) -> dict:
@@ -120,13 +111,6 @@ def engine_config_options(args: argparse.Namespace) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} contradicts {ours}")
         options[name] = value
     options["gpu_memory_utilization"] = args.gpu_memory_utilization
-    if args.speculative_config is not None:
-        try:
-            options["speculative_config"] = json.loads(args.speculative_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"--speculative-config is not valid JSON ({exc}): {args.speculative_config!r}"
-            ) from None
     return options
 
 

@@ -26,7 +26,7 @@ thread's `EngineStats` snapshot:
     nanovllm:event_subscribers                 gauge     (ours) /v1/events listeners
 
 When the engine speculates (`--speculative-config`), vLLM's four counters of speculative
-decoding too (see spec_decode_stats.py):
+decoding too (`LLMEngine.spec_stats`, vLLM's `vllm/v1/spec_decode/metrics.py`):
 
     nanovllm:spec_decode_num_drafts_total                   verifications of proposed tokens
     nanovllm:spec_decode_num_draft_tokens_total             tokens proposed

@@ -98,7 +98,7 @@ def test_speculative_config_flag_reaches_the_engine_config(capsys):
     from nanovllm import EngineConfig
     from nanovllm.serve.cli import engine_config_options
 
-    assert "speculative_config" not in engine_config_options(parse([]))
+    assert engine_config_options(parse([]))["speculative_config"] is None
     config = '{"method": "ngram", "num_speculative_tokens": 2}'
     options = engine_config_options(parse(["--speculative-config", config]))
     assert options["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 2}
