@@ -17,8 +17,8 @@ completions look like something.
     long     64 requests whose prompts run to 47-237 tokens: most longer than a step's budget
     sampled  `batch`, sampled (temperature 0.8, top-k 40, top-p 0.9) with a seed per request
     short    8 requests of 6 tokens after 14-16: for a slow path (Triton's interpreter on a CPU)
-    repeats  8 requests of 96 tokens each after one line: long greedy outputs, in which the
-             model repeats itself (speculative decoding finds n-grams to propose)
+    repeats  8 requests of 96 tokens each, after one of the lines below: long greedy outputs, in
+             which the model repeats itself (speculative decoding finds n-grams to propose)
 """
 
 from __future__ import annotations

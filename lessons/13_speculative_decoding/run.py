@@ -3,7 +3,7 @@
 `nanovllm lesson 13 --run` turns on n-gram speculation (up to 4 proposals per request and step,
 looked up with 2- to 5-token matches) in both engines, and in yours every proposal is verified
 by your `verify_greedy`. The requests are greedy and long (8 lines of Shakespeare, 96 tokens
-each), so the model's own output repeats and most steps carry proposals. Greedy verification
+each): the model's own output repeats, so the lookup finds proposals. Greedy verification
 must leave the completions exactly as the stock engine's, and every verification the same (the
 same proposals, as many accepted); the run reports the acceptance rate. Your `verify_random` is
 plugged in too, but greedy requests never call it: sampled tokens cannot be compared one for

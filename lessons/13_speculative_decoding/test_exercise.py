@@ -5,7 +5,8 @@ The distribution property is statistical: 2,000 verifications per example, and a
 3 / sqrt(n) on every token's frequency among the n verifications that reached a position. A
 frequency's standard deviation is at most 0.5 / sqrt(n), so the tolerance is six of them: a
 correct rule exceeds it with probability about 2e-9 per token checked. Measured on the engine's
-rule: no failure in 20,000 fresh examples.
+rule: no failure in 10,000 fresh examples (21,159 positions judged; the largest deviation seen
+was 0.78 of the tolerance).
 """
 
 from __future__ import annotations
