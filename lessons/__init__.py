@@ -1,4 +1,4 @@
-"""The nanovllm course: twelve short lessons that rebuild the engine's ideas one at a time.
+"""The nanovllm course: thirteen short lessons that rebuild the engine's ideas one at a time.
 
 Each lesson is a folder `NN_topic/` shipped inside the package (as data: a name that starts with a
 digit is not an importable module, and the folders are loaded by path instead):
@@ -12,7 +12,7 @@ digit is not an importable module, and the folders are loaded by path instead):
     reference.py      the same names as exercise.py, backed by the engine's own code: the reference
                       solution the properties must accept
     mutants.py        planted bugs: variants of the reference the properties must reject
-    run.py            (lessons 01-10) how `--run` plugs the learner's code into the real engine,
+    run.py            (lessons 01-10, 13) how `--run` plugs the learner's code into the real engine,
                       with which engine options and workload, and the `--viz` moment
 
 Because every property receives the implementation as a parameter, the *same* properties check
@@ -42,6 +42,6 @@ Package modules (importable):
     demo_support   helpers for the demos: a console, a small model, a quick engine
     cli            `nanovllm lesson ...`
 
-Counting planted bugs: 86 across the twelve lessons' `mutants.py` (`nanovllm lesson --mutants`),
+Counting planted bugs: 102 across the thirteen lessons' `mutants.py` (`nanovllm lesson --mutants`),
 and lesson 12 plants 7 more in the engine's structures for the learner's own properties to catch.
 """

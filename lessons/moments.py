@@ -11,6 +11,8 @@ asked of a recorded run, step by step (a step's events end with its `StepSummary
     preemption           the first preemption (07)
     first_hit            the first prefix-cache hit (08)
     chunk                the first prefill chunk: a prompt only partly computed this step (09)
+    rejected_block_freed speculative decoding rejects proposals, and a block that held only
+                         their slots goes back to the free queue (13)
 
 The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
 them (blocks leave when handed out or hit, and join the tail when freed).
@@ -94,6 +96,20 @@ def _seat_refilled(events: list) -> int | None:
     return None
 
 
+def _rejected_block_freed(events: list) -> int | None:
+    for step, frame in steps(events):
+        rejected = {
+            e.request_id
+            for e in frame
+            if _kind(e) == "SpecTokensVerified" and e.num_accepted < len(e.proposed)
+        }
+        # A request that finishes this step frees all its blocks: those are not a rollback.
+        rejected -= {e.request_id for e in frame if _kind(e) == "RequestFinished"}
+        if any(_kind(e) == "BlockFreed" and e.request_id in rejected for e in frame):
+            return step
+    return None
+
+
 MOMENTS: dict[str, Moment] = {
     "new_block": Moment("a decoding request takes a new block", _new_block),
     "hit_from_the_middle": Moment(
@@ -107,6 +123,10 @@ MOMENTS: dict[str, Moment] = {
     "first_hit": Moment(
         "the first prefix-cache hit",
         lambda events: _first(events, lambda e: _kind(e) == "CacheHit"),
+    ),
+    "rejected_block_freed": Moment(
+        "proposals rejected: a block that held only their slots goes back to the free queue",
+        _rejected_block_freed,
     ),
     "chunk": Moment(
         "the first prefill chunk",

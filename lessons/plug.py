@@ -11,6 +11,7 @@ swap sets an attribute on an engine object, which the engine then calls as its o
     prefix-cache lookup    kv_cache_manager.get_computed_blocks, allocate_slots          lesson 08
     attention              every layer's attention backend = PerSequenceAttention        01, 04, 05
     sampling, detokenizing runner.sampler, engine.detokenizer                            lesson 10
+    verifying proposals    runner.sampler, calling your verification rules               lesson 13
 
 A scheduler step written for a lesson works on `sim.Req` views of the engine's requests; the
 swap builds those views, calls the learner's function, checks the decisions (a request lost, a
@@ -429,3 +430,78 @@ class _Decoding:
 def swap_sampling(engine, impl) -> None:
     engine.runner.sampler = Sampler(filters=your_filters(impl.apply_top_k, impl.apply_top_p))
     engine.detokenizer = YourDetokenizer(engine.detokenizer, impl.detokenize_step)
+
+
+# --- verifying proposed tokens (lesson 13) -------------------------------------------------------
+
+
+class YourVerification:
+    """The engine's sampler, with every proposal verified by the learner's `verify_greedy` and
+    `verify_random`.
+
+    The stock `Sampler` calls the verification rules by their names in its own module
+    (`nanovllm.executor.sampler`); for the duration of each of this engine's sampler calls those
+    names point to the learner's functions, and afterwards back to the engine's, so another
+    engine in the process (the stock one of `--run`) is untouched. Each result is checked before
+    the engine sees it: a list of 1 to s + 1 vocabulary ids, the proposals it was given unchanged
+    (the engine reads them again afterwards), and for `verify_random` the probabilities too
+    (`LessonRunError` otherwise, naming the proposals and what came back).
+    """
+
+    def __init__(self, sampler, verify_greedy, verify_random) -> None:
+        self.sampler = sampler
+        self.verify_greedy, self.verify_random = verify_greedy, verify_random
+
+    def __call__(self, logits: torch.Tensor, requests, spec_token_ids=None):
+        from nanovllm.executor import sampler as module
+
+        vocab = logits.shape[-1]
+
+        def greedy(target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
+            given = list(draft_token_ids)
+            out = self.verify_greedy(target_argmax, draft_token_ids)
+            return _checked("verify_greedy", out, given, draft_token_ids, vocab)
+
+        def random(target_probs, draft_token_ids, generator, draft_probs=None) -> list[int]:
+            given, probs = list(draft_token_ids), target_probs.clone()
+            out = self.verify_random(target_probs, draft_token_ids, generator, draft_probs)
+            if not torch.equal(probs, target_probs):
+                raise LessonRunError("your verify_random changed the target_probs it was given")
+            return _checked("verify_random", out, given, draft_token_ids, vocab)
+
+        stock = module.verify_greedy, module.verify_random
+        module.verify_greedy, module.verify_random = greedy, random
+        try:
+            return self.sampler(logits, requests, spec_token_ids)
+        finally:
+            module.verify_greedy, module.verify_random = stock
+
+
+def _checked(name: str, out: Any, given: list[int], after: list[int], vocab: int) -> list[int]:
+    """`out` as a list of ints, if it is 1 to s + 1 vocabulary ids and the proposals (`given`,
+    `after` the call) are unchanged."""
+    if after != given:
+        raise LessonRunError(f"your {name} changed the proposals it was given: {given} -> {after}")
+    draft_token_ids, s = given, len(given)
+    try:
+        tokens = [int(t) for t in out]
+    except TypeError as exc:
+        raise LessonRunError(f"your {name} returned {out!r}, not a list of token ids") from exc
+    if not 1 <= len(tokens) <= s + 1:
+        raise LessonRunError(
+            f"your {name} returned {len(tokens)} tokens for {s} proposals {draft_token_ids}: "
+            f"a step emits 1 to {s + 1}"
+        )
+    if any(not 0 <= t < vocab for t in tokens):
+        raise LessonRunError(
+            f"your {name} returned {tokens}: not all in the vocabulary (0-{vocab - 1})"
+        )
+    return tokens
+
+
+def swap_verification(engine, impl) -> None:
+    if engine.speculative_config is None:
+        raise LessonRunError("the engine does not speculate: give it a speculative_config")
+    engine.runner.sampler = YourVerification(
+        engine.runner.sampler, impl.verify_greedy, impl.verify_random
+    )

@@ -17,6 +17,8 @@ completions look like something.
     long     64 requests whose prompts run to 47-237 tokens: most longer than a step's budget
     sampled  `batch`, sampled (temperature 0.8, top-k 40, top-p 0.9) with a seed per request
     short    8 requests of 6 tokens after 14-16: for a slow path (Triton's interpreter on a CPU)
+    repeats  8 requests of 96 tokens each, after one of the lines below: long greedy outputs, in
+             which the model repeats itself (speculative decoding finds n-grams to propose)
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Arrival:
     seed: int | None = None  # set: sampled with this seed; None: greedy
 
 
-WORKLOADS = ("batch", "waves", "long", "sampled", "short")
+WORKLOADS = ("batch", "waves", "long", "sampled", "short", "repeats")
 
 
 def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
@@ -93,6 +95,8 @@ def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
         ]
     if kind == "short":
         return [Arrival(f"r{i}", LINES[i], 6) for i in range(8)]
+    if kind == "repeats":
+        return [Arrival(f"r{i}", LINES[i], 96) for i in range(8)]
     raise ValueError(f"no workload {kind!r}; the workloads are {', '.join(WORKLOADS)}")
 
 

@@ -11,7 +11,8 @@ requests (`workload.py`), and then:
   `NEAR_TIE` is a floating-point near-tie, reported as such; any other is a bug.
 - what the lesson is about is compared too, where it is visible in the engine's events
   (`COMPARE` in `run.py`): every step's decisions for a scheduler, every block handed out and
-  hit for the free block queue, every prefix-cache hit for the hashes.
+  hit for the free block queue, every prefix-cache hit for the hashes, every verification
+  (its proposals and how many were accepted) for speculative decoding.
 
 The learner's engine's events can also be recorded (`record`), which is how `--run --viz` shows
 your engine in the visualizer.
@@ -239,10 +240,34 @@ def _cache_hits(events: list) -> list:
     ]
 
 
+def _verifications(events: list) -> list:
+    return [
+        (
+            f"step {e.step}",
+            e.request_id,
+            f"proposed {list(e.proposed)}",
+            f"accepted {e.num_accepted}",
+        )
+        for e in events
+        if type(e).__name__ == "SpecTokensVerified"
+    ]
+
+
+def acceptance(events: list) -> tuple[int, int, int]:
+    """Speculative decoding in a run's events: (verifications, proposed tokens, accepted)."""
+    verified = [e for e in events if type(e).__name__ == "SpecTokensVerified"]
+    return (
+        len(verified),
+        sum(len(e.proposed) for e in verified),
+        sum(e.num_accepted for e in verified),
+    )
+
+
 DECISIONS = {
     "schedule": ("every step's scheduling decisions", _schedule),
     "blocks": ("every block handed out, freed and hit", _blocks),
     "cache_hits": ("every prefix-cache hit", _cache_hits),
+    "verifications": ("every verification (its proposals, how many accepted)", _verifications),
 }
 
 
@@ -299,6 +324,12 @@ def render(console, report: RunReport) -> None:
     ):
         if s[kind]:
             facts.append(f"{s[kind]} {words}")
+    drafts, proposed, accepted = acceptance(report.events)
+    if drafts:
+        facts.append(
+            f"{proposed} tokens proposed in {drafts} verifications, {accepted} accepted "
+            f"({accepted / proposed:.0%}; {1 + accepted / drafts:.2f} tokens per verifying step)"
+        )
     n, total = report.num_completions, report.num_tokens
     same = n - len(report.divergences) - len(report.near_ties) - len(report.texts_differ)
     if report.passed:

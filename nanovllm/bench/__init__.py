@@ -13,6 +13,7 @@ idea per file, in the order a run uses them:
     engine_vllm.py      vLLM, in its own virtualenv, through vllm_worker.py
     records.py, stats.py  what a run returns; percentiles, latency, greedy agreement
     analysis.py         nanovllm's steps: overhead breakdown, paged vs contiguous KV memory
+    speculation.py      --speculative-config: nanovllm with speculative decoding vs without
     profile_step.py     --profile: cProfile of nanovllm's step
     suite.py            the run: load, warm up, interleaved repeats, nanovllm's extra figures
     report.py, plot.py, cli.py   tables and JSON, the --plot figure, the command line

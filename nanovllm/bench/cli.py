@@ -50,6 +50,23 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _speculative_config(text: str) -> dict:
+    """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
+    import json
+
+    from nanovllm.spec_decode.config import SpeculativeConfig
+
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
+    try:
+        SpeculativeConfig.from_dict(config)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return config
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nanovllm.bench.engines import ENGINES
 
@@ -79,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--block-size", type=_positive, help=f"default 16; {mirrored}")
     add("--num-kv-blocks", type=_positive, help="default: nanovllm sizes its cache")
     add("--max-model-len", type=_positive, help="default: the model's")
+    add(
+        "--speculative-config",
+        metavar="JSON",
+        type=_speculative_config,
+        help='nanovllm speculates, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
+        "and is compared with nanovllm-no-spec",
+    )
     add("--plot", metavar="PNG", help="write the figure here")
     add("--json", metavar="FILE", help="write the JSON document ('-': stdout)")
 

@@ -13,6 +13,10 @@ the time to build the step's input tensors (by wrapping `runner.prepare_inputs` 
 builds an event for every block operation, which would inflate the very overhead measured.
 
 Between runs the prefix cache is emptied, so a repeat never finds the previous repeat's prompts.
+
+With `--speculative-config` the engine speculates (`EngineLimits.speculative_config`), and each
+run also keeps its speculative decoding counts (`LLMEngine.spec_stats`, over that run alone);
+`nanovllm-no-spec` is the same engine without speculation, the other side of the comparison.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from nanovllm.bench.workload import Workload
 class NanovllmEngine(Engine):
     name = "nanovllm"
     enable_prefix_caching = True
+    speculate = True  # with the limits' speculative_config, if one is given
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
@@ -37,6 +42,7 @@ class NanovllmEngine(Engine):
             model=self.model_path,
             num_kv_blocks=self.limits.num_kv_blocks,
             enable_prefix_caching=self.enable_prefix_caching,
+            speculative_config=self.limits.speculative_config if self.speculate else None,
             dtype="float32",
             num_threads=self.limits.threads,
             **self.limits.shared(),
@@ -49,6 +55,7 @@ class NanovllmEngine(Engine):
             "block_size": config.block_size,
             "max_model_len": engine.max_model_len,
             "enable_prefix_caching": config.enable_prefix_caching,
+            "speculative_config": config.speculative_config,
             "attention_backend": engine.attention_backend,
             "device": str(engine.device),
         }
@@ -96,6 +103,7 @@ class NanovllmEngine(Engine):
         engine, scheduler = self.engine, self.engine.scheduler
         engine.kv_cache_manager.reset_prefix_cache()
         hits, preemptions = scheduler.prefix_cache_hits, scheduler.num_preemptions
+        spec_before = _spec_counts(engine)
         self._runs += 1
         prefix = f"r{self._runs}-"  # request ids stay unique across repeats
         requests = workload.requests
@@ -132,6 +140,7 @@ class NanovllmEngine(Engine):
             "steps": steps,
             "prefix_cache_hits": scheduler.prefix_cache_hits - hits,
             "num_preemptions": scheduler.num_preemptions - preemptions,
+            "spec": {k: v - spec_before[k] for k, v in _spec_counts(engine).items()},
         }
         return EngineRun(self.name, wall, records, extra)
 
@@ -139,8 +148,26 @@ class NanovllmEngine(Engine):
         self.engine = None
 
 
+def _spec_counts(engine) -> dict[str, int]:
+    """The engine's speculative decoding counts so far (all 0 when it does not speculate)."""
+    stats = engine.spec_stats
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+    }
+
+
 class NanovllmNoPrefixEngine(NanovllmEngine):
     """nanovllm with prefix caching off: the other half of the prefix-caching experiment."""
 
     name = "nanovllm-no-prefix"
     enable_prefix_caching = False
+
+
+class NanovllmNoSpecEngine(NanovllmEngine):
+    """nanovllm without speculative decoding: the other half of `--speculative-config`'s
+    comparison."""
+
+    name = "nanovllm-no-spec"
+    speculate = False

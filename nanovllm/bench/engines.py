@@ -32,6 +32,7 @@ TokenCallback = Callable[[int], None]
 ENGINES: dict[str, str | type] = {
     "nanovllm": "nanovllm.bench.engine_nanovllm:NanovllmEngine",
     "nanovllm-no-prefix": "nanovllm.bench.engine_nanovllm:NanovllmNoPrefixEngine",
+    "nanovllm-no-spec": "nanovllm.bench.engine_nanovllm:NanovllmNoSpecEngine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",
@@ -54,6 +55,8 @@ class EngineLimits:
     seed: int = 0
     hf_batch_size: int = 64  # static batch size (the suite calibrates it)
     vllm_python: str | None = None  # the interpreter of vLLM's own virtualenv
+    # nanovllm's speculative decoding (`--speculative-config`); the peers do not speculate
+    speculative_config: dict | None = None
 
     # The sizes nanovllm and vLLM both take, under the same (vLLM's) names.
     SHARED = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "seed")

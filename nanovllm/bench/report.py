@@ -124,6 +124,8 @@ def _model(m: dict, repeats: int, console: Console) -> None:
         ]  # fmt: skip
         title = f"nanovllm KV memory: paged blocks vs reserving max_model_len={m['max_model_len']}"
         _table(console, title, ["figure", "value"], rows)
+    if sp := m.get("speculation"):
+        _speculation(sp, console)
     if p := m.get("prefix"):
         rows = [
             ["prompt tokens computed", f"{p['computed_with_cache']:,} of {p['prompt_tokens']:,}",
@@ -168,6 +170,34 @@ def _model(m: dict, repeats: int, console: Console) -> None:
             f"TTFT p50 {_f(1000 * v['ttft']['p50'], '.1f')} ms, "
             f"ITL p50 {_f(1000 * v['itl']['p50'], '.1f')} ms, {v['num_errors']} errors"
         )
+
+
+def _speculation(sp: dict, console: Console) -> None:
+    on, off = sp["with"], sp["without"]
+
+    def tok_s(side: dict) -> str:
+        t = side["tok_s"]
+        return f"{_f(t['median'])} ({_f(t['min'])}-{_f(t['max'])})"
+
+    ratio = f"{sp['steps_ratio']:.2f}x" if sp["steps_ratio"] else "-"
+    speedup = f"{sp['speedup']:.2f}x" if sp["speedup"] else "-"
+    rows = [
+        ["steps", f"{_f(on['steps'])}", f"{_f(off['steps'])}", ratio],
+        ["steps per output token", _f(on["steps_per_output_token"], ".4f"),
+         _f(off["steps_per_output_token"], ".4f"), ratio],
+        ["output tok/s, median (min-max)", tok_s(on), tok_s(off), speedup],
+    ]  # fmt: skip
+    if sp["agreement"]:
+        rows.append(["greedy agreement", f"{sp['agreement']['tokens_pct']:.1f}%", "", ""])
+    config = ", ".join(f"{k}={v}" for k, v in sp["speculative_config"].items())
+    title = f"Speculative decoding ({config}): with vs without, interleaved"
+    _table(console, title, ["figure", "with", "without", "with / without"], rows)
+    console.print(
+        f"  {sp['num_draft_tokens']:,} tokens proposed in {sp['num_drafts']:,} verifications, "
+        f"{sp['num_accepted_tokens']:,} accepted: acceptance rate "
+        f"{_pct(sp['acceptance_rate'])}, mean accepted length {sp['mean_accepted_length']:.2f} "
+        "tokens per verifying step (all repeats)"
+    )
 
 
 def write_json(result: dict, destination: str) -> None:

@@ -8,8 +8,9 @@ Per model, in order (README.md says why each step is there):
 3. warm every engine up, and pick transformers' fastest static batch size;
 4. timed repeats, interleaved (A B C A B C);
 5. per engine: tok/s, nanovllm / engine, share of the ceiling, latency, greedy agreement;
-6. nanovllm's own figures: step overhead and KV memory (from the timed runs), prefix caching
-   on against off, `--profile`, `--serve URL`.
+6. nanovllm's own figures: step overhead and KV memory (from the timed runs), speculative
+   decoding against none (`--speculative-config`: speculation.py), prefix caching on against
+   off, `--profile`, `--serve URL`.
 
 Everything lands in one JSON-ready dict; report.py prints it and plot.py draws it.
 """
@@ -21,7 +22,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 
-from nanovllm.bench import analysis, roofline, stats
+from nanovllm.bench import analysis, roofline, speculation, stats
 from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, make_engine
 from nanovllm.bench.models import ModelInfo, resolve
 from nanovllm.bench.records import EngineRun
@@ -62,6 +63,7 @@ class BenchConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
+    speculative_config: dict | None = None  # nanovllm speculates; compared with nanovllm-no-spec
 
 
 class Progress:
@@ -145,7 +147,14 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
         hf_batch_size=max(cfg.hf_batch_sizes),
         vllm_python=cfg.vllm_python,
     )
-    names = [REFERENCE] + [n for n in dict.fromkeys(cfg.engines) if n != REFERENCE]
+    first = [REFERENCE]
+    if cfg.speculative_config is not None:
+        from nanovllm.spec_decode.config import SpeculativeConfig
+
+        SpeculativeConfig.from_dict(cfg.speculative_config)  # a bad value is named here
+        limits.speculative_config = cfg.speculative_config
+        first.append(speculation.WITHOUT)
+    names = first + [n for n in dict.fromkeys(cfg.engines) if n not in first]
     out["engines"] = report = {}  # name -> {"load": {...}} or {"skipped": why}, then figures
     engines = load_engines(names, info.path, limits, shape, report, progress)
     try:
@@ -164,6 +173,10 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
             )
             all_steps = [s for run in ours for s in run.extra["steps"]]
             out["overhead"] = analysis.overhead(all_steps, concurrency)
+            if cfg.speculative_config is not None and speculation.WITHOUT in runs:
+                out["speculation"] = speculation.compare(
+                    ours, runs[speculation.WITHOUT], main.greedy, cfg.speculative_config
+                )
             if cfg.extras:
                 out["prefix"] = prefix_caching(engines[REFERENCE], info, limits, cfg, progress)
             if cfg.profile:

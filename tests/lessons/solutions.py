@@ -342,3 +342,37 @@ SOLUTIONS["12_properties"] = {
         assert len(set(slots)) == len(slots)
     """,
 }
+
+SOLUTIONS["13_speculative_decoding"] = {
+    'raise NotImplementedError("write verify_greedy': """
+        emitted = []
+        for i, x in enumerate(draft_token_ids):
+            emitted.append(target_argmax[i])
+            if x != target_argmax[i]:
+                return emitted
+        emitted.append(target_argmax[len(draft_token_ids)])
+        return emitted
+    """,
+    'raise NotImplementedError("write verify_random': """
+        emitted = []
+        for i, x in enumerate(draft_token_ids):
+            p = target_probs[i]
+            q_x = float(draft_probs[i][x]) if draft_probs is not None else 1.0
+            u = float(torch.rand(1, generator=generator))
+            if u * q_x < float(p[x]):
+                emitted.append(x)
+                continue
+            if draft_probs is not None:
+                residual = (p - draft_probs[i]).clamp(min=0)
+            else:
+                residual = p.clone()
+                residual[x] = 0.0
+            if float(residual.sum()) <= 0:
+                residual = p
+            emitted.append(int(torch.multinomial(residual, 1, generator=generator)))
+            return emitted
+        bonus = target_probs[len(draft_token_ids)]
+        emitted.append(int(torch.multinomial(bonus, 1, generator=generator)))
+        return emitted
+    """,
+}

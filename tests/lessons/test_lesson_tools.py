@@ -40,7 +40,7 @@ def test_listing_creates_the_workspace(home, capsys):
     for lesson in LESSONS:
         assert lesson.title[:20] in out
         assert (home / "lessons" / lesson.name / "exercise.py").is_file()
-    assert "0/12 passed" in out
+    assert f"0/{len(LESSONS)} passed" in out
 
 
 def test_the_learners_copy_is_never_overwritten(home, capsys):
@@ -136,7 +136,7 @@ def test_check_records_progress_and_next_carries_on(home, capsys):
     assert _cli("next", "--path") == 0
     assert "03_free_block_queue" in capsys.readouterr().out
     assert _cli() == 0
-    assert "1/12 passed" in capsys.readouterr().out
+    assert f"1/{len(LESSONS)} passed" in capsys.readouterr().out
 
 
 def test_full_check_runs_pytest_and_writes_nothing_where_it_runs(
@@ -234,18 +234,32 @@ def test_lessons_7_and_9_start_from_the_learners_lesson_6(home, capsys):
 # --- the learner's code in the real engine ------------------------------------------------------
 
 
-@pytest.mark.parametrize("number", [2, 3, 6])
+@pytest.mark.parametrize("number", [2, 3, 6, 13])
 def test_a_learners_solution_runs_the_real_engine(number, home, capsys):
-    """Done when: a learner who solved lessons 2, 3 and 6 sees their own code run the embedded
-    model to the same output as the stock engine (and, for 3 and 6, the same block and
-    scheduling decisions)."""
+    """Done when: a learner who solved lessons 2, 3, 6 and 13 sees their own code run the
+    embedded model to the same output as the stock engine (and, for 3, 6 and 13, the same
+    block, scheduling and verification decisions; for 13, with the acceptance rate)."""
     lesson = get_lesson(number)
     solve(lesson, home / "lessons")
     assert _cli(str(number), "--run") == 0
-    out = capsys.readouterr().out
-    assert "Your engine produced the same 64 completions as the stock engine" in out
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    completions = 8 if number == 13 else 64
+    assert f"Your engine produced the same {completions} completions as the stock engine" in out
     if number == 6:
         assert "every step's scheduling decisions matched" in out
+    if number == 13:
+        assert "every verification (its proposals, how many accepted) matched" in out
+        assert "tokens proposed in" in out and "accepted (" in out
+
+
+def test_run_names_a_verification_the_engine_cannot_use(home):
+    """Lesson 13: a verification rule that writes into the proposals it is given (the engine
+    reads them again) is stopped, by name, before the engine trips over them."""
+    lesson = get_lesson(13)
+    (broken,) = [m for m in harness.mutants(lesson) if m.name == "greedy-builds-in-the-proposals"]
+    impl = broken.build(harness.implementation(lesson, "reference"))
+    report = your_engine.run_lesson(lesson, impl)
+    assert report.error is not None and "changed the proposals it was given" in report.error
 
 
 def test_run_catches_what_the_properties_would(home):
@@ -319,6 +333,37 @@ def test_a_hit_from_the_middle_of_the_free_queue_is_found():
     assert MOMENTS["hit_from_the_middle"].find(events) == 4
     assert MOMENTS["first_hit"].find(events) == 3
     assert MOMENTS["preemption"].find(events) is None
+
+
+def test_rejected_proposals_giving_a_block_back_is_found():
+    """Lesson 13's moment: a block freed in the step its request's proposals were rejected,
+    unless the request finished in that step (then it frees every block)."""
+    from nanovllm.events import (
+        BlockFreed,
+        RequestFinished,
+        SpecTokensVerified,
+        StepSummary,
+    )
+    from nanovllm.lessons.moments import MOMENTS
+
+    def summary(step):
+        return StepSummary(step, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
+
+    events = [
+        SpecTokensVerified(1, "a", (5, 6, 7), 3),  # all accepted
+        summary(1),
+        SpecTokensVerified(2, "a", (5, 6, 7), 1),  # rejected, but no block given back
+        summary(2),
+        SpecTokensVerified(3, "b", (5, 6), 0),
+        BlockFreed("b", 4, 0, False),
+        RequestFinished(3, "b", "length", 3, 9),  # b finished: its frees are not a rollback
+        summary(3),
+        SpecTokensVerified(4, "a", (5, 6, 7), 2),
+        BlockFreed("a", 7, 0, False),
+        summary(4),
+    ]
+    assert MOMENTS["rejected_block_freed"].find(events) == 4
+    assert MOMENTS["rejected_block_freed"].find(events[:8]) is None
 
 
 ENGINE_LESSONS = [lesson for lesson in LESSONS if your_engine.has_run(lesson)]
