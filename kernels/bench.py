@@ -325,11 +325,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --cpu: also torch.compile and a C++ extension (slow first compile)",
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="with --cpu: torch (and kernel) threads"
+    )
     args = parser.parse_args(argv)
     if args.cpu:
         from nanovllm.kernels.bench_cpu import cpu_attention_bench
 
         torch.manual_seed(0)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         cpu_attention_bench(args.quick, args.candidates)
         return 0
     if not triton_setup.triton_available():

@@ -200,6 +200,7 @@ def paged_attention_numba(
                 f"a block id outside the cache's {num_blocks} blocks",
             }[error]
         )
+    torch_threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS)))
     # Hand the work items out one at a time, as threads come free: they differ in cost.
     chunksize = numba.set_parallel_chunksize(1)
@@ -219,3 +220,9 @@ def paged_attention_numba(
         )
     finally:
         numba.set_parallel_chunksize(chunksize)
+        # On Linux, torch's wheel loads its OpenMP runtime (libgomp) globally, and numba's "omp"
+        # threading layer, loaded later, binds to it: one thread pool for both, no fight over
+        # the cores. Starting numba's threads (in set_num_threads, the first time) sets that
+        # runtime's thread count to numba's, though: give torch back its own.
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)

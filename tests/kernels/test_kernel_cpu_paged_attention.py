@@ -9,6 +9,8 @@ the output NaN. The query tile size is drawn too: it must not change the answer.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
@@ -75,6 +77,24 @@ def test_two_threads_give_the_same_bits_as_one() -> None:
     torch.set_num_threads(2)  # restored by conftest's autouse fixture
     two = paged_attention_cpu(*b.args())
     assert torch.equal(one, two)
+
+
+def test_the_first_call_leaves_torch_thread_count_alone() -> None:
+    # numba starts its threads on its first parallel call, in a fresh process: so run one.
+    code = (
+        "import torch\n"
+        "from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu\n"
+        "torch.set_num_threads(1)\n"
+        "q, kc = torch.randn(1, 2, 16), torch.randn(2, 4, 1, 16)\n"
+        "t = torch.tensor([[0, 1]], dtype=torch.int32)\n"
+        "l, s = torch.tensor([5], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)\n"
+        "paged_attention_cpu(q, kc, kc, t, l, s, 0.25)\n"
+        "print(torch.get_num_threads())\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="2", NUMBA_NUM_THREADS="2")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1"]
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch() -> None:
