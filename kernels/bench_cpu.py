@@ -115,17 +115,19 @@ def attention_flops(case: Case) -> int:
     return 4 * visible * case.num_heads * case.head_dim
 
 
-def copy_bandwidth(repeats: int) -> tuple[float, float, float]:
-    """(median, min, max) GB/s of a 256 MB `copy_`, counting bytes read + written."""
+COPY = "copy_ (256 MB)"  # the roofline's entry among the implementations of a round
+
+
+def make_copy() -> Impl:
+    """A plain large `copy_`, as an implementation: its time gives the machine's copy rate."""
     src = torch.ones(64 * 2**20)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    rates = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        rates.append(2 * src.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    return statistics.median(rates), min(rates), max(rates)
+    return lambda *args: dst.copy_(src)
+
+
+def copy_gbs(seconds: float) -> float:
+    """GB/s of the 256 MB copy: bytes read + written."""
+    return 2 * 64 * 2**20 * 4 / seconds / 1e9
 
 
 def measure(case: Case, impls: dict[str, Impl], rounds: int) -> dict[str, list[float]]:
@@ -140,19 +142,23 @@ def measure(case: Case, impls: dict[str, Impl], rounds: int) -> dict[str, list[f
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             total = 0.0
-            for args in layers:
+            for args in layers if name != COPY else layers[:1]:
                 x @ w  # the projections run between attention calls
                 t = time.perf_counter()
                 impls[name](*args)
                 total += time.perf_counter() - t
-            times[name].append(total / len(layers))
+            times[name].append(total / (len(layers) if name != COPY else 1))
     return times
 
 
 def max_error(case: Case, impls: dict[str, Impl]) -> dict[str, float]:
     args = make_layers(replace(case, num_layers=1))[0]
     expected = paged_attention_ref(*args)
-    return {name: float((fn(*args) - expected).abs().max()) for name, fn in impls.items()}
+    return {
+        name: float((fn(*args) - expected).abs().max())
+        for name, fn in impls.items()
+        if name != COPY
+    }
 
 
 def _fmt_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -206,59 +212,62 @@ def cpu_attention_bench(quick: bool, candidates: bool) -> None:
         except Exception as e:  # no compiler, ninja or Python headers: measure the rest
             print(f"C++ candidate skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
 
-    copy_gbs, copy_lo, copy_hi = copy_bandwidth(repeats=rounds)
+    impls[COPY] = make_copy()
     load = os.getloadavg()[0]
     print(
         f"CPU: {torch.get_num_threads()} torch threads, numba threading layer "
         f"{numba.threading_layer()}; load average {load:.1f} at the start"
     )
-    print(f"copy_ bandwidth (read + write): {copy_gbs:.1f} GB/s [{copy_lo:.1f}-{copy_hi:.1f}]")
     print("first call in this process: " + "; ".join(first))
     print(f"float32, head_dim 64, block_size 16; median of {rounds} rounds, [min-max]\n")
 
+    headers = ["case", "implementation", "ms", "range", "GB/s", "%copy", "vs gather", "max err"]
     rows = []
     for case in decode_cases:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
-        base = statistics.median(times["gather+bmm"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            gbs = kv_bytes(case) / med / 1e9
-            rows.append(
-                [
-                    case.label if name == "in place (numba)" else "",
-                    name,
-                    f"{med * 1e3:.2f}",
-                    f"{min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}",
-                    f"{gbs:.1f}",
-                    f"{gbs / copy_gbs:.0%}",
-                    f"{base / med:.2f}x",
-                    f"{errors[name]:.0e}",
-                ]
-            )
+        copy_rate = copy_gbs(statistics.median(times.pop(COPY)))
+        rows += _table_rows(case, times, errors, kv_bytes(case) / 1e9, copy_rate)
+        rows.append(["", "copy_ rate (read + write)", "", "", f"{copy_rate:.1f}", "100%", "", ""])
         print(f"  done: {case.label} ({kv_bytes(case) / 1e6:.1f} MB of K/V per layer)", flush=True)
-    print("\ndecode: ms per layer call; K/V bytes read / time, and as a share of the copy rate")
-    headers = ["case", "implementation", "ms", "range", "GB/s", "%copy", "vs gather", "max err"]
+    print("\ndecode: ms per layer call; bytes of K/V read / time, and as a share of the copy_ rate")
+    print("measured in the same rounds")
     print(_fmt_table(headers, rows) + "\n")
 
+    impls.pop(COPY)
+    headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs gather", "max err"]
     rows = []
     for case in prefill_cases:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
-        base = statistics.median(times["gather+bmm"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            rows.append(
-                [
-                    case.label if name == "in place (numba)" else "",
-                    name,
-                    f"{med * 1e3:.2f}",
-                    f"{min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}",
-                    f"{attention_flops(case) / med / 1e9:.1f}",
-                    f"{base / med:.2f}x",
-                    f"{errors[name]:.0e}",
-                ]
-            )
+        rows += _table_rows(case, times, errors, attention_flops(case) / 1e9, None)
         print(f"  done: {case.label}", flush=True)
     print("\nprefill with cached context, and fresh prefills: ms per layer call, causal GFLOP/s")
-    headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs gather", "max err"]
     print(_fmt_table(headers, rows))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
+
+def _table_rows(
+    case: Case,
+    times: dict[str, list[float]],
+    errors: dict[str, float],
+    work: float,  # GB of K/V (decode) or GFLOP (prefill) per call
+    copy_rate: float | None,  # GB/s; None: no %copy column
+) -> list[list[str]]:
+    base = statistics.median(times["gather+bmm"])
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rate = [f"{work / med:.1f}"]
+        if copy_rate is not None:
+            rate.append(f"{work / med / copy_rate:.0%}")
+        rows.append(
+            [
+                case.label if not rows else "",
+                name,
+                f"{med * 1e3:.2f}",
+                f"{min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}",
+                *rate,
+                f"{base / med:.2f}x",
+                f"{errors[name]:.0e}",
+            ]
+        )
+    return rows
