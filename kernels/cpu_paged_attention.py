@@ -77,27 +77,11 @@ def paged_attention_cpu(
     anything is read. `q_tile` (query tokens per work item) is a tuning knob: any value >= 1 gives
     the same answer.
     """
-    _, block_size, num_kv_heads, head_dim = checks.check_kv_cache(key_cache, value_cache)
-    if query.dim() != 3 or query.shape[2] != head_dim:
-        raise ValueError(
-            f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}"
-        )
-    num_tokens, num_heads, _ = query.shape
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    if query.dtype != key_cache.dtype:
-        raise ValueError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    if block_tables.dim() != 2:
-        raise ValueError(f"block_tables must be 2-D, got shape {tuple(block_tables.shape)}")
-    num_seqs = block_tables.shape[0]
-    checks.check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
-    checks.check_int_tensor("seq_lens", seq_lens, (num_seqs,))
-    checks.check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
-    tensors = dict(query=query, key_cache=key_cache, value_cache=value_cache)
-    tensors.update(block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
-    for name, t in tensors.items():
-        if t.device.type != "cpu":
-            raise ValueError(f"paged_attention_cpu needs CPU tensors, got {name} on {t.device}")
+    num_tokens, num_heads, _, _, num_kv_heads, _ = checks.check_paged_attention_args(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc
+    )
+    if query.device.type != "cpu":
+        raise ValueError(f"paged_attention_cpu needs CPU tensors, got them on {query.device}")
     if out is not None and (out.shape != query.shape or out.dtype != query.dtype):
         raise ValueError(
             f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}"
