@@ -4,12 +4,13 @@ Kept so that `python -m nanovllm.kernels.bench --cpu --candidates` can repeat th
 chose `cpu_paged_attention_numba` (figures and reasoning: kernels/README.md). Nothing in the engine
 imports this module. All take the arguments of `paged_attention_cpu` and return its output:
 
-- `gather_bmm`: the engine's torch path before the fast path: decodes sorted by context length and
-  cut into groups of 16, each group's K/V gathered through the block table into a padded copy
-  (`key_cache[block_tables]`), then one `bmm` per KV head; a sequence with more than one query
-  token gathers its own context and runs SDPA with a causal mask (a fresh prefill, whose context is
-  all new, runs causal SDPA on it). Decode-only batches and single-sequence prefills are what the
-  bench gives it.
+- `gather_bmm`: the engine's torch path (nanovllm/executor/attention.py, `TorchAttention`, as of
+  this writing): decodes sorted by context length and cut into groups of 16, each group's K/V
+  gathered through the block table into a padded copy (`key_cache[block_tables]`), the padding's
+  values zeroed, then one `bmm` per KV head; a sequence with more than one query token gathers its
+  own context and runs SDPA, with a causal mask shifted by its cached prefix. (For a fresh prefill
+  the engine runs SDPA on the step's new K/V without reading the cache; here that context is
+  gathered from the cache first, a copy of q_len positions the engine does not make.)
 - `inductor`: a torch formulation whose gather is plain indexing, compiled by `torch.compile`
   (dynamic shapes). Inductor fuses the indexing into its generated C++ loops, so K/V are not copied
   either, but it materialises the scores and is not an online softmax.
@@ -44,9 +45,10 @@ def gather_bmm(query, key_cache, value_cache, block_tables, seq_lens, query_star
         num_blocks = -(-members[-1][0] // key_cache.shape[1])
         table = block_tables[seqs, :num_blocks].long()
         keys = key_cache[table].flatten(1, 2)  # [n, num_blocks * block_size, kvh, d]: a copy
-        values = value_cache[table].flatten(1, 2)
-        q = query[rows].view(len(members), num_kv_heads, group, head_dim)
         pad = torch.arange(keys.shape[1])[None, :] >= seq_lens[seqs][:, None]  # [n, L]
+        # Slots past a context may hold NaN (0 * NaN = NaN after the softmax): zero them.
+        values = value_cache[table].flatten(1, 2).masked_fill(pad[:, :, None, None], 0.0)
+        q = query[rows].view(len(members), num_kv_heads, group, head_dim)
         o = torch.empty_like(q)
         for h in range(num_kv_heads):
             scores = torch.bmm(q[:, h], keys[:, :, h].transpose(1, 2)) * scale  # [n, g, L]
