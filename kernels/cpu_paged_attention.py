@@ -15,8 +15,8 @@ Two implementations, one contract:
   numba missing (the one-line notice below says so, once per process) or another dtype.
 
 `cpu_fast_path_available()` tells a caller, before it builds a batch, which of the two it gets.
-The first fast call in a fresh environment JIT-compiles the kernel (a few seconds; numba caches
-the machine code on disk, so later processes load it in well under one).
+The first fast call in a fresh environment JIT-compiles the kernel (3.8 s measured on the team's
+machine); numba caches the machine code on disk, and the next process's first call took 0.6 s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from nanovllm.kernels.reference import paged_attention_ref
 logger = logging.getLogger("nanovllm.kernels")
 
 # Query tokens per work item in a prefill. Each item holds q_tile * group rows of queries and
-# accumulators, and reads every K/V block once for all of them (more rows: fewer passes over the
+# accumulators, and fetches each K/V block from memory once for all of them (more rows: fewer passes over the
 # context, fewer and longer items to balance over the threads).
 DEFAULT_Q_TILE_ROWS = 32
 
@@ -72,9 +72,9 @@ def paged_attention_cpu(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query.dtype
     """Causal attention of each sequence's new tokens over its paged context (see module doc).
 
-    Bad metadata (a block id outside the cache, a block table too short for seq_len, q_len >
-    seq_len, query starts out of range) raises a ValueError that names the sequence, before
-    anything is read. `q_tile` (query tokens per work item) is a tuning knob: any value >= 1 gives
+    On the fast path, bad metadata (a block id outside the cache, a block table too short for
+    seq_len, q_len > seq_len, query starts out of range) raises a ValueError that names the
+    sequence, before the cache is read. `q_tile` (query tokens per work item) is a tuning knob: any value >= 1 gives
     the same answer.
     """
     num_tokens, num_heads, _, _, num_kv_heads, _ = checks.check_paged_attention_args(

@@ -43,8 +43,8 @@ from numba import njit, prange
 # infinities and NaN (no `nnan`/`ninf`): the running max starts at -inf.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
-# Error codes `plan` returns (the wrapper turns them into messages; a jitted function cannot
-# format one).
+# Error codes `plan` returns; `paged_attention_numba` turns them into messages (a jitted function
+# cannot format one).
 OK, BAD_QUERY_START, BAD_SEQ_LEN, TABLE_TOO_SHORT, BAD_BLOCK_ID = 0, 1, 2, 3, 4
 
 
