@@ -3,7 +3,7 @@
 Decode attention is memory-bound: a step reads every sequence's whole K/V context once. So the
 decode table reports, besides milliseconds per layer call, the effective bandwidth (bytes of K/V
 that must be read / time) against what this machine can do at all, measured here as a plain large
-`copy_` (bytes read + written / time; decode only reads, so 100% is not a ceiling it must reach).
+`copy_` (bytes read + written / time; decode only reads, so the share is a yardstick, not a bound).
 Prefills with cached context are compute-bound: their table reports GFLOP/s of the causal
 QK^T and PV products.
 
@@ -55,7 +55,10 @@ class Case:
         return all(n == 1 for n in self.q_lens)
 
 
-def _decodes(label, num_seqs, lo, hi, heads, kv_heads, layers, hidden) -> Case:
+def _decodes(
+    label: str, num_seqs: int, lo: int, hi: int, heads: int, kv_heads: int, layers: int, hidden: int
+) -> Case:
+    """num_seqs decodes with context lengths drawn uniformly from lo..hi (fixed seed)."""
     g = torch.Generator().manual_seed(num_seqs * 1000 + hi)
     lens = tuple(torch.randint(lo, hi + 1, (num_seqs,), generator=g).tolist())
     return Case(label, lens, (1,) * num_seqs, heads, kv_heads, layers, hidden)

@@ -31,7 +31,15 @@ import torch.nn.functional as F
 # ---------------------------------------------------------------------------------------------
 
 
-def gather_bmm(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale):
+def gather_bmm(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     group = query.shape[1] // num_kv_heads
     out = torch.empty_like(query)
@@ -82,7 +90,15 @@ def gather_bmm(query, key_cache, value_cache, block_tables, seq_lens, query_star
 # ---------------------------------------------------------------------------------------------
 
 
-def _attend_by_token(query, key_cache, value_cache, block_tables, token_seq, token_pos, scale):
+def _attend_by_token(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,  # [T]: each query token's sequence
+    token_pos: torch.Tensor,  # [T]: each query token's position in it
+    scale: float,
+) -> torch.Tensor:
     """Every query token against positions 0 .. max context: [T, L] scores, masked causally."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -105,7 +121,15 @@ def _compiled():
     return torch.compile(_attend_by_token, dynamic=True)
 
 
-def inductor(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale):
+def inductor(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     starts = query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
     token_seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
@@ -215,7 +239,15 @@ def _cpp_module():
     )
 
 
-def cpp(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale):
+def cpp(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     group = query.shape[1] // key_cache.shape[2]
     q_tile = max(1, 32 // group)  # the numba kernel's default
     return _cpp_module().paged_attention_cpp(
