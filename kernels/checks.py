@@ -63,6 +63,45 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[
     return num_blocks, block_size, num_kv_heads, head_dim
 
 
+def check_paged_attention_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+) -> tuple[int, int, int, int, int, int]:
+    """The paged-attention contract's shapes, dtypes and devices, whatever the implementation.
+
+    Returns (num_tokens, num_heads, num_seqs, block_size, num_kv_heads, head_dim).
+    """
+    _, block_size, num_kv_heads, head_dim = check_kv_cache(key_cache, value_cache)
+    if query.dim() != 3 or query.shape[2] != head_dim:
+        raise ValueError(
+            f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}"
+        )
+    num_tokens, num_heads, _ = query.shape
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if query.dtype != key_cache.dtype:
+        raise ValueError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables must be 2-D, got shape {tuple(block_tables.shape)}")
+    num_seqs = block_tables.shape[0]
+    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
+    check_int_tensor("seq_lens", seq_lens, (num_seqs,))
+    check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
+    check_same_device(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+    )
+    return num_tokens, num_heads, num_seqs, block_size, num_kv_heads, head_dim
+
+
 def check_int_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if t.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")

@@ -290,33 +290,13 @@ def paged_attention(
     _, block_size, num_kv_heads, head_dim = checks.check_kv_cache(key_cache, value_cache)
     checks.check_block_size(block_size)
     checks.check_head_dim(head_dim)
-    if query.dim() != 3 or query.shape[2] != head_dim:
-        raise ValueError(
-            f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}"
-        )
-    num_tokens, num_heads, _ = query.shape
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    num_tokens, num_heads, num_seqs, *_ = checks.check_paged_attention_args(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc
+    )
     if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"query dtype {query.dtype} is not supported (float16/bfloat16/float32)")
-    if query.dtype != key_cache.dtype:
-        raise ValueError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
     if query.stride(-1) != 1:
         raise ValueError("query must be contiguous along head_dim (stride(-1) == 1)")
-    if block_tables.dim() != 2:
-        raise ValueError(f"block_tables must be 2-D, got shape {tuple(block_tables.shape)}")
-    num_seqs = block_tables.shape[0]
-    checks.check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
-    checks.check_int_tensor("seq_lens", seq_lens, (num_seqs,))
-    checks.check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
-    checks.check_same_device(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_tables=block_tables,
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-    )
     checks.check_device_for_mode(query, interpreted)
 
     out = torch.empty_like(query)

@@ -1,0 +1,228 @@
+"""The CPU paged-attention kernel: an online softmax that reads K/V in place, compiled by numba.
+
+What it computes is `reference.paged_attention_ref`: query token j of sequence i sits at position
+`seq_lens[i] - q_len_i + j` and attends causally to context positions 0 .. that position, which
+live in the physical blocks `block_tables[i]` lists. The torch path of the engine gathers a padded
+copy of every context first (`key_cache[block_tables]`) and then reads the copy again; this kernel
+walks the block table and reads each block where it lies, once, folding it into the output with
+the *online softmax* (as `paged_attention.py` does on a GPU):
+
+    m_new = max(m, max_t s_t)                        s_t = scale * q . k_t, for this block's keys
+    l     = l * exp(m - m_new) + sum_t exp(s_t - m_new)
+    acc   = acc * exp(m - m_new) + sum_t exp(s_t - m_new) * v_t
+    m     = m_new                                    ... and at the end, out = acc / l
+
+so it never holds more than one block of scores, and never looks at a slot past a query's own
+position (hence never past seq_len: a stale or NaN slot there cannot leak into the output).
+
+How the work is split: one *work item* is one KV head of one *query tile* (up to `q_tile`
+consecutive query tokens of one sequence). Its rows are the tile's tokens times the `group` query
+heads that share the KV head (GQA), so each K/V block, once loaded, serves every row that reads it.
+A decode step has one token per sequence, so its items are (sequence, KV head) pairs. `prange`
+shares the items among numba's threads; the wrapper has them handed out one at a time
+(`numba.set_parallel_chunksize(1)`), because items differ in cost (contexts differ; later tiles of
+a causal prefill see more keys) and equal static shares would leave a thread idle.
+
+Why numba: the kernel is plain Python loops, compiled to machine code by LLVM on the first call
+(and cached on disk, `cache=True`), with no C compiler on the user's machine. `fastmath` allows
+reassociation (so the dot products vectorise) but not `nnan`/`ninf`: -inf is a real value here.
+Everything is float32: the CPU engine's dtype (numba has no bfloat16/float16 arithmetic);
+`cpu_paged_attention.py` sends other dtypes to the torch reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+# LLVM fast-math flags: reassociate and contract (vectorised dot products, FMA), but keep IEEE
+# infinities and NaN (no `nnan`/`ninf`): the running max starts at -inf.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+# Error codes `plan` returns; `paged_attention_numba` turns them into messages (a jitted function
+# cannot format one).
+OK, BAD_QUERY_START, BAD_SEQ_LEN, TABLE_TOO_SHORT, BAD_BLOCK_ID = 0, 1, 2, 3, 4
+
+
+@njit(cache=True)
+def plan(block_tables, seq_lens, query_start_loc, num_tokens, block_size, num_blocks, q_tile):
+    """Check the metadata and list the query tiles: (tile_seq, tile_first, error, bad_seq).
+
+    Serial and cheap (one pass over the block-table entries the batch reads). A bad value would
+    otherwise make `attend` read outside the cache, so it is caught here, before any thread starts.
+    """
+    none = np.empty(0, np.int64)
+    num_tiles = 0
+    for s in range(seq_lens.shape[0]):
+        q_start, q_end = query_start_loc[s], query_start_loc[s + 1]
+        if q_start < 0 or q_end < q_start or q_end > num_tokens:
+            return none, none, BAD_QUERY_START, s
+        if seq_lens[s] < q_end - q_start:
+            return none, none, BAD_SEQ_LEN, s
+        needed = (seq_lens[s] + block_size - 1) // block_size
+        if needed > block_tables.shape[1]:
+            return none, none, TABLE_TOO_SHORT, s
+        for b in range(needed):
+            if block_tables[s, b] < 0 or block_tables[s, b] >= num_blocks:
+                return none, none, BAD_BLOCK_ID, s
+        num_tiles += (q_end - q_start + q_tile - 1) // q_tile
+    tile_seq = np.empty(num_tiles, np.int64)
+    tile_first = np.empty(num_tiles, np.int64)
+    tile = 0
+    for s in range(seq_lens.shape[0]):
+        for first in range(0, query_start_loc[s + 1] - query_start_loc[s], q_tile):
+            tile_seq[tile] = s
+            tile_first[tile] = first
+            tile += 1
+    return tile_seq, tile_first, OK, -1
+
+
+@njit(parallel=True, cache=True, fastmath=_FASTMATH, nogil=True)
+def attend(
+    out,  # [num_tokens, num_heads, head_dim] float32, written
+    query,  # [num_tokens, num_heads, head_dim] float32
+    key_cache,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    value_cache,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    block_tables,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens,  # [num_seqs] int32
+    query_start_loc,  # [num_seqs + 1] int32
+    tile_seq,  # [num_tiles] int64: the sequence of each query tile (from `plan`)
+    tile_first,  # [num_tiles] int64: its first query token, within the sequence
+    q_tile,  # query tokens per tile
+    scale,  # float: usually 1 / sqrt(head_dim)
+):
+    block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    group = query.shape[1] // num_kv_heads  # query heads per kv head
+    for item in prange(tile_seq.shape[0] * num_kv_heads):
+        kv_head = item % num_kv_heads
+        tile = item // num_kv_heads
+        seq = tile_seq[tile]
+        q_start = query_start_loc[seq]
+        q_len = query_start_loc[seq + 1] - q_start
+        cached_before = seq_lens[seq] - q_len  # positions that precede this step's tokens
+        first = tile_first[tile]
+        last = min(first + q_tile, q_len)  # one past the tile's last query token
+        rows = (last - first) * group  # row r: token first + r // group, head r % group
+
+        # The tile's queries, pre-scaled, and the online-softmax state, all float32.
+        q = np.empty((rows, head_dim), np.float32)
+        for r in range(rows):
+            token = q_start + first + r // group
+            head = kv_head * group + r % group
+            for d in range(head_dim):
+                q[r, d] = query[token, head, d] * scale
+        m = np.full(rows, -np.inf, np.float32)  # running max of the scores
+        l = np.zeros(rows, np.float32)  # running sum of exp(score - m)  # noqa: E741
+        acc = np.zeros((rows, head_dim), np.float32)  # running sum of exp(score - m) * v
+        scores = np.empty(block_size, np.float32)
+
+        # The tile's last token sees the most keys: positions 0 .. cached_before + last - 1.
+        num_keys = cached_before + last
+        for b in range((num_keys + block_size - 1) // block_size):
+            block = block_tables[seq, b]
+            block_start = b * block_size  # position of the block's first slot
+            for r in range(rows):
+                q_pos = cached_before + first + r // group
+                # Keys this row may see in this block: causal, so never past q_pos < seq_len.
+                visible = min(block_size, q_pos + 1 - block_start)
+                if visible <= 0:
+                    continue
+                m_new = m[r]
+                for t in range(visible):
+                    s = np.float32(0.0)
+                    for d in range(head_dim):
+                        s += q[r, d] * key_cache[block, t, kv_head, d]
+                    scores[t] = s
+                    m_new = max(m_new, s)
+                # m[r] = -inf before the first block: exp(-inf) = 0 empties the old state.
+                alpha = math.exp(m[r] - m_new)
+                l_new = l[r] * alpha
+                for d in range(head_dim):
+                    acc[r, d] *= alpha
+                for t in range(visible):
+                    p = math.exp(scores[t] - m_new)
+                    l_new += p
+                    for d in range(head_dim):
+                        acc[r, d] += p * value_cache[block, t, kv_head, d]
+                m[r] = m_new
+                l[r] = l_new
+
+        for r in range(rows):
+            token = q_start + first + r // group
+            head = kv_head * group + r % group
+            inv = np.float32(1.0) / l[r]  # every row saw key 0, so l > 0
+            for d in range(head_dim):
+                out[token, head, d] = acc[r, d] * inv
+
+
+def paged_attention_numba(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32, contiguous: written
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int
+    seq_lens: torch.Tensor,  # [num_seqs] int
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int
+    scale: float,
+    q_tile: int,
+    num_threads: int,
+) -> None:
+    """Run `plan` and `attend` on torch tensors (shapes and dtypes already checked by the caller).
+
+    The tensors are handed to numba as numpy views of the same memory: the caches are read where
+    they lie, never copied.
+    """
+    # Fixed argument types (int32 metadata, a contiguous query) so that numba compiles one version.
+    block_tables, seq_lens, query_start_loc = (
+        t.to(torch.int32).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
+    )
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    tile_seq, tile_first, error, seq = plan(
+        block_tables, seq_lens, query_start_loc, query.shape[0], block_size, num_blocks, q_tile
+    )
+    if error != OK:
+        q_start, q_end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
+        seq_len = int(seq_lens[seq])
+        raise ValueError(
+            {
+                BAD_QUERY_START: f"query_start_loc[{seq}:{seq + 2}] = [{q_start}, {q_end}] is "
+                f"not an ascending range inside the {query.shape[0]} query tokens",
+                BAD_SEQ_LEN: f"sequence {seq}: seq_len={seq_len} is shorter than its "
+                f"{q_end - q_start} query tokens",
+                TABLE_TOO_SHORT: f"sequence {seq}: seq_len={seq_len} needs "
+                f"{-(-seq_len // block_size)} blocks but block_tables has "
+                f"{block_tables.shape[1]} columns",
+                BAD_BLOCK_ID: f"sequence {seq}: block table {block_tables[seq].tolist()} holds "
+                f"a block id outside the cache's {num_blocks} blocks",
+            }[error]
+        )
+    torch_threads = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS)))
+    # Hand the work items out one at a time, as threads come free: they differ in cost.
+    chunksize = numba.set_parallel_chunksize(1)
+    try:
+        attend(
+            out.numpy(),
+            query.contiguous().numpy(),  # usually a view into the QKV projection: copy its rows
+            key_cache.numpy(),
+            value_cache.numpy(),
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            tile_seq,
+            tile_first,
+            q_tile,
+            float(scale),
+        )
+    finally:
+        numba.set_parallel_chunksize(chunksize)
+        # On Linux, torch's wheel loads its OpenMP runtime (libgomp) globally, and numba's "omp"
+        # threading layer, loaded later, binds to it: one thread pool for both, no fight over
+        # the cores. Starting numba's threads (in set_num_threads, the first time) sets that
+        # runtime's thread count to numba's, though: give torch back its own.
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
