@@ -81,7 +81,8 @@ class EngineConfig:
             from nanovllm.spec_decode.config import SpeculativeConfig
 
             SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
-        if self.attention_backend not in (None, "torch", "triton"):
+        if self.attention_backend not in (None, "torch", "cpu", "triton"):
             raise ValueError(
-                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
+                "attention_backend must be 'torch', 'cpu' or 'triton', got "
+                f"{self.attention_backend!r}"
             )

@@ -263,4 +263,28 @@ PLANTED_BUGS = [
         ("tests/test_scheduler.py",),
         "A block full of proposals may be rejected; cached, it would serve wrong KV.",
     ),
+    PlantedBug(
+        "cpu-kernel-sees-one-key-too-many",
+        "kernels/cpu_paged_attention_numba.py",
+        (
+            (
+                "                visible = min(block_size, q_pos + 1 - block_start)",
+                "                visible = min(block_size, q_pos + 2 - block_start)",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and cpu and llama-gqa2"),
+        "The in-place kernel attends one key past each query's own position.",
+    ),
+    PlantedBug(
+        "cpu-kernel-forgets-to-rescale",
+        "kernels/cpu_paged_attention_numba.py",
+        (
+            (
+                "                for d in range(head_dim):\n                    acc[r, d] *= alpha\n",
+                "",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention.py",),
+        "The online softmax must rescale what it summed when the running max grows.",
+    ),
 ]

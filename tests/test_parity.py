@@ -158,18 +158,26 @@ def same_step_sharing(events: list) -> int:
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_requests_sharing_a_prefix_in_the_same_step_match_transformers(
-    checkpoints, name: str
+    checkpoints, name: str, backend: str
 ) -> None:
     """The second request of a step reads blocks the first one writes in that step's forward
-    pass: the cache must hold them before any attention reads it."""
+    pass: the cache must hold them before any attention reads it. Both CPU attention backends:
+    the readable torch one and the in-place kernel (the default)."""
     path, _, _ = checkpoints[name]
     block_size = 3 + list(MODELS).index(name) % 2  # 3 (not dividing the prefix) or 4
     rng = random.Random(block_size)
     shared = [rng.randrange(2, 512) for _ in range(14)]
     prompts = [shared + [rng.randrange(2, 512) for _ in range(n)] for n in (3, 1, 6, 2)]
     expected = hf_greedy(path, prompts, MAX_TOKENS)
-    llm = LLM(str(path), block_size=block_size, max_num_seqs=8, enable_prefix_caching=True)
+    llm = LLM(
+        str(path),
+        block_size=block_size,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        attention_backend=backend,
+    )
     events = []
     llm.llm_engine.subscribe(events.append)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)

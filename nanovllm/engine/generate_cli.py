@@ -25,7 +25,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="auto: the checkpoint's half precision on a GPU, float32 on a CPU",
     )
-    g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
+    g.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--speculative-config",

@@ -73,19 +73,27 @@ def default_model_path() -> Path:
     return Path(nanovllm.default_model.__file__).parent
 
 
-def pick_attention_backend(requested: str | None, device: torch.device) -> str:
-    """The fastest backend where we run: Triton's kernels on a GPU, plain torch on a CPU.
+def pick_attention_backend(
+    requested: str | None, device: torch.device, dtype: torch.dtype = torch.float32
+) -> str:
+    """The fastest backend where we run: Triton's kernels on a GPU; on a CPU the in-place numba
+    kernel for float32 (when numba is installed; otherwise it says so once), else plain torch.
 
     (On a CPU Triton can only run through its interpreter, thousands of times slower.)
     """
     if requested is not None:
+        if requested == "cpu" and device.type != "cpu":
+            raise ValueError(f"attention_backend='cpu' runs on a CPU, not on {device}")
         return requested
     if device.type == "cuda":
         from nanovllm.kernels.triton_setup import triton_available
 
         if triton_available():
             return "triton"
-    return "torch"
+        return "torch"
+    from nanovllm.kernels.cpu_paged_attention import cpu_fast_path_available
+
+    return "cpu" if cpu_fast_path_available(dtype) else "torch"
 
 
 @dataclass
@@ -151,7 +159,9 @@ class LLMEngine:
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
-        self.attention_backend = pick_attention_backend(config.attention_backend, self.device)
+        self.attention_backend = pick_attention_backend(
+            config.attention_backend, self.device, self.dtype
+        )
         if self.attention_backend == "triton":
             from nanovllm.kernels.paged_attention import check_supported
 
