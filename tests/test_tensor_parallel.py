@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -98,3 +100,35 @@ def test_a_rank_that_dies_is_named_and_nothing_hangs(tiny_llama) -> None:
         engine.step()
     engine.shutdown()
     assert no_workers_left()
+
+
+ENGINES_SIDE_BY_SIDE = """
+import sys
+from nanovllm import LLM, SamplingParams
+
+params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}]
+def tokens(llm):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+if __name__ == "__main__":
+    before = LLM(sys.argv[1], block_size=4)  # alone, built before the process joins a group
+    two = LLM(sys.argv[1], block_size=4, tensor_parallel_size=2)
+    after = LLM(sys.argv[1], block_size=4)  # alone, built inside the process's group
+    results = [tokens(before), tokens(two), tokens(after)]
+    two.llm_engine.shutdown()
+    assert results[0] == results[1] == results[2], results
+    print("same tokens")
+"""
+
+
+def test_engines_alone_and_parallel_side_by_side_in_one_process(tiny_llama, tmp_path) -> None:
+    # The bench compares 2 ranks with 1 in one process. Engines built alone used to call the
+    # tensor-parallel group's all-reduces, which no other rank answered: a hang, hence the
+    # subprocess and its timeout.
+    script = tmp_path / "side_by_side.py"
+    script.write_text(ENGINES_SIDE_BY_SIDE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_llama)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "same tokens" in done.stdout, done.stderr[-3000:]

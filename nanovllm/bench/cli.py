@@ -103,6 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='nanovllm speculates, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
         "and is compared with nanovllm-no-spec",
     )
+    add(
+        "--tensor-parallel-size",
+        type=_positive,
+        help="nanovllm runs over this many processes, and is compared with nanovllm-tp1",
+    )
     add("--plot", metavar="PNG", help="write the figure here")
     add("--json", metavar="FILE", help="write the JSON document ('-': stdout)")
 

@@ -33,18 +33,24 @@ class NanovllmEngine(Engine):
     name = "nanovllm"
     enable_prefix_caching = True
     speculate = True  # with the limits' speculative_config, if one is given
+    parallel = True  # with the limits' tensor_parallel_size
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
         from nanovllm.engine.llm_engine import LLMEngine
+
+        tp = self.limits.tensor_parallel_size if self.parallel else 1
+        threads = self.limits.threads
 
         config = EngineConfig(
             model=self.model_path,
             num_kv_blocks=self.limits.num_kv_blocks,
             enable_prefix_caching=self.enable_prefix_caching,
             speculative_config=self.limits.speculative_config if self.speculate else None,
+            tensor_parallel_size=tp,
             dtype="float32",
-            num_threads=self.limits.threads,
+            # The ranks share the bench's threads (unset: the engine divides the machine's).
+            num_threads=max(threads // tp, 1) if threads else None,
             **self.limits.shared(),
         )
         self.engine = engine = LLMEngine(config)
@@ -56,6 +62,7 @@ class NanovllmEngine(Engine):
             "max_model_len": engine.max_model_len,
             "enable_prefix_caching": config.enable_prefix_caching,
             "speculative_config": config.speculative_config,
+            "tensor_parallel_size": config.tensor_parallel_size,
             "attention_backend": engine.attention_backend,
             "device": str(engine.device),
         }
@@ -171,3 +178,10 @@ class NanovllmNoSpecEngine(NanovllmEngine):
 
     name = "nanovllm-no-spec"
     speculate = False
+
+
+class NanovllmOneRankEngine(NanovllmEngine):
+    """nanovllm in one process: the other half of `--tensor-parallel-size`'s comparison."""
+
+    name = "nanovllm-tp1"
+    parallel = False

@@ -33,6 +33,7 @@ ENGINES: dict[str, str | type] = {
     "nanovllm": "nanovllm.bench.engine_nanovllm:NanovllmEngine",
     "nanovllm-no-prefix": "nanovllm.bench.engine_nanovllm:NanovllmNoPrefixEngine",
     "nanovllm-no-spec": "nanovllm.bench.engine_nanovllm:NanovllmNoSpecEngine",
+    "nanovllm-tp1": "nanovllm.bench.engine_nanovllm:NanovllmOneRankEngine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",
@@ -57,6 +58,8 @@ class EngineLimits:
     vllm_python: str | None = None  # the interpreter of vLLM's own virtualenv
     # nanovllm's speculative decoding (`--speculative-config`); the peers do not speculate
     speculative_config: dict | None = None
+    # nanovllm's tensor parallelism (`--tensor-parallel-size`), compared with nanovllm-tp1
+    tensor_parallel_size: int = 1
 
     # The sizes nanovllm and vLLM both take, under the same (vLLM's) names.
     SHARED = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "seed")

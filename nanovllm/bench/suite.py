@@ -64,6 +64,7 @@ class BenchConfig:
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     speculative_config: dict | None = None  # nanovllm speculates; compared with nanovllm-no-spec
+    tensor_parallel_size: int = 1  # nanovllm's ranks; above 1, compared with nanovllm-tp1
 
 
 class Progress:
@@ -154,6 +155,9 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
         SpeculativeConfig.from_dict(cfg.speculative_config)  # a bad value is named here
         limits.speculative_config = cfg.speculative_config
         first.append(speculation.WITHOUT)
+    if cfg.tensor_parallel_size > 1:
+        limits.tensor_parallel_size = cfg.tensor_parallel_size
+        first.append("nanovllm-tp1")
     names = first + [n for n in dict.fromkeys(cfg.engines) if n not in first]
     out["engines"] = report = {}  # name -> {"load": {...}} or {"skipped": why}, then figures
     engines = load_engines(names, info.path, limits, shape, report, progress)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner
@@ -90,7 +91,8 @@ def start_runners(
         model_args.intermediate_size,
     )  # fmt: skip
     if tp == 1:
-        return build_runner(0, spec), None
+        with as_tp_rank(0, 1):  # alone, even in a process that holds another engine's group
+            return build_runner(0, spec), None
     factory = functools.partial(build_runner, spec=spec)
     if under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
