@@ -16,8 +16,9 @@ likewise the MLP's gate/up are column-parallel and down is row-parallel.
 
 Fusion rides along: `QKVParallelLinear` holds q, k and v stacked in one weight, and
 `MergedColumnParallelLinear` gate and up, so each is ONE matmul instead of three or two. That
-is why these classes are used at tensor-parallel size 1 too, where they are a plain `F.linear`
-with no communication at all.
+is why these classes are used at tensor-parallel size 1 too, where they are a plain matmul
+(`cpu_linear.linear`: `F.linear`, or oneDNN with a prepacked weight on a CPU) with no
+communication at all.
 
 Every parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that takes the
 checkpoint's FULL tensor (Hugging Face's `q_proj.weight`, `gate_proj.weight`, ...) and copies in
@@ -31,7 +32,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.distributed.communication import (
@@ -39,6 +39,7 @@ from nanovllm.distributed.communication import (
     tensor_model_parallel_all_reduce,
 )
 from nanovllm.distributed.parallel_state import get_tp_rank, get_tp_world_size
+from nanovllm.models.cpu_linear import linear
 
 # A checkpoint tensor: a torch.Tensor, or anything with `.shape` and `.narrow(dim, start, n)`.
 LoadedWeight = Any
@@ -86,6 +87,7 @@ class LinearBase(nn.Module):
             if bias_size is not None
             else None
         )
+        self.packed_weight: torch.Tensor | None = None  # set after loading (cpu_linear.py)
 
     def extra_repr(self) -> str:
         return (
@@ -125,7 +127,8 @@ class ColumnParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(0, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size / tp]
+        # [num_tokens, output_size / tp]
+        y = linear(x, self.weight, self.bias, self.packed_weight)
         if self.gather_output and self.tp_size > 1:
             y = tensor_model_parallel_all_gather(y, dim=-1)  # [num_tokens, output_size]
         return y
@@ -301,12 +304,12 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return linear(x, self.weight, self.bias, self.packed_weight)
         if not self.input_is_parallel:
             n = self.input_size_per_partition
             x = x.narrow(-1, self.tp_rank * n, n)  # [num_tokens, input_size / tp]
         bias = self.bias if self.tp_rank == 0 else None
-        y = F.linear(x, self.weight, bias)  # [num_tokens, output_size], a partial sum
+        y = linear(x, self.weight, bias, self.packed_weight)  # [num_tokens, output_size], partial
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         return y

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from nanovllm.models.cpu_linear import prepack_linear_weights
 from nanovllm.models.llama import CausalLM, ModelArgs
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded
 
@@ -121,6 +122,7 @@ def load_model(
     finally:
         torch.set_default_dtype(default_dtype)
     load_weights(model, path)
+    prepack_linear_weights(model)  # on a CPU in float32: oneDNN's layout (cpu_linear.py)
     return model.eval()
 
 

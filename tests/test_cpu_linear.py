@@ -1,0 +1,79 @@
+"""The CPU's prepacked linear layers (`nanovllm/models/cpu_linear.py`) against `F.linear`.
+
+Oracles: `F.linear` on the same weight for single products, and the same model's forward pass
+with its packed copies dropped (`unpack_linear_weights`) for a whole checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.models.cpu_linear import (
+    can_prepack,
+    linear,
+    linear_layers,
+    prepack_linear_weights,
+    unpack_linear_weights,
+)
+
+pytestmark = pytest.mark.skipif(
+    not can_prepack(torch.zeros(1, 1)), reason="this torch has no oneDNN on the CPU"
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 70),
+    in_features=st.integers(1, 96),
+    out_features=st.integers(1, 130),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_product_equals_f_linear(rows, in_features, out_features, bias, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=g)  # [num_tokens, in]
+    w = torch.randn(out_features, in_features, generator=g)  # [out, in]
+    b = torch.randn(out_features, generator=g) if bias else None
+    packed = torch.ops.mkldnn._reorder_linear_weight(w)
+    expected = F.linear(x, w, b)
+    got = linear(x, w, b, packed)
+    assert got.shape == expected.shape == (rows, out_features)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_only_float32_cpu_weights_are_packed() -> None:
+    assert can_prepack(torch.zeros(4, 4))
+    assert not can_prepack(torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert not can_prepack(torch.zeros(4))
+
+
+def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", enable_prefix_caching=False)
+    model = llm.llm_engine.model
+    layers = linear_layers(model)
+    # q/k/v, o, gate/up and down in each of 2 layers, and the LM head.
+    assert len(layers) == 4 * 2 + 1
+    assert all(layer.packed_weight is not None for layer in layers)
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    prompts = [{"prompt_token_ids": [5, 17, 3, 99, 42, 7]}, {"prompt_token_ids": [8, 1, 60]}]
+
+    def run() -> list:
+        return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    packed = run()
+    unpack_linear_weights(model)
+    assert all(layer.packed_weight is None for layer in layers)
+    plain = run()
+    for a, b in zip(packed, plain, strict=True):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs, strict=True):
+            assert la.keys() == lb.keys()
+            for token, entry in la.items():
+                assert entry.logprob == pytest.approx(lb[token].logprob, abs=1e-4)
+    assert prepack_linear_weights(model) == len(layers)
