@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tiny_models import make_model, make_tokenizer_files
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.detokenizer import DetokenizerState, IncrementalDetokenizer
+from nanovllm.engine.detokenizer import DetokenizerState, IncrementalDetokenizer, rust_decoder
 
 
 @pytest.fixture(scope="module", params=["bytelevel", "metaspace"])
@@ -54,6 +54,24 @@ def test_streamed_text_is_what_the_output_adds(tokenizer, data, skip) -> None:
     # replaces by the real character: then "what the output adds" is not a suffix.
     assume(full_text.startswith(prompt_text))
     assert stream(tokenizer, prompt_ids, output_ids, skip) == full_text[len(prompt_text) :]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), skip=st.booleans())
+def test_the_rust_decode_is_transformers_decode(tokenizer, data, skip) -> None:
+    # The detokenizer calls the Rust tokenizer directly where that changes nothing.
+    decode = rust_decoder(tokenizer)
+    assert decode is not None
+    ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=16), label="ids")
+    assert decode(ids, skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_transformers_decode(tokenizer) -> None:
+    tokenizer.clean_up_tokenization_spaces = True
+    try:
+        assert rust_decoder(tokenizer) is None
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ start of a stop string.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # How many prompt tokens the first window reaches back (vLLM's
@@ -59,9 +60,33 @@ class DetokenizerState:
         )
 
 
+# transformers' own decode of a fast tokenizer: to_py_obj, then the Rust tokenizer's decode, then
+# an optional clean-up of spaces. Where that is all it does, the engine calls the Rust decode
+# directly: two decodes per output token through transformers' wrapper took ~11% of a 64-request
+# decode step on the embedded model (cProfile), the Rust decode itself about a seventh of that.
+_PLAIN_FAST_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode")
+
+
+def rust_decoder(tokenizer) -> Callable[[list[int], bool], str] | None:
+    """`decode(ids, skip_special_tokens)` of the tokenizer's Rust backend, when calling it gives
+    exactly what `tokenizer.decode` gives; else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    own_decode = getattr(type(tokenizer), "_decode", None)
+    if (
+        backend is None
+        or getattr(own_decode, "__qualname__", None) not in _PLAIN_FAST_DECODES
+        or getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return None
+    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.decode = rust_decoder(tokenizer) or (
+            lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
+        )
 
     def step(self, state: DetokenizerState, token_ids: list[int], final: bool = False) -> str:
         """Append the text of the newest token(s) to `state.text`; return what was added.
@@ -72,10 +97,8 @@ class IncrementalDetokenizer:
         (as U+FFFD), making the text equal to a full decode of the output.
         """
         skip = state.skip_special_tokens
-        prefix_text = self.tokenizer.decode(
-            token_ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip
-        )
-        new_text = self.tokenizer.decode(token_ids[state.prefix_offset :], skip_special_tokens=skip)
+        prefix_text = self.decode(token_ids[state.prefix_offset : state.read_offset], skip)
+        new_text = self.decode(token_ids[state.prefix_offset :], skip)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""  # an incomplete character (or a token with no text): wait
         delta = new_text[len(prefix_text) :]
