@@ -287,4 +287,40 @@ PLANTED_BUGS = [
         ("tests/kernels/test_kernel_cpu_paged_attention.py",),
         "The online softmax must rescale what it summed when the running max grows.",
     ),
+    PlantedBug(
+        "packed-linear-drops-the-bias",
+        "nanovllm/models/cpu_linear.py",
+        (
+            (
+                'return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")',
+                'return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "none", [], "")',
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "qwen2"),
+        "Qwen2's q/k/v have biases; the oneDNN path must add them as F.linear does.",
+    ),
+    PlantedBug(
+        "packed-weights-made-before-the-checkpoint-is-loaded",
+        "nanovllm/models/loader.py",
+        (
+            (
+                "    load_weights(model, path)\n    prepack_linear_weights(model)",
+                "    prepack_linear_weights(model)\n    load_weights(model, path)",
+            ),
+        ),
+        ("tests/test_cpu_linear.py",),
+        "A packed copy is a snapshot: made from uninitialised weights it never sees the checkpoint.",
+    ),
+    PlantedBug(
+        "rust-decode-ignores-skip-special-tokens",
+        "nanovllm/engine/detokenizer.py",
+        (
+            (
+                "return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)",
+                "return lambda ids, skip: backend.decode(ids, skip_special_tokens=True)",
+            ),
+        ),
+        ("tests/test_detokenizer.py",),
+        "The request's skip_special_tokens must reach the Rust decode.",
+    ),
 ]
