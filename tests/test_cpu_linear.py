@@ -77,3 +77,17 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
             for token, entry in la.items():
                 assert entry.logprob == pytest.approx(lb[token].logprob, abs=1e-4)
     assert prepack_linear_weights(model) == len(layers)
+
+
+def test_a_packing_failure_falls_back_to_f_linear_with_one_notice(tiny_llama, monkeypatch) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32")
+    model = llm.llm_engine.model
+
+    def cannot_pack(weight):
+        raise RuntimeError("no oneDNN kernel for this machine")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", cannot_pack)
+    with pytest.warns(UserWarning, match="could not prepack") as notices:
+        assert prepack_linear_weights(model) == 0
+    assert len(notices) == 1
+    assert all(layer.packed_weight is None for layer in linear_layers(model))
