@@ -58,11 +58,22 @@ def linear_cases(draw, split: str) -> LinearCase:
     return LinearCase(n, inp, out, draw(st.integers(1, 4)), draw(st.booleans()), draw(seeds))
 
 
-def _shards(impl, fn: str, weight: torch.Tensor, n: int) -> list[torch.Tensor]:
-    before = weight.clone()
-    shards = [getattr(impl, fn)(weight, r, n) for r in range(n)]
-    assert torch.equal(weight, before), f"{fn} modified the weight it was given"
-    return shards
+def _check_tiling(impl, fn: str, full: torch.Tensor, n: int, dim: int, name: str, what: str):
+    """`fn`'s shards of `full` for ranks 0..n-1: each holds 1/n of dimension `dim` (`what`), and
+    concatenated along it in rank order they are `full` again; `full` is left as it was."""
+    before = full.clone()
+    shards = [getattr(impl, fn)(full, r, n) for r in range(n)]
+    assert torch.equal(full, before), f"{fn} modified the weight it was given"
+    want = tuple(size // n if d == dim else size for d, size in enumerate(full.shape))
+    for r, shard in enumerate(shards):
+        assert tuple(shard.shape) == want, (
+            f"rank {r} of {n}: {fn} of {name} {tuple(full.shape)} has shape "
+            f"{tuple(shard.shape)}, not {want}: a rank holds 1/{n} of the {what}"
+        )
+    assert torch.equal(torch.cat(shards, dim=dim), full), (
+        f"the {n} ranks' {fn} pieces of {name}, put together in rank order, are not {name}: "
+        f"rank r holds the r-th block of consecutive {what}"
+    )
 
 
 # --- the shards ---------------------------------------------------------------------------------
@@ -75,21 +86,9 @@ def test_column_shards_tile_the_weight(impl, case):
     """Rank r's column shard is rows [r * n, (r + 1) * n) of W (and entries of b): shards of
     shape [n, input_size] that, stacked in rank order, give W back."""
     w, b, _ = case.tensors()
-    n, out = case.world_size, case.output_size
-    for name, full in (("W", w), ("b", b)):
-        if full is None:
-            continue
-        shards = _shards(impl, "column_shard", full, n)
-        want = (out // n, *full.shape[1:])
-        for r, shard in enumerate(shards):
-            assert tuple(shard.shape) == want, (
-                f"rank {r} of {n}: column_shard of {name} {tuple(full.shape)} has shape "
-                f"{tuple(shard.shape)}, not {want}: a rank holds 1/{n} of the output rows"
-            )
-        assert torch.equal(torch.cat(shards, dim=0), full), (
-            f"the {n} ranks' column shards of {name}, stacked in rank order, are not {name}: "
-            "rank r holds the r-th block of consecutive rows"
-        )
+    _check_tiling(impl, "column_shard", w, case.world_size, 0, "W", "output rows")
+    if b is not None:
+        _check_tiling(impl, "column_shard", b, case.world_size, 0, "b", "output rows")
 
 
 @lesson_settings(40)
@@ -99,18 +98,7 @@ def test_row_shards_tile_the_weight(impl, case):
     """Rank r's row shard is columns [r * n, (r + 1) * n) of W: shards of shape
     [output_size, n] that, side by side in rank order, give W back."""
     w, _, _ = case.tensors()
-    n = case.world_size
-    shards = _shards(impl, "row_shard", w, n)
-    want = (case.output_size, case.input_size // n)
-    for r, shard in enumerate(shards):
-        assert tuple(shard.shape) == want, (
-            f"rank {r} of {n}: row_shard of W {tuple(w.shape)} has shape {tuple(shard.shape)}, "
-            f"not {want}: a rank holds 1/{n} of the input columns"
-        )
-    assert torch.equal(torch.cat(shards, dim=1), w), (
-        f"the {n} ranks' row shards, side by side in rank order, are not W: rank r holds the "
-        "r-th block of consecutive columns"
-    )
+    _check_tiling(impl, "row_shard", w, case.world_size, 1, "W", "input columns")
 
 
 # --- the layers -----------------------------------------------------------------------------------
