@@ -1,4 +1,4 @@
-"""The nanovllm course: thirteen short lessons that rebuild the engine's ideas one at a time.
+"""The nanovllm course: fourteen short lessons that rebuild the engine's ideas one at a time.
 
 Each lesson is a folder `NN_topic/` shipped inside the package (as data: a name that starts with a
 digit is not an importable module, and the folders are loaded by path instead):
@@ -12,8 +12,8 @@ digit is not an importable module, and the folders are loaded by path instead):
     reference.py      the same names as exercise.py, backed by the engine's own code: the reference
                       solution the properties must accept
     mutants.py        planted bugs: variants of the reference the properties must reject
-    run.py            (lessons 01-10, 13) how `--run` plugs the learner's code into the real engine,
-                      with which engine options and workload, and the `--viz` moment
+    run.py            (lessons 01-10, 13, 14) how `--run` plugs the learner's code into the real
+                      engine, with which engine options and workload, and the `--viz` moment
 
 Because every property receives the implementation as a parameter, the *same* properties check
 three things: the learner's copy of exercise.py (`nanovllm lesson N --check`), the engine
@@ -35,6 +35,8 @@ Package modules (importable):
     sim            the scheduler's and the model runner's simplified view (lessons 06, 07, 09)
     scripts        operation scripts for the block allocator and their driver (lesson 12)
     plug           swaps a learner's component into a built engine (`--run`)
+    plug_tensor_parallel  lesson 14's `--run`: the learner's sharding in every rank's process,
+                   before the model is built
     workload       the requests `--run` and `--viz` send
     your_engine    `--run`: the learner's engine against the stock one, token for token
     moments        where each lesson's idea shows in a run's events (`--viz`)
@@ -42,6 +44,6 @@ Package modules (importable):
     demo_support   helpers for the demos: a console, a small model, a quick engine
     cli            `nanovllm lesson ...`
 
-Counting planted bugs: 102 across the thirteen lessons' `mutants.py` (`nanovllm lesson --mutants`),
+Counting planted bugs: 124 across the fourteen lessons' `mutants.py` (`nanovllm lesson --mutants`),
 and lesson 12 plants 7 more in the engine's structures for the learner's own properties to catch.
 """

@@ -1,7 +1,7 @@
 """Running a lesson's properties in-process, against any implementation.
 
 A property is simply called, `prop(impl=...)`, with its hypothesis settings set for the
-occasion (starting pytest once per run would cost seconds, and CI judges 13 references, 13
+occasion (starting pytest once per run would cost seconds, and CI judges 14 references, 14
 untouched exercises, one stub swap per exercise function and every planted bug: hundreds of
 runs). Three occasions:
 

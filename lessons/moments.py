@@ -13,6 +13,8 @@ asked of a recorded run, step by step (a step's events end with its `StepSummary
     chunk                the first prefill chunk: a prompt only partly computed this step (09)
     rejected_block_freed speculative decoding rejects proposals, and a block that held only
                          their slots goes back to the free queue (13)
+    busiest_step         the step that computed the most tokens, with each tensor-parallel
+                         rank's forward time (14)
 
 The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
 them (blocks leave when handed out or hit, and join the tail when freed).
@@ -110,6 +112,16 @@ def _rejected_block_freed(events: list) -> int | None:
     return None
 
 
+def _busiest_step(events: list) -> int | None:
+    best, most = None, 0
+    for e in events:
+        if _kind(e) == "StepSummary":
+            tokens = e.num_prefill_tokens + e.num_decode_tokens
+            if tokens > most:
+                best, most = e.step, tokens
+    return best
+
+
 MOMENTS: dict[str, Moment] = {
     "new_block": Moment("a decoding request takes a new block", _new_block),
     "hit_from_the_middle": Moment(
@@ -127,6 +139,9 @@ MOMENTS: dict[str, Moment] = {
     "rejected_block_freed": Moment(
         "proposals rejected: a block that held only their slots goes back to the free queue",
         _rejected_block_freed,
+    ),
+    "busiest_step": Moment(
+        "the step with the most tokens, and each rank's forward time for it", _busiest_step
     ),
     "chunk": Moment(
         "the first prefill chunk",

@@ -13,6 +13,9 @@ swap sets an attribute on an engine object, which the engine then calls as its o
     sampling, detokenizing runner.sampler, engine.detokenizer                            lesson 10
     verifying proposals    runner.sampler, calling your verification rules               lesson 13
 
+Lesson 14 cannot swap anything into a built engine: its code cuts the weights as every rank's
+model is built, in every rank's process. `plug_tensor_parallel.py` does that one.
+
 A scheduler step written for a lesson works on `sim.Req` views of the engine's requests; the
 swap builds those views, calls the learner's function, checks the decisions (a request lost, a
 request given more tokens than it has left, a step that needs more blocks than the cache has:

@@ -1,8 +1,10 @@
 """`nanovllm lesson N --run`: your code inside the real engine, checked against the stock engine.
 
 Two engines are built alike (the demo model, the lesson's options from its `run.py`); in one,
-the lesson's `run.plug_in` swaps the learner's code in (see `plug.py`). Both serve the same
-requests (`workload.py`), and then:
+the lesson's `run.plug_in` swaps the learner's code in (see `plug.py`), or, where it must be there
+before the model is built (lesson 14, in every tensor-parallel rank's process), `run.building`
+does, around the engine's construction (see `plug_tensor_parallel.py`). The stock engine is
+shut down before the learner's starts. Both serve the same requests (`workload.py`), and then:
 
 - every completion is compared token for token (and, for lesson 10, its text). Greedy decoding
   is an argmax, and two engines that round differently (your attention is not the engine's) can
@@ -21,8 +23,10 @@ your engine in the visualizer.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,13 +95,22 @@ def run_lesson(
     stock_events: list = []
     stock.subscribe(stock_events.append)
     start = time.perf_counter()
-    stock_out = serve(stock, arrivals, logprobs=2)
-    stock_seconds = time.perf_counter() - start
+    try:
+        stock_out = serve(stock, arrivals, logprobs=2)
+        stock_seconds = time.perf_counter() - start
+    finally:
+        # Its tensor-parallel workers, if any, go first: a process leads one group at a time.
+        stock.shutdown()
 
-    yours = make_engine(**spec.ENGINE)
+    # `building(impl)`, when run.py has it: a context in which the engine is built with the
+    # learner's code (lesson 14's goes into every rank's process before the model is loaded).
+    building = getattr(spec, "building", None)
     report = RunReport(lesson, [], stock_seconds=stock_seconds)
     your_events: list = []
+    yours = None
     try:
+        with building(impl) if building is not None else nullcontext():
+            yours = make_engine(**spec.ENGINE)
         report.swapped = list(spec.plug_in(yours, impl))
         yours.subscribe(your_events.append)
         start = time.perf_counter()
@@ -107,6 +120,8 @@ def run_lesson(
         report.error = describe_error(exc, impl)
         return report
     finally:
+        if yours is not None:
+            yours.shutdown()
         if record is not None:
             write_events(record, your_events)
     report.events = your_events
@@ -132,6 +147,7 @@ def record_stock(lesson: Lesson, path: Path) -> list:
     try:
         serve(engine, make_workload(spec.WORKLOAD))
     finally:
+        engine.shutdown()
         write_events(path, events)
     return events
 
@@ -263,6 +279,19 @@ def acceptance(events: list) -> tuple[int, int, int]:
     )
 
 
+def rank_forward_means(events: list) -> tuple[float, ...]:
+    """Each tensor-parallel rank's mean forward time per step (seconds, in rank order), from
+    the step summaries; () when the engine ran on one rank."""
+    started = next((e for e in events if type(e).__name__ == "EngineStarted"), None)
+    if started is None or started.tensor_parallel_size < 2:
+        return ()
+    times = [e.rank_forward_times for e in events if type(e).__name__ == "StepSummary"]
+    times = [t for t in times if len(t) == started.tensor_parallel_size]
+    if not times:
+        return ()
+    return tuple(sum(column) / len(times) for column in zip(*times))
+
+
 DECISIONS = {
     "schedule": ("every step's scheduling decisions", _schedule),
     "blocks": ("every block handed out, freed and hit", _blocks),
@@ -284,11 +313,18 @@ def first_difference(stock: list, yours: list) -> str | None:
 
 
 def describe_error(exc: BaseException, impl: Any) -> str:
-    """The error, and the last line of the learner's file it came through, if any."""
+    """The error, and the last line of the learner's file it came through, if any. A worker
+    process of tensor parallelism that failed is described by the last line of its traceback."""
     import traceback
 
+    from nanovllm.distributed import WorkerDiedError
     from nanovllm.lessons.report import last_line_in
 
+    if isinstance(exc, WorkerDiedError):
+        lines = [line.strip() for line in exc.reason.splitlines() if line.strip()]
+        last = lines[-1] if lines else exc.reason
+        last = re.sub(r"^(?:\w+\.)+(?=\w+: )", "", last)  # the exception's name, without modules
+        return f"tensor-parallel rank {exc.rank} failed: {last}"
     path = getattr(impl, "__file__", None)
     where = last_line_in(exc, Path(path)) if path else None
     message = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[0]
@@ -311,7 +347,8 @@ def write_events(path: Path, events: list) -> None:
 def render(console, report: RunReport) -> None:
     from rich.markup import escape
 
-    console.print("Yours in the engine: " + "; ".join(escape(s) for s in report.swapped))
+    if report.swapped:  # empty when the engine could not be built with your code
+        console.print("Yours in the engine: " + "; ".join(escape(s) for s in report.swapped))
     if report.error is not None:
         console.print(f"[red]✗ Your engine stopped:[/] {escape(report.error)}")
         return
@@ -324,6 +361,10 @@ def render(console, report: RunReport) -> None:
     ):
         if s[kind]:
             facts.append(f"{s[kind]} {words}")
+    ranks = rank_forward_means(report.events)
+    if ranks:
+        each = " / ".join(f"{t * 1e3:.1f}" for t in ranks)
+        facts.append(f"{len(ranks)} tensor-parallel ranks, forward {each} ms per step")
     drafts, proposed, accepted = acceptance(report.events)
     if drafts:
         facts.append(

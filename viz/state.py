@@ -259,6 +259,11 @@ class VizState:
         return self.engine.block_size if self.engine else 1
 
     @property
+    def tensor_parallel_size(self) -> int:
+        """The engine's ranks: each holds a slice of every layer (1: no tensor parallelism)."""
+        return self.engine.tensor_parallel_size if self.engine else 1
+
+    @property
     def num_blocks(self) -> int:
         return len(self.blocks)
 
@@ -304,6 +309,16 @@ def kv_figures(state: VizState) -> KVFigures:
     # A shared block's slots are counted once, as the engine does.
     filled -= extra_refs * state.block_size
     return KVFigures(used, free, cached_free, shared, used * state.block_size, filled)
+
+
+def rank_forward_times(state: VizState) -> tuple[float, ...]:
+    """Each tensor-parallel rank's forward time in the last step done, in rank order (seconds);
+    () without tensor parallelism or before the first step. The reducer keeps the step's
+    `StepSummary`, which carries them."""
+    summary = state.last_step.summary if state.last_step else None
+    if state.tensor_parallel_size < 2 or summary is None:
+        return ()
+    return summary.rank_forward_times
 
 
 def last_block_fill(state: VizState, request: RequestInfo) -> int:

@@ -151,3 +151,14 @@ def seconds(value: float) -> str:
     if value >= 1e-3:
         return f"{value * 1e3:.1f} ms"
     return f"{value * 1e6:.0f} µs"
+
+
+def rank_times(times: tuple[float, ...]) -> str:
+    """Per-rank durations, compactly: "3.1 / 2.9 ms" (in rank order) for up to 4 ranks, the
+    range "2.9-3.4 ms" for more."""
+    if not times:
+        return ""
+    ms = [t * 1e3 for t in times]
+    if len(ms) <= 4:
+        return " / ".join(f"{t:.1f}" for t in ms) + " ms"
+    return f"{min(ms):.1f}-{max(ms):.1f} ms"

@@ -376,3 +376,33 @@ SOLUTIONS["13_speculative_decoding"] = {
         return emitted
     """,
 }
+
+SOLUTIONS["14_tensor_parallelism"] = {
+    'raise NotImplementedError("write column_shard': """
+        n = weight.shape[0] // world_size
+        return weight[rank * n : (rank + 1) * n]
+    """,
+    'raise NotImplementedError("write row_shard': """
+        n = weight.shape[1] // world_size
+        return weight[:, rank * n : (rank + 1) * n]
+    """,
+    'raise NotImplementedError("write gather_columns': """
+        return torch.cat(outputs, dim=1)
+    """,
+    'raise NotImplementedError("write reduce_rows': """
+        total = partials[0].clone()
+        for partial in partials[1:]:
+            total += partial
+        if bias is not None:
+            total += bias
+        return total
+    """,
+    'raise NotImplementedError("write heads_of_rank': """
+        per_rank = num_heads // world_size
+        q_heads = list(range(rank * per_rank, (rank + 1) * per_rank))
+        if world_size > num_kv_heads:
+            return q_heads, [rank // (world_size // num_kv_heads)]
+        kv_per_rank = num_kv_heads // world_size
+        return q_heads, list(range(rank * kv_per_rank, (rank + 1) * kv_per_rank))
+    """,
+}

@@ -287,6 +287,94 @@ def test_run_names_a_decision_the_engine_cannot_carry_out(home):
     assert report.error is not None and "has" in report.error and "left to compute" in report.error
 
 
+def _live_children() -> list:
+    """This process's child processes still running (tensor-parallel workers are some)."""
+    import multiprocessing
+
+    return multiprocessing.active_children()
+
+
+def test_lesson_14_runs_your_layers_on_two_ranks(home):
+    """A learner's shards and combinations, loaded afresh in both ranks' processes, give the
+    stock two-rank engine's completions token for token (8 short requests keep it quick), the
+    report names each rank's forward time, and no worker process outlives the run."""
+    from rich.console import Console
+
+    lesson = get_lesson(14)
+    impl = harness.implementation(lesson, solve(lesson, home / "lessons"))
+    report = your_engine.run_lesson(lesson, impl, workload="short")
+    assert report.passed, (report.error, report.divergences)
+    assert report.num_completions == 8
+    assert len(your_engine.rank_forward_means(report.events)) == 2
+    console = Console(width=300, record=True)
+    your_engine.render(console, report)
+    out = console.export_text()
+    assert "2 tensor-parallel ranks, forward" in out and "your `reduce_rows`" in out
+    assert _live_children() == []
+
+
+def test_lesson_14_names_the_rank_whose_code_failed(home):
+    """Code that fails only in rank 1's process (a worker) stops the engine at start-up with
+    that rank named, and leaves no process behind."""
+    from nanovllm.distributed import WorkerDiedError
+    from nanovllm.lessons.demo_support import demo_model_path, make_engine
+    from nanovllm.lessons.plug_tensor_parallel import your_tensor_parallel_layers
+
+    lesson = get_lesson(14)
+    mine = solve(lesson, home / "lessons")
+    mine.write_text(
+        mine.read_text() + "\n\n_column_shard = column_shard\n\n\n"
+        "def column_shard(weight, rank, world_size):\n"
+        "    from nanovllm.distributed import get_tp_rank\n\n"
+        "    if get_tp_rank() == 1:  # only in rank 1's own process\n"
+        "        raise ValueError('rank 1 cannot cut')\n"
+        "    return _column_shard(weight, rank, world_size)\n"
+    )
+    impl = harness.implementation(lesson, mine)
+    with pytest.raises(WorkerDiedError) as failure:
+        with your_tensor_parallel_layers(impl, demo_model_path(), 2):
+            make_engine(tensor_parallel_size=2)
+    assert failure.value.rank == 1
+    said = your_engine.describe_error(failure.value, impl)
+    assert said.startswith("tensor-parallel rank 1 failed: ModelLoadError: "), said
+    assert said.endswith("model.safetensors': rank 1 cannot cut"), said
+    assert _live_children() == []
+
+
+def test_lesson_14_checks_your_shapes_before_any_process_starts(home):
+    """A shard of the wrong shape is named, with the function and the rank, before the engine
+    starts a worker; code that is not in a file cannot reach the workers, and says so."""
+    from nanovllm.lessons.demo_support import demo_model_path
+    from nanovllm.lessons.plug import LessonRunError
+    from nanovllm.lessons.plug_tensor_parallel import (
+        check_on_the_model,
+        your_tensor_parallel_layers,
+    )
+
+    lesson = get_lesson(14)
+    reference = harness.implementation(lesson, "reference")
+    (broken,) = [m for m in harness.mutants(lesson) if m.name == "column-shard-takes-columns"]
+    with pytest.raises(LessonRunError, match="column_shard of a .* weight for rank 0"):
+        check_on_the_model(broken.build(reference), demo_model_path(), 2)
+    check_on_the_model(reference, demo_model_path(), 2)
+    with pytest.raises(LessonRunError, match="as a file"):
+        with your_tensor_parallel_layers(broken.build(reference), demo_model_path(), 2):
+            pass
+
+
+def test_the_busiest_step_is_found():
+    """Lesson 14's moment: the step that computed the most tokens (the first of equals)."""
+    from nanovllm.events import StepSummary
+    from nanovllm.lessons.moments import MOMENTS
+
+    def summary(step, prefill, decode):
+        return StepSummary(step, {}, prefill, decode, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
+
+    events = [summary(1, 40, 0), summary(2, 30, 12), summary(3, 0, 8), summary(4, 42, 0)]
+    assert MOMENTS["busiest_step"].find(events) == 2
+    assert MOMENTS["busiest_step"].find([]) is None
+
+
 def test_lessons_without_engine_code_say_so(home, capsys):
     assert _cli("12", "--run") == 2
     assert "no --run" in capsys.readouterr().out

@@ -40,8 +40,8 @@ def _failed(results) -> list[str]:
 # --- the lessons --------------------------------------------------------------------------------
 
 
-def test_there_are_thirteen_lessons_in_order():
-    assert [lesson.number for lesson in LESSONS] == list(range(1, 14))
+def test_there_are_fourteen_lessons_in_order():
+    assert [lesson.number for lesson in LESSONS] == list(range(1, 15))
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)

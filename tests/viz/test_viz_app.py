@@ -12,6 +12,7 @@ and look at the new files before committing them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from functools import partial
 from pathlib import Path
@@ -193,6 +194,41 @@ def test_live_app_on_the_tiny_model(tiny_llama: Path):
     run(go())
 
 
+def test_live_app_on_two_ranks(tiny_llama: Path):
+    """`nanovllm viz --tensor-parallel-size 2`: the engine's worker process starts from inside
+    the running app (whose stderr capture has no file descriptor), the top line shows the
+    ranks' forward times, a scenario switch stops the old engine's workers before the new
+    engine starts its own, and quitting leaves no worker behind."""
+    import multiprocessing
+
+    from nanovllm.viz.driver import EngineDriver
+
+    def make(publish, notify):
+        return EngineDriver(
+            publish,
+            notify=notify,
+            scenario="steady",
+            overrides=dict(model=str(tiny_llama), num_threads=1, tensor_parallel_size=2),
+            speed=0,
+            max_steps=2,
+        )
+
+    async def go():
+        app = VizApp(make)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_until(pilot, lambda: app.state.step == 2 and loaded(app), timeout=120)
+            assert app.status.error is None
+            await wait_until(pilot, lambda: "2 ranks · forward" in screen_text(app).splitlines()[0])
+            await pilot.press("2")  # burst: a new engine on 2 ranks
+            await wait_until(pilot, lambda: app.status.scenario == "burst" and loaded(app))
+            await pilot.press("s")
+            await wait_until(pilot, lambda: app.state.step == 1, timeout=120)
+            assert app.status.error is None
+
+    run(go())
+    assert multiprocessing.active_children() == []
+
+
 # --- snapshots ----------------------------------------------------------------------------------
 
 
@@ -315,3 +351,33 @@ def test_app_factory_with_partial(trace_path: Path):
 
     app = VizApp(partial(make, trace_path))
     assert calls == [trace_path] and isinstance(app.driver, ReplayDriver)
+
+
+def test_the_ranks_of_a_step_show_in_the_top_line(trace_path: Path, tmp_path: Path):
+    """With tensor parallelism the top line names the ranks and each one's forward time in the
+    last step, at the smallest layout too (80x24); the wide layout's metrics list them again.
+    The committed trace, as if its engine had run on 2 ranks."""
+    lines = []
+    for line in trace_path.read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        if event["kind"] == "engine_started":
+            event["tensor_parallel_size"] = 2
+        elif event["kind"] == "step_summary":
+            event["rank_forward_times"] = [0.0031 + event["step"] / 1e4, 0.0029]
+        lines.append(json.dumps(event))
+    trace = tmp_path / "tp2.jsonl"
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    async def go():
+        app = replay_app(trace, speed=0, max_steps=5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_until(
+                pilot, lambda: app.state.step == 5 and app.status.paused and app.is_settled()
+            )
+            await pilot.pause()
+            top = screen_text(app).splitlines()[0]
+            assert "2 ranks · forward 3.6 / 2.9 ms" in top, top
+            await pilot.resize_terminal(160, 48)  # the wide layout shows the metrics
+            await wait_until(pilot, lambda: "2 ranks  3.6 / 2.9 ms" in screen_text(app))
+
+    run(go())

@@ -51,9 +51,11 @@ from nanovllm.viz.state import (
     initial_state,
     kv_figures,
     last_block_fill,
+    rank_forward_times,
     reduce,
     reduce_all,
 )
+from nanovllm.viz.style import rank_times
 
 
 def started(num_blocks: int = 4, block_size: int = 4) -> EngineStarted:
@@ -226,6 +228,24 @@ def test_timeline_cells_and_step_records():
     assert s.metrics.num_steps == 3 and s.metrics.num_tokens == 11
     assert s.metrics.tokens_per_s == pytest.approx(11 / 0.03)
     assert s.draft.scheduled == ()
+
+
+def test_each_ranks_forward_time_is_the_last_steps_with_tensor_parallelism():
+    """The step summary's per-rank forward times reach the state, step by step, only when the
+    engine runs on more than one rank (without tensor parallelism the engine reports one)."""
+    two = dataclasses.replace(started(), tensor_parallel_size=2)
+    s = reduce(VizState(), two)
+    assert s.tensor_parallel_size == 2 and rank_forward_times(s) == ()  # no step yet
+    s = reduce(s, summary(1, rank_forward_times=(0.0031, 0.0029)))
+    assert rank_forward_times(s) == (0.0031, 0.0029)
+    s = reduce(s, RequestAdded("a", None, 3, 2))  # mid-step: still the last step's
+    assert rank_forward_times(s) == (0.0031, 0.0029)
+    s = reduce(s, summary(2, rank_forward_times=(0.004, 0.005)))
+    assert rank_forward_times(s) == (0.004, 0.005)
+    alone = reduce_all(VizState(), [started(), summary(1, rank_forward_times=(0.003,))])
+    assert alone.tensor_parallel_size == 1 and rank_forward_times(alone) == ()
+    assert rank_times((0.0031, 0.0029)) == "3.1 / 2.9 ms"
+    assert rank_times(tuple(i / 1000 for i in range(1, 9))) == "1.0-8.0 ms"
 
 
 def test_rejected_request_does_not_touch_the_existing_one():

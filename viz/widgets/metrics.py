@@ -1,5 +1,6 @@
 """Metrics, all from events: throughput, KV usage, fragmentation, prefix hits, preemptions, and
-where a step's time goes (scheduling on the CPU vs the forward pass).
+where a step's time goes (scheduling on the CPU vs the forward pass; with tensor parallelism,
+each rank's forward pass).
 
 With speculative decoding (from the first verification on) two more rows: the acceptance rate
 (accepted proposed tokens / proposed tokens) and the mean accepted length (tokens a request
@@ -18,8 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState
-from nanovllm.viz.style import DIM, bar, seconds
+from nanovllm.viz.state import VizState, rank_forward_times
+from nanovllm.viz.style import DIM, bar, rank_times, seconds
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -54,6 +55,9 @@ class MetricsView(StateView):
         table.add_row("step time", seconds(summary.schedule_time + summary.forward_time))
         table.add_row(" schedule", Text(seconds(summary.schedule_time), DIM))
         table.add_row(" forward", Text(seconds(summary.forward_time), DIM))
+        ranks = rank_forward_times(state)
+        if ranks:  # tensor parallelism: each rank's own forward pass, messages included
+            table.add_row(f"  {len(ranks)} ranks", Text(rank_times(ranks), DIM))
         done = f"{m.num_finished} done"
         if m.num_rejected:
             done += f", {m.num_rejected} rejected"

@@ -1,4 +1,5 @@
-"""The top line: the step (and the event within it), history, the pace, what is running."""
+"""The top line: the step (and the event within it), history, the pace, with tensor parallelism
+the ranks and each one's forward time in the last step, what is running."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.scenarios import SCENARIOS
-from nanovllm.viz.state import VizState
-from nanovllm.viz.style import ALERT, DIM, HEADING
+from nanovllm.viz.state import VizState, rank_forward_times
+from nanovllm.viz.style import ALERT, DIM, HEADING, rank_times
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -43,6 +44,11 @@ class StatusBar(StateView):
         else:
             pace = f"{status.speed:g} steps/s" if status.speed > 0 else "max speed"
             text.append(f" ▶ {pace} ", "bold green")
+        if state.tensor_parallel_size > 1:  # tensor parallelism: the ranks of the last step
+            times = rank_times(rank_forward_times(state))
+            text.append(f"│ {state.tensor_parallel_size} ranks ", HEADING)
+            if times:
+                text.append(f"· forward {times} ", "bold cyan")
         if status.mode == "replay":
             text.append(f"│ replay {status.source} ({status.frame}/{status.num_frames}) ", HEADING)
         elif status.mode == "connect":

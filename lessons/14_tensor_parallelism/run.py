@@ -1,0 +1,37 @@
+"""Lesson 14 in the real engine: your cuts and your combinations, on two ranks in two processes.
+
+`nanovllm lesson 14 --run` builds both engines with `tensor_parallel_size=2`: rank 0 in this
+process, rank 1 in a worker process, joined by torch.distributed (gloo). In yours, every rank
+loads its weights through your `column_shard`, `row_shard` and `heads_of_rank`, and puts the
+ranks' partial results together with your `gather_columns` and `reduce_rows`
+(`lessons/plug_tensor_parallel.py` shows how). The 64 greedy completions must come out token
+for token as the stock engine's.
+"""
+
+from __future__ import annotations
+
+from nanovllm.lessons.demo_support import demo_model_path
+from nanovllm.lessons.plug import LessonRunError
+from nanovllm.lessons.plug_tensor_parallel import is_yours, your_tensor_parallel_layers
+
+TENSOR_PARALLEL_SIZE = 2
+ENGINE = dict(tensor_parallel_size=TENSOR_PARALLEL_SIZE)
+WORKLOAD = "batch"
+COMPARE = None  # the completions: the ranks' work is inside each step
+MOMENT = "busiest_step"
+
+
+def building(impl):
+    """The engine built inside this context loads and runs its layers with your functions."""
+    return your_tensor_parallel_layers(impl, demo_model_path(), TENSOR_PARALLEL_SIZE)
+
+
+def plug_in(engine, impl) -> list[str]:
+    if not is_yours(engine):
+        raise LessonRunError("the engine was built without your layers")
+    return [
+        f"the weights of each of {TENSOR_PARALLEL_SIZE} ranks: your `column_shard` (gate, up, "
+        "the embedding and LM head), `row_shard` (o_proj, down_proj), `heads_of_rank` (q, k, v)",
+        "the ranks' partial results put together: your `reduce_rows` (o_proj, down_proj, the "
+        "embedding) and `gather_columns` (the logits)",
+    ]
