@@ -19,14 +19,12 @@ starting at 37; ...". The ModelRunner:
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.distributed.parallel_state import as_tp_rank, get_tp_world_size
 from nanovllm.executor.attention import AttentionMetadata, to_device
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
@@ -65,10 +63,6 @@ class ModelRunner:
         self.last_forward_time = 0.0
         self.last_sample_time = 0.0
         self.last_rank_forward_time = 0.0
-        # One process may hold two engines, one of them tensor-parallel (the bench compares 2
-        # ranks with 1): a runner built alone stays alone, whatever group the process joined
-        # since, or its layers would call all-reduces no other rank answers.
-        self.alone = get_tp_world_size() == 1
 
     @property
     def num_kv_heads(self) -> int:
@@ -209,9 +203,8 @@ class ModelRunner:
             to_device(positions, device),
             meta.to(device),
         )
-        with as_tp_rank(0, 1) if self.alone else contextlib.nullcontext():
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-            logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.last_rank_forward_time = time.perf_counter() - start

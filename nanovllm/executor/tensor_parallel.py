@@ -91,7 +91,9 @@ def start_runners(
         model_args.intermediate_size,
     )  # fmt: skip
     if tp == 1:
-        with as_tp_rank(0, 1):  # alone, even in a process that holds another engine's group
+        # Alone, even in a process that holds another engine's group (the bench compares 2 ranks
+        # with 1): each layer fixes its group size when built and communicates only above 1.
+        with as_tp_rank(0, 1):
             return build_runner(0, spec), None
     factory = functools.partial(build_runner, spec=spec)
     if under_torchrun():
