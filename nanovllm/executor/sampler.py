@@ -35,6 +35,7 @@ and filters), as vLLM reports them by default.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -102,7 +103,7 @@ class Sampler:
         device = logits.device
         spec = spec_token_ids or [[] for _ in requests]
         counts = [1 + len(proposed) for proposed in spec]
-        starts = [sum(counts[:i]) for i in range(len(counts))]
+        starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
         argmax = logits.argmax(dim=-1).tolist()  # greedy rows are done
         bad = torch.isnan(logits).any(dim=-1)  # [num_rows]
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
