@@ -421,8 +421,6 @@ class EngineDriver(Driver):
         self._user_requests = 0
         self._arrivals = 0
         self.status = replace(self.status, scenario=scenario)
-        if (self.engine_options().get("tensor_parallel_size") or 1) > 1:
-            _start_resource_tracker()
 
     def engine_options(self) -> dict[str, Any]:
         # Leave a core to the UI thread: on a small CPU, torch's threads would otherwise
@@ -530,16 +528,3 @@ class EngineDriver(Driver):
             self.engine.shutdown()  # stops the tensor-parallel workers, if any
         if self.recorder is not None:
             self.recorder.close()
-
-
-def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker now, before the app runs.
-
-    Tensor parallelism spawns worker processes, and the first spawn starts the tracker, handing
-    it the file descriptor of `sys.stderr`. Inside a running Textual app that is Textual's
-    capture, whose `fileno()` is -1, and the spawn fails ("bad value(s) in fds_to_keep"). The
-    driver is built before the app runs, while `sys.stderr` is still the terminal's.
-    """
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()

@@ -105,6 +105,22 @@ def _exit_when_driver_gone(death_pipe: connection.Connection) -> None:
     os._exit(0)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (once per process) with the process's own stderr.
+
+    The first spawn starts the tracker and hands it the file descriptor of `sys.stderr`. A
+    program that replaced `sys.stderr` with an object whose `fileno()` is -1 (Textual's capture
+    inside a running app) would make every spawn fail with "bad value(s) in fds_to_keep".
+    """
+    from multiprocessing import resource_tracker
+
+    replaced, sys.stderr = sys.stderr, sys.__stderr__
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.stderr = replaced
+
+
 def _worker_main(
     rank: int,
     world_size: int,
@@ -246,6 +262,7 @@ class WorkerGroup:
             timeout=datetime.timedelta(seconds=self.timeout_s),
         )
         ctx = mp.get_context("spawn")
+        _start_resource_tracker()
         for rank in range(1, self.world_size):
             status_r, status_w = ctx.Pipe(duplex=False)
             death_r, death_w = ctx.Pipe(duplex=False)
