@@ -10,6 +10,12 @@ budget, converted into blocks once the model's shape is known), or else measured
 `gpu_memory_utilization` of its memory leaves after the weights and the largest step's
 activations (`executor/memory.py`); on a CPU, 512 MiB.
 
+`enforce_eager` is vLLM's name with vLLM's meaning (True: no torch.compile), but the opposite
+default: True, the model runs eagerly. `enforce_eager=False` compiles each layer's per-token
+work with inductor (`models/compilation.py`); measured on a 2-core CPU it cost 3-15 s at every
+start-up (a test suite builds hundreds of engines) and did not raise the bench's throughput
+(nanovllm/bench/README.md, "Compiling the model").
+
 `dtype="auto"` (the default, as in vLLM) runs the checkpoint's own half precision on a GPU and
 float32 on a CPU, where half-precision matmuls are slow (`models/loader.py`, `resolve_dtype`).
 
@@ -42,6 +48,8 @@ class EngineConfig:
     speculative_config: dict | None = None
     # Tensor parallelism: the model cut across this many processes (`executor/tensor_parallel.py`)
     tensor_parallel_size: int = 1
+    # True: no torch.compile (vLLM's meaning; the default here, see the module docstring)
+    enforce_eager: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +81,8 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(
                 f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"

@@ -26,6 +26,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: the checkpoint's half precision on a GPU, float32 on a CPU",
     )
     g.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"])
+    g.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="no torch.compile (the default); --no-enforce-eager compiles the model's layers "
+        "at start-up (seconds; see nanovllm/models/compilation.py)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--speculative-config",
@@ -66,6 +73,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         enable_chunked_prefill=not args.no_chunked_prefill,
         dtype=args.dtype,
         attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=speculative_config,

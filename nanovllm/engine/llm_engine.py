@@ -177,7 +177,7 @@ class LLMEngine:
             threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
         spec = RunnerSpec(
             path, self.dtype, self.device.type, self.attention_backend, self.max_model_len,
-            config.block_size, threads,
+            config.block_size, threads, config.enforce_eager,
         )  # fmt: skip
         self.runner, self.group = start_runners(tp, spec, args)
         self.model = self.runner.model

@@ -49,6 +49,7 @@ class RunnerSpec:
     max_model_len: int
     block_size: int
     num_threads: int | None
+    enforce_eager: bool = True  # False: compile the model's layers (`models/compilation.py`)
 
 
 def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
@@ -63,6 +64,10 @@ def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     model = load_model(
         spec.model_path, spec.dtype, device, spec.attention_backend, spec.max_model_len
     )
+    if not spec.enforce_eager:
+        from nanovllm.models.compilation import compile_model
+
+        compile_model(model)  # on failure the model stays eager, with a warning
     return ModelRunner(model, spec.block_size, spec.dtype, device)
 
 

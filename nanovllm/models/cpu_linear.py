@@ -36,6 +36,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+# Each packed weight by its plain weight, for `packed_linear` (the op a compiled graph calls):
+# a oneDNN-packed tensor has no strides, so it cannot be an input of a traced graph, and the
+# graph passes the plain weight instead. Weak keys: an entry goes when its weight does, so a
+# later tensor at the same address can never find a stale copy.
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
@@ -61,6 +68,28 @@ def linear(
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
+@torch.library.custom_op("nanovllm::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor,  # [num_tokens, in]
+    weight: torch.Tensor,  # [out, in]
+    bias: torch.Tensor | None,  # [out]
+) -> torch.Tensor:  # [num_tokens, out]
+    """`linear` for a compiled graph: one opaque op that finds `weight`'s packed copy itself.
+
+    Without a packed copy (never packed, or another tensor than the layer's weight) it is
+    `F.linear`, so its result is right either way; only its speed depends on the lookup.
+    """
+    packed = _PACKED.get(weight)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
 def linear_layers(model: nn.Module) -> list[nn.Module]:
     """The modules whose forward goes through `linear` (each has a `packed_weight` attribute)."""
     return [m for m in model.modules() if hasattr(m, "packed_weight")]
@@ -76,6 +105,7 @@ def prepack_linear_weights(model: nn.Module) -> int:
             continue
         try:
             layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
+            _PACKED[layer.weight] = layer.packed_weight
         except RuntimeError as exc:  # a oneDNN build that cannot pack here: F.linear it is
             warnings.warn(
                 f"oneDNN could not prepack a linear weight ({exc}); using F.linear", stacklevel=2
@@ -90,6 +120,7 @@ def unpack_linear_weights(model: nn.Module) -> None:
     """Drop the packed copies: every linear layer goes back to `F.linear` on its weight."""
     for layer in linear_layers(model):
         layer.packed_weight = None
+        _PACKED.pop(layer.weight, None)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from nanovllm.distributed.communication import (
     tensor_model_parallel_all_reduce,
 )
 from nanovllm.distributed.parallel_state import get_tp_rank, get_tp_world_size
-from nanovllm.models.cpu_linear import linear
+from nanovllm.models.cpu_linear import linear, packed_linear
 
 # A checkpoint tensor: a torch.Tensor, or anything with `.shape` and `.narrow(dim, start, n)`.
 LoadedWeight = Any
@@ -89,6 +89,13 @@ class LinearBase(nn.Module):
         )
         self.packed_weight: torch.Tensor | None = None  # set after loading (cpu_linear.py)
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T + b with this rank's weight: `cpu_linear.linear`, or, while torch.compile
+        traces it, `cpu_linear.packed_linear` (the packed tensor cannot enter a graph)."""
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.weight, bias)
+        return linear(x, self.weight, bias, self.packed_weight)
+
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, tp_size={self.tp_size}, "
@@ -128,7 +135,7 @@ class ColumnParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [num_tokens, output_size / tp]
-        y = linear(x, self.weight, self.bias, self.packed_weight)
+        y = self.matmul(x, self.bias)
         if self.gather_output and self.tp_size > 1:
             y = tensor_model_parallel_all_gather(y, dim=-1)  # [num_tokens, output_size]
         return y
@@ -304,12 +311,12 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias, self.packed_weight)
+            return self.matmul(x, self.bias)
         if not self.input_is_parallel:
             n = self.input_size_per_partition
             x = x.narrow(-1, self.tp_rank * n, n)  # [num_tokens, input_size / tp]
         bias = self.bias if self.tp_rank == 0 else None
-        y = linear(x, self.weight, bias, self.packed_weight)  # [num_tokens, output_size], partial
+        y = self.matmul(x, bias)  # [num_tokens, output_size], partial
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         return y

@@ -135,14 +135,14 @@ class Attention(nn.Module):
             backend, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
 
-    def forward(
+    def qkv(
         self,
-        x: torch.Tensor,  # [num_tokens, hidden_size]
+        x: torch.Tensor,  # [num_tokens, hidden_size], normed
         positions: torch.Tensor,  # [num_tokens]
         rotary: RotaryEmbedding,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projections before attention: q and k rotated, v contiguous, each
+        [num_tokens, heads, head_dim]."""
         n = x.shape[0]
         qkv = self.qkv_proj(x)  # [n, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -154,6 +154,18 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size]
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv(x, positions, rotary)
         out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [n, heads, head_dim]
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -183,7 +195,24 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
 
     def forward(self, x, positions, rotary, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        q, k, v = self.before_attention(x, positions, rotary)
+        out = self.self_attn.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
+        return self.after_attention(x, out)
+
+    # The layer in two halves around paged attention, the only part that reads the step's
+    # layout (`AttentionMetadata`): everything else is per token, which is what
+    # `models/compilation.py` compiles.
+
+    def before_attention(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, q/k/v projection, (q/k norm,) RoPE: x [n, hidden] -> q, k, v [n, heads, dim]."""
+        return self.self_attn.qkv(self.input_layernorm(x), positions, rotary)
+
+    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Output projection + residual, norm, MLP + residual: -> the layer's output [n, hidden]."""
+        n = x.shape[0]
+        x = x + self.self_attn.o_proj(attn_out.reshape(n, -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

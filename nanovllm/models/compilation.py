@@ -1,0 +1,145 @@
+"""Optional torch.compile of each layer's per-token work (`enforce_eager=False`, vLLM's name).
+
+The idea: almost everything in a decoder layer is per token (norms, projections, RoPE, the
+MLP, the residual adds), and inductor can fuse that elementwise work into a few generated
+kernels instead of dozens of separate torch calls, each reading and writing the whole
+activation. Paged attention is the exception: it reads the step's layout (`AttentionMetadata`,
+with Python lists) and runs a custom kernel (numba on a CPU, Triton on a GPU), so it stays out
+of the graphs. Each layer is compiled as two regions around it (`DecoderLayer.before_attention`:
+norm, q/k/v projection, q/k norm, RoPE; `DecoderLayer.after_attention`: o-projection and
+residual, norm, MLP and residual), and attention runs eagerly in between.
+
+How it stays at a bounded number of compilations:
+- The flat batch changes size every step, so the token dimension is marked *unbacked* dynamic
+  during the warm-up: unlike a plain dynamic dimension, an unbacked one is not specialised for
+  sizes 0 and 1, so one graph per region serves a single decode and a 2048-token prefill alike.
+- All layers share those two graphs: parameters are graph inputs, not constants, so a guard
+  checks only the layer's shape, the same for every layer. Each compiled model gets its own
+  code object (`_fresh`), so engines of differently shaped models in one process each get
+  their own graphs instead of filling one cache (dynamo's recompile limit is 8 per code object).
+- Both regions are compiled at start-up, by a warm-up call, so no step pays for compilation and
+  an inductor failure surfaces here: a machine without a C compiler (inductor's CPU backend
+  builds C++) gets one warning and the eager model, never a failed step.
+
+The oneDNN-packed weights (`cpu_linear.py`) keep working: a packed tensor has no strides and
+cannot enter a traced graph, so inside one each linear layer calls the opaque op
+`cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
+
+Measured on the 2-core development machine, shared, one thread (nanovllm/bench/README.md,
+"Compiling the model"): compiling took 3-15 s at start-up; a 512-token prefill of the 100M
+model ran 15% faster compiled, but the bench's decode-heavy workloads did not gain (embedded
+model: 1,150 tok/s compiled against 1,255 eager; 100M: about equal). Hence the default is
+eager.
+
+Not compiled: the embedding, the final norm and the LM head (run once per step, not per layer),
+and a model under tensor parallelism (its row-parallel layers all-reduce inside the regions;
+it runs eagerly, with a warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from nanovllm.models.llama import CausalLM, DecoderLayer
+from nanovllm.models.rotary import RotaryEmbedding
+
+logger = logging.getLogger("nanovllm")
+
+# torch.compile's backend; a test swaps in one that fails, as inductor does without a compiler.
+DEFAULT_BACKEND: str | Callable = "inductor"
+
+# Tokens in the warm-up call: any size above 1 (an unbacked dimension is not specialised to it).
+WARMUP_TOKENS = 2
+
+
+def _before_attention(
+    layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The class's method, not the instance's attribute: that is this function, compiled.
+    return DecoderLayer.before_attention(layer, x, positions, rotary)
+
+
+def _after_attention(layer: DecoderLayer, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    return DecoderLayer.after_attention(layer, x, attn_out)
+
+
+def _fresh(fn: Callable, tag: int) -> Callable:
+    """`fn` with a code object of its own: dynamo keeps its compiled graphs per code object."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name)
+
+
+_compiled_models = 0
+
+
+def compile_model(model: CausalLM, backend: str | Callable | None = None) -> float | None:
+    """Compile every layer's two per-token regions, in place, and warm them up.
+
+    Returns the seconds the compilation took, or None when the model stays eager: under tensor
+    parallelism, or when compiling failed (one warning that says why). `backend` is
+    torch.compile's (default `DEFAULT_BACKEND`). The result is also kept as
+    `model.compile_seconds`.
+    """
+    backend = backend or DEFAULT_BACKEND
+    global _compiled_models
+    model.compile_seconds = None
+    layers = list(model.model.layers)
+    if layers[0].self_attn.o_proj.tp_size > 1:
+        warnings.warn(
+            "enforce_eager=False: compiling a model under tensor parallelism is not supported "
+            "(its layers all-reduce inside the compiled regions); running eagerly",
+            stacklevel=2,
+        )
+        return None
+    _compiled_models += 1
+    before = torch.compile(_fresh(_before_attention, _compiled_models), backend=backend)
+    after = torch.compile(_fresh(_after_attention, _compiled_models), backend=backend)
+    for layer in layers:
+        # Instance attributes shadow the methods, so DecoderLayer.forward calls the graphs.
+        layer.before_attention = lambda x, p, r, layer=layer: before(layer, x, p, r)
+        layer.after_attention = lambda x, a, layer=layer: after(layer, x, a)
+    start = time.perf_counter()
+    try:
+        _warm_up(model)
+    except Exception as exc:  # inductor's errors have no common base class to catch instead
+        for layer in layers:
+            del layer.before_attention, layer.after_attention
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warnings.warn(
+            f"enforce_eager=False: torch.compile failed ({type(exc).__name__}: {reason}); "
+            "running the model eagerly (inductor's CPU backend needs a C++ compiler)",
+            stacklevel=2,
+        )
+        return None
+    model.compile_seconds = seconds = time.perf_counter() - start
+    logger.info("nanovllm: compiled the model's layers in %.1f s (enforce_eager=False)", seconds)
+    return seconds
+
+
+def _warm_up(model: CausalLM) -> None:
+    """Compile both regions now, once, with the token dimension unbacked (module docstring).
+
+    The inputs look like a step's: the residual stream is made under inference mode (as the
+    embedding makes it), positions outside it (as `prepare_inputs` builds them); a guard
+    checks which, so a warm-up that differed would compile again at the first step.
+    """
+    weight = model.model.norm.weight
+    layer = model.model.layers[0]
+    attn = layer.self_attn
+    n = WARMUP_TOKENS
+    positions = torch.arange(n, device=weight.device)
+    with torch.inference_mode():
+        x = torch.randn(n, model.args.hidden_size, dtype=weight.dtype, device=weight.device)
+        attn_out = torch.randn(
+            n, attn.num_heads, attn.head_dim, dtype=weight.dtype, device=weight.device
+        )
+        for tensor in (positions, x, attn_out):
+            torch._dynamo.decorators.mark_unbacked(tensor, 0)
+        layer.before_attention(x, positions, model.rotary)
+        layer.after_attention(x, attn_out)
