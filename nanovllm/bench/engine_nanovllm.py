@@ -17,6 +17,10 @@ Between runs the prefix cache is emptied, so a repeat never finds the previous r
 With `--speculative-config` the engine speculates (`EngineLimits.speculative_config`), and each
 run also keeps its speculative decoding counts (`LLMEngine.spec_stats`, over that run alone);
 `nanovllm-no-spec` is the same engine without speculation, the other side of the comparison.
+
+`nanovllm-compiled` is the engine with `enforce_eager=False` (its layers compiled by
+torch.compile at load, `models/compilation.py`); its load info keeps the compile time, and the
+report prints it with its step-time breakdown beside nanovllm's.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class NanovllmEngine(Engine):
     enable_prefix_caching = True
     speculate = True  # with the limits' speculative_config, if one is given
     parallel = True  # with the limits' tensor_parallel_size
+    enforce_eager = True  # False: compile the model's layers at load
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
@@ -48,6 +53,7 @@ class NanovllmEngine(Engine):
             enable_prefix_caching=self.enable_prefix_caching,
             speculative_config=self.limits.speculative_config if self.speculate else None,
             tensor_parallel_size=tp,
+            enforce_eager=self.enforce_eager,
             dtype="float32",
             # The ranks share the bench's threads (unset: the engine divides the machine's).
             num_threads=max(threads // tp, 1) if threads else None,
@@ -65,6 +71,8 @@ class NanovllmEngine(Engine):
             "tensor_parallel_size": config.tensor_parallel_size,
             "attention_backend": engine.attention_backend,
             "device": str(engine.device),
+            # Seconds torch.compile took at load; None when eager (or when compiling failed).
+            "compile_s": getattr(engine.model, "compile_seconds", None),
         }
 
     def _instrument(self) -> None:
@@ -185,3 +193,10 @@ class NanovllmOneRankEngine(NanovllmEngine):
 
     name = "nanovllm-tp1"
     parallel = False
+
+
+class NanovllmCompiledEngine(NanovllmEngine):
+    """nanovllm with `enforce_eager=False`: torch.compile against the eager default."""
+
+    name = "nanovllm-compiled"
+    enforce_eager = False

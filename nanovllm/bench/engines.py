@@ -34,6 +34,7 @@ ENGINES: dict[str, str | type] = {
     "nanovllm-no-prefix": "nanovllm.bench.engine_nanovllm:NanovllmNoPrefixEngine",
     "nanovllm-no-spec": "nanovllm.bench.engine_nanovllm:NanovllmNoSpecEngine",
     "nanovllm-tp1": "nanovllm.bench.engine_nanovllm:NanovllmOneRankEngine",
+    "nanovllm-compiled": "nanovllm.bench.engine_nanovllm:NanovllmCompiledEngine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",

@@ -92,6 +92,13 @@ def _model(m: dict, repeats: int, console: Console) -> None:
     for name, e in engines.items():
         if "skipped" in e:
             console.print(f"[yellow]{name} skipped[/]: {e['skipped']}")
+    for name, e in engines.items():
+        if (compile_s := e.get("load", {}).get("compile_s")) is not None:
+            console.print(
+                f"{name}: torch.compile took {compile_s:.1f} s at start-up (load "
+                f"{e['load']['load_s']:.1f} s in all; nanovllm's load "
+                f"{engines['nanovllm']['load']['load_s']:.1f} s)"
+            )
     if "calibration" in engines.get("hf-static", {}):
         rates = engines["hf-static"]["calibration"].items()
         console.print(
@@ -141,7 +148,11 @@ def _model(m: dict, repeats: int, console: Console) -> None:
         parts = ["schedule", "prepare", "model", "sample", "other"]
         rows = []
         full = f"decode, {o['full_concurrency']} seqs"
-        for label, b in (("all", o["all_steps"]), (full, o["at_full_concurrency"])):
+        breakdowns = [("all", o["all_steps"]), (full, o["at_full_concurrency"])]
+        if c := engines.get("nanovllm-compiled", {}).get("overhead"):
+            breakdowns += [("compiled: all", c["all_steps"])]
+            breakdowns += [(f"compiled: {full}", c["at_full_concurrency"])]
+        for label, b in breakdowns:
             if b:
                 shares = [_pct(b["share"][k]) for k in parts]
                 label = f"{label} ({b['num_steps']})"

@@ -34,6 +34,7 @@ from nanovllm.bench.workload import (
 )
 
 REFERENCE = "nanovllm"  # every ratio and agreement is taken against it; it always runs
+COMPILED = "nanovllm-compiled"  # nanovllm with enforce_eager=False, when asked for
 
 
 @dataclass
@@ -177,6 +178,9 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
             )
             all_steps = [s for run in ours for s in run.extra["steps"]]
             out["overhead"] = analysis.overhead(all_steps, concurrency)
+            if COMPILED in runs:  # the same breakdown for the compiled engine, to set beside
+                compiled_steps = [s for run in runs[COMPILED] for s in run.extra["steps"]]
+                report[COMPILED]["overhead"] = analysis.overhead(compiled_steps, concurrency)
             if cfg.speculative_config is not None and speculation.WITHOUT in runs:
                 out["speculation"] = speculation.compare(
                     ours, runs[speculation.WITHOUT], main.greedy, cfg.speculative_config
