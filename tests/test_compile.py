@@ -132,6 +132,9 @@ def test_compilation_is_bounded_and_keeps_the_packed_matmuls(compiled) -> None:
     lengths = [1, 2, 3, 7, 8, 15, 16, 17, 30]
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(lengths, 2)], params, use_tqdm=False)
     assert unique_graphs() == before, "a step compiled again"
+    # Over this engine's whole life (the other tests' steps too): one graph per region.
+    for region in llm.llm_engine.model.compiled_regions:
+        assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(region.__code__)) == 1
     # The compiled layers still multiply through oneDNN's packed weights (when packed here).
     layers = cpu_linear.linear_layers(llm.llm_engine.model)
     for layer in layers:

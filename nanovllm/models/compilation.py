@@ -98,8 +98,12 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
         )
         return None
     _compiled_models += 1
-    before = torch.compile(_fresh(_before_attention, _compiled_models), backend=backend)
-    after = torch.compile(_fresh(_after_attention, _compiled_models), backend=backend)
+    regions = (
+        _fresh(_before_attention, _compiled_models),
+        _fresh(_after_attention, _compiled_models),
+    )
+    model.compiled_regions = regions  # their code objects hold the graphs (tests count them)
+    before, after = (torch.compile(fn, backend=backend) for fn in regions)
     for layer in layers:
         # Instance attributes shadow the methods, so DecoderLayer.forward calls the graphs.
         layer.before_attention = lambda x, p, r, layer=layer: before(layer, x, p, r)
