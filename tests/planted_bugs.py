@@ -323,4 +323,43 @@ PLANTED_BUGS = [
         ("tests/test_detokenizer.py",),
         "The request's skip_special_tokens must reach the Rust decode.",
     ),
+    PlantedBug(
+        "draft-model-skips-the-shadow-pass",
+        "nanovllm/executor/model_runner.py",
+        (
+            (
+                "            self.draft.forward_logits(*inputs[:3], [])",
+                "            pass",
+            ),
+        ),
+        ("tests/test_draft_model.py", "-k", "continuation"),
+        "Without its pass over every step's tokens the draft's KV cache is stale: its proposals "
+        "stop being its own greedy continuation (the output stays right, so only that oracle "
+        "sees it).",
+    ),
+    PlantedBug(
+        "draft-proposes-every-token-at-the-same-position",
+        "nanovllm/spec_decode/draft_model_proposer.py",
+        (
+            (
+                "            positions = [requests[i].num_tokens - 1 + j for i in active]",
+                "            positions = [requests[i].num_tokens - 1 for i in active]",
+            ),
+        ),
+        ("tests/test_draft_model.py", "-k", "continuation"),
+        "Each proposal sits one position after the one before, in RoPE and in the KV slots.",
+    ),
+    PlantedBug(
+        "rejected-proposals-free-the-lookahead-slots",
+        "nanovllm/core/scheduler.py",
+        (
+            (
+                "self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)",
+                "self.kv.free_slots_from(request, num_computed)",
+            ),
+        ),
+        ("tests/test_scheduler.py", "-k", "lookahead"),
+        "After a rejection the request must still hold k slots past its newest token for the "
+        "draft to write into.",
+    ),
 ]

@@ -86,25 +86,26 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.live[req.request_id] = req
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), n=st.integers(1, 5))
-    def grow(self, data, n: int) -> None:
-        """A running request decodes n more tokens (a new block only when the last is full)."""
+    @rule(data=st.data(), n=st.integers(1, 5), lookahead=st.sampled_from([0, 0, 2]))
+    def grow(self, data, n: int, lookahead: int) -> None:
+        """A running request decodes n more tokens (a new block only when the last is full),
+        perhaps with `lookahead` slots reserved past them (a draft model's, never cached)."""
         rid = data.draw(st.sampled_from(sorted(self.live)))
         req = self.live[rid]
         blocks_before = len(self.kv.req_to_blocks[rid])
         new_tokens = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
         for t in new_tokens:
             req.append_output_token(t)
-        new = self.kv.allocate_slots(req, n)
+        new = self.kv.allocate_slots(req, n, num_lookahead_tokens=lookahead)
         if new is None:
             for _ in range(n):
                 req.output_token_ids.pop()
                 req.all_token_ids.pop()
             return
         req.num_computed_tokens += n
-        need = -(-req.num_computed_tokens // self.kv.block_size)
-        assert len(self.kv.req_to_blocks[rid]) == need
-        assert len(new) == need - blocks_before
+        need = -(-(req.num_computed_tokens + lookahead) // self.kv.block_size)
+        assert len(self.kv.req_to_blocks[rid]) == max(need, blocks_before)
+        assert len(new) == max(need - blocks_before, 0)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

@@ -8,6 +8,10 @@ tokens. The next token is a fixed function of that context. So the oracle is exa
 request's output must equal what the same function gives when run alone, one token at a time,
 whatever batching, chunking, preemption and prefix caching happened in between.
 
+Lookahead (a draft model's slots, `num_lookahead_tokens`): after every step each decoding request
+must hold `lookahead` slots past its newest token, in blocks of its own that the prefix cache
+does not hold (the draft writes its KV there), and nothing may leak or stall because of them.
+
 Speculative decoding: a rule proposes tokens for decoding requests (sometimes the right ones,
 sometimes not). The FakeRunner writes the proposals' "KV" (their token ids) and verifies them
 as the rejection sampler does greedily: each is accepted while it equals the fake model's next
@@ -102,8 +106,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 6),
         chunked=st.booleans(),
         prefix_caching=st.booleans(),
+        lookahead=st.sampled_from([0, 0, 1, 3]),
     )
-    def setup(self, block_size, num_blocks, budget, max_num_seqs, chunked, prefix_caching) -> None:
+    def setup(
+        self, block_size, num_blocks, budget, max_num_seqs, chunked, prefix_caching, lookahead
+    ) -> None:
         if not chunked:
             budget = max(budget, num_blocks * block_size)  # a whole prompt must fit a step
         self.config = EngineConfig(
@@ -116,7 +123,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         bus = EventBus()
         self.kv = KVCacheManager(num_blocks, block_size, prefix_caching, bus)
-        self.scheduler = Scheduler(self.config, self.kv, bus)
+        self.scheduler = Scheduler(self.config, self.kv, bus, lookahead)
+        self.lookahead = lookahead
         self.runner = FakeRunner(num_blocks, block_size)
         self.capacity = num_blocks * block_size
         self.counter = 0
@@ -154,7 +162,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._add(prompt, max_tokens)
 
     def _add(self, prompt: list[int], max_tokens: int) -> Request | None:
-        if len(prompt) + max_tokens - 1 > self.capacity:
+        if len(prompt) + max_tokens - 1 + self.lookahead > self.capacity:
             return None  # the engine rejects these at the door (tested elsewhere)
         self.counter += 1
         req = Request(
@@ -215,6 +223,18 @@ class SchedulerMachine(RuleBasedStateMachine):
                 req.drop_output_tokens_after(req.max_tokens)
                 self.scheduler.finish_request(req, FinishReason.LENGTH)
                 self.finished[req.request_id] = req
+            else:
+                self._check_lookahead(req)
+
+    def _check_lookahead(self, request: Request) -> None:
+        """The draft can write its KV at the request's next `lookahead` positions: they are in
+        blocks the request holds alone, outside the prefix cache."""
+        bs = self.kv.block_size
+        blocks = self.kv.req_to_blocks[request.request_id]
+        for pos in range(request.num_computed_tokens, request.num_computed_tokens + self.lookahead):
+            assert pos // bs < len(blocks), f"no lookahead slot at position {pos}"
+            block = blocks[pos // bs]
+            assert block.ref_cnt == 1 and block.block_hash is None, "a lookahead slot is shared"
 
     @invariant()
     def cached_blocks_hold_their_tokens(self) -> None:
@@ -300,3 +320,26 @@ def test_preemption_happens_and_resumed_requests_finish_correctly() -> None:
     for req in requests:
         assert req.output_token_ids == reference_output(req.prompt_token_ids, 8)
     assert kv.num_free_blocks == 6
+
+
+def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
+    """Lookahead 3 with one slot per block: wrong proposals are rejected, their blocks go back,
+    but the 3 slots past the request's newest token stay, private, for the draft to write."""
+    config = EngineConfig(block_size=1, num_kv_blocks=32)
+    bus = EventBus()
+    kv = KVCacheManager(32, 1, True, bus)
+    scheduler = Scheduler(config, kv, bus, num_lookahead_tokens=3)
+    runner = FakeRunner(32, 1)
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8), 0)
+    request.max_tokens = 8
+    scheduler.add_request(request)
+    for step in range(3):  # the prefill, then two steps that verify wrong proposals
+        if step:
+            right = reference_output(request.prompt_token_ids, 8)[request.num_output_tokens]
+            request.spec_token_ids = [(right + 1) % VOCAB] * 3  # the first is already wrong
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, runner.execute(out))
+        blocks = kv.req_to_blocks["r"]
+        assert len(blocks) == request.num_computed_tokens + 3
+        assert all(b.ref_cnt == 1 and b.block_hash is None for b in blocks[-3:])
+    assert request.num_output_tokens == 3  # one token per step: every proposal was rejected

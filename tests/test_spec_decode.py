@@ -225,9 +225,14 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama) -> None:
         ({"method": "ngram"}, "num_speculative_tokens must be an int >= 1, got None"),
         ({**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min=4 exceeds"),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an int >= 1, got 0"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
         (
-            {"model": "/some/draft", "num_speculative_tokens": 2},
-            "draft model ('/some/draft') is not supported",
+            {**NGRAM, "model": "/some/draft"},
+            "'model' ('/some/draft') is for method 'draft_model', not 'ngram'",
+        ),
+        (
+            {"model": "/some/draft", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            "['prompt_lookup_max'] apply to method 'ngram' only",
         ),
         ({**NGRAM, "bogus": 1}, "unknown keys ['bogus']"),
         ("ngram", "must be a dict"),
@@ -237,6 +242,14 @@ def test_bad_speculative_configs_name_the_value(config, needle) -> None:
     with pytest.raises(ValueError, match=None) as info:
         SpeculativeConfig.from_dict(config)
     assert needle in str(info.value)
+
+
+def test_a_model_without_a_method_means_a_draft_model_as_in_vllm() -> None:
+    config = SpeculativeConfig.from_dict({"model": "/some/draft", "num_speculative_tokens": 2})
+    assert (config.method, config.model, config.num_lookahead_tokens) == (
+        "draft_model", "/some/draft", 2,
+    )  # fmt: skip
+    assert SpeculativeConfig.from_dict(NGRAM).num_lookahead_tokens == 0
 
 
 def test_lookup_sizes_default_as_in_vllm() -> None:

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from tiny_models import hf_greedy, make_model
+from tiny_models import hf_greedy, make_draft, make_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.distributed.worker_group import WorkerDiedError
@@ -68,6 +68,27 @@ def test_two_ranks_give_the_tokens_of_one_and_of_transformers(tmp_path, name) ->
         assert engine.kv_cache_manager.num_used_blocks == 0
         summaries = [e for e in events if isinstance(e, StepSummary)]
         assert all(len(s.rank_forward_times) == 2 for s in summaries)
+    finally:
+        llm.llm_engine.shutdown()
+    assert no_workers_left()
+
+
+def test_a_draft_model_proposes_beside_two_ranks(tmp_path) -> None:
+    """Speculative decoding with a draft model (on rank 0 alone) over a 2-rank target: the
+    target's tokens, with some proposals accepted, under the tight configuration."""
+    path = make_model(tmp_path / "target", vocab_size=300, **MODELS["llama-gqa"])
+    draft = make_draft(path, tmp_path / "draft", noise=0.05)
+    batch = prompts(300)
+    expected = hf_greedy(path, batch, 10)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    spec = {"model": str(draft), "num_speculative_tokens": 3}
+    llm = LLM(str(path), tensor_parallel_size=2, speculative_config=spec, **TIGHT)
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected
+        stats = llm.llm_engine.spec_stats
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+        assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
     finally:
         llm.llm_engine.shutdown()
     assert no_workers_left()

@@ -156,3 +156,24 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list
             )
         outs.append(gen[0, len(prompt) :].tolist())
     return outs
+
+
+def make_draft(
+    target: Path, path: Path, noise: float = 0.0, num_layers: int | None = None, seed: int = 1
+) -> Path:
+    """A draft model for `target` (same tokenizer and vocabulary): its first `num_layers` layers
+    (`nanovllm.bench.models.layer_skip_draft`), plus Gaussian noise of `noise` times each
+    tensor's own std. Close enough to the target that some of its proposals are accepted."""
+    from safetensors.torch import load_file, save_file
+
+    from nanovllm.bench.models import layer_skip_draft
+
+    layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+    layer_skip_draft(target, num_layers or layers, path)
+    generator = torch.Generator().manual_seed(seed)
+    weights = load_file(path / "model.safetensors")
+    for name, tensor in weights.items():
+        scale = noise * float(tensor.std()) if tensor.numel() > 1 else 0.0
+        weights[name] = tensor + scale * torch.randn(tensor.shape, generator=generator)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path

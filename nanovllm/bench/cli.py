@@ -100,8 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-config",
         metavar="JSON",
         type=_speculative_config,
-        help='nanovllm speculates, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\', '
-        "and is compared with nanovllm-no-spec",
+        help='nanovllm speculates, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        'or with a draft model \'{"model": "embedded:1", "num_speculative_tokens": 2}\' (a '
+        "--model name or folder; NAME:N is NAME's first N layers), and is compared with "
+        "nanovllm-no-spec",
     )
     add(
         "--tensor-parallel-size",

@@ -94,6 +94,11 @@ class NanovllmEngine(Engine):
         scheduler.schedule = seen_schedule
         runner.prepare_inputs = timed_prepare_inputs
 
+    def _draft_time(self) -> float:
+        config = self.engine.speculative_config
+        drafting = config is not None and config.method == "draft_model"
+        return self.engine.last_propose_time if drafting else 0.0
+
     def _step_record(self, wall: float) -> dict:
         """One step as the bench saw it: seconds per part, the step's shape, KV slots."""
         engine, out = self.engine, self._scheduled
@@ -102,7 +107,8 @@ class NanovllmEngine(Engine):
             "wall": wall,  # the whole step() call
             "schedule": engine.last_schedule_time,
             "prepare": self._prepare_s,  # inside the runner's forward time
-            "model": engine.runner.last_forward_time - self._prepare_s,
+            # (with a draft model its forwards are model time too: the proposals)
+            "model": engine.runner.last_forward_time - self._prepare_s + self._draft_time(),
             "sample": engine.runner.last_sample_time,
             "num_tokens": out.num_scheduled_tokens,
             "num_prefill_tokens": sum(s.num_new_tokens for s in out.scheduled if s.is_prefill),

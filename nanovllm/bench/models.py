@@ -5,6 +5,12 @@
 - `embedded`: the Shakespeare model that ships in `nanovllm/default_model/` (~4M parameters);
 - `micro` (~100k parameters: smoke runs and tests), `tiny` (~4M, the embedded model's size) or
   `100m` (~100M, where the matmuls dominate): random Llamas built here;
+- `NAME:N` (e.g. `100m:2`): the first N layers of NAME, with its embedding, final norm and LM
+  head: a *layer-skip* draft model for `--speculative-config '{"model": "100m:2", ...}'`;
+- `NAME+N` (e.g. `embedded+28`): NAME followed by N more layers of random weights whose writes
+  into the residual stream are small: a synthetic *target* that costs far more per token than
+  NAME yet mostly agrees with it, so NAME can stand in as its trained draft model (there is no
+  large trained checkpoint with the embedded model's tokenizer to measure a real pair offline);
 - any other value: a checkpoint folder.
 
 Random models are built with transformers (`LlamaConfig`, `save_pretrained`) once, into a folder
@@ -17,6 +23,7 @@ bench feeds token ids anyway.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -47,7 +54,13 @@ class ModelInfo:
 
 def resolve(spec: str) -> ModelInfo:
     """The checkpoint folder for `spec`, building a random model when needed."""
-    if spec == "embedded":
+    base, _, layers = spec.rpartition(":")
+    deep_base, _, extra = spec.rpartition("+")
+    if base and layers.isdigit():
+        path = layer_skip_draft(Path(resolve(base).path), int(layers))
+    elif deep_base and extra.isdigit():
+        path = deepened(Path(resolve(deep_base).path), int(extra))
+    elif spec == "embedded":
         from nanovllm.engine.llm_engine import default_model_path
 
         path = default_model_path()
@@ -98,3 +111,94 @@ def build_random_llama(spec: str, seed: int = 0) -> Path:
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
     (path / ".complete").write_text("ok\n")  # a half-written folder is rebuilt next time
     return path
+
+
+def layer_skip_draft(source: Path, num_layers: int, dest: Path | None = None) -> Path:
+    """Build (once) and return a checkpoint of `source`'s first `num_layers` layers.
+
+    The embedding, final norm, LM head and tokenizer are `source`'s own, so the draft shares its
+    vocabulary. How often it agrees with the full model depends on the model: that is what the
+    bench's acceptance rate measures.
+    """
+    from safetensors.torch import save_file
+
+    config = json.loads((source / "config.json").read_text())
+    if not 1 <= num_layers <= config["num_hidden_layers"]:
+        raise ValueError(
+            f"a layer-skip draft of {str(source)!r} needs 1 to {config['num_hidden_layers']} "
+            f"layers, got {num_layers}"
+        )
+    if dest is None:
+        digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
+        folder = f"{source.name}-{digest}-first{num_layers}"
+        dest = Path(tempfile.gettempdir()) / "nanovllm-bench-models" / folder
+    if (dest / ".complete").is_file():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    _copy_non_weight_files(source, dest)
+    (dest / "config.json").write_text(json.dumps({**config, "num_hidden_layers": num_layers}))
+    weights = {
+        name: tensor
+        for name, tensor in _load_weights(source).items()
+        if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < num_layers
+    }
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / ".complete").write_text("ok\n")
+    return dest
+
+
+def deepened(source: Path, extra_layers: int, seed: int = 0) -> Path:
+    """Build (once) and return `source` with `extra_layers` random layers after its own.
+
+    Each new layer is shaped like `source`'s layers, with unit norm weights and weights of std
+    0.02, except the two projections that write into the residual stream (attention's o_proj
+    and the MLP's down_proj), at std 0.06: small enough that the deeper model mostly predicts
+    what `source` predicts, large enough that it does not always (measured with the embedded
+    model and 28 extra layers: 70-80% of `source`'s greedy proposals accepted).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((source / "config.json").read_text())
+    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
+    folder = f"{source.name}-{digest}-plus{extra_layers}-seed{seed}"
+    dest = Path(tempfile.gettempdir()) / "nanovllm-bench-models" / folder
+    if (dest / ".complete").is_file():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    _copy_non_weight_files(source, dest)
+    num_layers = config["num_hidden_layers"]
+    config["num_hidden_layers"] = num_layers + extra_layers
+    (dest / "config.json").write_text(json.dumps(config))
+    weights = _load_weights(source)
+    first = {k.split(".layers.0.", 1)[1]: v for k, v in weights.items() if ".layers.0." in k}
+    generator = torch.Generator().manual_seed(seed)
+    for layer in range(num_layers, num_layers + extra_layers):
+        for name, like in first.items():
+            if "norm" in name:
+                tensor = torch.ones_like(like)
+            else:
+                std = 0.06 if name.split(".")[1] in ("o_proj", "down_proj") else 0.02
+                tensor = std * torch.randn(like.shape, generator=generator, dtype=like.dtype)
+            weights[f"model.layers.{layer}.{name}"] = tensor
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / ".complete").write_text("ok\n")
+    return dest
+
+
+def _copy_non_weight_files(source: Path, dest: Path) -> None:
+    """The tokenizer and generation config (config.json is rewritten by the caller)."""
+    import shutil
+
+    for file in source.iterdir():
+        if file.is_file() and not file.name.startswith("model") and file.name != ".complete":
+            shutil.copy(file, dest / file.name)
+
+
+def _load_weights(source: Path) -> dict:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for file in sorted(source.glob("*.safetensors")):
+        weights.update(load_file(file))
+    return weights

@@ -153,8 +153,13 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
     if cfg.speculative_config is not None:
         from nanovllm.spec_decode.config import SpeculativeConfig
 
-        SpeculativeConfig.from_dict(cfg.speculative_config)  # a bad value is named here
+        spec = SpeculativeConfig.from_dict(cfg.speculative_config)  # a bad value is named here
         limits.speculative_config = cfg.speculative_config
+        if spec.model is not None:  # a draft: `--model`'s names work here too (e.g. "100m:2")
+            limits.speculative_config = {
+                **cfg.speculative_config,
+                "model": resolve(spec.model).path,
+            }
         first.append(speculation.WITHOUT)
     if cfg.tensor_parallel_size > 1:
         limits.tensor_parallel_size = cfg.tensor_parallel_size

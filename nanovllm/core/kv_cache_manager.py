@@ -131,19 +131,23 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Make room for `num_new_tokens` more tokens of `request` (after its computed ones).
 
         `new_computed_blocks` are prefix-cache hits from `get_computed_blocks` for a request
-        being admitted. Returns the newly taken blocks, or None (and changes nothing) when there
-        are not enough free blocks: the scheduler then preempts someone or waits.
+        being admitted. `num_lookahead_tokens` more slots are reserved past the new tokens, for a
+        draft model to write its own KV of the tokens it proposes after this step (vLLM's
+        argument of the same name); they are never cached. Returns the newly taken blocks, or
+        None (and changes nothing) when there are not enough free blocks: the scheduler then
+        preempts someone or waits.
         """
         new_computed_blocks = new_computed_blocks or []
         req_id = request.request_id
         blocks = self.req_to_blocks.setdefault(req_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        num_required = -(-total_tokens // self.block_size)  # ceil division
+        num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
         num_new_blocks = max(num_required - len(blocks) - len(new_computed_blocks), 0)
         # A cache hit on a *free* block takes it out of the free queue as well.
         num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
@@ -201,12 +205,15 @@ class KVCacheManager:
         self.req_num_cached_blocks.pop(req_id, None)
         self.req_num_filled_slots.pop(req_id, None)
 
-    def free_slots_from(self, request: Request, num_tokens: int) -> None:
-        """Keep only the slots of the request's first `num_tokens` tokens: the blocks past them
+    def free_slots_from(
+        self, request: Request, num_tokens: int, num_lookahead_tokens: int = 0
+    ) -> None:
+        """Keep only the slots of the request's first `num_tokens` tokens (and the
+        `num_lookahead_tokens` reserved after them, see `allocate_slots`): the blocks past them
         (which held rejected proposals) go back to the free queue, tail first."""
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id, [])
-        keep = -(-num_tokens // self.block_size)
+        keep = -(-(num_tokens + num_lookahead_tokens) // self.block_size)
         emit = self.events.active
         while len(blocks) > keep:
             block = blocks.pop()

@@ -73,12 +73,21 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager, events: EventBus):
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_cache_manager: KVCacheManager,
+        events: EventBus,
+        num_lookahead_tokens: int = 0,
+    ):
         self.config = config
         self.kv = kv_cache_manager
         self.events = events
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        # With a draft model, every request holds this many KV slots past the tokens it
+        # computes, where the draft writes the KV of its proposals (`allocate_slots`).
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -132,6 +141,7 @@ class Scheduler:
         self.kv.begin_step()
         out = SchedulerOutput(step=self.step_count)
         budget = self.max_num_batched_tokens
+        lookahead = self.num_lookahead_tokens
 
         # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
         # plus any proposed tokens to verify).
@@ -143,7 +153,7 @@ class Scheduler:
                 budget,
             )
             # Make room in the KV cache, preempting the newest running request until it fits.
-            while self.kv.allocate_slots(request, num_new) is None:
+            while self.kv.allocate_slots(request, num_new, None, lookahead) is None:
                 victim = self.running.pop()
                 self.preempt(victim)
                 out.preempted.append(victim)
@@ -168,7 +178,7 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill:
                     break  # without chunking a prompt must fit in one step's budget
                 num_new = budget
-            if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
+            if self.kv.allocate_slots(request, num_new, computed_blocks, lookahead) is None:
                 break  # not enough free blocks: wait for running requests to finish
             self.waiting.popleft()
             self.num_waiting -= 1
@@ -192,7 +202,8 @@ class Scheduler:
         `sampled` gives each sampling request its new tokens: one, or with speculative decoding
         the accepted proposals and one more (1 to k + 1). The KV of rejected proposals is wrong
         (computed for tokens that were not chosen): `num_computed_tokens` steps back over them,
-        and blocks that hold nothing else go back to the free queue.
+        and blocks that hold nothing else (but the lookahead slots a draft model writes to) go
+        back to the free queue.
 
         Returns the requests that received tokens this step, each with how many. Stop conditions
         are checked by the engine, which owns the tokenizer (stop strings need text).
@@ -210,7 +221,7 @@ class Scheduler:
                 if s.spec_token_ids:
                     request.spec_token_ids = []
                     if num_rejected:
-                        self.kv.free_slots_from(request, num_computed)
+                        self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)
                 for token in tokens:
                     request.append_output_token(token)
                 got_tokens.append((request, len(tokens)))

@@ -39,8 +39,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help='speculative decoding, as a JSON object: {"method": "ngram", '
-        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} '
-        "(default: none)",
+        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}, or with a '
+        'draft model {"model": "path/to/draft", "num_speculative_tokens": 4} (default: none)',
     )
     g.add_argument(
         "--tensor-parallel-size",

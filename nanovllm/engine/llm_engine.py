@@ -20,6 +20,7 @@ requests already running.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtyp
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.config import SpeculativeConfig
+from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger("nanovllm")
@@ -179,29 +181,33 @@ class LLMEngine:
             path, self.dtype, self.device.type, self.attention_backend, self.max_model_len,
             config.block_size, threads, config.enforce_eager,
         )  # fmt: skip
+        # Speculative decoding: the proposer (an n-gram search or a draft model), and counts of
+        # what was proposed and accepted.
+        self.speculative_config = None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
+        lookahead = 0
+        if config.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.from_dict(config.speculative_config)
+            self.proposer = self._load_proposer(self.speculative_config, spec)
+            lookahead = self.speculative_config.num_lookahead_tokens
+        self.spec_stats = SpecDecodingStats()
+        self.last_propose_time = 0.0  # seconds the last step spent proposing
         self.runner, self.group = start_runners(tp, spec, args)
         self.model = self.runner.model
         self._dead: BaseException | None = None  # set when a rank died: no step can run
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.num_kv_blocks = self._num_kv_blocks(lookahead)
         self._on_every_rank("allocate_kv_cache", self.num_kv_blocks)
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.runner.allocate_kv_cache(self.num_kv_blocks)  # the same block ids
+            self.runner.draft = self.proposer.runner
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
-        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events)
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead)
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._detok: dict[str, DetokenizerState] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
         self._parents: dict[str, ParentRequest] = {}  # requests with n > 1, by the caller's id
-        # Speculative decoding: the proposer, and counts of what was proposed and accepted.
-        self.speculative_config = None
-        self.proposer = None
-        if config.speculative_config is not None:
-            spec = SpeculativeConfig.from_dict(config.speculative_config)
-            self.speculative_config = spec
-            self.proposer = NgramProposer(
-                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
-            )
-        self.spec_stats = SpecDecodingStats()
         self._arrivals = 0
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.started_event = EngineStarted(
@@ -235,13 +241,28 @@ class LLMEngine:
 
     # --- setup helpers --------------------------------------------------------------------------
 
-    def _num_kv_blocks(self) -> int:
+    def _load_proposer(
+        self, spec: SpeculativeConfig, target: RunnerSpec
+    ) -> NgramProposer | DraftModelProposer:
+        k = spec.num_speculative_tokens
+        if spec.method == "ngram":
+            return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        assert spec.model is not None
+        return DraftModelProposer.load(spec.model, k, target, self.model_args, self.tokenizer)
+
+    def _num_kv_blocks(self, lookahead: int) -> int:
+        """How many KV blocks, each with its slots in every layer (and, with a draft model, in
+        every layer of the draft too: its cache has the same blocks)."""
         config = self.config
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
         per_block = ModelRunner.kv_bytes_per_block(
             self.model_args, config.block_size, self.dtype, config.tensor_parallel_size
         )
+        if isinstance(self.proposer, DraftModelProposer):
+            per_block += ModelRunner.kv_bytes_per_block(
+                self.proposer.runner.model.args, config.block_size, self.dtype
+            )
         budget = config.kv_cache_memory_bytes
         if budget is None:  # the smallest any rank can give (each holds its heads' share)
             budgets = self._on_every_rank("measure_kv_budget", config, self.max_model_len, all=True)
@@ -253,7 +274,7 @@ class LLMEngine:
                 f"({per_block} bytes at block_size={config.block_size})"
             )
         # More than every sequence at full length could ever use is wasted memory.
-        useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
+        useful = config.max_num_seqs * -(-(self.max_model_len + lookahead) // config.block_size)
         return int(min(num_blocks, useful))
 
     def _on_every_rank(self, method: str, *args, all: bool = False):
@@ -361,11 +382,13 @@ class LLMEngine:
             )
         max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n)
         capacity = self.num_kv_blocks * self.config.block_size
-        if n + max_tokens - 1 > capacity:
+        lookahead = self.scheduler.num_lookahead_tokens
+        if n + max_tokens - 1 + lookahead > capacity:
+            extra = f" + {lookahead} lookahead slots for the draft model" if lookahead else ""
             raise ValueError(
                 f"prompt of {n} tokens plus max_tokens={max_tokens} needs {n + max_tokens - 1} KV "
-                f"slots, more than the whole KV cache ({capacity} = {self.num_kv_blocks} blocks "
-                f"x {self.config.block_size})"
+                f"slots{extra}, more than the whole KV cache ({capacity} = {self.num_kv_blocks} "
+                f"blocks x {self.config.block_size})"
             )
         seed = params.seed
         if seed is None and not params.greedy:
@@ -489,7 +512,9 @@ class LLMEngine:
             progress.append((request, text, request.output_token_ids[first:]))
         outputs.extend(self._outputs(progress))
         if self.proposer is not None:
+            start = time.perf_counter()
             self._propose()
+            self.last_propose_time = time.perf_counter() - start
         if emit:
             self.events.emit(self._summary(sched, forward_time))
         self.last_schedule_time = sched.schedule_time
@@ -514,13 +539,18 @@ class LLMEngine:
 
     def _propose(self) -> None:
         """Proposals for every decoding request's next step (speculative decoding)."""
-        assert self.proposer is not None
-        for request in self.scheduler.running:
-            if request.num_computed_tokens != request.num_tokens - 1:
-                continue  # still prefilling: nothing to speculate on yet
-            # No point proposing past max_tokens: the step emits up to k + 1 tokens.
-            room = request.max_tokens - request.num_output_tokens - 1
-            request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
+        # Not those still prefilling: nothing to speculate on yet.
+        decoding = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        # No point proposing past max_tokens: the step emits up to k + 1 tokens.
+        rooms = [r.max_tokens - r.num_output_tokens - 1 for r in decoding]
+        if isinstance(self.proposer, DraftModelProposer):
+            tables = [self.kv_cache_manager.get_block_table(r.request_id) for r in decoding]
+            proposals = self.proposer.propose(decoding, tables, rooms)
+        else:
+            assert self.proposer is not None
+            proposals = [self.proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
+        for request, proposal in zip(decoding, proposals):
+            request.spec_token_ids = proposal
 
     def _process_token(
         self, request: Request, token: int, token_ids: list[int], num_output: int

@@ -59,6 +59,11 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.group = None  # rank 0's WorkerGroup with tensor parallelism
+        # Speculative decoding with a draft model (rank 0 only): the draft's runner, whose KV
+        # cache has the same blocks as this one. Every step it runs over the same tokens at the
+        # same slots, so its cache holds the draft's KV wherever this one holds the target's:
+        # prefix-cache hits, preemption and rejected proposals need nothing more.
+        self.draft: ModelRunner | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_forward_time = 0.0
         self.last_sample_time = 0.0
@@ -129,7 +134,6 @@ class ModelRunner:
         positions: list[int] = []
         seq_lens: list[int] = []
         query_lens: list[int] = []
-        query_starts: list[int] = [0]
         logits_rows: list[int] = []
         for s in out.scheduled:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
@@ -139,48 +143,12 @@ class ModelRunner:
             positions.extend(range(start, end))
             seq_lens.append(end)
             query_lens.append(s.num_new_tokens)
-            query_starts.append(query_starts[-1] + s.num_new_tokens)
             if s.samples:  # the request's last own token, then each proposal
-                logits_rows.extend(range(query_starts[-1] - 1 - num_spec, query_starts[-1]))
+                logits_rows.extend(range(len(input_ids) - 1 - num_spec, len(input_ids)))
 
-        max_blocks = max(len(s.block_table) for s in out.scheduled)
-        block_tables = torch.tensor(
-            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
-            dtype=torch.int32,
-        )  # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
-        positions_t = torch.tensor(positions, dtype=torch.int64)  # [num_tokens]
-        # Which request each token belongs to, then its slot through that request's block table.
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(len(query_lens)), torch.tensor(query_lens)
-        )
-        block_ids = block_tables[seq_of_token, positions_t // self.block_size].long()
-        slot_mapping = block_ids * self.block_size + positions_t % self.block_size  # [num_tokens]
-
-        # Decodes sorted by context length, in groups of DECODE_GROUP: each group's gather is
-        # padded only to its own longest context, not to the longest in the step.
-        decode_seqs = sorted(
-            (i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__
-        )
-        decode_groups = []
-        for start in range(0, len(decode_seqs), DECODE_GROUP):
-            end = min(start + DECODE_GROUP, len(decode_seqs))
-            decode_groups.append(
-                (start, end, seq_lens[decode_seqs[end - 1]])
-            )  # sorted: last is longest
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping,
-            block_tables=block_tables,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_loc=torch.tensor(query_starts, dtype=torch.int32),
-            seq_lens_list=seq_lens,
-            query_lens_list=query_lens,
-            query_start_list=query_starts,
-            decode_seq_indices=torch.tensor(decode_seqs, dtype=torch.int64),
-            decode_token_indices=torch.tensor(
-                [query_starts[i] for i in decode_seqs], dtype=torch.int64
-            ),
-            prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
-            decode_groups=decode_groups,
+        block_tables = [s.block_table for s in out.scheduled]
+        positions_t, meta = step_metadata(
+            positions, query_lens, seq_lens, block_tables, self.block_size
         )
         input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
         # Built on the CPU: with tensor parallelism they travel to every rank from here.
@@ -222,6 +190,8 @@ class ModelRunner:
             logits = self.group.run("forward_logits", *inputs)
         else:
             logits = self.forward_logits(*inputs)
+        if self.draft is not None:
+            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             self.last_forward_time = time.perf_counter() - start
@@ -243,3 +213,54 @@ class ModelRunner:
             if sampled.logprobs[i] is not None:
                 result.logprobs[rid] = sampled.logprobs[i]
         return result
+
+
+def step_metadata(
+    positions: list[int],
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """The positions tensor and the attention metadata of a flat batch, on the CPU.
+
+    Sequence i computes `query_lens[i]` new tokens at `positions` (flat, sequence after
+    sequence) and has `seq_lens[i]` tokens of context after the step, in the blocks of
+    `block_tables[i]`. (The draft model of speculative decoding builds its steps with this too.)
+    """
+    max_blocks = max(len(table) for table in block_tables)
+    block_tables_t = torch.tensor(
+        [table + [0] * (max_blocks - len(table)) for table in block_tables], dtype=torch.int32
+    )  # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
+    positions_t = torch.tensor(positions, dtype=torch.int64)  # [num_tokens]
+    # Which request each token belongs to, then its slot through that request's block table.
+    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+    block_ids = block_tables_t[seq_of_token, positions_t // block_size].long()
+    slot_mapping = block_ids * block_size + positions_t % block_size  # [num_tokens]
+    query_starts = [0]
+    for n in query_lens:
+        query_starts.append(query_starts[-1] + n)
+
+    # Decodes sorted by context length, in groups of DECODE_GROUP: each group's gather is
+    # padded only to its own longest context, not to the longest in the step.
+    decode_seqs = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
+    decode_groups = []
+    for start in range(0, len(decode_seqs), DECODE_GROUP):
+        end = min(start + DECODE_GROUP, len(decode_seqs))
+        decode_groups.append((start, end, seq_lens[decode_seqs[end - 1]]))  # sorted: last longest
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        block_tables=block_tables_t,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(query_starts, dtype=torch.int32),
+        seq_lens_list=seq_lens,
+        query_lens_list=query_lens,
+        query_start_list=query_starts,
+        decode_seq_indices=torch.tensor(decode_seqs, dtype=torch.int64),
+        decode_token_indices=torch.tensor(
+            [query_starts[i] for i in decode_seqs], dtype=torch.int64
+        ),
+        prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
+        decode_groups=decode_groups,
+    )
+    return positions_t, meta

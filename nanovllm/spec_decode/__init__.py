@@ -2,5 +2,7 @@
 
 - `config.py`: `speculative_config`, vLLM's shape, checked once.
 - `ngram_proposer.py`: proposals from the request's own earlier tokens (prompt lookup).
+- `draft_model_proposer.py`: proposals from a smaller model with the same vocabulary, which keeps
+  its own KV cache in the target's blocks.
 - `rejection_sampler.py`: the verification rule that keeps the target model's distribution.
 """

@@ -1,0 +1,124 @@
+"""The draft-model proposer: a smaller model with the same vocabulary guesses the next k tokens.
+
+Much of a text is easy to predict, and a model a tenth the size predicts the easy parts as well
+as the large one does. So let the small *draft* model run ahead k tokens, one cheap forward pass
+each, and let the large *target* model check all k in one forward pass (`rejection_sampler.py`).
+Every accepted guess is a step of the large model saved.
+
+    LLM(target, speculative_config={"model": draft_folder, "num_speculative_tokens": 4})
+
+The draft needs the KV of everything before the token it proposes from, like any model. It gets
+its own paged KV cache with the same number of blocks, addressed by the target's block tables:
+
+- **The same slots.** Every step, after the target's forward pass, the draft runs over exactly
+  the same tokens at the same positions and writes its K/V through the same `slot_mapping`
+  (`ModelRunner.draft`). So wherever the target's cache holds a token's KV, the draft's holds its
+  own for that token: a prefix-cache hit brings both, preemption loses both, and a rejected
+  proposal's slots are overwritten in both by whatever is computed there next.
+- **Lookahead slots.** Proposing from a request's newest token (at position N, not yet computed)
+  writes the draft's KV at positions N .. N + k - 1: the newest token and each proposal but the
+  last. The scheduler reserves these k slots past every request's step (`num_lookahead_tokens`,
+  vLLM's name; `KVCacheManager.allocate_slots`), and they are never cached.
+
+Proposals are the draft's greedy tokens. Verification treats each as certain (a one-hot draft
+distribution), so rejection sampling still emits exactly the target's distribution at any
+temperature: a guess is kept with the probability the target gives it.
+
+Cost per step: one draft forward over the step's tokens (to keep its cache in step), then k
+batched one-token forwards for all decoding requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from nanovllm.distributed.parallel_state import as_tp_rank
+from nanovllm.executor.model_runner import ModelRunner, step_metadata
+from nanovllm.executor.tensor_parallel import RunnerSpec, build_runner
+from nanovllm.models.llama import ModelArgs
+from nanovllm.models.loader import load_model_args, load_tokenizer
+from nanovllm.request import Request
+
+
+class DraftModelProposer:
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int) -> None:
+        self.runner = runner  # the draft model and its KV cache
+        self.k = num_speculative_tokens
+
+    @classmethod
+    def load(
+        cls,
+        path: str,
+        num_speculative_tokens: int,
+        target: RunnerSpec,
+        target_args: ModelArgs,
+        target_tokenizer,
+    ) -> DraftModelProposer:
+        """Load the draft model at `path` like the target (`target`'s dtype, device, attention
+        backend, block size), after checking it can propose for it: the same vocabulary, and
+        positions as long as the target's `max_model_len`."""
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ValueError(f"speculative_config: the draft model folder {path!r} does not exist")
+        _, args = load_model_args(folder)
+        if args.vocab_size != target_args.vocab_size:
+            raise ValueError(
+                f"speculative_config: the draft model {path!r} has vocab_size={args.vocab_size}, "
+                f"the target {target_args.vocab_size}: a draft must share the target's vocabulary"
+            )
+        tokens = load_tokenizer(folder).get_vocab()
+        if tokens != target_tokenizer.get_vocab():
+            differ = sorted(set(tokens.items()) ^ set(target_tokenizer.get_vocab().items()))
+            raise ValueError(
+                f"speculative_config: the draft model {path!r} has another tokenizer than the "
+                f"target ({len(differ)} (token, id) pairs differ, e.g. {differ[0]!r}): a draft "
+                "must share the target's vocabulary"
+            )
+        if args.max_position_embeddings < target.max_model_len:
+            raise ValueError(
+                f"speculative_config: the draft model {path!r} handles "
+                f"{args.max_position_embeddings} positions, fewer than max_model_len="
+                f"{target.max_model_len}: lower max_model_len"
+            )
+        # Alone (one rank), even beside a tensor-parallel target: the draft is small.
+        with as_tp_rank(0, 1):
+            runner = build_runner(0, dataclasses.replace(target, model_path=folder))
+        return cls(runner, num_speculative_tokens)
+
+    @torch.inference_mode()
+    def propose(
+        self, requests: list[Request], block_tables: list[list[int]], max_tokens: list[int]
+    ) -> list[list[int]]:
+        """Up to k greedy draft tokens for each decoding request (its newest token not yet
+        computed), at most `max_tokens[i]` for request i, and no more than its block table has
+        slots for. One batched forward pass per proposed position."""
+        block_size = self.runner.block_size
+        proposals: list[list[int]] = [[] for _ in requests]
+        limits = [
+            min(self.k, n, len(table) * block_size - (request.num_tokens - 1))
+            for request, table, n in zip(requests, block_tables, max_tokens)
+        ]
+        for j in range(self.k):
+            active = [i for i, limit in enumerate(limits) if limit > j]
+            if not active:
+                break
+            # Pass j reads the request's newest token (j = 0) or its previous proposal, at
+            # position N + j, and writes that token's draft KV there.
+            tokens = [proposals[i][-1] if j else requests[i].all_token_ids[-1] for i in active]
+            positions = [requests[i].num_tokens - 1 + j for i in active]
+            positions_t, meta = step_metadata(
+                positions,
+                [1] * len(active),
+                [p + 1 for p in positions],
+                [block_tables[i] for i in active],
+                block_size,
+            )
+            input_ids = torch.tensor(tokens, dtype=torch.int64)
+            rows = list(range(len(active)))
+            logits = self.runner.forward_logits(input_ids, positions_t, meta, rows)
+            for i, token in zip(active, logits.argmax(dim=-1).tolist()):  # [num_active]
+                proposals[i].append(token)
+        return proposals
