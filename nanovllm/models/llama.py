@@ -110,6 +110,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Self-attention's weights and its work before the attention itself (`qkv`). The decoder
+    layer runs the three parts in turn: `qkv`, the paged attention `attn`, then `o_proj`; so
+    the per-token parts on either side can be compiled apart from it (`models/compilation.py`).
+    """
+
     def __init__(self, args: ModelArgs, backend: str) -> None:
         super().__init__()
         self.head_dim = args.head_dim
@@ -155,19 +160,6 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
         return q, k, v
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [num_tokens, hidden_size]
-        positions: torch.Tensor,  # [num_tokens]
-        rotary: RotaryEmbedding,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv(x, positions, rotary)
-        out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [n, heads, head_dim]
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
