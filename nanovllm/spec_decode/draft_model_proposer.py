@@ -1,9 +1,11 @@
 """The draft-model proposer: a smaller model with the same vocabulary guesses the next k tokens.
 
-Much of a text is easy to predict, and a model a tenth the size predicts the easy parts as well
-as the large one does. So let the small *draft* model run ahead k tokens, one cheap forward pass
-each, and let the large *target* model check all k in one forward pass (`rejection_sampler.py`).
-Every accepted guess is a step of the large model saved.
+The bet: much of a text is easy to predict, and where it is, a much smaller model often says
+what the large one would. So let the small *draft* model run ahead k tokens, one cheap forward
+pass each, and let the large *target* model check all k in one forward pass
+(`rejection_sampler.py`). Every accepted guess is a step of the large model saved; whether that
+pays depends on how often the draft is right and how much cheaper it is (nanovllm/bench/README.md,
+"With a draft model", measures both).
 
     LLM(target, speculative_config={"model": draft_folder, "num_speculative_tokens": 4})
 

@@ -280,7 +280,9 @@ def test_resize_mid_run_never_crashes(trace_path: Path):
     sizes = [(160, 48), (80, 24), (100, 30), (60, 16), (200, 60)]
 
     async def go():
-        app = replay_app(trace_path, speed=32)
+        # Slow enough that the trace (~50 steps) is still playing after the last resize, even on
+        # a machine where drawing each layout takes a while.
+        app = replay_app(trace_path, speed=4)
         async with app.run_test(size=sizes[0]) as pilot:
             await wait_until(pilot, lambda: app.state.step >= 3)
             for width, height in sizes[1:]:
