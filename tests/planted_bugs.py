@@ -362,4 +362,17 @@ PLANTED_BUGS = [
         "After a rejection the request must still hold k slots past its newest token for the "
         "draft to write into.",
     ),
+    PlantedBug(
+        "compiled-regions-specialise-on-the-batch-size",
+        "nanovllm/models/compilation.py",
+        (
+            (
+                "            torch._dynamo.decorators.mark_unbacked(tensor, 0)",
+                "            pass",
+            ),
+        ),
+        ("tests/test_compile.py", "-k", "bounded"),
+        "The flat batch changes size every step: a graph specialised on the warm-up's size "
+        "recompiles during the run.",
+    ),
 ]
