@@ -293,9 +293,9 @@ def swap_prefix_cache(engine, impl) -> None:
                 )
         return blocks, len(blocks) * block_size
 
-    def allocate_slots(request, num_new_tokens, new_computed_blocks=None):
+    def allocate_slots(request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0):
         fill_hashes(request)
-        return stock_allocate(request, num_new_tokens, new_computed_blocks)
+        return stock_allocate(request, num_new_tokens, new_computed_blocks, num_lookahead_tokens)
 
     kv.get_computed_blocks = get_computed_blocks
     kv.allocate_slots = allocate_slots

@@ -103,8 +103,8 @@ PLANTED_BUGS = [
         "nanovllm/executor/model_runner.py",
         (
             (
-                "    slot_mapping = block_ids * block_size + positions_t % block_size",
-                "    slot_mapping = block_ids * block_size + (positions_t + 1) % block_size",
+                "            table[pos // block_size] * block_size + pos % block_size",
+                "            table[pos // block_size] * block_size + (pos + 1) % block_size",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),

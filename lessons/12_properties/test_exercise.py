@@ -135,8 +135,12 @@ class _StaleTableManager(KVCacheManager):
 class _GreedyFailureManager(KVCacheManager):
     """A failed allocation keeps one block it grabbed before running out."""
 
-    def allocate_slots(self, request, num_new_tokens, new_computed_blocks=None):
-        result = super().allocate_slots(request, num_new_tokens, new_computed_blocks)
+    def allocate_slots(
+        self, request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0
+    ):
+        result = super().allocate_slots(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+        )
         if result is None and self.num_free_blocks > 0:
             self.free_block_queue.popleft().ref_cnt = 1
         return result

@@ -153,7 +153,7 @@ class Scheduler:
                 budget,
             )
             # Make room in the KV cache, preempting the newest running request until it fits.
-            while self.kv.allocate_slots(request, num_new, None, lookahead) is None:
+            while self.kv.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = self.running.pop()
                 self.preempt(victim)
                 out.preempted.append(victim)

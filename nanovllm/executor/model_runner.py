@@ -229,17 +229,22 @@ def step_metadata(
     `block_tables[i]`. (The draft model of speculative decoding builds its steps with this too.)
     """
     max_blocks = max(len(table) for table in block_tables)
-    block_tables_t = torch.tensor(
-        [table + [0] * (max_blocks - len(table)) for table in block_tables], dtype=torch.int32
-    )  # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
+    flat_tables = [b for table in block_tables for b in table + [0] * (max_blocks - len(table))]
+    # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
+    block_tables_t = torch.tensor(flat_tables, dtype=torch.int32).view(len(block_tables), -1)
     positions_t = torch.tensor(positions, dtype=torch.int64)  # [num_tokens]
-    # Which request each token belongs to, then its slot through that request's block table.
-    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
-    block_ids = block_tables_t[seq_of_token, positions_t // block_size].long()
-    slot_mapping = block_ids * block_size + positions_t % block_size  # [num_tokens]
+    # Each token's slot through its request's block table. (In plain Python: a step is mostly
+    # decodes, one token each, where a few list operations cost less than tensor indexing.)
+    slots: list[int] = []
     query_starts = [0]
-    for n in query_lens:
-        query_starts.append(query_starts[-1] + n)
+    for table, n in zip(block_tables, query_lens):
+        start = query_starts[-1]
+        slots.extend(
+            table[pos // block_size] * block_size + pos % block_size
+            for pos in positions[start : start + n]
+        )
+        query_starts.append(start + n)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)  # [num_tokens]
 
     # Decodes sorted by context length, in groups of DECODE_GROUP: each group's gather is
     # padded only to its own longest context, not to the longest in the step.

@@ -104,8 +104,11 @@ class Sampler:
         spec = spec_token_ids or [[] for _ in requests]
         counts = [1 + len(proposed) for proposed in spec]
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
-        argmax = logits.argmax(dim=-1).tolist()  # greedy rows are done
-        bad = torch.isnan(logits).any(dim=-1)  # [num_rows]
+        # One pass gives both the greedy tokens and the rows with a NaN (`max` propagates NaN;
+        # like `argmax` it returns the first index of a tied maximum).
+        best, argmax_t = logits.max(dim=-1)  # [num_rows] each
+        argmax = argmax_t.tolist()  # greedy rows are done
+        bad = torch.isnan(best)  # [num_rows]
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
         if random:
