@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from scheduling_configs import speculative_engine_configs
 from tiny_models import hf_greedy, make_draft, make_model
 
 from nanovllm import LLM, SamplingParams
@@ -58,24 +58,11 @@ def generate(llm: LLM, params: SamplingParams | None = None) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-engine_configs = st.fixed_dictionaries(
-    {
-        "block_size": st.sampled_from([1, 3, 4, 16]),
-        "kv_slots": st.sampled_from([72, 112, 4096]),  # 72 slots forces preemption
-        "max_num_batched_tokens": st.sampled_from([5, 17, 2048]),
-        "max_num_seqs": st.sampled_from([1, 3, 8]),
-        "enable_prefix_caching": st.booleans(),
-        "k": st.sampled_from([1, 3, 5]),
-    }
-)
-
-
 @settings(max_examples=8, deadline=None)
-@given(config=engine_configs)
+@given(config=speculative_engine_configs)
 def test_greedy_output_with_a_draft_model_equals_transformers(models, expected, config) -> None:
-    kv_slots, k = config.pop("kv_slots"), config.pop("k")
-    config["num_kv_blocks"] = max(kv_slots // config["block_size"], 1)
-    llm = LLM(str(models["target"]), speculative_config=draft_config(models["close"], k), **config)
+    options, k = config
+    llm = LLM(str(models["target"]), speculative_config=draft_config(models["close"], k), **options)
     assert generate(llm) == expected
     engine = llm.llm_engine
     assert engine.kv_cache_manager.num_used_blocks == 0, "a block leaked"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scheduling_configs import speculative_engine_configs
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.events import BlockFreed, RequestFinished, RequestScheduled, SpecTokensVerified
@@ -120,25 +121,12 @@ def baseline(tiny_llama):
     return prompts, params, [o.outputs[0].token_ids for o in outs]
 
 
-engine_configs = st.fixed_dictionaries(
-    {
-        "block_size": st.sampled_from([1, 3, 4, 16]),
-        "kv_slots": st.sampled_from([64, 96, 4096]),  # 64 slots forces preemption
-        "max_num_batched_tokens": st.sampled_from([5, 17, 2048]),
-        "max_num_seqs": st.sampled_from([1, 3, 8]),
-        "enable_prefix_caching": st.booleans(),
-        "k": st.sampled_from([1, 3, 5]),
-    }
-)
-
-
 @settings(max_examples=10, deadline=None)
-@given(config=engine_configs)
+@given(config=speculative_engine_configs)
 def test_greedy_output_is_identical_with_speculation(tiny_llama, baseline, config) -> None:
     prompts, params, expected = baseline
-    kv_slots, k = config.pop("kv_slots"), config.pop("k")
-    config["num_kv_blocks"] = max(kv_slots // config["block_size"], 1)
-    llm = LLM(str(tiny_llama), speculative_config={**NGRAM, "num_speculative_tokens": k}, **config)
+    options, k = config
+    llm = LLM(str(tiny_llama), speculative_config={**NGRAM, "num_speculative_tokens": k}, **options)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
     engine = llm.llm_engine

@@ -170,6 +170,8 @@ def make_draft(
 
     layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
     layer_skip_draft(target, num_layers or layers, path)
+    if not noise:
+        return path
     generator = torch.Generator().manual_seed(seed)
     weights = load_file(path / "model.safetensors")
     for name, tensor in weights.items():

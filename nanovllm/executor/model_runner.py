@@ -157,7 +157,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(
         self,
-        input_ids: torch.Tensor,  # [num_tokens], on the CPU
+        input_ids: torch.Tensor,  # [num_tokens], on the CPU or already on this device
         positions: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
         logits_rows: list[int],
@@ -189,6 +189,15 @@ class ModelRunner:
         if self.group is not None:
             logits = self.group.run("forward_logits", *inputs)
         else:
+            # To the device once, for the model and (with one) its draft alike.
+            input_ids, positions, meta, rows = inputs
+            device = self.device
+            inputs = (
+                to_device(input_ids, device),
+                to_device(positions, device),
+                meta.to(device),
+                rows,
+            )
             logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens

@@ -79,10 +79,7 @@ def packed_linear(
     Without a packed copy (never packed, or another tensor than the layer's weight) it is
     `F.linear`, so its result is right either way; only its speed depends on the lookup.
     """
-    packed = _PACKED.get(weight)
-    if packed is None:
-        return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return linear(x, weight, bias, _PACKED.get(weight))
 
 
 @packed_linear.register_fake
