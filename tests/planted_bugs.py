@@ -100,6 +100,18 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "slot-mapping-off-by-one",
+        "nanovllm/executor/input_batch.py",
+        (
+            (
+                "            + positions % self.block_size\n",
+                "            + (positions + 1) % self.block_size\n",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
+        "Each token's K/V lands in its neighbour's slot.",
+    ),
+    PlantedBug(
+        "reference-slot-mapping-off-by-one",
         "nanovllm/executor/model_runner.py",
         (
             (
@@ -107,8 +119,21 @@ PLANTED_BUGS = [
                 "            table[pos // block_size] * block_size + (pos + 1) % block_size",
             ),
         ),
-        ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
-        "Each token's K/V lands in its neighbour's slot.",
+        ("tests/test_input_batch.py",),
+        "The plain step builder (the draft model's, the lessons') disagrees with the engine's.",
+    ),
+    PlantedBug(
+        "persistent-batch-rewrites-only-appended-blocks",
+        "nanovllm/executor/input_batch.py",
+        (
+            (
+                "        while first < common and old[first] == table[first]:\n"
+                "            first += 1\n",
+                "        first = common\n",
+            ),
+        ),
+        ("tests/test_input_batch.py",),
+        "A table that lost its last block and took another keeps the stale block id.",
     ),
     PlantedBug(
         "rotate-half-sign",

@@ -2,21 +2,16 @@
 
 - `blocks_needed`: asks the engine's `KVCacheManager` to allocate a request of `num_tokens`
   tokens and counts the blocks in its block table.
-- `slot_mapping` / `slot_for`: hand a one-request `SchedulerOutput` to
-  `ModelRunner.prepare_inputs`, which computes the step's slot mapping exactly as in a real step.
-  (`prepare_inputs` only reads the runner's `block_size` and `device`, so a stand-in `self` with
-  those two attributes is enough; no model is loaded.)
+- `slot_mapping` / `slot_for`: hand a one-request `SchedulerOutput` to the model runner's
+  `step_inputs`, which builds a step's inputs, slot mapping included, from scratch (the plain
+  version of what the engine's `InputBatch` computes every step; no model is loaded).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import torch
-
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.model_runner import step_inputs
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 
@@ -50,8 +45,7 @@ def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) 
             )
         ],
     )
-    runner = SimpleNamespace(block_size=block_size, device=torch.device("cpu"))
-    _, _, meta, _ = ModelRunner.prepare_inputs(runner, step)
+    _, _, meta, _ = step_inputs(step, block_size)
     return meta.slot_mapping.tolist()
 
 

@@ -1,19 +1,14 @@
-"""Lesson 09 reference: the engine's scheduler with chunked prefill, and
-`ModelRunner.prepare_inputs`.
+"""Lesson 09 reference: the engine's scheduler with chunked prefill, and its step inputs.
 
-`prepare_inputs` hands the batch to the engine's `ModelRunner.prepare_inputs` as a
-`SchedulerOutput` (it reads only the runner's `block_size` and `device`, so a stand-in `self`
-with those two attributes suffices) and reads its tensors back as lists.
+`prepare_inputs` hands the batch to the model runner's `step_inputs` (the plain version of what
+the engine's `InputBatch` computes every step) as a `SchedulerOutput` and reads its tensors back
+as lists.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import torch
-
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.model_runner import step_inputs
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepInputs, schedule_with_engine
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
@@ -50,9 +45,8 @@ def prepare_inputs(batch: list[ScheduledSeq], block_size: int) -> StepInputs:
                 is_prefill=not (seq.num_new == 1 and samples and seq.num_computed > 0),
             )
         )
-    runner = SimpleNamespace(block_size=block_size, device=torch.device("cpu"))
-    input_ids, positions, meta, logits_rows = ModelRunner.prepare_inputs(
-        runner, SchedulerOutput(step=1, scheduled=scheduled)
+    input_ids, positions, meta, logits_rows = step_inputs(
+        SchedulerOutput(step=1, scheduled=scheduled), block_size
     )
     return StepInputs(
         input_ids=input_ids.tolist(),

@@ -52,14 +52,18 @@ class VLLMEngine(Engine):
             env["OMP_NUM_THREADS"] = str(lim.threads)
         fd, log = tempfile.mkstemp(prefix="nanovllm-bench-vllm-", suffix=".log")
         self.log = log
+        # Started in the temp directory, not the caller's: vLLM runs `python -m` subprocesses,
+        # which put their working directory first on sys.path, and in a checkout of this
+        # repository that directory holds `kernels/`, which would shadow Hugging Face's
+        # `kernels` package that transformers imports if it finds one.
         self.proc = subprocess.Popen(
             [python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd,
-            text=True, env=env,
+            text=True, env=env, cwd=tempfile.gettempdir(),
         )  # fmt: skip
         os.close(fd)
         load = dict(
             cmd="load",
-            model=self.model_path,
+            model=str(Path(self.model_path).resolve()),  # (the worker runs elsewhere)
             enforce_eager=not self.compiled,
             kv_cache_memory_bytes=lim.kv_cache_bytes or 2**30,
             **lim.shared(),

@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+# The torch backend gathers decodes in groups of this many, shortest context first, each group
+# padded only to its own longest context (`AttentionMetadata.decode_groups`).
+DECODE_GROUP = 16
+
 
 @dataclass
 class AttentionMetadata:

@@ -5,7 +5,9 @@ starting at 37; ...". The ModelRunner:
 
 1. builds the step's inputs with no padding: one flat list of token ids for all requests, their
    positions, the cache slot each new token's K/V goes to (`slot_mapping`), the block tables,
-   context lengths and where each request's queries start;
+   context lengths and where each request's queries start. `step_inputs` below builds them
+   from scratch, the plain way; the runner uses `InputBatch` (input_batch.py), which keeps the
+   block tables from step to step and gives the same tensors faster;
 2. runs the forward pass over the flat batch, with paged attention against the KV cache it owns
    (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
    head_dim]);
@@ -25,12 +27,11 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import AttentionMetadata, to_device
+from nanovllm.executor.attention import DECODE_GROUP, AttentionMetadata, to_device
+from nanovllm.executor.input_batch import InputBatch
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
 from nanovllm.models.llama import CausalLM
-
-DECODE_GROUP = 16  # decodes per padded attention gather (see prepare_inputs)
 
 
 @dataclass
@@ -58,6 +59,9 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.sampler = Sampler()
+        # The step's inputs come from a persistent batch; None builds them with `step_inputs`,
+        # the plain reference it is tested against (tests/test_input_batch.py).
+        self.input_batch: InputBatch | None = InputBatch(block_size)
         self.group = None  # rank 0's WorkerGroup with tensor parallelism
         # Speculative decoding with a draft model (rank 0 only): the draft's runner, whose KV
         # cache has the same blocks as this one. Every step it runs over the same tokens at the
@@ -130,29 +134,10 @@ class ModelRunner:
         self, out: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """The step's flat tensors. Returns input_ids, positions, metadata and logits rows."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        seq_lens: list[int] = []
-        query_lens: list[int] = []
-        logits_rows: list[int] = []
-        for s in out.scheduled:
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
-            input_ids.extend(s.request.all_token_ids[start : end - num_spec])
-            input_ids.extend(s.spec_token_ids)
-            positions.extend(range(start, end))
-            seq_lens.append(end)
-            query_lens.append(s.num_new_tokens)
-            if s.samples:  # the request's last own token, then each proposal
-                logits_rows.extend(range(len(input_ids) - 1 - num_spec, len(input_ids)))
-
-        block_tables = [s.block_table for s in out.scheduled]
-        positions_t, meta = step_metadata(
-            positions, query_lens, seq_lens, block_tables, self.block_size
-        )
-        input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
         # Built on the CPU: with tensor parallelism they travel to every rank from here.
-        return input_ids_t, positions_t, meta, logits_rows
+        if self.input_batch is not None:
+            return self.input_batch.prepare(out)
+        return step_inputs(out, self.block_size)
 
     @torch.inference_mode()
     def forward_logits(
@@ -222,6 +207,34 @@ class ModelRunner:
             if sampled.logprobs[i] is not None:
                 result.logprobs[rid] = sampled.logprobs[i]
         return result
+
+
+def step_inputs(
+    out: SchedulerOutput, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    """The step's flat tensors, built from scratch: input_ids, positions, attention metadata and
+    the rows whose logits are sampled (the last own token of each sampling request, then its
+    proposals)."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    seq_lens: list[int] = []
+    query_lens: list[int] = []
+    logits_rows: list[int] = []
+    for s in out.scheduled:
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+        num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
+        input_ids.extend(s.request.all_token_ids[start : end - num_spec])
+        input_ids.extend(s.spec_token_ids)
+        positions.extend(range(start, end))
+        seq_lens.append(end)
+        query_lens.append(s.num_new_tokens)
+        if s.samples:  # the request's last own token, then each proposal
+            logits_rows.extend(range(len(input_ids) - 1 - num_spec, len(input_ids)))
+
+    block_tables = [s.block_table for s in out.scheduled]
+    positions_t, meta = step_metadata(positions, query_lens, seq_lens, block_tables, block_size)
+    input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
+    return input_ids_t, positions_t, meta, logits_rows
 
 
 def step_metadata(

@@ -129,6 +129,8 @@ class LLMEngine:
     def from_engine_args(cls, args):
         if os.environ.get("FAKE_VLLM_FAIL"):
             raise RuntimeError("no CPU backend")
+        if os.path.isdir("kernels"):  # vLLM's `python -m` subprocesses would import it
+            raise RuntimeError("started in a folder whose kernels/ shadows HF's kernels")
         engine = cls()
         engine.live = {}
         return engine
@@ -164,7 +166,10 @@ def fake_vllm(tmp_path, monkeypatch):
     return EngineLimits(block_size=16, vllm_python=sys.executable, kv_cache_bytes=2**20)
 
 
-def test_vllm_plugin_through_its_worker(fake_vllm) -> None:
+def test_vllm_plugin_through_its_worker(fake_vllm, tmp_path, monkeypatch) -> None:
+    # Run from a folder like this repository's root, whose kernels/ must not reach vLLM.
+    (tmp_path / "checkout" / "kernels").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "checkout")
     engine = make_engine("vllm", "some/model", fake_vllm)
     try:
         info = engine.load()

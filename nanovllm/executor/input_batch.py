@@ -1,0 +1,161 @@
+"""InputBatch: the step's inputs built from state kept between steps (vLLM's persistent batch).
+
+Consecutive steps look alike. Most requests of a step were in the one before, each a token
+further on, and a request's block table changes only every `block_size` tokens, when a block is
+appended (or, with speculative decoding, when rejected proposals give their last blocks back).
+`step_metadata` (model_runner.py) is the plain version: it rebuilds every block table from
+Python lists, every step. This class keeps one row per request in a block-table array that
+lives across steps, and writes into it only the entries that changed; then it computes the
+step's positions, slot mapping and lengths for all tokens at once with numpy instead of a Python
+loop over tokens.
+
+State and invariant. A request that was in the previous step keeps its row (`row_of`); for
+every request with a row, `block_table[row]` holds its block table as the scheduler last sent
+it, padded with zeros, and `tables[row]` is a Python copy of that table. Each step compares the
+table the scheduler sends with that copy (a list comparison in C) and rewrites the row only
+from the first entry that differs. So the row is right after *any* change (appends, shrinks,
+a preempted request's new blocks, a new request reusing an id), not only after appends. Rows of
+requests that are not in the step go back to `free_rows`; a request that returns gets a row and
+its whole table again.
+
+Cost per step, for n requests and t tokens: O(n) Python work (one comparison per request, a
+few numpy calls over arrays of n or t entries), plus, per changed table, the entries from its
+first change on (one per `block_size` decode steps). `step_metadata` loops over every token in
+Python and copies every block table entry.
+
+The returned tensors are new each step (numpy results wrapped without a copy), not views of a
+buffer the next step rewrites: with tensor parallelism they are pickled to the other ranks, and
+pickling a view sends the whole buffer behind it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.attention import DECODE_GROUP, AttentionMetadata
+
+
+class InputBatch:
+    """The persistent half of a step's inputs: one block-table row per request."""
+
+    def __init__(self, block_size: int, max_num_seqs: int = 64, max_blocks_per_seq: int = 64):
+        self.block_size = block_size
+        # [rows, max_blocks_per_seq] int32; grows (rarely) when more rows or columns are needed
+        self.block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+        self.tables: list[list[int]] = [[] for _ in range(max_num_seqs)]  # each row's table
+        self.row_of: dict[str, int] = {}  # request id -> row
+        self.free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))  # pop() takes row 0
+
+    def prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The step's flat tensors, equal to `step_inputs`'s (model_runner.py): input_ids,
+        positions, attention metadata and the rows whose logits are sampled."""
+        rows = self._sync_rows(out)  # this step's requests' rows, in step order
+        num_seqs = len(out.scheduled)
+        input_ids: list[int] = []
+        logits_rows: list[int] = []
+        query_lens = np.empty(num_seqs, dtype=np.int64)
+        num_computed = np.empty(num_seqs, dtype=np.int64)
+        for i, s in enumerate(out.scheduled):
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
+            input_ids.extend(s.request.all_token_ids[start : end - num_spec])
+            input_ids.extend(s.spec_token_ids)
+            query_lens[i] = s.num_new_tokens
+            num_computed[i] = start
+            if s.samples:  # the request's last own token, then each proposal
+                logits_rows.extend(range(len(input_ids) - 1 - num_spec, len(input_ids)))
+
+        seq_lens = num_computed + query_lens  # [num_seqs]: context after the step
+        query_start = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=query_start[1:])
+        # Each token's sequence, and its position: the sequence's first new position plus its
+        # offset among the step's tokens (vLLM's arange trick, no loop over tokens).
+        seq_of_token = np.repeat(np.arange(num_seqs), query_lens)  # [num_tokens]
+        positions = np.arange(query_start[-1]) + np.repeat(
+            num_computed - query_start[:-1], query_lens
+        )
+        block_rows = rows[seq_of_token]
+        slot_mapping = (
+            self.block_table[block_rows, positions // self.block_size].astype(np.int64)
+            * self.block_size
+            + positions % self.block_size
+        )  # [num_tokens]
+        max_blocks = max(len(self.tables[r]) for r in rows)
+        block_tables = self.block_table[rows, :max_blocks]  # [num_seqs, max_blocks], a copy
+
+        # Decodes (one new token) sorted by context length, in groups of DECODE_GROUP: each
+        # group's gather (torch backend) is padded only to its own longest context.
+        decode_seqs = np.flatnonzero(query_lens == 1)
+        decode_seqs = decode_seqs[np.argsort(seq_lens[decode_seqs], kind="stable")]
+        seq_lens_list = seq_lens.tolist()
+        decode_list = decode_seqs.tolist()
+        decode_groups = []
+        for start in range(0, len(decode_list), DECODE_GROUP):
+            end = min(start + DECODE_GROUP, len(decode_list))
+            decode_groups.append((start, end, seq_lens_list[decode_list[end - 1]]))  # last longest
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slot_mapping),
+            block_tables=torch.from_numpy(block_tables),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
+            query_start_loc=torch.from_numpy(query_start.astype(np.int32)),
+            seq_lens_list=seq_lens_list,
+            query_lens_list=query_lens.tolist(),
+            query_start_list=query_start.tolist(),
+            decode_seq_indices=torch.from_numpy(decode_seqs),
+            decode_token_indices=torch.from_numpy(query_start[decode_seqs]),
+            prefill_seq_indices=np.flatnonzero(query_lens > 1).tolist(),
+            decode_groups=decode_groups,
+        )
+        input_ids_t = torch.tensor(input_ids, dtype=torch.int64)  # [num_tokens]
+        return input_ids_t, torch.from_numpy(positions), meta, logits_rows
+
+    # --- the persistent part ------------------------------------------------------------------
+
+    def _sync_rows(self, out: SchedulerOutput) -> np.ndarray:
+        """Give every scheduled request a row holding its current block table; free the rows of
+        requests that are not in this step. Returns the rows, in step order."""
+        scheduled = {s.request.request_id for s in out.scheduled}
+        for request_id in [r for r in self.row_of if r not in scheduled]:
+            row = self.row_of.pop(request_id)
+            self._write_row(row, [])
+            self.free_rows.append(row)
+        rows = np.empty(len(out.scheduled), dtype=np.int64)
+        for i, s in enumerate(out.scheduled):
+            row = self.row_of.get(s.request.request_id)
+            if row is None:
+                row = self.row_of[s.request.request_id] = self._take_row()
+            if s.block_table != self.tables[row]:  # (usually equal: no block appended)
+                self._write_row(row, s.block_table)
+            rows[i] = row
+        return rows
+
+    def _write_row(self, row: int, table: list[int]) -> None:
+        """Make `block_table[row]` hold `table` (zero-padded), writing only from the first entry
+        that differs from what the row holds now."""
+        old = self.tables[row]
+        first, common = 0, min(len(old), len(table))
+        while first < common and old[first] == table[first]:
+            first += 1
+        if len(table) > self.block_table.shape[1]:
+            self._grow(self.block_table.shape[0], max(len(table), 2 * self.block_table.shape[1]))
+        self.block_table[row, first : len(table)] = table[first:]
+        if len(old) > len(table):
+            self.block_table[row, len(table) : len(old)] = 0
+        self.tables[row] = list(table)
+
+    def _take_row(self) -> int:
+        if not self.free_rows:
+            num_rows = self.block_table.shape[0]
+            self._grow(2 * num_rows, self.block_table.shape[1])
+            self.free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
+            self.tables.extend([] for _ in range(num_rows))
+        return self.free_rows.pop()
+
+    def _grow(self, num_rows: int, num_cols: int) -> None:
+        grown = np.zeros((num_rows, num_cols), dtype=np.int32)
+        grown[: self.block_table.shape[0], : self.block_table.shape[1]] = self.block_table
+        self.block_table = grown
