@@ -111,6 +111,18 @@ PLANTED_BUGS = [
         "Each token's K/V lands in its neighbour's slot.",
     ),
     PlantedBug(
+        "greedy-fast-path-takes-the-last-of-tied-maxima",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "        argmax = rows.argmax(axis=1)  # [num_rows]\n",
+                "        argmax = rows.shape[1] - 1 - rows[:, ::-1].argmax(axis=1)  # [num_rows]\n",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "greedy_tokens"),
+        "Tied logits pick another token than torch (and transformers) would.",
+    ),
+    PlantedBug(
         "reference-slot-mapping-off-by-one",
         "nanovllm/executor/model_runner.py",
         (

@@ -16,7 +16,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.executor.sampler import Sampler, apply_filters
+from nanovllm.executor.sampler import Sampler, apply_filters, greedy_tokens
 from nanovllm.request import Request
 
 MARGIN = 1e-6  # decisions this close to their threshold may go either way in float32
@@ -138,6 +138,32 @@ def test_generators_are_made_on_the_logits_device(monkeypatch) -> None:
     assert all(
         r.generator is not None and r.generator.device == torch.device("cpu") for r in requests
     )
+
+
+# Logits with ties, NaN and infinities: the cases where an argmax can go wrong.
+special_logits = st.lists(
+    st.lists(
+        st.sampled_from([0.0, 1.0, 1.0, -2.5, math.inf, -math.inf, math.nan]) | st.floats(-5, 5),
+        min_size=1,
+        max_size=12,
+    ),
+    min_size=1,
+    max_size=6,
+).filter(lambda rows: len({len(r) for r in rows}) == 1)
+
+
+@settings(deadline=None)
+@given(rows=special_logits)
+def test_greedy_tokens_equal_torch_max(rows) -> None:
+    """The numpy fast path against torch's `max`: the first index of a tied maximum, NaN rows."""
+    logits = torch.tensor(rows, dtype=torch.float32)
+    argmax, bad = greedy_tokens(logits)
+    best, want = logits.max(dim=-1)
+    assert bad.tolist() == torch.isnan(best).tolist()
+    # A NaN row has no token to compare (the sampler reports it); every other row must agree.
+    assert [a for a, b in zip(argmax, bad.tolist()) if not b] == [
+        w for w, b in zip(want.tolist(), bad.tolist()) if not b
+    ]
 
 
 def test_tiny_temperatures_are_greedy() -> None:

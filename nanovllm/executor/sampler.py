@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nanovllm.request import Request
@@ -74,6 +75,25 @@ def apply_filters(
     return torch.full_like(logits, neg_inf).scatter(-1, sorted_ids, sorted_logits)
 
 
+def greedy_tokens(logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Each row's argmax (the first index of a tied maximum) and whether the row holds a NaN:
+    ([num_rows] ints, [num_rows] bool).
+
+    The reference is `logits.max(dim=-1)`: it propagates NaN, so a row's maximum is NaN exactly
+    when the row holds one. On a CPU, numpy's `argmax` gives the same indices (it too stops at
+    the first NaN, which it ranks above everything) about 10x faster than torch's `max` with
+    indices (64 x 4096 fp32 logits: ~30 us against ~300 us here), and the row's value at that
+    index says whether it is NaN.
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        rows = logits.numpy()  # [num_rows, vocab], the same memory
+        argmax = rows.argmax(axis=1)  # [num_rows]
+        bad = np.isnan(rows[np.arange(len(argmax)), argmax])  # [num_rows]
+        return argmax.tolist(), torch.from_numpy(bad)
+    best, argmax_t = logits.max(dim=-1)  # [num_rows] each
+    return argmax_t.tolist(), torch.isnan(best)
+
+
 def generator_for(request: Request, device: torch.device) -> torch.Generator:
     """The request's own generator, on `device` (made on first use from `request.seed`)."""
     generator = request.generator
@@ -104,11 +124,8 @@ class Sampler:
         spec = spec_token_ids or [[] for _ in requests]
         counts = [1 + len(proposed) for proposed in spec]
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
-        # One pass gives both the greedy tokens and the rows with a NaN (`max` propagates NaN;
-        # like `argmax` it returns the first index of a tied maximum).
-        best, argmax_t = logits.max(dim=-1)  # [num_rows] each
-        argmax = argmax_t.tolist()  # greedy rows are done
-        bad = torch.isnan(best)  # [num_rows]
+        # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
+        argmax, bad = greedy_tokens(logits)  # [num_rows] each
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
         if random:
@@ -135,7 +152,7 @@ class Sampler:
         errors: dict[int, str] = {}
         plain_random = []  # random requests with no proposals: drawn together below
         for i, request in enumerate(requests):
-            if bad_rows.intersection(range(starts[i], starts[i] + counts[i])):
+            if bad_rows and bad_rows.intersection(range(starts[i], starts[i] + counts[i])):
                 errors[i] = (
                     f"request {request.request_id!r}: the next-token distribution is not "
                     f"finite (NaN in the logits or probabilities at temperature="
@@ -158,7 +175,10 @@ class Sampler:
             noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # an exact 0 would make 0 / 0
             for i, token in zip(plain_random, (batch / noise).argmax(dim=-1).tolist()):
                 token_ids[i] = [token]
-        return SamplerOutput(token_ids, self._logprobs(logits, requests, starts, token_ids), errors)
+        logprobs: list[list[dict[int, float]] | None] = [None] * len(requests)
+        if any(r.sampling_params.logprobs is not None for r in requests):
+            logprobs = self._logprobs(logits, requests, starts, token_ids)
+        return SamplerOutput(token_ids, logprobs, errors)
 
     @staticmethod
     def _logprobs(
