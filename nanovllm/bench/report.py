@@ -58,6 +58,11 @@ def print_report(result: dict, console: Console) -> None:
         _model(m, result["config"]["repeats"], console)
 
 
+def _paired(ratios: dict) -> str:
+    """nanovllm / this repeat by repeat: "median (min-max)"."""
+    return f"{ratios['median']:.2f}x ({ratios['min']:.2f}-{ratios['max']:.2f})"
+
+
 def _model(m: dict, repeats: int, console: Console) -> None:
     s, r, w, engines = m["model"], m["roofline"], m["workload"], m["engines"]
     console.rule(
@@ -89,6 +94,13 @@ def _model(m: dict, repeats: int, console: Console) -> None:
     columns = ["engine", "out tok/s", "min-max", "nanovllm / this", "of roofline"]
     columns += ["TTFT p50/90/99 ms", "ITL p50/90/99 ms", "greedy agree"]
     _table(console, "Output tokens/s, side by side (latency pooled over repeats)", columns, rows)
+    paired = [
+        f"{name} {_paired(e['paired_ratios'])}"
+        for name, e in engines.items()
+        if name != "nanovllm" and e.get("paired_ratios") and e["paired_ratios"]["n"]
+    ]
+    if paired:
+        console.print("nanovllm / this, repeat by repeat, median (min-max): " + ", ".join(paired))
     for name, e in engines.items():
         if "skipped" in e:
             console.print(f"[yellow]{name} skipped[/]: {e['skipped']}")

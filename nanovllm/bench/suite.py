@@ -305,6 +305,13 @@ def summarize(runs: dict[str, list[EngineRun]], greedy: bool, ceiling_tok_s: flo
             ],
             "tok_s": tok_s,
             "nanovllm_over_this": our_tok_s / tok_s["median"] if our_tok_s else None,
+            # The same ratio repeat by repeat: repeat i of every engine ran within seconds of
+            # the others', so a slow spell of the machine slows both sides of a pair.
+            "paired_ratios": stats.summary(
+                [o.output_tokens_per_s / r.output_tokens_per_s for o, r in zip(ours, engine_runs)]
+            )
+            if ours
+            else None,
             "roofline_share": tok_s["median"] / ceiling_tok_s,
             "latency": stats.latency(engine_runs),
             "cdf": stats.cdf(engine_runs),

@@ -94,6 +94,23 @@ def test_suite_with_fake_engines(monkeypatch) -> None:
     assert figures["flaky"]["agreement"]["tokens_pct"] == 100.0
 
 
+def test_paired_ratios_pair_the_repeats() -> None:
+    """Repeat i against repeat i: a slow spell of the machine that hits both engines' repeat
+    cancels out, which the ratio of the medians cannot see."""
+
+    def run(engine: str, wall_s: float) -> EngineRun:
+        return EngineRun(engine, wall_s, [RequestRecord([1] * 10, [wall_s] * 10)])
+
+    runs = {
+        "nanovllm": [run("nanovllm", w) for w in (1.0, 0.5, 1.0)],  # 10, 20, 10 tok/s
+        "peer": [run("peer", w) for w in (2.0, 1.0, 1.0)],  # 5, 10, 10 tok/s
+    }
+    figures = suite.summarize(runs, greedy=False, ceiling_tok_s=100.0)["peer"]
+    assert figures["nanovllm_over_this"] == 1.0  # medians: 10 / 10
+    paired = figures["paired_ratios"]  # 2, 2, 1
+    assert (paired["median"], paired["min"], paired["max"]) == (2.0, 1.0, 2.0)
+
+
 def test_the_reference_engine_must_load(monkeypatch) -> None:
     monkeypatch.setitem(ENGINES, "nanovllm", AbsentEngine)
     with pytest.raises(EngineUnavailable):

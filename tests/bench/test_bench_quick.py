@@ -28,7 +28,12 @@ def test_quick_run(quick, capsys) -> None:
     argv, out = quick
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for text in ("8 requests, prompts 8-32, outputs 8-16", "nanovllm / this", "Roofline"):
+    for text in (
+        "8 requests, prompts 8-32, outputs 8-16",
+        "nanovllm / this",
+        "repeat by repeat",
+        "Roofline",
+    ):
         assert text in printed
     assert (out / "bench.png").stat().st_size > 10_000
 
