@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,3 +121,12 @@ def test_a_decode_step_writes_only_the_appended_block() -> None:
     assert batch.block_table[row, :3].tolist() == [-1, 3, 9]
     assert meta.slot_mapping.tolist() == [9 * 4 + 0]
     assert np.array_equal(meta.block_tables.numpy(), [[-1, 3, 9]])
+
+
+def test_a_block_table_too_short_for_its_positions_is_an_error() -> None:
+    """The zero padding must not send a token past its table to block 0 in silence."""
+    batch = InputBatch(block_size=4)
+    request = Request("short", list(range(9)), SamplingParams(), 0)
+    out = SchedulerOutput(1, [ScheduledRequest(request, 9, 0, [5, 6], True, True)])
+    with pytest.raises(ValueError, match=r"'short': position 8 needs block 2 .* has 2 blocks"):
+        batch.prepare(out)

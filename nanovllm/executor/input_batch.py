@@ -45,6 +45,7 @@ class InputBatch:
         # [rows, max_blocks_per_seq] int32; grows (rarely) when more rows or columns are needed
         self.block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
         self.tables: list[list[int]] = [[] for _ in range(max_num_seqs)]  # each row's table
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # [rows]: len(tables[row])
         self.row_of: dict[str, int] = {}  # request id -> row
         self.free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))  # pop() takes row 0
 
@@ -79,12 +80,21 @@ class InputBatch:
             num_computed - query_start[:-1], query_lens
         )
         block_rows = rows[seq_of_token]
+        logical_blocks = positions // self.block_size  # [num_tokens]
+        too_short = logical_blocks >= self.num_blocks[block_rows]
+        if too_short.any():  # (the padding would silently send these tokens to block 0)
+            token = int(np.argmax(too_short))
+            s = out.scheduled[int(seq_of_token[token])]
+            raise ValueError(
+                f"request {s.request.request_id!r}: position {int(positions[token])} needs block "
+                f"{int(logical_blocks[token])} of its block table, which has "
+                f"{len(s.block_table)} blocks"
+            )
         slot_mapping = (
-            self.block_table[block_rows, positions // self.block_size].astype(np.int64)
-            * self.block_size
+            self.block_table[block_rows, logical_blocks].astype(np.int64) * self.block_size
             + positions % self.block_size
         )  # [num_tokens]
-        max_blocks = max(len(self.tables[r]) for r in rows)
+        max_blocks = int(self.num_blocks[rows].max())
         block_tables = self.block_table[rows, :max_blocks]  # [num_seqs, max_blocks], a copy
 
         # Decodes (one new token) sorted by context length, in groups of DECODE_GROUP: each
@@ -146,6 +156,7 @@ class InputBatch:
         if len(old) > len(table):
             self.block_table[row, len(table) : len(old)] = 0
         self.tables[row] = list(table)
+        self.num_blocks[row] = len(table)
 
     def _take_row(self) -> int:
         if not self.free_rows:
@@ -153,6 +164,7 @@ class InputBatch:
             self._grow(2 * num_rows, self.block_table.shape[1])
             self.free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
             self.tables.extend([] for _ in range(num_rows))
+            self.num_blocks = np.concatenate([self.num_blocks, np.zeros(num_rows, np.int64)])
         return self.free_rows.pop()
 
     def _grow(self, num_rows: int, num_cols: int) -> None:
