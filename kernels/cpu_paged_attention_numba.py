@@ -220,9 +220,8 @@ def paged_attention_numba(
         )
     finally:
         numba.set_parallel_chunksize(chunksize)
-        # On Linux, torch's wheel loads its OpenMP runtime (libgomp) globally, and numba's "omp"
-        # threading layer, loaded later, binds to it: one thread pool for both, no fight over
-        # the cores. Starting numba's threads (in set_num_threads, the first time) sets that
-        # runtime's thread count to numba's, though: give torch back its own.
+        # Where numba's pool and torch's share one OpenMP runtime, starting numba's threads
+        # (in set_num_threads, the first time) sets that runtime's thread count to numba's:
+        # give torch back its own. (They need not share one: see kernels/README.md, Threads.)
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
