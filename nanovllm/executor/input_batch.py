@@ -3,7 +3,7 @@
 Consecutive steps look alike. Most requests of a step were in the one before, each a token
 further on, and a request's block table changes only every `block_size` tokens, when a block is
 appended (or, with speculative decoding, when rejected proposals give their last blocks back).
-`step_metadata` (model_runner.py) is the plain version: it rebuilds every block table from
+`step_inputs` (model_runner.py) is the plain version: it rebuilds every block table from
 Python lists, every step. This class keeps one row per request in a block-table array that
 lives across steps, and writes into it only the entries that changed; then it computes the
 step's positions, slot mapping and lengths for all tokens at once with numpy instead of a Python
@@ -20,7 +20,7 @@ its whole table again.
 
 Cost per step, for n requests and t tokens: O(n) Python work (one comparison per request, a
 few numpy calls over arrays of n or t entries), plus, per changed table, the entries from its
-first change on (one per `block_size` decode steps). `step_metadata` loops over every token in
+first change on (one per `block_size` decode steps). `step_inputs` loops over every token in
 Python and copies every block table entry.
 
 The returned tensors are new each step (numpy results wrapped without a copy), not views of a
