@@ -39,6 +39,7 @@ import torch
 
 from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.executor.model_runner import ModelRunner, step_metadata
+from nanovllm.executor.sampler import greedy_tokens
 from nanovllm.executor.tensor_parallel import RunnerSpec, build_runner
 from nanovllm.models.llama import ModelArgs
 from nanovllm.models.loader import load_model_args, load_tokenizer
@@ -121,6 +122,6 @@ class DraftModelProposer:
             input_ids = torch.tensor(tokens, dtype=torch.int64)
             rows = list(range(len(active)))
             logits = self.runner.forward_logits(input_ids, positions_t, meta, rows)
-            for i, token in zip(active, logits.argmax(dim=-1).tolist()):  # [num_active]
+            for i, token in zip(active, greedy_tokens(logits)[0]):  # [num_active] argmaxes
                 proposals[i].append(token)
         return proposals
