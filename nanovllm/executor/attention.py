@@ -39,6 +39,16 @@ import torch.nn.functional as F
 DECODE_GROUP = 16
 
 
+def decode_groups(decode_seqs: list[int], seq_lens: list[int]) -> list[tuple[int, int, int]]:
+    """Cut `decode_seqs` (sequence indices, sorted by context length) into groups of
+    DECODE_GROUP: (start, end, the group's longest context) over that list."""
+    groups = []
+    for start in range(0, len(decode_seqs), DECODE_GROUP):
+        end = min(start + DECODE_GROUP, len(decode_seqs))
+        groups.append((start, end, seq_lens[decode_seqs[end - 1]]))  # sorted: the last longest
+    return groups
+
+
 @dataclass
 class AttentionMetadata:
     """Everything attention needs about the step's layout (built by the ModelRunner)."""

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import DECODE_GROUP, AttentionMetadata
+from nanovllm.executor.attention import AttentionMetadata, decode_groups
 
 
 class InputBatch:
@@ -97,16 +97,11 @@ class InputBatch:
         max_blocks = int(self.num_blocks[rows].max())
         block_tables = self.block_table[rows, :max_blocks]  # [num_seqs, max_blocks], a copy
 
-        # Decodes (one new token) sorted by context length, in groups of DECODE_GROUP: each
+        # Decodes (one new token) sorted by context length, in groups (`decode_groups`): each
         # group's gather (torch backend) is padded only to its own longest context.
         decode_seqs = np.flatnonzero(query_lens == 1)
         decode_seqs = decode_seqs[np.argsort(seq_lens[decode_seqs], kind="stable")]
         seq_lens_list = seq_lens.tolist()
-        decode_list = decode_seqs.tolist()
-        decode_groups = []
-        for start in range(0, len(decode_list), DECODE_GROUP):
-            end = min(start + DECODE_GROUP, len(decode_list))
-            decode_groups.append((start, end, seq_lens_list[decode_list[end - 1]]))  # last longest
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping),
             block_tables=torch.from_numpy(block_tables),
@@ -118,7 +113,7 @@ class InputBatch:
             decode_seq_indices=torch.from_numpy(decode_seqs),
             decode_token_indices=torch.from_numpy(query_start[decode_seqs]),
             prefill_seq_indices=np.flatnonzero(query_lens > 1).tolist(),
-            decode_groups=decode_groups,
+            decode_groups=decode_groups(decode_seqs.tolist(), seq_lens_list),
         )
         input_ids_t = torch.tensor(input_ids, dtype=torch.int64)  # [num_tokens]
         return input_ids_t, torch.from_numpy(positions), meta, logits_rows

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import DECODE_GROUP, AttentionMetadata, to_device
+from nanovllm.executor.attention import AttentionMetadata, decode_groups, to_device
 from nanovllm.executor.input_batch import InputBatch
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
@@ -268,13 +268,9 @@ def step_metadata(
         query_starts.append(start + n)
     slot_mapping = torch.tensor(slots, dtype=torch.int64)  # [num_tokens]
 
-    # Decodes sorted by context length, in groups of DECODE_GROUP: each group's gather is
+    # Decodes sorted by context length, in groups (`decode_groups`): each group's gather is
     # padded only to its own longest context, not to the longest in the step.
     decode_seqs = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
-    decode_groups = []
-    for start in range(0, len(decode_seqs), DECODE_GROUP):
-        end = min(start + DECODE_GROUP, len(decode_seqs))
-        decode_groups.append((start, end, seq_lens[decode_seqs[end - 1]]))  # sorted: last longest
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=block_tables_t,
@@ -288,6 +284,6 @@ def step_metadata(
             [query_starts[i] for i in decode_seqs], dtype=torch.int64
         ),
         prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
-        decode_groups=decode_groups,
+        decode_groups=decode_groups(decode_seqs, seq_lens),
     )
     return positions_t, meta

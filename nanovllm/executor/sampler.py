@@ -175,10 +175,7 @@ class Sampler:
             noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # an exact 0 would make 0 / 0
             for i, token in zip(plain_random, (batch / noise).argmax(dim=-1).tolist()):
                 token_ids[i] = [token]
-        logprobs: list[list[dict[int, float]] | None] = [None] * len(requests)
-        if any(r.sampling_params.logprobs is not None for r in requests):
-            logprobs = self._logprobs(logits, requests, starts, token_ids)
-        return SamplerOutput(token_ids, logprobs, errors)
+        return SamplerOutput(token_ids, self._logprobs(logits, requests, starts, token_ids), errors)
 
     @staticmethod
     def _logprobs(
