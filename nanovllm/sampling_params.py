@@ -16,6 +16,11 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
   partially); `stop_token_ids` and, unless `ignore_eos`, the model's EOS token end it too.
 - `logprobs`: for each generated token, the log-probabilities of the `logprobs` most likely
   tokens (plus the sampled one).
+- `detokenize=False` skips turning tokens into text: outputs carry token ids and empty text
+  (stop strings need the text, so they are refused then).
+- `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
+  default) the completion so far, `DELTA` only what this step added, `FINAL_ONLY` nothing until
+  the request finishes (what `LLM.generate` asks for: it only keeps the last output).
 
 Every value is checked when the object is built: a bad value is a `ValueError` that names it,
 before the request ever reaches the engine.
@@ -25,9 +30,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 # Below this temperature a request is sampled greedily (vLLM's `_SAMPLING_EPS`).
 SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    """What a request's outputs hold, step by step (vLLM's enum of the same name)."""
+
+    CUMULATIVE = 0  # every output holds the whole completion so far
+    DELTA = 1  # every output holds only the tokens (and text) new since the previous one
+    FINAL_ONLY = 2  # one output, when the request finishes, holding the whole completion
 
 
 @dataclass
@@ -45,6 +59,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -76,6 +92,18 @@ class SamplingParams:
         if any(s == "" for s in stop):
             raise ValueError(f"stop strings must not be empty, got {self.stop!r}")
         self._stop = tuple(stop)
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
+        if stop and not self.detokenize:
+            raise ValueError(
+                f"stop strings need the text: stop={self.stop!r} is not allowed with "
+                "detokenize=False"
+            )
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(
+                f"output_kind must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY), "
+                f"got {self.output_kind!r}"
+            )
         ids = self.stop_token_ids or []
         if not isinstance(ids, list | tuple) or not all(_is_int(t) and t >= 0 for t in ids):
             raise ValueError(

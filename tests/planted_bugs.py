@@ -412,4 +412,24 @@ PLANTED_BUGS = [
         "The flat batch changes size every step: a graph specialised on the warm-up's size "
         "recompiles during the run.",
     ),
+    PlantedBug(
+        "delta-outputs-repeat-a-quiet-childs-last-delta",
+        "nanovllm/engine/parallel_sampling.py",
+        (
+            (
+                '            moved.update(text="", token_ids=[], logprobs=logprobs)\n',
+                "            pass\n",
+            ),
+        ),
+        ("tests/test_output_kinds.py", "-k", "add_up"),
+        "With DELTA outputs and n > 1, a child that did not move this step added nothing: its "
+        "completion must be empty, not the previous step's delta again.",
+    ),
+    PlantedBug(
+        "final-only-outputs-built-every-step",
+        "nanovllm/engine/llm_engine.py",
+        (("                and not request.is_finished\n", "                and False\n"),),
+        ("tests/test_output_kinds.py", "-k", "add_up or generate_asks"),
+        "FINAL_ONLY means one output per request, when it finishes (and no work before).",
+    ),
 ]

@@ -119,7 +119,7 @@ class NanovllmEngine(Engine):
         }
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
-        from nanovllm.sampling_params import SamplingParams
+        from nanovllm.sampling_params import RequestOutputKind, SamplingParams
 
         engine, scheduler = self.engine, self.engine.scheduler
         engine.kv_cache_manager.reset_prefix_cache()
@@ -137,6 +137,9 @@ class NanovllmEngine(Engine):
                 max_tokens=r.max_tokens,
                 ignore_eos=True,
                 seed=r.seed,
+                # As the vLLM worker asks of vLLM: token ids only, each step's new ones.
+                detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
             )
             engine.add_request(f"{prefix}{i}", r.prompt_token_ids, params)
 
@@ -147,7 +150,7 @@ class NanovllmEngine(Engine):
             wall = time.perf_counter() - start
             if self._scheduled is not None and not self._scheduled.is_empty:
                 steps.append(self._step_record(wall))
-            return [(int(o.request_id[len(prefix) :]), o.delta_token_ids) for o in outputs]
+            return [(int(o.request_id[len(prefix) :]), o.outputs[0].token_ids) for o in outputs]
 
         arrivals = [r.arrival_s for r in requests]
         _, wall, tokens, times = drive(

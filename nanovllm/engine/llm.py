@@ -17,6 +17,7 @@ generates from the result, so a script written against vLLM's `LLM` runs here un
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from nanovllm.config import EngineConfig
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.inputs import check_prompt_dict
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -60,6 +61,10 @@ class LLM:
                 raise ValueError(
                     f"got {len(params_list)} sampling params for {len(prompts)} prompts"
                 )
+        # Only each request's last output is kept: ask for that one alone (as vLLM's `LLM`
+        # does), so the engine builds no output for a request until it finishes.
+        final_only = {id(p): _final_only(p) for p in params_list}
+        params_list = [final_only[id(p)] for p in params_list]
         engine = self.llm_engine
         ids = []
         try:
@@ -127,6 +132,12 @@ class LLM:
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    if not isinstance(params, SamplingParams):
+        return params  # (add_request names the bad value)
+    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _progress(total: int):

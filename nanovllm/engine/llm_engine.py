@@ -59,7 +59,7 @@ from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.tensor_parallel import RunnerSpec, start_runners
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import RequestOutputKind, SamplingParams
 from nanovllm.spec_decode.config import SpeculativeConfig
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
@@ -341,9 +341,10 @@ class LLMEngine:
 
     def _queue(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        self._detok[request.request_id] = DetokenizerState.after_prompt(
-            request.prompt_token_ids, request.sampling_params.skip_special_tokens
-        )
+        if request.sampling_params.detokenize:  # (without it, outputs carry no text)
+            self._detok[request.request_id] = DetokenizerState.after_prompt(
+                request.prompt_token_ids, request.sampling_params.skip_special_tokens
+            )
         if self.events.active:
             self.events.emit(
                 RequestAdded(
@@ -558,9 +559,11 @@ class LLMEngine:
         """Detokenize a new token (`token_ids` ends with it, the `num_output`-th output token)
         and decide whether the request is done."""
         params = request.sampling_params
-        state = self._detok[request.request_id]
-        self.detokenizer.step(state, token_ids)
-        stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
+        state = self._detok.get(request.request_id)  # None: detokenize=False
+        stop = None
+        if state is not None:
+            self.detokenizer.step(state, token_ids)
+            stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
         finished: FinishReason | None = None
         if stop is not None:
             finished, request.stop_reason = FinishReason.STOP, stop
@@ -572,17 +575,25 @@ class LLMEngine:
             finished = FinishReason.LENGTH
         if finished is not None:
             request.finish_reason = finished
-            if stop is None:  # (a stop-string cut already decided the final text)
+            if stop is None and state is not None:  # (a stop-string cut decided the final text)
                 self.detokenizer.step(state, token_ids, final=True)
+        if state is None:
+            return "", finished
         delta = take_streamable(state, params.stop_strings, finished is not None)
         return delta, finished
 
     def _outputs(self, progress: list[tuple[Request, str, list[int]]]) -> list[RequestOutput]:
         """The caller's view of this step's progress: one output per request, or per parent of
-        children (n > 1), in the order they progressed. Forgets what finished."""
+        children (n > 1), in the order they progressed; with `FINAL_ONLY`, only those that
+        finished. Forgets what finished."""
         outputs: list[RequestOutput] = []
         parents: dict[str, ParentRequest] = {}
         for request, delta, delta_ids in progress:
+            if (
+                request.sampling_params.output_kind == RequestOutputKind.FINAL_ONLY
+                and not request.is_finished
+            ):
+                continue  # (nobody reads it: skip building it, a real cost at every step)
             completion = self._completion(request, delta, delta_ids)
             if request.parent_id is None:
                 outputs.append(
@@ -605,20 +616,32 @@ class LLMEngine:
             if request.is_finished:
                 self._detok.pop(request.request_id, None)
         for parent in parents.values():
+            if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
+                continue
             outputs.append(parent.output())
             if parent.finished:
                 del self._parents[parent.request_id]
         return outputs
 
     def _completion(self, request: Request, delta: str, delta_ids: list[int]) -> CompletionOutput:
-        state = self._detok.get(request.request_id)
+        """One completion as the caller sees it: whole (`CUMULATIVE`, `FINAL_ONLY`), or only
+        what this step added (`DELTA`: text, token ids and logprobs alike)."""
+        params = request.sampling_params
+        if params.output_kind == RequestOutputKind.DELTA:
+            text, token_ids, entries = delta, delta_ids, request.logprobs[-len(delta_ids) :]
+            if not delta_ids:
+                entries = []
+        else:
+            state = self._detok.get(request.request_id)
+            text, token_ids = (state.text if state else ""), list(request.output_token_ids)
+            entries = request.logprobs
         logprobs = None
-        if request.sampling_params.logprobs is not None:
-            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in request.logprobs]
+        if params.logprobs is not None:
+            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in entries]
         return CompletionOutput(
             index=request.index,
-            text=state.text if state else "",
-            token_ids=list(request.output_token_ids),
+            text=text,
+            token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=str(request.finish_reason) if request.finish_reason else None,
             stop_reason=request.stop_reason,

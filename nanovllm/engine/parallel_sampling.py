@@ -17,7 +17,8 @@ checks that each later child computed only its tail). With prefix caching off th
 to share through, and each child computes the whole prompt.
 
 What the caller sees is the parent: one `RequestOutput` per step with progress, whose `outputs[i]`
-is child i's completion so far (with `index = i`), finished when every child is. Aborting the
+is child i's completion so far (with `index = i`), finished when every child is (with
+`FINAL_ONLY` outputs, only that last one). Aborting the
 parent aborts every child; preempting one child frees and later recomputes that child alone.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 from nanovllm.engine.outputs import CompletionOutput, RequestOutput
 from nanovllm.request import Request
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 def child_request_id(parent_id: str, index: int) -> str:
@@ -51,19 +52,26 @@ class ParentRequest:
     completions: list[CompletionOutput] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        logprobs = None if self.children[0].sampling_params.logprobs is None else []
         self.completions = [
-            CompletionOutput(index=i, text="", token_ids=[]) for i in range(len(self.children))
+            CompletionOutput(index=i, text="", token_ids=[], logprobs=logprobs)
+            for i in range(len(self.children))
         ]
 
     @property
     def finished(self) -> bool:
         return all(child.is_finished for child in self.children)
 
+    @property
+    def output_kind(self) -> RequestOutputKind:
+        return self.children[0].sampling_params.output_kind
+
     def output(self) -> RequestOutput:
         """The parent as the caller sees it: every child's completion so far.
 
         Each completion's `delta_text` is what that child added since the previous output of
-        the parent (empty for children that did not move).
+        the parent (empty for children that did not move). With `DELTA` outputs, the text and
+        token ids are that delta too: a child that did not move has an empty completion.
         """
         errors = [c.error for c in self.children if c.error]
         output = RequestOutput(
@@ -75,7 +83,9 @@ class ParentRequest:
             num_cached_tokens=self.children[0].num_cached_tokens,
             error="; ".join(errors) if errors else None,
         )
-        self.completions = [
-            dataclasses.replace(c, delta_text="", delta_token_ids=[]) for c in self.completions
-        ]
+        moved = {"delta_text": "", "delta_token_ids": []}
+        if self.output_kind == RequestOutputKind.DELTA:
+            logprobs = None if self.children[0].sampling_params.logprobs is None else []
+            moved.update(text="", token_ids=[], logprobs=logprobs)
+        self.completions = [dataclasses.replace(c, **moved) for c in self.completions]
         return output
