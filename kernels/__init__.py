@@ -13,6 +13,11 @@ Triton kernels that are tested against it (on a CPU, through Triton's interprete
     cpu_paged_attention.py     paged_attention_cpu: the same attention on a CPU, reading K/V in
                                place (numba kernel in cpu_paged_attention_numba.py; falls back to
                                the reference, with one notice, where numba is missing)
+    cpu_token_ops.py           RMSNorm and RoPE on a CPU in one numba loop each (kernels in
+                               cpu_token_ops_numba.py); the model's own torch code is their
+                               reference, and runs wherever they do not apply
+    bench_token_ops.py         python -m nanovllm.kernels.bench_token_ops: those two, torch
+                               against numba
     triton_setup.py            the one place that picks Triton's CPU interpreter or GPU compiler
     checks.py                  argument checks shared by the wrappers (which shapes are served)
     bench.py                   python -m nanovllm.kernels.bench [--quick] [--cpu [--candidates]]

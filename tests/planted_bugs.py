@@ -432,4 +432,28 @@ PLANTED_BUGS = [
         ("tests/test_output_kinds.py", "-k", "add_up or generate_asks"),
         "FINAL_ONLY means one output per request, when it finishes (and no work before).",
     ),
+    PlantedBug(
+        "numba-rope-turns-the-second-half-the-wrong-way",
+        "kernels/cpu_token_ops_numba.py",
+        (
+            (
+                "            x[t, h, i + half] = x2 * cos[p, i + half] + x1 * sin[p, i + half]\n",
+                "            x[t, h, i + half] = x2 * cos[p, i + half] - x1 * sin[p, i + half]\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rotary"),
+        "rotate_half is (-x2, x1): the second half gains x1 * sin.",
+    ),
+    PlantedBug(
+        "numba-rms-norm-forgets-eps",
+        "kernels/cpu_token_ops_numba.py",
+        (
+            (
+                "np.sqrt(sum_sq / np.float32(hidden) + np.float32(eps))",
+                "np.sqrt(sum_sq / np.float32(hidden))",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rms_norm"),
+        "eps is part of the norm (0.1 in the test's draws), not only a guard against zero.",
+    ),
 ]

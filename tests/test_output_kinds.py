@@ -157,8 +157,8 @@ def test_generate_asks_for_final_outputs_only_and_leaves_the_params_alone(tiny_l
     engine = llm.llm_engine
     built = []
     completion = engine._completion
-    engine._completion = lambda request, *a: built.append(request.request_id) or completion(
-        request, *a
+    engine._completion = lambda request, *a: (
+        built.append(request.request_id) or completion(request, *a)
     )
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = llm.generate(["ROMEO:", "JULIET:"], params, use_tqdm=False)

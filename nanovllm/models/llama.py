@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.executor.attention import AttentionMetadata, make_attention
+from nanovllm.kernels import cpu_token_ops
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.models.rotary import RotaryEmbedding
@@ -95,7 +96,11 @@ class ModelArgs:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 for stability."""
+    """x / rms(x) * weight, computed in fp32 for stability.
+
+    On a CPU in float32 one numba loop does it (`kernels/cpu_token_ops.py`); the torch code
+    below is what it computes, and runs everywhere else.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -103,6 +108,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_token_ops.applies(x):
+            out = cpu_token_ops.rms_norm(x, self.weight, self.eps)
+            if out is not None:
+                return out
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -1,0 +1,86 @@
+"""python -m nanovllm.kernels.bench_token_ops: RMSNorm and RoPE, torch against numba, side by side.
+
+For each token count, each operation runs the model's torch code (the kernels switched off) and
+the numba kernel in alternation, and prints the median of each and their ratio. Shapes default
+to the embedded model's (hidden 256, 4 query and 2 KV heads of 64); `--hidden`, `--heads`,
+`--kv-heads`, `--head-dim` give another model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from nanovllm.kernels import cpu_token_ops
+
+
+def _median_us(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median microseconds per call of each function, the functions called in turn."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from nanovllm.models.llama import RMSNorm
+    from nanovllm.models.rotary import RotaryEmbedding
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="1,64,512,2048", help="token counts, comma-separated")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=300)
+    args = parser.parse_args(argv)
+    if cpu_token_ops._numba_kernels() is None:
+        raise SystemExit("numba is not installed: there is no kernel to measure")
+    torch.set_num_threads(args.threads)
+
+    norm = RMSNorm(args.hidden, 1e-5)
+    rotary = RotaryEmbedding(args.head_dim, 4096, {"rope_theta": 10000.0})
+    kernels_on = cpu_token_ops.applies
+
+    def torch_code(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            cpu_token_ops.applies = lambda x: False
+            try:
+                return fn()
+            finally:
+                cpu_token_ops.applies = kernels_on
+
+        return run
+
+    print(f"torch threads {args.threads}; median us per call of {args.repeats}, in alternation")
+    print(f"{'op':8s} {'tokens':>7s} {'torch':>9s} {'numba':>9s} {'torch/numba':>12s}")
+    with torch.inference_mode():
+        for n in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(n, args.hidden)
+            q_size, kv_size = args.heads * args.head_dim, args.kv_heads * args.head_dim
+            qkv = torch.randn(n, q_size + 2 * kv_size)
+            q = qkv[:, :q_size].view(n, args.heads, args.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(n, args.kv_heads, args.head_dim)
+            positions = torch.randint(0, 4096, (n,))
+            cases = {
+                "rmsnorm": lambda x=x: norm(x),
+                "rope": lambda p=positions, q=q, k=k: rotary(p, q, k),
+            }
+            for op, fn in cases.items():
+                for _ in range(10):  # warm-up (and numba's compilation, the first time)
+                    fn()
+                us = _median_us({"torch": torch_code(fn), "numba": fn}, args.repeats)
+                ratio = us["torch"] / us["numba"]
+                print(f"{op:8s} {n:7d} {us['torch']:9.1f} {us['numba']:9.1f} {ratio:11.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""RMSNorm and RoPE on a CPU through one numba loop each (`cpu_token_ops_numba.py`).
+
+The model calls `applies(x)` first: the kernels serve float32 tensors on a CPU, with numba
+importable, outside torch.compile (inductor fuses these operators itself and cannot trace a
+numba call). Everywhere else the model runs its own torch code, which is the reference these
+kernels are tested against (`tests/kernels/test_cpu_token_ops.py`): `RMSNorm.forward` in
+models/llama.py, `RotaryEmbedding.forward` in models/rotary.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+
+import torch
+
+logger = logging.getLogger("nanovllm.kernels")
+
+
+@functools.cache
+def _numba_kernels():
+    """The numba kernel module, or None (with one logged notice) when numba cannot be imported."""
+    try:
+        return importlib.import_module("nanovllm.kernels.cpu_token_ops_numba")
+    except ImportError as e:
+        logger.warning(
+            "nanovllm: numba is not available (%s); RMSNorm and RoPE run as plain torch "
+            "operators, which is slower on a CPU. `pip install numba` for the fast path.",
+            e,
+        )
+        return None
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the kernels serve this activation (see the module docstring)."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and _numba_kernels() is not None
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """weight * x / rms(x) over the last dimension, as a new tensor; None when x is not
+    contiguous (the caller's torch code then runs: a strided view would need a copy first)."""
+    if not x.is_contiguous():
+        return None
+    hidden = x.shape[-1]
+    out = torch.empty_like(x)
+    _numba_kernels().rms_norm(
+        out.view(-1, hidden).numpy(),
+        x.detach().view(-1, hidden).numpy(),
+        weight.detach().numpy(),
+        eps,
+    )
+    return out
+
+
+def rotary(
+    positions: torch.Tensor,  # [num_tokens] int
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim], any strides
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], any strides
+    cos: torch.Tensor,  # [max_position, head_dim] float32
+    sin: torch.Tensor,  # [max_position, head_dim] float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated to their tokens' positions, as new contiguous tensors."""
+    # Contiguous copies, rotated in place (the kernel's loops vectorise only on contiguous rows).
+    q_out = q.detach().clone(memory_format=torch.contiguous_format)
+    k_out = k.detach().clone(memory_format=torch.contiguous_format)
+    bad = _numba_kernels().rotary(
+        q_out.numpy(), k_out.numpy(), positions.to(torch.int64).numpy(), cos.numpy(), sin.numpy()
+    )
+    if bad >= 0:
+        raise ValueError(
+            f"token {bad} is at position {int(positions[bad])}, outside the rotary tables' "
+            f"{cos.shape[0]} positions (0 .. {cos.shape[0] - 1})"
+        )
+    return q_out, k_out

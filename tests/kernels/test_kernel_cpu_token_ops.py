@@ -1,0 +1,122 @@
+"""The numba RMSNorm and RoPE (kernels/cpu_token_ops.py) against the model's own torch code.
+
+The reference is the same module run with the kernels switched off (`applies` returning False),
+so what is compared is exactly the torch code a GPU or a bfloat16 model runs. Inputs are random,
+with random norm weights, odd sizes, tokens at any position of the table, and q/k as the strided
+views of a fused QKV output that the model hands in.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanovllm.kernels import cpu_token_ops
+from nanovllm.models.llama import RMSNorm
+from nanovllm.models.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(
+    cpu_token_ops._numba_kernels() is None, reason="numba is not installed: no kernels to test"
+)
+
+
+def reference(module: torch.nn.Module, *args):
+    """The module's torch code: its output with the kernels switched off."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cpu_token_ops, "applies", lambda x: False)
+        return module(*args)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_tokens=st.integers(1, 70),
+    hidden=st.sampled_from([1, 7, 64, 256, 300]),
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+    seed=st.integers(0, 2**16),
+    extra_dim=st.booleans(),
+)
+def test_rms_norm_equals_the_torch_code(num_tokens, hidden, eps, seed, extra_dim) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(hidden, eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=gen))
+    shape = (num_tokens, 2, hidden) if extra_dim else (num_tokens, hidden)
+    x = torch.randn(shape, generator=gen) * 3
+    with torch.inference_mode():
+        got = norm(x)
+        want = reference(norm, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_of_a_strided_view_runs_the_torch_code(monkeypatch) -> None:
+    norm = RMSNorm(8, 1e-5)
+    x = torch.randn(5, 16)[:, ::2]  # not contiguous
+    calls = []
+    kernel = cpu_token_ops._numba_kernels().rms_norm
+    monkeypatch.setattr(
+        cpu_token_ops._numba_kernels(), "rms_norm", lambda *a: calls.append(a) or kernel(*a)
+    )
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), reference(norm, x))
+        assert not calls
+        norm(x.contiguous())
+    assert len(calls) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_tokens=st.integers(1, 40),
+    heads=st.sampled_from([(1, 1), (4, 2), (12, 4), (3, 1)]),
+    head_dim=st.sampled_from([2, 8, 64, 128]),
+    rope=st.sampled_from(
+        [
+            {"rope_theta": 10000.0},
+            {"rope_theta": 500000.0},
+            {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ]
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_rotary_equals_the_torch_code(num_tokens, heads, head_dim, rope, seed) -> None:
+    num_heads, num_kv_heads = heads
+    max_position = 300
+    gen = torch.Generator().manual_seed(seed)
+    rotary = RotaryEmbedding(head_dim, max_position, rope)
+    # q and k as the model has them: strided views into one fused projection output.
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=gen)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.view(num_tokens, num_heads, head_dim)
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, max_position, (num_tokens,), generator=gen)
+    with torch.inference_mode():
+        got_q, got_k = rotary(positions, q, k)
+        want_q, want_k = reference(rotary, positions, q, k)
+    assert got_q.is_contiguous() and got_k.is_contiguous()
+    torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, :q_size].view(num_tokens, num_heads, head_dim), q)  # unchanged
+
+
+@pytest.mark.parametrize("bad", [-1, 300, 10**6])
+def test_a_position_outside_the_tables_is_named(bad: int) -> None:
+    rotary = RotaryEmbedding(8, 300, {"rope_theta": 10000.0})
+    q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
+    with pytest.raises(ValueError, match=f"token 1 is at position {bad}, outside"):
+        rotary(torch.tensor([5, bad, 7]), q, k)
+
+
+def test_the_kernels_leave_what_they_do_not_serve_to_torch() -> None:
+    x = torch.randn(3, 4)
+    assert cpu_token_ops.applies(x)
+    assert not cpu_token_ops.applies(x.to(torch.bfloat16))
+    assert not cpu_token_ops.applies(x.double())
