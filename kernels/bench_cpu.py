@@ -24,6 +24,7 @@ Timings are printed, never asserted.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -200,6 +201,8 @@ def cpu_attention_bench(quick: bool, candidates: bool) -> None:
     prefill_cases = PREFILL_CASES[:1] if quick else PREFILL_CASES
     impls: dict[str, Impl] = {
         "in place (numba)": paged_attention_cpu,
+        # The kernel's first split of the work: an item per (query tile, KV head).
+        "in place, 1 KV head/item": functools.partial(paged_attention_cpu, kv_per_item=1),
         "gather+bmm": cand.gather_bmm,
         "reference": paged_attention_ref,
     }

@@ -32,9 +32,10 @@ from nanovllm.kernels.reference import paged_attention_ref
 
 logger = logging.getLogger("nanovllm.kernels")
 
-# Query tokens per work item in a prefill. Each item holds q_tile * group rows of queries and
-# accumulators, and fetches each K/V block from memory once for all of them (more rows: fewer passes over the
-# context, fewer and longer items to balance over the threads).
+# Query tokens per tile in a prefill: DEFAULT_Q_TILE_ROWS // group. A work item holds its tile's
+# queries and accumulators for the query heads of its KV heads, and fetches each K/V block from
+# memory once for all of them (more rows: fewer passes over the context, fewer and longer items
+# to balance over the threads).
 DEFAULT_Q_TILE_ROWS = 32
 
 
@@ -69,13 +70,15 @@ def paged_attention_cpu(
     *,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written if given
     q_tile: int | None = None,
+    kv_per_item: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query.dtype
     """Causal attention of each sequence's new tokens over its paged context (see module doc).
 
     On the fast path, bad metadata (a block id outside the cache, a block table too short for
     seq_len, q_len > seq_len, query starts out of range) raises a ValueError that names the
-    sequence, before the cache is read. `q_tile` (query tokens per work item) is a tuning knob: any value >= 1 gives
-    the same answer.
+    sequence, before the cache is read. `q_tile` (query tokens per work item) and `kv_per_item`
+    (KV heads per work item, a divisor of num_kv_heads; default: all of them when there are
+    enough tiles) are tuning knobs: any valid value gives the same answer.
     """
     num_tokens, num_heads, _, _, num_kv_heads, _ = checks.check_paged_attention_args(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc
@@ -113,6 +116,7 @@ def paged_attention_cpu(
         scale,
         q_tile,
         num_threads=torch.get_num_threads(),  # as many as torch (a caller may have set 1)
+        kv_per_item=kv_per_item,
     )
     if out is not None and result is not out:
         out.copy_(result)

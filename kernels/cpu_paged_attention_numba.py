@@ -15,11 +15,17 @@ the *online softmax* (as `paged_attention.py` does on a GPU):
 so it never holds more than one block of scores, and never looks at a slot past a query's own
 position (hence never past seq_len: a stale or NaN slot there cannot leak into the output).
 
-How the work is split: one *work item* is one KV head of one *query tile* (up to `q_tile`
-consecutive query tokens of one sequence). Its rows are the tile's tokens times the `group` query
-heads that share the KV head (GQA), so each K/V block, once loaded, serves every row that reads it.
-A decode step has one token per sequence, so its items are (sequence, KV head) pairs. `prange`
-shares the items among numba's threads; the wrapper has them handed out one at a time
+How the work is split: one *work item* is one *query tile* (up to `q_tile` consecutive query
+tokens of one sequence) times `kv_per_item` of the KV heads. Its rows are the tile's tokens times
+the query heads those KV heads serve (`group` per KV head, GQA), so each K/V block, once loaded,
+serves every row that reads it. With all KV heads in one item (the wrapper's choice whenever
+there are enough tiles to keep every thread busy, as in any decode batch of a few requests), an
+item reads each block's K and V whole, one contiguous run of memory; with one KV head per item,
+it reads every `num_kv_heads`-th run of `head_dim` floats, and the cache lines between belong to
+other items, which may run on another thread or much later. On the embedded model's 64-request
+decode (machine B, kernels/README.md) the all-heads items were 1.27-1.39x faster. When tiles are
+few (one request decoding), items of one KV head each give the threads something to share.
+`prange` shares the items among numba's threads; the wrapper has them handed out one at a time
 (`numba.set_parallel_chunksize(1)`), because items differ in cost (contexts differ; later tiles of
 a causal prefill see more keys) and equal static shares would leave a thread idle.
 
@@ -93,26 +99,31 @@ def attend(
     tile_seq,  # [num_tiles] int64: the sequence of each query tile (from `plan`)
     tile_first,  # [num_tiles] int64: its first query token, within the sequence
     q_tile,  # query tokens per tile
+    kv_per_item,  # KV heads per work item: num_kv_heads, or a divisor of it
     scale,  # float: usually 1 / sqrt(head_dim)
 ):
     block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     group = query.shape[1] // num_kv_heads  # query heads per kv head
-    for item in prange(tile_seq.shape[0] * num_kv_heads):
-        kv_head = item % num_kv_heads
-        tile = item // num_kv_heads
+    heads = kv_per_item * group  # query heads per item: rows per token
+    items_per_tile = num_kv_heads // kv_per_item
+    for item in prange(tile_seq.shape[0] * items_per_tile):
+        first_head = (item % items_per_tile) * heads
+        tile = item // items_per_tile
         seq = tile_seq[tile]
         q_start = query_start_loc[seq]
         q_len = query_start_loc[seq + 1] - q_start
         cached_before = seq_lens[seq] - q_len  # positions that precede this step's tokens
         first = tile_first[tile]
         last = min(first + q_tile, q_len)  # one past the tile's last query token
-        rows = (last - first) * group  # row r: token first + r // group, head r % group
+        rows = (
+            last - first
+        ) * heads  # row r: token first + r // heads, head first_head + r % heads
 
         # The tile's queries, pre-scaled, and the online-softmax state, all float32.
         q = np.empty((rows, head_dim), np.float32)
         for r in range(rows):
-            token = q_start + first + r // group
-            head = kv_head * group + r % group
+            token = q_start + first + r // heads
+            head = first_head + r % heads
             for d in range(head_dim):
                 q[r, d] = query[token, head, d] * scale
         m = np.full(rows, -np.inf, np.float32)  # running max of the scores
@@ -126,7 +137,8 @@ def attend(
             block = block_tables[seq, b]
             block_start = b * block_size  # position of the block's first slot
             for r in range(rows):
-                q_pos = cached_before + first + r // group
+                kv_head = (first_head + r % heads) // group
+                q_pos = cached_before + first + r // heads
                 # Keys this row may see in this block: causal, so never past q_pos < seq_len.
                 visible = min(block_size, q_pos + 1 - block_start)
                 if visible <= 0:
@@ -152,8 +164,8 @@ def attend(
                 l[r] = l_new
 
         for r in range(rows):
-            token = q_start + first + r // group
-            head = kv_head * group + r % group
+            token = q_start + first + r // heads
+            head = first_head + r % heads
             inv = np.float32(1.0) / l[r]  # every row saw key 0, so l > 0
             for d in range(head_dim):
                 out[token, head, d] = acc[r, d] * inv
@@ -170,6 +182,7 @@ def paged_attention_numba(
     scale: float,
     q_tile: int,
     num_threads: int,
+    kv_per_item: int | None = None,
 ) -> None:
     """Run `plan` and `attend` on torch tensors (shapes and dtypes already checked by the caller).
 
@@ -200,8 +213,16 @@ def paged_attention_numba(
                 f"a block id outside the cache's {num_blocks} blocks",
             }[error]
         )
+    num_kv_heads = key_cache.shape[2]
+    num_threads = max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS))
+    if kv_per_item is None:
+        # All KV heads per item (whole blocks read at once) when the tiles alone give every
+        # thread a few items to take; else one KV head per item, for more items to share.
+        kv_per_item = num_kv_heads if len(tile_seq) >= 4 * num_threads else 1
+    if kv_per_item < 1 or num_kv_heads % kv_per_item:
+        raise ValueError(f"kv_per_item={kv_per_item} must divide num_kv_heads={num_kv_heads}")
     torch_threads = torch.get_num_threads()
-    numba.set_num_threads(max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(num_threads)
     # Hand the work items out one at a time, as threads come free: they differ in cost.
     chunksize = numba.set_parallel_chunksize(1)
     try:
@@ -216,6 +237,7 @@ def paged_attention_numba(
             tile_seq,
             tile_first,
             q_tile,
+            kv_per_item,
             float(scale),
         )
     finally:

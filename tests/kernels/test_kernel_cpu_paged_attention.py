@@ -59,18 +59,34 @@ CHUNK_AND_DECODES = BatchSpec(
         groups=(1, 2, 3, 4),
     ),
     q_tile=st.sampled_from((None, 1, 3, 16)),
+    all_kv_heads=st.sampled_from((None, False, True)),  # per item (None: the wrapper's choice)
 )
-@example(spec=EMBEDDED_DECODE, q_tile=None)
-@example(spec=CHUNK_AND_DECODES, q_tile=None)
-@example(spec=CHUNK_AND_DECODES, q_tile=5)
-def test_matches_reference(spec: BatchSpec, q_tile: int | None) -> None:
+@example(spec=EMBEDDED_DECODE, q_tile=None, all_kv_heads=None)
+@example(spec=CHUNK_AND_DECODES, q_tile=None, all_kv_heads=None)
+@example(spec=CHUNK_AND_DECODES, q_tile=5, all_kv_heads=True)
+def test_matches_reference(spec: BatchSpec, q_tile: int | None, all_kv_heads: bool | None) -> None:
     b = build_batch(spec)
-    out = paged_attention_cpu(*b.args(), q_tile=q_tile)
+    kv_per_item = None if all_kv_heads is None else spec.num_kv_heads if all_kv_heads else 1
+    out = paged_attention_cpu(*b.args(), q_tile=q_tile, kv_per_item=kv_per_item)
     assert_close(out, paged_attention_ref(*b.args()))
 
 
+def test_how_heads_are_split_into_items_changes_no_bit() -> None:
+    # A row's arithmetic is the same whichever item holds it: only the memory it shares differs.
+    b = build_batch(CHUNK_AND_DECODES)  # 4 KV heads
+    outs = [paged_attention_cpu(*b.args(), kv_per_item=n) for n in (1, 2, 4, None)]
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
+
+
+@pytest.mark.parametrize("bad", [0, 3, 5])
+def test_a_kv_per_item_that_does_not_divide_the_kv_heads_is_named(bad: int) -> None:
+    b = build_batch(CHUNK_AND_DECODES)
+    with pytest.raises(ValueError, match=f"kv_per_item={bad} must divide num_kv_heads=4"):
+        paged_attention_cpu(*b.args(), kv_per_item=bad)
+
+
 def test_two_threads_give_the_same_bits_as_one() -> None:
-    # Each (query tile, KV head) is one thread's work, summed in a fixed order: the thread count
+    # Each work item is one thread's work, summed in a fixed order: the thread count
     # (and which thread ran what) cannot change a bit. (The tests' conftest runs at 1 thread.)
     b = build_batch(CHUNK_AND_DECODES)
     one = paged_attention_cpu(*b.args())
