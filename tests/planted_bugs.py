@@ -293,8 +293,8 @@ PLANTED_BUGS = [
         "nanovllm/core/kv_cache_manager.py",
         (
             (
-                "self._cache_full_blocks(request, blocks, min(total_tokens, request.num_tokens))",
-                "self._cache_full_blocks(request, blocks, total_tokens)",
+                "num_full = min(total_tokens, request.num_tokens) // self.block_size",
+                "num_full = total_tokens // self.block_size",
             ),
         ),
         ("tests/test_scheduler.py",),

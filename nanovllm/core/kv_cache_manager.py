@@ -150,7 +150,9 @@ class KVCacheManager:
         num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
         num_new_blocks = max(num_required - len(blocks) - len(new_computed_blocks), 0)
         # A cache hit on a *free* block takes it out of the free queue as well.
-        num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_hits_on_free = 0
+        if new_computed_blocks:  # (rare: only when a request is admitted)
+            num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new_blocks + num_hits_on_free > self.num_free_blocks:
             if not blocks:
                 del self.req_to_blocks[req_id]
@@ -178,10 +180,12 @@ class KVCacheManager:
                 self.events.emit(BlockAllocated(req_id, block.block_id, len(blocks) - 1))
 
         self.req_num_filled_slots[req_id] = total_tokens
-        if self.enable_prefix_caching:
-            # Only blocks full of the request's own tokens: proposed (speculative) tokens past
-            # `num_tokens` may be rejected, and their KV with them.
-            self._cache_full_blocks(request, blocks, min(total_tokens, request.num_tokens))
+        # Only blocks full of the request's own tokens: proposed (speculative) tokens past
+        # `num_tokens` may be rejected, and their KV with them. (Most steps fill no block: the
+        # check is made here, without the call.)
+        num_full = min(total_tokens, request.num_tokens) // self.block_size
+        if self.enable_prefix_caching and num_full > self.req_num_cached_blocks.get(req_id, 0):
+            self._cache_full_blocks(request, blocks, num_full)
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -280,19 +284,17 @@ class KVCacheManager:
         block.token_ids = None
 
     def _cache_full_blocks(
-        self, request: Request, blocks: list[KVCacheBlock], num_tokens: int
+        self, request: Request, blocks: list[KVCacheBlock], num_full: int
     ) -> None:
-        """Register the request's newly full blocks in the prefix cache.
+        """Register the request's newly full blocks (up to its first `num_full`) in the prefix
+        cache.
 
         Blocks are registered as soon as the tokens filling them are scheduled: the forward pass
         writes every new K/V before any attention reads the cache, so even a request admitted
         later in the same step may share them.
         """
         req_id = request.request_id
-        num_full = num_tokens // self.block_size
         start = self.req_num_cached_blocks.get(req_id, 0)
-        if num_full <= start:
-            return
         hashes = self.req_to_block_hashes.setdefault(req_id, [])
         extend_block_hashes(
             hashes, request.all_token_ids, self.block_size, num_full * self.block_size

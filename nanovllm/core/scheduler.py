@@ -252,10 +252,10 @@ class Scheduler:
 
     def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
-        computed = request.num_computed_tokens
-        num_spec = max(computed + num_new - request.num_tokens, 0)  # (the budget may cut some)
-        samples = computed + num_new >= request.num_tokens
-        is_prefill = request.num_output_tokens == 0 or computed + 1 < request.num_tokens
+        computed, num_tokens = request.num_computed_tokens, request.num_tokens
+        num_spec = max(computed + num_new - num_tokens, 0)  # (the budget may cut some)
+        samples = computed + num_new >= num_tokens
+        is_prefill = request.num_output_tokens == 0 or computed + 1 < num_tokens
         block_table = self.kv.get_block_table(request.request_id)
         out.scheduled.append(
             ScheduledRequest(

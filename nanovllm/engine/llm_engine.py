@@ -628,9 +628,8 @@ class LLMEngine:
         what this step added (`DELTA`: text, token ids and logprobs alike)."""
         params = request.sampling_params
         if params.output_kind == RequestOutputKind.DELTA:
-            text, token_ids, entries = delta, delta_ids, request.logprobs[-len(delta_ids) :]
-            if not delta_ids:
-                entries = []
+            text, token_ids = delta, delta_ids
+            entries = request.logprobs[len(request.logprobs) - len(delta_ids) :]
         else:
             state = self._detok.get(request.request_id)
             text, token_ids = (state.text if state else ""), list(request.output_token_ids)

@@ -115,7 +115,7 @@ class InputBatch:
             prefill_seq_indices=np.flatnonzero(query_lens > 1).tolist(),
             decode_groups=decode_groups(decode_seqs.tolist(), seq_lens_list),
         )
-        input_ids_t = torch.tensor(input_ids, dtype=torch.int64)  # [num_tokens]
+        input_ids_t = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # [num_tokens]
         return input_ids_t, torch.from_numpy(positions), meta, logits_rows
 
     # --- the persistent part ------------------------------------------------------------------
@@ -128,15 +128,15 @@ class InputBatch:
             row = self.row_of.pop(request_id)
             self._write_row(row, [])
             self.free_rows.append(row)
-        rows = np.empty(len(out.scheduled), dtype=np.int64)
-        for i, s in enumerate(out.scheduled):
+        rows = []
+        for s in out.scheduled:
             row = self.row_of.get(s.request.request_id)
             if row is None:
                 row = self.row_of[s.request.request_id] = self._take_row()
             if s.block_table != self.tables[row]:  # (usually equal: no block appended)
                 self._write_row(row, s.block_table)
-            rows[i] = row
-        return rows
+            rows.append(row)
+        return np.array(rows, dtype=np.int64)
 
     def _write_row(self, row: int, table: list[int]) -> None:
         """Make `block_table[row]` hold `table` (zero-padded), writing only from the first entry
