@@ -23,8 +23,9 @@ there are enough tiles to keep every thread busy, as in any decode batch of a fe
 item reads each block's K and V whole, one contiguous run of memory; with one KV head per item,
 it reads every `num_kv_heads`-th run of `head_dim` floats, and the cache lines between belong to
 other items, which may run on another thread or much later. On the embedded model's 64-request
-decode (machine B, kernels/README.md) the all-heads items were 1.27-1.39x faster. When tiles are
-few (one request decoding), items of one KV head each give the threads something to share.
+decode (machine B, kernels/README.md) the all-heads items made the kernel 1.09x faster alone
+and the engine's step 1.19x faster. When tiles are few (one request decoding), items of one KV
+head each give the threads something to share.
 `prange` shares the items among numba's threads; the wrapper has them handed out one at a time
 (`numba.set_parallel_chunksize(1)`), because items differ in cost (contexts differ; later tiles of
 a causal prefill see more keys) and equal static shares would leave a thread idle.

@@ -18,8 +18,8 @@ to share through, and each child computes the whole prompt.
 
 What the caller sees is the parent: one `RequestOutput` per step with progress, whose `outputs[i]`
 is child i's completion so far (with `index = i`), finished when every child is (with
-`FINAL_ONLY` outputs, only that last one). Aborting the
-parent aborts every child; preempting one child frees and later recomputes that child alone.
+`FINAL_ONLY` outputs, only that last one). Aborting the parent aborts every child; preempting
+one child frees and later recomputes that child alone.
 """
 
 from __future__ import annotations
