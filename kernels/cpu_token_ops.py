@@ -2,9 +2,10 @@
 
 The model calls `applies(x)` first: the kernels serve float32 tensors on a CPU, with numba
 importable, outside torch.compile (inductor fuses these operators itself and cannot trace a
-numba call). Everywhere else the model runs its own torch code, which is the reference these
-kernels are tested against (`tests/kernels/test_cpu_token_ops.py`): `RMSNorm.forward` in
-models/llama.py, `RotaryEmbedding.forward` in models/rotary.py.
+numba call), unless the model is the plain torch one (`attention_backend="torch"`). Everywhere
+else the model runs its own torch code, which is the reference these kernels are tested against
+(`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in models/llama.py,
+`RotaryEmbedding.forward` in models/rotary.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Names follow vLLM's engine arguments so that what a learner tunes here carries over:
 `block_size`, `num_kv_blocks` (vLLM: `num_gpu_blocks_override`), `max_num_seqs`,
 `max_num_batched_tokens`, `max_model_len`, `enable_prefix_caching`, `enable_chunked_prefill`,
-`dtype`, `seed`, plus `attention_backend` ("torch" or "triton").
+`dtype`, `seed`, plus `attention_backend` ("cpu", "triton" or "torch"; "torch" is the plain
+torch model, for reading and teaching: no numba or Triton kernel anywhere in it).
 
 The KV cache is sized by `num_kv_blocks` directly, or by `kv_cache_memory_bytes` (a memory
 budget, converted into blocks once the model's shape is known), or else measured: on a GPU, what

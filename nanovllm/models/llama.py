@@ -99,8 +99,11 @@ class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 for stability.
 
     On a CPU in float32 one numba loop does it (`kernels/cpu_token_ops.py`); the torch code
-    below is what it computes, and runs everywhere else.
+    below is what it computes, and runs everywhere else, and in the plain torch model
+    (`attention_backend="torch"`, `cpu_kernels` False).
     """
+
+    cpu_kernels = True  # False: always the torch code below (see CausalLM)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -108,7 +111,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_token_ops.applies(x):
+        if self.cpu_kernels and cpu_token_ops.applies(x):
             out = cpu_token_ops.rms_norm(x, self.weight, self.eps)
             if out is not None:
                 return out
@@ -241,6 +244,13 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
         )
+        if backend == "torch":
+            # The plain torch model, for reading and teaching: no numba kernel anywhere, the
+            # norms and RoPE included (their torch code is also what the kernels are tested
+            # against, and what the parity tests check against transformers this way).
+            for module in self.modules():
+                if isinstance(module, RMSNorm | RotaryEmbedding):
+                    module.cpu_kernels = False
 
     def tie_weights(self) -> None:
         """With tied embeddings, the LM head *is* the embedding matrix (one tensor, not a copy)."""

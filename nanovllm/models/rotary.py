@@ -56,6 +56,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    cpu_kernels = True  # False: always the torch code (the plain torch model, see CausalLM)
+
     def __init__(self, head_dim: int, max_position: int, rope_parameters: dict) -> None:
         super().__init__()
         inv_freq = compute_inv_freq(head_dim, rope_parameters)  # [head_dim // 2]
@@ -70,7 +72,7 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens]; q: [num_tokens, num_heads, head_dim]; k: [.., num_kv_heads, ..]
-        if cpu_token_ops.applies(q):  # one numba loop computing the lines below
+        if self.cpu_kernels and cpu_token_ops.applies(q):  # one numba loop: the lines below
             return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
         cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
         sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)

@@ -120,3 +120,21 @@ def test_the_kernels_leave_what_they_do_not_serve_to_torch() -> None:
     assert cpu_token_ops.applies(x)
     assert not cpu_token_ops.applies(x.to(torch.bfloat16))
     assert not cpu_token_ops.applies(x.double())
+
+
+@pytest.mark.parametrize("backend, uses_kernels", [("torch", False), ("cpu", True)])
+def test_the_plain_torch_model_runs_no_kernel(tiny_llama, backend, uses_kernels, monkeypatch):
+    from nanovllm import LLM, SamplingParams
+
+    kernels = cpu_token_ops._numba_kernels()
+    calls = []
+    for name in ("rms_norm", "rotary"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(
+            kernels, name, lambda *a, name=name, kernel=kernel: calls.append(name) or kernel(*a)
+        )
+    llm = LLM(str(tiny_llama), attention_backend=backend)
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert bool(calls) == uses_kernels
+    if uses_kernels:
+        assert set(calls) == {"rms_norm", "rotary"}
