@@ -48,15 +48,16 @@ def main(argv: list[str] | None = None) -> None:
 
     norm = RMSNorm(args.hidden, 1e-5)
     rotary = RotaryEmbedding(args.head_dim, 4096, {"rope_theta": 10000.0})
-    kernels_on = cpu_token_ops.applies
 
-    def torch_code(fn: Callable[[], object]) -> Callable[[], object]:
+    def torch_code(module: torch.nn.Module, fn: Callable[[], object]) -> Callable[[], object]:
+        """fn with the module's kernels off (`cpu_kernels`, the plain torch model's switch)."""
+
         def run() -> object:
-            cpu_token_ops.applies = lambda x: False
+            module.cpu_kernels = False
             try:
                 return fn()
             finally:
-                cpu_token_ops.applies = kernels_on
+                del module.cpu_kernels  # back to the class's default
 
         return run
 
@@ -71,13 +72,13 @@ def main(argv: list[str] | None = None) -> None:
             k = qkv[:, q_size : q_size + kv_size].view(n, args.kv_heads, args.head_dim)
             positions = torch.randint(0, 4096, (n,))
             cases = {
-                "rmsnorm": lambda x=x: norm(x),
-                "rope": lambda p=positions, q=q, k=k: rotary(p, q, k),
+                "rmsnorm": (norm, lambda x=x: norm(x)),
+                "rope": (rotary, lambda p=positions, q=q, k=k: rotary(p, q, k)),
             }
-            for op, fn in cases.items():
+            for op, (module, fn) in cases.items():
                 for _ in range(10):  # warm-up (and numba's compilation, the first time)
                     fn()
-                us = _median_us({"torch": torch_code(fn), "numba": fn}, args.repeats)
+                us = _median_us({"torch": torch_code(module, fn), "numba": fn}, args.repeats)
                 ratio = us["torch"] / us["numba"]
                 print(f"{op:8s} {n:7d} {us['torch']:9.1f} {us['numba']:9.1f} {ratio:11.2f}x")
 

@@ -116,9 +116,8 @@ def attend(
         cached_before = seq_lens[seq] - q_len  # positions that precede this step's tokens
         first = tile_first[tile]
         last = min(first + q_tile, q_len)  # one past the tile's last query token
-        rows = (
-            last - first
-        ) * heads  # row r: token first + r // heads, head first_head + r % heads
+        # Row r: token first + r // heads, query head first_head + r % heads.
+        rows = (last - first) * heads
 
         # The tile's queries, pre-scaled, and the online-softmax state, all float32.
         q = np.empty((rows, head_dim), np.float32)

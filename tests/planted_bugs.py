@@ -417,7 +417,7 @@ PLANTED_BUGS = [
         "nanovllm/engine/parallel_sampling.py",
         (
             (
-                '            moved.update(text="", token_ids=[], logprobs=logprobs)\n',
+                '            moved.update(text="", token_ids=[], logprobs=self._no_logprobs())\n',
                 "            pass\n",
             ),
         ),

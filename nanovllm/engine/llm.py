@@ -63,8 +63,7 @@ class LLM:
                 )
         # Only each request's last output is kept: ask for that one alone (as vLLM's `LLM`
         # does), so the engine builds no output for a request until it finishes.
-        final_only = {id(p): _final_only(p) for p in params_list}
-        params_list = [final_only[id(p)] for p in params_list]
+        params_list = [_final_only(p) for p in params_list]
         engine = self.llm_engine
         ids = []
         try:

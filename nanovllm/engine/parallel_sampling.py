@@ -52,9 +52,8 @@ class ParentRequest:
     completions: list[CompletionOutput] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        logprobs = None if self.children[0].sampling_params.logprobs is None else []
         self.completions = [
-            CompletionOutput(index=i, text="", token_ids=[], logprobs=logprobs)
+            CompletionOutput(index=i, text="", token_ids=[], logprobs=self._no_logprobs())
             for i in range(len(self.children))
         ]
 
@@ -65,6 +64,10 @@ class ParentRequest:
     @property
     def output_kind(self) -> RequestOutputKind:
         return self.children[0].sampling_params.output_kind
+
+    def _no_logprobs(self) -> list | None:
+        """An empty completion's logprobs: [] when they were asked for, else None."""
+        return None if self.children[0].sampling_params.logprobs is None else []
 
     def output(self) -> RequestOutput:
         """The parent as the caller sees it: every child's completion so far.
@@ -85,7 +88,6 @@ class ParentRequest:
         )
         moved = {"delta_text": "", "delta_token_ids": []}
         if self.output_kind == RequestOutputKind.DELTA:
-            logprobs = None if self.children[0].sampling_params.logprobs is None else []
-            moved.update(text="", token_ids=[], logprobs=logprobs)
+            moved.update(text="", token_ids=[], logprobs=self._no_logprobs())
         self.completions = [dataclasses.replace(c, **moved) for c in self.completions]
         return output
