@@ -11,11 +11,13 @@ budget, converted into blocks once the model's shape is known), or else measured
 `gpu_memory_utilization` of its memory leaves after the weights and the largest step's
 activations (`executor/memory.py`); on a CPU, 512 MiB.
 
-`enforce_eager` is vLLM's name with vLLM's meaning (True: no torch.compile), but the opposite
-default: True, the model runs eagerly. `enforce_eager=False` compiles each layer's per-token
-work with inductor (`models/compilation.py`); measured on a 2-core CPU it cost 3-15 s at every
-start-up (a test suite builds hundreds of engines) and did not raise the bench's throughput
-(nanovllm/bench/README.md, "Compiling the model").
+`enforce_eager` is vLLM's name with vLLM's meaning (True: no torch.compile, no CUDA graphs),
+but the opposite default: True, the model runs eagerly. `enforce_eager=False` compiles each
+layer's per-token work with inductor (`models/compilation.py`) and, on a GPU with the Triton
+backend, replays decode steps from CUDA graphs (`executor/cuda_graphs.py`). Measured on a 2-core
+CPU, compiling cost 3-15 s at every start-up (a test suite builds hundreds of engines) and did
+not raise the bench's throughput (nanovllm/bench/README.md, "Compiling the model"). The CUDA
+graphs have not been run on a GPU yet (tests/gpu/test_gpu_cuda_graphs.py is written for that).
 
 `dtype="auto"` (the default, as in vLLM) runs the checkpoint's own half precision on a GPU and
 float32 on a CPU, where half-precision matmuls are slow (`models/loader.py`, `resolve_dtype`).
@@ -49,7 +51,7 @@ class EngineConfig:
     speculative_config: dict | None = None
     # Tensor parallelism: the model cut across this many processes (`executor/tensor_parallel.py`)
     tensor_parallel_size: int = 1
-    # True: no torch.compile (vLLM's meaning; the default here, see the module docstring)
+    # True: no torch.compile, no CUDA graphs (vLLM's meaning; the default here, see above)
     enforce_eager: bool = True
 
     def __post_init__(self) -> None:

@@ -456,4 +456,12 @@ PLANTED_BUGS = [
         ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rms_norm"),
         "eps is part of the norm (0.1 in the test's draws), not only a guard against zero.",
     ),
+    PlantedBug(
+        "cuda-graph-padding-keeps-stale-slots",
+        "nanovllm/executor/cuda_graphs.py",
+        (("        self.slot_mapping[n:batch_size].fill_(-1)\n", ""),),
+        ("tests/kernels/test_kernel_decode_graphs.py", "-k", "replay_equals"),
+        "A smaller step after a larger one: its padding rows would write K/V into the larger "
+        "step's slots, other requests' cache.",
+    ),
 ]

@@ -197,6 +197,7 @@ class LLMEngine:
         self._dead: BaseException | None = None  # set when a rank died: no step can run
         self.num_kv_blocks = self._num_kv_blocks(lookahead)
         self._on_every_rank("allocate_kv_cache", self.num_kv_blocks)
+        self._capture_decode_graphs(lookahead)
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.runner.allocate_kv_cache(self.num_kv_blocks)  # the same block ids
             self.runner.draft = self.proposer.runner
@@ -249,6 +250,27 @@ class LLMEngine:
             return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
         assert spec.model is not None
         return DraftModelProposer.load(spec.model, k, target, self.model_args, self.tokenizer)
+
+    def _capture_decode_graphs(self, lookahead: int) -> None:
+        """With `enforce_eager=False` on a GPU: replay decode steps from CUDA graphs
+        (executor/cuda_graphs.py), where they can serve; otherwise say why not, once."""
+        config = self.config
+        if config.enforce_eager or self.device.type != "cuda":
+            return
+        why_not = None
+        if self.attention_backend != "triton":
+            why_not = f"attention backend {self.attention_backend!r} (only 'triton' is captured)"
+        elif self.group is not None:
+            why_not = "tensor parallelism"
+        if why_not is not None:
+            logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
+            return
+        max_blocks = -(-(self.max_model_len + lookahead) // config.block_size)
+        seconds = self.runner.capture_decode_graphs(config.max_num_seqs, max_blocks)
+        logger.info(
+            "nanovllm: captured CUDA graphs for decode batches of %s requests in %.1f s",
+            ", ".join(map(str, self.runner.graphs.batch_sizes)), seconds,
+        )  # fmt: skip
 
     def _num_kv_blocks(self, lookahead: int) -> int:
         """How many KV blocks, each with its slots in every layer (and, with a draft model, in
@@ -676,7 +698,7 @@ class LLMEngine:
         """Each rank's forward time of the last step (a round trip to every rank: only asked
         when someone listens to events)."""
         if self.group is None:
-            return (self.runner.last_rank_forward_time,)
+            return (self.runner.rank_forward_time(),)
         return tuple(self.group.run_all("rank_forward_time"))
 
     # --- streaming ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.attention import AttentionMetadata, decode_groups, to_device
+from nanovllm.executor.cuda_graphs import Capture, DecodeGraphs, capture_cuda_graph
 from nanovllm.executor.input_batch import InputBatch
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
@@ -69,9 +70,14 @@ class ModelRunner:
         # prefix-cache hits, preemption and rejected proposals need nothing more.
         self.draft: ModelRunner | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Decode steps replayed from CUDA graphs (`capture_decode_graphs`); None: all eager.
+        self.graphs: DecodeGraphs | None = None
         self.last_forward_time = 0.0
         self.last_sample_time = 0.0
         self.last_rank_forward_time = 0.0
+        # On a GPU, events around the last forward pass: its time is read from them once the
+        # GPU has passed the second (no synchronize just to time it).
+        self._forward_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     @property
     def num_kv_heads(self) -> int:
@@ -90,6 +96,23 @@ class ModelRunner:
             )
             for _ in range(args.num_hidden_layers)
         ]
+
+    def capture_decode_graphs(
+        self, max_num_seqs: int, max_blocks_per_seq: int, capture: Capture = capture_cuda_graph
+    ) -> float:
+        """Capture the decode steps' CUDA graphs (`cuda_graphs.py`) over the KV cache allocated
+        now; returns the seconds it took. Call again after `allocate_kv_cache`: a graph holds
+        the addresses of the cache it was captured with."""
+        backend = self.model.model.layers[0].self_attn.attn.name
+        if backend != "triton":  # (the others plan from Python lists a graph would freeze)
+            raise ValueError(f"CUDA graphs need the 'triton' attention backend, not {backend!r}")
+        start = time.perf_counter()
+        self.graphs = None  # let the old graphs' memory go first
+        with torch.inference_mode():
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_caches, max_num_seqs, max_blocks_per_seq, capture
+            )
+        return time.perf_counter() - start
 
     def profile_run(self, num_tokens: int, num_seqs: int) -> int:
         """Run the largest step the scheduler can make, to measure its activation memory.
@@ -151,20 +174,37 @@ class ModelRunner:
         or None when no row samples. Every rank runs it together under tensor parallelism."""
         start = time.perf_counter()
         device = self.device
+        events = None
+        if device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         input_ids, positions, meta = (
             to_device(input_ids, device),
             to_device(positions, device),
             meta.to(device),
         )
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        if self.graphs is not None and self.graphs.can_run(input_ids.numel(), meta):
+            hidden = self.graphs.run(input_ids, positions, meta)  # [num_tokens, hidden]
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
         logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if events is not None:
+            # No synchronize here: the kernels are queued, and the host goes on (to sampling,
+            # whose copy of the tokens to the host is what waits for them).
+            events[1].record()
+        self._forward_events = events
         self.last_rank_forward_time = time.perf_counter() - start
         return logits  # [num_rows, vocab]
 
     def rank_forward_time(self) -> float:
-        """Seconds this rank's last `forward_logits` took (per rank, for the step summary)."""
+        """Seconds this rank's last `forward_logits` took (per rank, for the step summary). On a
+        GPU: the GPU's time between the forward's first and last kernel, waiting for it if the
+        GPU is not there yet."""
+        if self._forward_events is not None:
+            first, last = self._forward_events
+            last.synchronize()
+            self.last_rank_forward_time = first.elapsed_time(last) / 1000
+            self._forward_events = None
         return self.last_rank_forward_time
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -195,8 +235,13 @@ class ModelRunner:
         sampled = self.sampler(
             logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
         )
+        end = time.perf_counter()
         self.last_forward_time = mid - start
-        self.last_sample_time = time.perf_counter() - mid
+        if self.device.type == "cuda" and self.group is None:
+            # The host only queued the forward pass; the sampler's first read waited for it.
+            # Count the forward's GPU time (now known, the GPU is past it) as forward time.
+            self.last_forward_time = min(max(mid - start, self.rank_forward_time()), end - start)
+        self.last_sample_time = end - start - self.last_forward_time
         result = ModelRunnerOutput()
         for i, s in enumerate(sampling):
             rid = s.request.request_id

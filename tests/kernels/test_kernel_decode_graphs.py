@@ -1,0 +1,119 @@
+"""Decode steps through `DecodeGraphs` (executor/cuda_graphs.py), on a CPU.
+
+Without a GPU there is no graph to record, so these tests capture with `capture_eagerly`: a
+"replay" runs the same forward again over the same static buffers. What they check is all of
+`DecodeGraphs` but the recording: the copies into the static buffers, the padding rows, the
+choice of graph, and the Triton kernels' handling of padding (slot -1). The kernels run through
+Triton's interpreter here, so the shapes are tiny. The recorded graphs are checked against eager
+steps by tests/gpu/test_gpu_cuda_graphs.py, on a GPU.
+
+Oracles: the eager model on the same inputs (hidden states, and the KV cache it leaves), and
+transformers' greedy generation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_steps import decode_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import hf_greedy
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.executor.cuda_graphs import capture_eagerly, graph_batch_sizes
+from nanovllm.kernels.triton_setup import triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+MAX_SEQS = 4
+MAX_BLOCKS_PER_SEQ = 6
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> LLM:
+    llm = LLM(
+        str(tiny_llama),
+        attention_backend="triton",
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=NUM_BLOCKS,
+        max_num_seqs=MAX_SEQS,
+        max_model_len=MAX_BLOCKS_PER_SEQ * BLOCK_SIZE,
+    )
+    llm.llm_engine.runner.capture_decode_graphs(MAX_SEQS, MAX_BLOCKS_PER_SEQ, capture_eagerly)
+    return llm
+
+
+def test_batch_sizes() -> None:
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(
+                st.integers(1, MAX_BLOCKS_PER_SEQ * BLOCK_SIZE), min_size=1, max_size=MAX_SEQS
+            ),
+            st.integers(0, NUM_BLOCKS - 1),
+        ),
+        min_size=2,
+        max_size=3,
+    ),
+)
+def test_a_replay_equals_the_eager_step_and_writes_only_its_own_slots(llm, steps) -> None:
+    """Steps of varying sizes in a row (a smaller step after a larger one leaves stale slots in
+    the static buffers): each gives the eager model's hidden states and leaves the KV cache
+    exactly as the eager step leaves it."""
+    runner = llm.llm_engine.runner
+    graphs = runner.graphs
+    generator = torch.Generator().manual_seed(len(steps))
+    for k, v in runner.kv_caches:  # a cache full of other requests' K/V
+        k.copy_(torch.randn(k.shape, generator=generator))
+        v.copy_(torch.randn(v.shape, generator=generator))
+    for contexts, first_block in steps:
+        input_ids, positions, meta = decode_step(contexts, first_block, BLOCK_SIZE, NUM_BLOCKS)
+        before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+        with torch.inference_mode():
+            expected = runner.model(input_ids, positions, before, meta)
+            assert graphs.can_run(len(contexts), meta)
+            got = graphs.run(input_ids, positions, meta)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for (k, v), (k_eager, v_eager) in zip(runner.kv_caches, before):
+            assert torch.equal(k, k_eager) and torch.equal(v, v_eager)
+
+
+def test_steps_the_graphs_cannot_hold_run_eagerly(llm) -> None:
+    graphs = llm.llm_engine.runner.graphs
+    _, _, meta = decode_step([3, 5], 0, BLOCK_SIZE, NUM_BLOCKS)
+    assert not graphs.can_run(3, meta)  # a prefill token among them
+    _, _, wide = decode_step([MAX_BLOCKS_PER_SEQ * BLOCK_SIZE + 1], 0, BLOCK_SIZE, NUM_BLOCKS)
+    assert not graphs.can_run(1, wide)  # a table wider than the graphs' buffer
+    _, _, many = decode_step([1] * (MAX_SEQS + 1), 0, BLOCK_SIZE, NUM_BLOCKS)
+    assert not graphs.can_run(MAX_SEQS + 1, many)
+
+
+def test_greedy_generation_through_the_graphs_matches_transformers(llm, tiny_llama) -> None:
+    """Three requests that finish at different steps: decode batches of 3 (replayed by the
+    graph of 4 rows, one of them padding), then 2, then 1; prompts that span blocks."""
+    prompts = [[5, 17, 42, 9, 100, 3, 77], [8, 1, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
+    lengths = [8, 5, 3]
+    expected = hf_greedy(tiny_llama, prompts, max(lengths))
+    graphs = llm.llm_engine.runner.graphs
+    replays = graphs.num_replays
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [e[:n] for e, n in zip(expected, lengths)]
+    assert graphs.num_replays - replays == max(lengths) - 1  # every decode step replayed
+    assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
+
+
+def test_only_the_triton_backend_is_captured(tiny_llama) -> None:
+    runner = LLM(str(tiny_llama), attention_backend="torch").llm_engine.runner
+    with pytest.raises(ValueError, match="not 'torch'"):
+        runner.capture_decode_graphs(2, 4, capture_eagerly)
