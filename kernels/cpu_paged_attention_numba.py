@@ -88,6 +88,49 @@ def plan(block_tables, seq_lens, query_start_loc, num_tokens, block_size, num_bl
     return tile_seq, tile_first, OK, -1
 
 
+@njit(inline="always", fastmath=_FASTMATH)
+def accumulate_values(acc, r, weights, value_cache, block, kv_head, visible):
+    """acc[r] += sum over t < visible of weights[t] * value_cache[block, t, kv_head], adding the
+    keys in order t = 0, 1, ... (the same rounding as one key at a time).
+
+    Eight keys per pass over head_dim, then four, then one: each pass loads and stores acc[r]
+    once for all its keys, vectorised along head_dim. One key per pass spent most of its time
+    loading and storing acc (`kernels/README.md`, "Eight keys per pass").
+    """
+    head_dim = acc.shape[1]
+    t = 0
+    while t + 8 <= visible:
+        p0, p1, p2, p3 = weights[t], weights[t + 1], weights[t + 2], weights[t + 3]
+        p4, p5, p6, p7 = weights[t + 4], weights[t + 5], weights[t + 6], weights[t + 7]
+        for d in range(head_dim):
+            x = acc[r, d]
+            x += p0 * value_cache[block, t, kv_head, d]
+            x += p1 * value_cache[block, t + 1, kv_head, d]
+            x += p2 * value_cache[block, t + 2, kv_head, d]
+            x += p3 * value_cache[block, t + 3, kv_head, d]
+            x += p4 * value_cache[block, t + 4, kv_head, d]
+            x += p5 * value_cache[block, t + 5, kv_head, d]
+            x += p6 * value_cache[block, t + 6, kv_head, d]
+            x += p7 * value_cache[block, t + 7, kv_head, d]
+            acc[r, d] = x
+        t += 8
+    while t + 4 <= visible:
+        p0, p1, p2, p3 = weights[t], weights[t + 1], weights[t + 2], weights[t + 3]
+        for d in range(head_dim):
+            x = acc[r, d]
+            x += p0 * value_cache[block, t, kv_head, d]
+            x += p1 * value_cache[block, t + 1, kv_head, d]
+            x += p2 * value_cache[block, t + 2, kv_head, d]
+            x += p3 * value_cache[block, t + 3, kv_head, d]
+            acc[r, d] = x
+        t += 4
+    while t < visible:
+        p = weights[t]
+        for d in range(head_dim):
+            acc[r, d] += p * value_cache[block, t, kv_head, d]
+        t += 1
+
+
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, nogil=True)
 def attend(
     out,  # [num_tokens, num_heads, head_dim] float32, written
@@ -157,9 +200,9 @@ def attend(
                     acc[r, d] *= alpha
                 for t in range(visible):
                     p = math.exp(scores[t] - m_new)
+                    scores[t] = p  # the score's weight, for the values
                     l_new += p
-                    for d in range(head_dim):
-                        acc[r, d] += p * value_cache[block, t, kv_head, d]
+                accumulate_values(acc, r, scores, value_cache, block, kv_head, visible)
                 m[r] = m_new
                 l[r] = l_new
 

@@ -325,6 +325,30 @@ PLANTED_BUGS = [
         "The online softmax must rescale what it summed when the running max grows.",
     ),
     PlantedBug(
+        "cpu-kernel-reads-a-value-twice-in-eight-keys",
+        "kernels/cpu_paged_attention_numba.py",
+        (
+            (
+                "            x += p7 * value_cache[block, t + 7, kv_head, d]\n",
+                "            x += p7 * value_cache[block, t + 6, kv_head, d]\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention.py",),
+        "The eighth key of a pass weights the seventh key's value.",
+    ),
+    PlantedBug(
+        "cpu-kernel-skips-the-last-keys-after-four",
+        "kernels/cpu_paged_attention_numba.py",
+        (
+            (
+                "    while t < visible:\n        p = weights[t]\n",
+                "    while t < 0:\n        p = weights[t]\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention.py",),
+        "Keys past the last whole group of four (visible % 4 of them) still count.",
+    ),
+    PlantedBug(
         "packed-linear-drops-the-bias",
         "nanovllm/models/cpu_linear.py",
         (
