@@ -266,7 +266,15 @@ class LLMEngine:
             logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
             return
         max_blocks = -(-(self.max_model_len + lookahead) // config.block_size)
-        seconds = self.runner.capture_decode_graphs(config.max_num_seqs, max_blocks)
+        try:
+            seconds = self.runner.capture_decode_graphs(config.max_num_seqs, max_blocks)
+        except Exception as exc:  # the model then runs as it would without graphs
+            self.runner.graphs = None
+            logger.warning(
+                "nanovllm: capturing CUDA graphs failed (%s: %s); decode steps run eagerly",
+                type(exc).__name__, exc,
+            )  # fmt: skip
+            return
         logger.info(
             "nanovllm: captured CUDA graphs for decode batches of %s requests in %.1f s",
             ", ".join(map(str, self.runner.graphs.batch_sizes)), seconds,

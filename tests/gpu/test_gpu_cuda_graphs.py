@@ -95,3 +95,18 @@ def test_no_graphs_by_default_or_with_the_torch_backend(model_path, caplog) -> N
         llm = LLM(str(model_path), attention_backend="torch", enforce_eager=False)
     assert llm.llm_engine.runner.graphs is None
     assert "no CUDA graphs with attention backend 'torch'" in caplog.text
+
+
+def test_a_failed_capture_leaves_the_engine_eager(model_path, caplog, monkeypatch) -> None:
+    from nanovllm.executor.model_runner import ModelRunner
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(ModelRunner, "capture_decode_graphs", fail)
+    with caplog.at_level(logging.WARNING, logger="nanovllm"):
+        llm = LLM(str(model_path), attention_backend="triton", enforce_eager=False)
+    assert llm.llm_engine.runner.graphs is None
+    assert "capturing CUDA graphs failed (RuntimeError" in caplog.text
+    out = llm.generate([[5, 17, 42]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
