@@ -1,10 +1,11 @@
 """Decode steps replayed from CUDA graphs (`enforce_eager=False` on a GPU, Triton backend).
 
-Why. A decode step of a small model on a GPU is bound by kernel launches, not by the GPU. Each
-layer is a dozen kernels (norms, projections, RoPE, the KV write, attention, the MLP), each
-launched from Python, and with one token per request each runs for a few microseconds: the GPU
-waits for the host. A CUDA graph records every launch of one forward pass once; `replay()`
-issues them all again with one call.
+Why. In a decode step each layer is a dozen kernels (norms, projections, RoPE, the KV write,
+attention, the MLP), each launched from Python, and with one token per request each has little
+work: a GPU can finish one before the host has launched the next, and then waits for the host.
+A CUDA graph records every launch of one forward pass once; `replay()` issues them all again
+with one call. (That is why vLLM and nano-vllm capture decode steps. It has not been measured
+here: no GPU was at hand when this was written.)
 
 The price: a graph replays exactly what it recorded, the same kernels on the same shapes at the
 same memory addresses. So here:
@@ -12,11 +13,12 @@ same memory addresses. So here:
   `block_tables`, `seq_lens`, `query_start_loc`). A step copies its inputs into them, replays,
   and reads the hidden states from a static output buffer.
 - One graph per batch size in `batch_sizes` (1, 2, 4, 8, then multiples of 16, as nano-vllm
-  does, and `max_num_seqs`). A step of n decodes replays the smallest graph of at least n rows. The rows past n are
-  padding: slot -1 (the KV write skips it, so padding never touches the cache), a context of one
-  token read from whichever block its table row holds (a real block id: finite values, no
-  out-of-range read), and its hidden state is dropped. Rows are independent in every layer, so
-  the padding cannot change a real row.
+  does, and `max_num_seqs`). A step of n decodes replays the smallest graph of at least n
+  rows. The rows past n are padding: slot -1 (the KV write skips it, so padding never writes
+  the cache), a context of one token read through whatever its block-table row holds (real
+  block ids or 0: no read outside the cache), and a hidden state that is dropped. Every layer
+  treats rows independently (attention within a row's own context), so padding cannot change
+  a real row.
 - The block tables have a fixed width, the most blocks a request can hold (`max_blocks_per_seq`).
 - Only pure decode steps replay (every request one new token, no proposals to verify): steps
   with prefills change shape from step to step.

@@ -198,8 +198,8 @@ class ModelRunner:
 
     def rank_forward_time(self) -> float:
         """Seconds this rank's last `forward_logits` took (per rank, for the step summary). On a
-        GPU: the GPU's time between the forward's first and last kernel, waiting for it if the
-        GPU is not there yet."""
+        GPU: the GPU's time between the two events recorded around it (input copies, forward
+        pass, LM head), waiting for the GPU to pass the second if it has not yet."""
         if self._forward_events is not None:
             first, last = self._forward_events
             last.synchronize()
