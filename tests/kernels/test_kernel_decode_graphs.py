@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from decode_steps import decode_step
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tiny_models import hf_greedy
 
@@ -66,6 +66,9 @@ def test_batch_sizes() -> None:
         max_size=3,
     ),
 )
+# Always: a step of 3 after a step of 4 (the graph of 4 rows, its last row padding over the
+# slot the earlier step wrote), then a step of 1.
+@example(steps=[([5, 9, 2, 17], 0), ([3, 8, 11], 7), ([6], 3)])
 def test_a_replay_equals_the_eager_step_and_writes_only_its_own_slots(llm, steps) -> None:
     """Steps of varying sizes in a row (a smaller step after a larger one leaves stale slots in
     the static buffers): each gives the eager model's hidden states and leaves the KV cache
