@@ -6,7 +6,7 @@ Per model, in order (README.md says why each step is there):
 2. load every engine, nanovllm first, whose KV cache size the peers then copy; an engine that
    cannot run here is reported as skipped, with why;
 3. warm every engine up, and pick transformers' fastest static batch size;
-4. timed repeats, interleaved (A B C A B C);
+4. timed repeats, interleaved (A B C A B C), each run starting on an idle machine (quiet.py);
 5. per engine: tok/s, nanovllm / engine, share of the ceiling, latency, greedy agreement;
 6. nanovllm's own figures: step overhead and KV memory (from the timed runs), speculative
    decoding against none (`--speculative-config`: speculation.py), prefix caching on against
@@ -22,7 +22,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 
-from nanovllm.bench import analysis, roofline, speculation, stats
+from nanovllm.bench import analysis, quiet, roofline, speculation, stats
 from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, make_engine
 from nanovllm.bench.models import ModelInfo, resolve
 from nanovllm.bench.records import EngineRun
@@ -239,6 +239,8 @@ def load_engines(
 
 
 def _timed(engine: Engine, workload: Workload, progress: Progress, label: str) -> EngineRun:
+    # No engine starts beside the previous one's leftover work (quiet.py says what was seen).
+    quiet.wait_until_idle()
     progress.start(label, workload.num_output_tokens)
     try:
         return engine.run(workload, progress.advance)
