@@ -30,16 +30,19 @@ def model_path(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("gpu_graphs"), vocab_size=512)
 
 
-def test_recorded_replays_equal_eager_steps(model_path) -> None:
-    llm = LLM(
+def triton_llm(model_path, **options) -> LLM:
+    """An fp32 engine on the Triton backend, so that eager steps and transformers compare."""
+    return LLM(
         str(model_path),
         attention_backend="triton",
         dtype="float32",
         block_size=BLOCK_SIZE,
-        num_kv_blocks=NUM_BLOCKS,
-        max_num_seqs=MAX_SEQS,
-        max_model_len=256,
+        **options,
     )
+
+
+def test_recorded_replays_equal_eager_steps(model_path) -> None:
+    llm = triton_llm(model_path, num_kv_blocks=NUM_BLOCKS, max_num_seqs=MAX_SEQS, max_model_len=256)
     runner = llm.llm_engine.runner
     runner.capture_decode_graphs(MAX_SEQS, 256 // BLOCK_SIZE)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -71,15 +74,7 @@ def test_greedy_generation_with_graphs_matches_transformers(model_path, options)
     prompts = [[5, 17, 42, 9, 100, 3] * k for k in (1, 3, 7, 2, 5)]
     lengths = [24, 9, 17, 3, 12]  # batches shrink as requests finish: padded replays
     expected = hf_greedy(model_path, prompts, max(lengths))
-    llm = LLM(
-        str(model_path),
-        attention_backend="triton",
-        dtype="float32",
-        block_size=BLOCK_SIZE,
-        enforce_eager=False,
-        max_num_seqs=8,
-        **options,
-    )
+    llm = triton_llm(model_path, enforce_eager=False, max_num_seqs=8, **options)
     graphs = llm.llm_engine.runner.graphs
     assert graphs is not None and graphs.batch_sizes == [1, 2, 4, 8]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
