@@ -146,9 +146,9 @@ class DecodeGraphs:
 
     def run(
         self,
-        input_ids: torch.Tensor,  # [n], on the graphs' device
+        input_ids: torch.Tensor,  # [n], on the CPU or the graphs' device
         positions: torch.Tensor,  # [n]
-        meta: AttentionMetadata,  # n decodes, tensors on the graphs' device
+        meta: AttentionMetadata,  # n decodes
     ) -> torch.Tensor:  # [n, hidden_size], a view of the static output (valid until next run)
         """The step's hidden states, from the smallest graph of at least n rows."""
         n = meta.num_seqs

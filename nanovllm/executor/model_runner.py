@@ -178,14 +178,15 @@ class ModelRunner:
         if device.type == "cuda":
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
-        input_ids, positions, meta = (
-            to_device(input_ids, device),
-            to_device(positions, device),
-            meta.to(device),
-        )
         if self.graphs is not None and self.graphs.can_run(input_ids.numel(), meta):
+            # The step's tensors go straight into the graphs' static buffers, wherever they are.
             hidden = self.graphs.run(input_ids, positions, meta)  # [num_tokens, hidden]
         else:
+            input_ids, positions, meta = (
+                to_device(input_ids, device),
+                to_device(positions, device),
+                meta.to(device),
+            )
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
         logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
         if events is not None:
@@ -214,15 +215,15 @@ class ModelRunner:
         if self.group is not None:
             logits = self.group.run("forward_logits", *inputs)
         else:
-            # To the device once, for the model and (with one) its draft alike.
-            input_ids, positions, meta, rows = inputs
-            device = self.device
-            inputs = (
-                to_device(input_ids, device),
-                to_device(positions, device),
-                meta.to(device),
-                rows,
-            )
+            if self.draft is not None:  # to the device once, for the model and its draft alike
+                input_ids, positions, meta, rows = inputs
+                device = self.device
+                inputs = (
+                    to_device(input_ids, device),
+                    to_device(positions, device),
+                    meta.to(device),
+                    rows,
+                )
             logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
