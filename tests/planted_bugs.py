@@ -488,4 +488,53 @@ PLANTED_BUGS = [
         "A smaller step after a larger one: its padding rows would write K/V into the larger "
         "step's slots, other requests' cache.",
     ),
+    PlantedBug(
+        "block-ids-kept-after-proposals-are-rejected",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "            self.req_to_block_ids.pop(req_id, None)  # the table shrinks\n",
+                "            pass\n",
+            ),
+        ),
+        ("tests/test_scheduler.py", "-k", "rejection_keeps or TestScheduler"),
+        "The table shrank and may grow back to the same length with another last block: the "
+        "scheduler would hand out the old ids, and the step would write into a freed block.",
+    ),
+    PlantedBug(
+        "block-ids-kept-when-the-table-grows",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "            self.req_to_block_ids.pop(req_id, None)  # the table grows\n",
+                "            pass\n",
+            ),
+        ),
+        ("tests/test_kv_cache_manager.py",),
+        "A request's new block would be missing from the table the scheduler sends.",
+    ),
+    PlantedBug(
+        "greedy-shortcut-ignores-nan-rows",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "if _plain_greedy(requests, spec_token_ids) and not bad.any():",
+                "if _plain_greedy(requests, spec_token_ids):",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "greedy_batch"),
+        "A NaN row's argmax is a token too; it must fail alone, not be emitted.",
+    ),
+    PlantedBug(
+        "greedy-shortcut-drops-logprobs",
+        "nanovllm/executor/sampler.py",
+        (
+            (
+                "        r.sampling_params.greedy and r.sampling_params.logprobs is None for r in requests",
+                "        r.sampling_params.greedy for r in requests",
+            ),
+        ),
+        ("tests/test_sampler.py", "-k", "greedy_batch"),
+        "Greedy requests may ask for logprobs; the shortcut returns none.",
+    ),
 ]

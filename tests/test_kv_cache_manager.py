@@ -131,6 +131,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         for block_hash, block in kv.cached_block_hash_to_block.items():
             assert block.block_hash == block_hash
         for rid, blocks in kv.req_to_blocks.items():
+            assert kv.block_ids(rid) == tuple(b.block_id for b in blocks), "a stale block table"
             req = self.live[rid]
             parent = None
             for i, block in enumerate(blocks):
@@ -199,6 +200,30 @@ def test_prefix_hit_after_free_reuses_the_same_blocks(tokens: list[int], block_s
     computed, num_cached = kv.get_computed_blocks(second)
     assert num_cached == ((len(tokens) - 1) // block_size) * block_size
     assert [b.block_id for b in computed] == table[: len(computed)]
+
+
+def test_block_ids_are_one_tuple_until_the_table_changes() -> None:
+    """The scheduler's per-step read of a table: the same object while no block is added or
+    given back (the persistent batch checks that identity), a new one after each change."""
+    kv = KVCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=False)
+    req = make_request("a", [1, 2, 3])
+    assert kv.block_ids("a") == () and "a" not in kv.req_to_block_ids  # unknown: nothing kept
+    kv.allocate_slots(req, 3)
+    first = kv.block_ids("a")
+    assert first == tuple(b.block_id for b in kv.req_to_blocks["a"]) and len(first) == 2
+    req.num_computed_tokens = 3
+    req.append_output_token(4)
+    kv.allocate_slots(req, 1)  # fits the second block: no change
+    assert kv.block_ids("a") is first
+    req.num_computed_tokens = 4
+    kv.allocate_slots(req, 1, num_lookahead_tokens=1)  # a third block (for a proposal)
+    grown = kv.block_ids("a")
+    assert len(grown) == 3 and grown[:2] == first
+    kv.free_slots_from(req, 4)  # proposals rejected: the third block goes back
+    assert kv.block_ids("a") == first
+    assert kv.get_block_table("a") == list(first)
+    kv.free(req)
+    assert kv.block_ids("a") == () and kv.get_block_table("a") == []
 
 
 def test_hash_collision_is_caught_by_comparing_tokens() -> None:

@@ -166,6 +166,32 @@ def test_greedy_tokens_equal_torch_max(rows) -> None:
     ]
 
 
+@settings(deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 2), min_size=1, max_size=6),  # 0 plain, 1 NaN, 2 logprobs
+    seed=st.integers(0, 2**16),
+)
+@example(rows=[0, 0, 0], seed=0)  # the plain greedy step
+@example(rows=[0, 1, 0], seed=0)  # one bad row among plain ones
+def test_a_greedy_batch_gives_each_rows_argmax(rows: list[int], seed: int) -> None:
+    """All-greedy batches (the sampler's shortcut when nothing else is asked): each row's
+    argmax, a NaN row reported alone, logprobs exactly for the requests that asked."""
+    logits = torch.randn(len(rows), 30, generator=torch.Generator().manual_seed(seed))
+    requests = []
+    for i, kind in enumerate(rows):
+        if kind == 1:
+            logits[i, i] = float("nan")
+        requests.append(
+            _request(i, SamplingParams(temperature=0, logprobs=1 if kind == 2 else None))
+        )
+    out = Sampler()(logits, requests, [[] for _ in requests])
+    assert set(out.errors) == {i for i, kind in enumerate(rows) if kind == 1}
+    for i, kind in enumerate(rows):
+        if kind != 1:
+            assert out.token_ids[i] == [int(logits[i].argmax())]
+        assert (out.logprobs[i] is not None) == (kind == 2)
+
+
 def test_tiny_temperatures_are_greedy() -> None:
     for t in (1e-6, 1e-7, 1e-40, 0.0):
         assert SamplingParams(temperature=t).greedy

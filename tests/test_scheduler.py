@@ -259,6 +259,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert block.ref_cnt == holders.get(block.block_id, 0), block
 
     @invariant()
+    def block_tables_are_current(self) -> None:
+        """The block ids the scheduler hands out (a tuple kept between steps) are the request's
+        blocks now, whatever grew or shrank its table since they were last read."""
+        if not hasattr(self, "scheduler"):
+            return
+        for rid, blocks in self.kv.req_to_blocks.items():
+            assert self.kv.block_ids(rid) == tuple(b.block_id for b in blocks), rid
+
+    @invariant()
     def queues_are_consistent(self) -> None:
         if not hasattr(self, "scheduler"):
             return
@@ -342,4 +351,6 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
         blocks = kv.req_to_blocks["r"]
         assert len(blocks) == request.num_computed_tokens + 3
         assert all(b.ref_cnt == 1 and b.block_hash is None for b in blocks[-3:])
+        # The ids the next step will be scheduled with: without the rejected blocks.
+        assert kv.block_ids("r") == tuple(b.block_id for b in blocks)
     assert request.num_output_tokens == 3  # one token per step: every proposal was rejected

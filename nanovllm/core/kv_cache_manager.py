@@ -16,9 +16,11 @@ with the model executor; here we only decide which physical block holds which re
   freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
 
 Taking, returning and cache-hitting a block cost O(1) each (no list scans, no `list.remove`), so
-`allocate_slots` and `free` cost O(blocks they take or return). `get_block_table` copies a
-request's whole table, O(its blocks), and the scheduler calls it for every scheduled request
-every step.
+`allocate_slots` and `free` cost O(blocks they take or return). The scheduler reads every
+scheduled request's block table every step (`block_ids`), but most steps change no table: each
+request's ids are kept as a tuple, dropped when its blocks change and rebuilt (O(its blocks)) at
+the next read, so an unchanged table costs one dict lookup and is the very same object as last
+step's (the model runner's persistent batch checks that identity first).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[bytes]] = {}
         self.req_num_cached_blocks: dict[str, int] = {}
         self.req_num_filled_slots: dict[str, int] = {}
+        # Per request: its block ids as a tuple, built from `req_to_blocks` on first read after a
+        # change (`block_ids`); every method here that changes a request's blocks drops it.
+        self.req_to_block_ids: dict[str, tuple[int, ...]] = {}
         # Running counters, so block counts cost O(1) to read (`num_filled_slots` sums over the
         # requests holding blocks).
         self.num_cached_free_blocks = 0  # in the free queue but still holding a cached prefix
@@ -90,7 +95,19 @@ class KVCacheManager:
         return self.num_used_blocks / self.num_blocks
 
     def get_block_table(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+        """The request's physical block ids, in logical order (a new list)."""
+        return list(self.block_ids(request_id))
+
+    def block_ids(self, request_id: str) -> tuple[int, ...]:
+        """The request's physical block ids, in logical order: the same tuple object until its
+        blocks change."""
+        ids = self.req_to_block_ids.get(request_id)
+        if ids is None:
+            blocks = self.req_to_blocks.get(request_id)
+            if blocks is None:
+                return ()  # (not kept: it holds no blocks)
+            ids = self.req_to_block_ids[request_id] = tuple(b.block_id for b in blocks)
+        return ids
 
     def num_filled_slots(self) -> int:
         """Slots in used blocks that hold a token's KV (a shared block counts once)."""
@@ -158,6 +175,8 @@ class KVCacheManager:
                 del self.req_to_blocks[req_id]
             return None
 
+        if new_computed_blocks or num_new_blocks:
+            self.req_to_block_ids.pop(req_id, None)  # the table grows
         emit = self.events.active
         for block in new_computed_blocks:
             was_free = block.ref_cnt == 0
@@ -192,6 +211,7 @@ class KVCacheManager:
         """Let go of all of `request`'s blocks, tail first (the tail is evicted first)."""
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, [])
+        self.req_to_block_ids.pop(req_id, None)
         emit = self.events.active
         for block in reversed(blocks):
             block.ref_cnt -= 1
@@ -218,6 +238,8 @@ class KVCacheManager:
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id, [])
         keep = -(-(num_tokens + num_lookahead_tokens) // self.block_size)
+        if len(blocks) > keep:
+            self.req_to_block_ids.pop(req_id, None)  # the table shrinks
         emit = self.events.active
         while len(blocks) > keep:
             block = blocks.pop()

@@ -38,14 +38,16 @@ from nanovllm.events import EventBus, RequestFinished, RequestPreempted, Request
 from nanovllm.request import FinishReason, Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's part of a step."""
 
     request: Request
     num_new_tokens: int  # tokens to compute this step
     num_computed_tokens: int  # tokens whose KV was already in the cache before this step
-    block_table: list[int]  # physical block ids, logical order
+    # Physical block ids, logical order: the KV cache manager's own tuple, the same object as in
+    # the request's previous step unless a block was added or given back since.
+    block_table: tuple[int, ...]
     # True when this step reaches the end of the request's known tokens: sample the next one.
     samples: bool
     # Decode = exactly the one token sampled last step (plus proposed tokens, with speculative
@@ -256,7 +258,7 @@ class Scheduler:
         num_spec = max(computed + num_new - num_tokens, 0)  # (the budget may cut some)
         samples = computed + num_new >= num_tokens
         is_prefill = request.num_output_tokens == 0 or computed + 1 < num_tokens
-        block_table = self.kv.get_block_table(request.request_id)
+        block_table = self.kv.block_ids(request.request_id)
         out.scheduled.append(
             ScheduledRequest(
                 request,

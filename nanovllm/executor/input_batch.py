@@ -11,17 +11,18 @@ loop over tokens.
 
 State and invariant. A request that was in the previous step keeps its row (`row_of`); for
 every request with a row, `block_table[row]` holds its block table as the scheduler last sent
-it, padded with zeros, and `tables[row]` is a Python copy of that table. Each step compares the
-table the scheduler sends with that copy (a list comparison in C) and rewrites the row only
-from the first entry that differs. So the row is right after *any* change (appends, shrinks,
-a preempted request's new blocks, a new request reusing an id), not only after appends. Rows of
-requests that are not in the step go back to `free_rows`; a request that returns gets a row and
-its whole table again.
+it, padded with zeros, and `tables[row]` is that table (the scheduler's tuple). Each step checks
+the table the scheduler sends against it: first by identity (the KV cache manager hands out the
+same tuple until the request's blocks change, so an unchanged table costs one `is`), then by
+value, and rewrites the row only from the first entry that differs. So the row is right after
+*any* change (appends, shrinks, a preempted request's new blocks, a new request reusing an id),
+not only after appends. Rows of requests that are not in the step go back to `free_rows`; a
+request that returns gets a row and its whole table again.
 
-Cost per step, for n requests and t tokens: O(n) Python work (one comparison per request, a
-few numpy calls over arrays of n or t entries), plus, per changed table, the entries from its
-first change on (one per `block_size` decode steps). `step_inputs` loops over every token in
-Python and copies every block table entry.
+Cost per step, for n requests and t tokens: O(n) Python work (one identity check per request,
+a few numpy calls over arrays of n or t entries), plus, per changed table, a comparison and the
+entries from its first change on (one per `block_size` decode steps). `step_inputs` loops over
+every token in Python and copies every block table entry.
 
 The returned tensors are new each step (numpy results wrapped without a copy), not views of a
 buffer the next step rewrites: with tensor parallelism they are pickled to the other ranks, and
@@ -29,6 +30,8 @@ pickling a view sends the whole buffer behind it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ class InputBatch:
         self.block_size = block_size
         # [rows, max_blocks_per_seq] int32; grows (rarely) when more rows or columns are needed
         self.block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
-        self.tables: list[list[int]] = [[] for _ in range(max_num_seqs)]  # each row's table
+        self.tables: list[Sequence[int]] = [() for _ in range(max_num_seqs)]  # each row's table
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # [rows]: len(tables[row])
         self.row_of: dict[str, int] = {}  # request id -> row
         self.free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))  # pop() takes row 0
@@ -126,19 +129,20 @@ class InputBatch:
         scheduled = {s.request.request_id for s in out.scheduled}
         for request_id in [r for r in self.row_of if r not in scheduled]:
             row = self.row_of.pop(request_id)
-            self._write_row(row, [])
+            self._write_row(row, ())
             self.free_rows.append(row)
         rows = []
         for s in out.scheduled:
             row = self.row_of.get(s.request.request_id)
             if row is None:
                 row = self.row_of[s.request.request_id] = self._take_row()
-            if s.block_table != self.tables[row]:  # (usually equal: no block appended)
-                self._write_row(row, s.block_table)
+            table, old = s.block_table, self.tables[row]
+            if table is not old and table != old:  # (usually the same: no block appended)
+                self._write_row(row, table)
             rows.append(row)
         return np.array(rows, dtype=np.int64)
 
-    def _write_row(self, row: int, table: list[int]) -> None:
+    def _write_row(self, row: int, table: Sequence[int]) -> None:
         """Make `block_table[row]` hold `table` (zero-padded), writing only from the first entry
         that differs from what the row holds now."""
         old = self.tables[row]
@@ -150,7 +154,8 @@ class InputBatch:
         self.block_table[row, first : len(table)] = table[first:]
         if len(old) > len(table):
             self.block_table[row, len(table) : len(old)] = 0
-        self.tables[row] = list(table)
+        # A tuple, which nothing can change later (the scheduler's own; a caller's list, copied).
+        self.tables[row] = table if isinstance(table, tuple) else tuple(table)
         self.num_blocks[row] = len(table)
 
     def _take_row(self) -> int:
@@ -158,7 +163,7 @@ class InputBatch:
             num_rows = self.block_table.shape[0]
             self._grow(2 * num_rows, self.block_table.shape[1])
             self.free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
-            self.tables.extend([] for _ in range(num_rows))
+            self.tables.extend(() for _ in range(num_rows))
             self.num_blocks = np.concatenate([self.num_blocks, np.zeros(num_rows, np.int64)])
         return self.free_rows.pop()
 

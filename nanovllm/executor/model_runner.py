@@ -22,6 +22,7 @@ starting at 37; ...". The ModelRunner:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -133,7 +134,7 @@ class ModelRunner:
         first_block = 0
         for i, (n, num_blocks) in enumerate(zip(lengths, blocks_per_seq)):
             request = Request(f"profile-{i}", [0] * n, SamplingParams(temperature=0), 0)
-            block_table = list(range(first_block, first_block + num_blocks))
+            block_table = tuple(range(first_block, first_block + num_blocks))
             first_block += num_blocks
             out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
         # This rank's forward alone: with tensor parallelism every rank profiles at once.
@@ -243,15 +244,14 @@ class ModelRunner:
             # Count the forward's GPU time (now known, the GPU is past it) as forward time.
             self.last_forward_time = min(max(mid - start, self.rank_forward_time()), end - start)
         self.last_sample_time = end - start - self.last_forward_time
-        result = ModelRunnerOutput()
-        for i, s in enumerate(sampling):
-            rid = s.request.request_id
-            if i in sampled.errors:
-                result.errors[rid] = sampled.errors[i]
-                continue
-            result.sampled_token_ids[rid] = sampled.token_ids[i]
-            if sampled.logprobs[i] is not None:
-                result.logprobs[rid] = sampled.logprobs[i]
+        ids = [s.request.request_id for s in sampling]
+        result = ModelRunnerOutput(dict(zip(ids, sampled.token_ids)))
+        for i, error in sampled.errors.items():
+            del result.sampled_token_ids[ids[i]]
+            result.errors[ids[i]] = error
+        for rid, entries in zip(ids, sampled.logprobs):
+            if entries is not None:
+                result.logprobs[rid] = entries
         return result
 
 
@@ -287,7 +287,7 @@ def step_metadata(
     positions: list[int],
     query_lens: list[int],
     seq_lens: list[int],
-    block_tables: list[list[int]],
+    block_tables: Sequence[Sequence[int]],
     block_size: int,
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """The positions tensor and the attention metadata of a flat batch, on the CPU.
@@ -297,7 +297,9 @@ def step_metadata(
     `block_tables[i]`. (The draft model of speculative decoding builds its steps with this too.)
     """
     max_blocks = max(len(table) for table in block_tables)
-    flat_tables = [b for table in block_tables for b in table + [0] * (max_blocks - len(table))]
+    flat_tables = [
+        b for table in block_tables for b in list(table) + [0] * (max_blocks - len(table))
+    ]
     # [num_seqs, max_blocks], padded with block 0 (never read past seq_lens)
     block_tables_t = torch.tensor(flat_tables, dtype=torch.int32).view(len(block_tables), -1)
     positions_t = torch.tensor(positions, dtype=torch.int64)  # [num_tokens]

@@ -104,6 +104,13 @@ def generator_for(request: Request, device: torch.device) -> torch.Generator:
     return generator
 
 
+def _plain_greedy(requests: list[Request], spec_token_ids: list[list[int]] | None) -> bool:
+    """Whether every request is greedy, verifies no proposals and asks for no logprobs."""
+    return not any(spec_token_ids or ()) and all(
+        r.sampling_params.greedy and r.sampling_params.logprobs is None for r in requests
+    )
+
+
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
     the lessons swap in the learner's)."""
@@ -120,12 +127,15 @@ class Sampler:
         """logits: [num_rows, vocab] fp32. Each request has one row, or with speculative
         decoding 1 + k rows: its last own token's, then one per proposed token (the proposals
         are verified by `spec_decode/rejection_sampler.py`)."""
+        # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
+        argmax, bad = greedy_tokens(logits)  # [num_rows] each
+        if _plain_greedy(requests, spec_token_ids) and not bad.any():
+            # Most steps: one row per request, each one's argmax, nothing else asked for.
+            return SamplerOutput([[token] for token in argmax], [None] * len(requests))
         device = logits.device
         spec = spec_token_ids or [[] for _ in requests]
         counts = [1 + len(proposed) for proposed in spec]
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
-        # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
-        argmax, bad = greedy_tokens(logits)  # [num_rows] each
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
         if random:
