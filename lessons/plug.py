@@ -95,7 +95,8 @@ def swap_slot_mapping(engine, impl) -> None:
         slots = []
         for s in scheduled:
             start = s.num_computed_tokens
-            new = impl.slot_mapping(s.block_table, start, start + s.num_new_tokens, block_size)
+            table = list(s.block_table)  # (the lesson's functions take lists)
+            new = impl.slot_mapping(table, start, start + s.num_new_tokens, block_size)
             slots.extend(int(slot) for slot in new)
         meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runner.device)
         return input_ids, positions, meta, logits_rows
