@@ -130,7 +130,7 @@ class Sampler:
         # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
         argmax, bad = greedy_tokens(logits)  # [num_rows] each
         if _plain_greedy(requests, spec_token_ids) and not bad.any():
-            # Most steps: one row per request, each one's argmax, nothing else asked for.
+            # An all-greedy step: one row per request, its argmax, nothing else asked for.
             return SamplerOutput([[token] for token in argmax], [None] * len(requests))
         device = logits.device
         spec = spec_token_ids or [[] for _ in requests]
