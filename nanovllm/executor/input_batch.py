@@ -31,8 +31,6 @@ pickling a view sends the whole buffer behind it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 
@@ -47,7 +45,7 @@ class InputBatch:
         self.block_size = block_size
         # [rows, max_blocks_per_seq] int32; grows (rarely) when more rows or columns are needed
         self.block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
-        self.tables: list[Sequence[int]] = [() for _ in range(max_num_seqs)]  # each row's table
+        self.tables: list[tuple[int, ...]] = [() for _ in range(max_num_seqs)]  # each row's table
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # [rows]: len(tables[row])
         self.row_of: dict[str, int] = {}  # request id -> row
         self.free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))  # pop() takes row 0
@@ -136,13 +134,14 @@ class InputBatch:
             row = self.row_of.get(s.request.request_id)
             if row is None:
                 row = self.row_of[s.request.request_id] = self._take_row()
-            table, old = s.block_table, self.tables[row]
+            # (`tuple` of a tuple is the tuple itself: a copy only for a caller's list)
+            table, old = tuple(s.block_table), self.tables[row]
             if table is not old and table != old:  # (usually the same: no block appended)
                 self._write_row(row, table)
             rows.append(row)
         return np.array(rows, dtype=np.int64)
 
-    def _write_row(self, row: int, table: Sequence[int]) -> None:
+    def _write_row(self, row: int, table: tuple[int, ...]) -> None:
         """Make `block_table[row]` hold `table` (zero-padded), writing only from the first entry
         that differs from what the row holds now."""
         old = self.tables[row]
@@ -154,8 +153,7 @@ class InputBatch:
         self.block_table[row, first : len(table)] = table[first:]
         if len(old) > len(table):
             self.block_table[row, len(table) : len(old)] = 0
-        # A tuple, which nothing can change later (the scheduler's own; a caller's list, copied).
-        self.tables[row] = table if isinstance(table, tuple) else tuple(table)
+        self.tables[row] = table  # (a tuple: nothing can change it later)
         self.num_blocks[row] = len(table)
 
     def _take_row(self) -> int:

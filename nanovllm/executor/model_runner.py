@@ -244,14 +244,15 @@ class ModelRunner:
             # Count the forward's GPU time (now known, the GPU is past it) as forward time.
             self.last_forward_time = min(max(mid - start, self.rank_forward_time()), end - start)
         self.last_sample_time = end - start - self.last_forward_time
-        ids = [s.request.request_id for s in sampling]
-        result = ModelRunnerOutput(dict(zip(ids, sampled.token_ids)))
-        for i, error in sampled.errors.items():
-            del result.sampled_token_ids[ids[i]]
-            result.errors[ids[i]] = error
-        for rid, entries in zip(ids, sampled.logprobs):
-            if entries is not None:
-                result.logprobs[rid] = entries
+        result = ModelRunnerOutput()
+        for i, s in enumerate(sampling):
+            rid = s.request.request_id
+            if i in sampled.errors:
+                result.errors[rid] = sampled.errors[i]
+                continue
+            result.sampled_token_ids[rid] = sampled.token_ids[i]
+            if sampled.logprobs[i] is not None:
+                result.logprobs[rid] = sampled.logprobs[i]
         return result
 
 
