@@ -537,4 +537,28 @@ PLANTED_BUGS = [
         ("tests/test_sampler.py", "-k", "greedy_batch"),
         "Greedy requests may ask for logprobs; the shortcut returns none.",
     ),
+    PlantedBug(
+        "staging-hands-out-the-reused-buffer",
+        "nanovllm/executor/staging.py",
+        (
+            (
+                "        on_device.copy_(self.buffer[:end], non_blocking=self.pinned)\n",
+                "        on_device = self.buffer[:end]\n",
+            ),
+        ),
+        ("tests/test_staging.py",),
+        "A step's inputs must not be views of the buffer the next step rewrites.",
+    ),
+    PlantedBug(
+        "kv-budget-forgets-the-graphs-pool",
+        "nanovllm/executor/memory.py",
+        (
+            (
+                "    return int(total * utilization) - in_use - activation_peak - graph_pool\n",
+                "    return int(total * utilization) - in_use - activation_peak\n",
+            ),
+        ),
+        ("tests/test_loading.py", "-k", "left_after"),
+        "Captured after the cache takes its share, the graphs' pool must have been set aside.",
+    ),
 ]

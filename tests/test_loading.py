@@ -93,6 +93,8 @@ def test_the_kv_budget_is_what_the_gpu_has_left_after_weights_and_activations() 
     # 80 GiB at 0.9 = 72 GiB; 16 GiB in use (weights, context); a 2 GiB activation peak.
     assert budget_from_profile(80 * gib, 0.9, 16 * gib, 2 * gib) == 54 * gib
     assert budget_from_profile(8 * gib, 0.5, 3 * gib, 2 * gib) < 0
+    # The CUDA graphs' pool is set aside too.
+    assert budget_from_profile(80 * gib, 0.9, 16 * gib, 2 * gib, 3 * gib) == 51 * gib
 
 
 def test_a_cpu_engine_gets_the_fixed_budget_and_logs_its_capacity(tiny_llama, caplog) -> None:

@@ -195,6 +195,7 @@ class LLMEngine:
         self.runner, self.group = start_runners(tp, spec, args)
         self.model = self.runner.model
         self._dead: BaseException | None = None  # set when a rank died: no step can run
+        self.graphs_wanted = self._graphs_wanted()
         self.num_kv_blocks = self._num_kv_blocks(lookahead)
         self._on_every_rank("allocate_kv_cache", self.num_kv_blocks)
         self._capture_decode_graphs(lookahead)
@@ -251,12 +252,11 @@ class LLMEngine:
         assert spec.model is not None
         return DraftModelProposer.load(spec.model, k, target, self.model_args, self.tokenizer)
 
-    def _capture_decode_graphs(self, lookahead: int) -> None:
-        """With `enforce_eager=False` on a GPU: replay decode steps from CUDA graphs
-        (executor/cuda_graphs.py), where they can serve; otherwise say why not, once."""
-        config = self.config
-        if config.enforce_eager or self.device.type != "cuda":
-            return
+    def _graphs_wanted(self) -> bool:
+        """Whether decode steps are to be captured as CUDA graphs: with `enforce_eager=False`
+        on a GPU, where they can serve (otherwise this says why not, once)."""
+        if self.config.enforce_eager or self.device.type != "cuda":
+            return False
         why_not = None
         if self.attention_backend != "triton":
             why_not = f"attention backend {self.attention_backend!r} (only 'triton' is captured)"
@@ -264,6 +264,14 @@ class LLMEngine:
             why_not = "tensor parallelism"
         if why_not is not None:
             logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
+            return False
+        return True
+
+    def _capture_decode_graphs(self, lookahead: int) -> None:
+        """Replay decode steps from CUDA graphs (executor/cuda_graphs.py) if `_graphs_wanted`
+        said so; if capturing fails, say why, and run them eagerly."""
+        config = self.config
+        if not self.graphs_wanted:
             return
         max_blocks = -(-(self.max_model_len + lookahead) // config.block_size)
         try:
@@ -295,7 +303,9 @@ class LLMEngine:
             )
         budget = config.kv_cache_memory_bytes
         if budget is None:  # the smallest any rank can give (each holds its heads' share)
-            budgets = self._on_every_rank("measure_kv_budget", config, self.max_model_len, all=True)
+            budgets = self._on_every_rank(
+                "measure_kv_budget", config, self.max_model_len, self.graphs_wanted, all=True
+            )
             budget = min(budgets)
         num_blocks = budget // per_block
         if num_blocks < 1:

@@ -73,6 +73,10 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.seq_lens_list)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are tensors, by name (the ones a device needs)."""
+        return {name: v for name, v in vars(self).items() if isinstance(v, torch.Tensor)}
+
     def to(self, device: torch.device) -> AttentionMetadata:
         """The same metadata with its tensors on `device` (no copy when they are there already;
         on a GPU, copied from pinned memory without blocking the host)."""

@@ -21,6 +21,7 @@ starting at 37; ...". The ModelRunner:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,11 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import AttentionMetadata, decode_groups, to_device
+from nanovllm.executor.attention import AttentionMetadata, decode_groups
 from nanovllm.executor.cuda_graphs import Capture, DecodeGraphs, capture_cuda_graph
 from nanovllm.executor.input_batch import InputBatch
 from nanovllm.executor.memory import kv_cache_budget
 from nanovllm.executor.sampler import Sampler
+from nanovllm.executor.staging import InputStaging
 from nanovllm.models.llama import CausalLM
 
 
@@ -64,6 +66,8 @@ class ModelRunner:
         # The step's inputs come from a persistent batch; None builds them with `step_inputs`,
         # the plain reference it is tested against (tests/test_input_batch.py).
         self.input_batch: InputBatch | None = InputBatch(block_size)
+        # On a GPU, the step's inputs go over in one copy through a pinned buffer (staging.py).
+        self.staging = InputStaging(device)
         self.group = None  # rank 0's WorkerGroup with tensor parallelism
         # Speculative decoding with a draft model (rank 0 only): the draft's runner, whose KV
         # cache has the same blocks as this one. Every step it runs over the same tokens at the
@@ -141,9 +145,10 @@ class ModelRunner:
         self.forward_logits(*self.prepare_inputs(out))
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
-    def measure_kv_budget(self, config, max_model_len: int) -> int:
-        """Bytes this rank can give its KV cache (`executor/memory.py`)."""
-        return kv_cache_budget(self, config, max_model_len)
+    def measure_kv_budget(self, config, max_model_len: int, graphs: bool = False) -> int:
+        """Bytes this rank can give its KV cache (`executor/memory.py`); `graphs`: less the
+        memory pool of the CUDA graphs that will be captured."""
+        return kv_cache_budget(self, config, max_model_len, graphs)
 
     @staticmethod
     def kv_bytes_per_block(
@@ -169,7 +174,7 @@ class ModelRunner:
         input_ids: torch.Tensor,  # [num_tokens], on the CPU or already on this device
         positions: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
-        logits_rows: list[int],
+        logits_rows: list[int] | torch.Tensor,  # (a tensor: on this device already)
     ) -> torch.Tensor | None:
         """This rank's forward pass over the step; the logits of `logits_rows` ([rows, vocab]),
         or None when no row samples. Every rank runs it together under tensor parallelism."""
@@ -179,17 +184,15 @@ class ModelRunner:
         if device.type == "cuda":
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
+        input_ids, positions, meta, logits_rows = self.inputs_on_device(
+            input_ids, positions, meta, logits_rows
+        )
         if self.graphs is not None and self.graphs.can_run(input_ids.numel(), meta):
-            # The step's tensors go straight into the graphs' static buffers, wherever they are.
+            # The step's tensors are copied into the graphs' static buffers, and replayed.
             hidden = self.graphs.run(input_ids, positions, meta)  # [num_tokens, hidden]
         else:
-            input_ids, positions, meta = (
-                to_device(input_ids, device),
-                to_device(positions, device),
-                meta.to(device),
-            )
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-        logits = self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
+        logits = self.model.compute_logits(hidden[logits_rows]) if len(logits_rows) else None
         if events is not None:
             # No synchronize here: the kernels are queued, and the host goes on (to sampling,
             # whose copy of the tokens to the host is what waits for them).
@@ -197,6 +200,29 @@ class ModelRunner:
         self._forward_events = events
         self.last_rank_forward_time = time.perf_counter() - start
         return logits  # [num_rows, vocab]
+
+    def inputs_on_device(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_rows: list[int] | torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int] | torch.Tensor]:
+        """The step's inputs on this runner's device: on a GPU, whatever is still on the host
+        goes over in one copy (`staging.py`), the logits rows as a tensor too; on a CPU they
+        stay as they are."""
+        if self.device.type == "cpu":
+            return input_ids, positions, meta, logits_rows
+        named = {"input_ids": input_ids, "positions": positions, **meta.tensors()}
+        if not isinstance(logits_rows, torch.Tensor):
+            logits_rows = torch.tensor(logits_rows, dtype=torch.int64)
+        named["logits_rows"] = logits_rows
+        on_host = [name for name, t in named.items() if t.device != self.device]
+        if on_host:
+            named.update(zip(on_host, self.staging.to_device([named[n] for n in on_host])))
+        input_ids, positions = named.pop("input_ids"), named.pop("positions")
+        logits_rows = named.pop("logits_rows")
+        return input_ids, positions, dataclasses.replace(meta, **named), logits_rows
 
     def rank_forward_time(self) -> float:
         """Seconds this rank's last `forward_logits` took (per rank, for the step summary). On a
@@ -217,14 +243,7 @@ class ModelRunner:
             logits = self.group.run("forward_logits", *inputs)
         else:
             if self.draft is not None:  # to the device once, for the model and its draft alike
-                input_ids, positions, meta, rows = inputs
-                device = self.device
-                inputs = (
-                    to_device(input_ids, device),
-                    to_device(positions, device),
-                    meta.to(device),
-                    rows,
-                )
+                inputs = self.inputs_on_device(*inputs)
             logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens

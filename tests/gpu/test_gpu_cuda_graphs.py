@@ -105,3 +105,29 @@ def test_a_failed_capture_leaves_the_engine_eager(model_path, caplog, monkeypatc
     assert "capturing CUDA graphs failed (RuntimeError" in caplog.text
     out = llm.generate([[5, 17, 42]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_the_graphs_take_no_more_than_the_kv_budget_set_aside(tmp_path) -> None:
+    """`kv_cache_budget(graphs=True)` sets aside the peak of an eager forward pass over
+    max_num_seqs one-token sequences for the graphs' pool (executor/memory.py). The oracle is the
+    device's own counter: how much reserved memory the capture adds, once eager steps of the
+    largest graph's size have already had their own memory."""
+    from nanovllm.executor.memory import _peak_of_step
+
+    # Wide enough that the pool is tens of MiB, well above the allocator's rounding.
+    path = make_model(tmp_path, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4)
+    seqs = 256
+    llm = triton_llm(path, num_kv_blocks=NUM_BLOCKS, max_num_seqs=seqs, max_model_len=256)
+    runner = llm.llm_engine.runner
+    set_aside = _peak_of_step(runner, seqs, seqs)  # (frees the engine's cache: made again below)
+    runner.allocate_kv_cache(NUM_BLOCKS)
+    contexts = [(13 * i) % 250 + 1 for i in range(seqs)]
+    input_ids, positions, meta = decode_step(contexts, 0, BLOCK_SIZE, NUM_BLOCKS)
+    runner.forward_logits(input_ids, positions, meta, [])  # eager steps' memory, before capture
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    runner.capture_decode_graphs(seqs, 256 // BLOCK_SIZE)
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_reserved() - before
+    assert 0 < grown <= set_aside + 4 * 2**20, f"capture took {grown} bytes, {set_aside} set aside"
+

@@ -70,3 +70,30 @@ def test_auto_dtype_and_the_measured_kv_budget(model_path) -> None:
     assert used <= 0.3 * total + 2**30
     out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) >= 1
+
+
+def test_a_steps_inputs_arrive_whole_through_the_pinned_buffer(model_path) -> None:
+    """`ModelRunner.inputs_on_device` sends a step's tensors in one copy through a pinned buffer
+    that the next step rewrites (executor/staging.py). Oracle: each tensor's own `.cpu()` values;
+    the first step's device tensors must survive the second step's staging."""
+    from decode_steps import decode_step
+
+    llm = LLM(str(model_path), attention_backend="triton", dtype="float32", block_size=16)
+    runner = llm.llm_engine.runner
+    assert runner.staging.pinned
+    steps = [
+        (*decode_step([5, 40, 17], 0, 16, 32), [0, 1, 2]),
+        (*decode_step([33, 2, 90, 64, 1], 7, 16, 32), [1, 4]),
+    ]
+    moved = [runner.inputs_on_device(*step) for step in steps]
+    torch.cuda.synchronize()
+    assert runner.staging.buffer.is_pinned()
+    for (ids, pos, meta, rows), (d_ids, d_pos, d_meta, d_rows) in zip(steps, moved):
+        assert torch.equal(d_ids.cpu(), ids) and torch.equal(d_pos.cpu(), pos)
+        assert d_ids.device.type == "cuda" and d_rows.tolist() == rows
+        expected, got = meta.tensors(), d_meta.tensors()
+        assert expected.keys() == got.keys()
+        for name, tensor in expected.items():
+            assert got[name].device.type == "cuda", name
+            assert torch.equal(got[name].cpu(), tensor), name
+        assert d_meta.seq_lens_list == meta.seq_lens_list  # the lists stay as they were
