@@ -26,7 +26,9 @@ def steps(draw) -> list[torch.Tensor]:
         dtype = draw(st.sampled_from(DTYPES))
         shape = draw(st.sampled_from([(draw(st.integers(0, 40)),), (draw(st.integers(0, 5)), 3)]))
         seed = draw(st.integers(0, 2**31 - 1))
-        values = torch.randint(-(2**30), 2**30, shape, generator=torch.Generator().manual_seed(seed))
+        values = torch.randint(
+            -(2**30), 2**30, shape, generator=torch.Generator().manual_seed(seed)
+        )
         tensors.append(values.to(dtype))
     return tensors
 

@@ -130,4 +130,3 @@ def test_the_graphs_take_no_more_than_the_kv_budget_set_aside(tmp_path) -> None:
     torch.cuda.synchronize()
     grown = torch.cuda.memory_reserved() - before
     assert 0 < grown <= set_aside + 4 * 2**20, f"capture took {grown} bytes, {set_aside} set aside"
-
