@@ -561,4 +561,16 @@ PLANTED_BUGS = [
         ("tests/test_loading.py", "-k", "left_after"),
         "Captured after the cache takes its share, the graphs' pool must have been set aside.",
     ),
+    PlantedBug(
+        "staged-metadata-left-on-the-host",
+        "nanovllm/executor/model_runner.py",
+        (
+            (
+                "        return input_ids, positions, dataclasses.replace(meta, **named), logits_rows\n",
+                "        return input_ids, positions, meta, logits_rows\n",
+            ),
+        ),
+        ("tests/test_staging.py", "-k", "runner"),
+        "The attention metadata must reach the GPU with the step's other inputs.",
+    ),
 ]

@@ -60,3 +60,38 @@ def test_the_buffer_is_reused_until_a_step_needs_more() -> None:
     assert staging.buffer is first  # fits: the same buffer, rewritten
     staging.to_device([torch.arange(300)])
     assert staging.buffer is not first and staging.buffer.numel() >= 300 * 8
+
+
+def test_the_runner_sends_each_host_tensor_of_a_step_once() -> None:
+    """`ModelRunner.inputs_on_device`, with the "meta" device standing in for a GPU (tensors
+    with shapes and dtypes but no values): every tensor of the step, the logits rows included,
+    arrives there in one staging call, the metadata's lists stay as they are, and tensors that
+    are there already are not sent again. On a CPU nothing moves at all."""
+    from decode_steps import decode_step
+
+    from nanovllm.executor.model_runner import ModelRunner
+
+    input_ids, positions, meta = decode_step([5, 40, 17], 0, 16, 32)
+    cpu_runner = ModelRunner(None, 16, torch.float32, torch.device("cpu"))
+    same = cpu_runner.inputs_on_device(input_ids, positions, meta, [0, 2])
+    assert same[0] is input_ids and same[1] is positions and same[2] is meta
+
+    runner = ModelRunner(None, 16, torch.float32, torch.device("meta"))
+    calls = []
+    to_device = runner.staging.to_device
+    runner.staging.to_device = lambda tensors: calls.append(len(tensors)) or to_device(tensors)
+    ids, pos, moved, rows = runner.inputs_on_device(input_ids, positions, meta, [0, 2])
+    pairs = [(input_ids, ids), (positions, pos)]
+    pairs += [(meta.tensors()[name], t) for name, t in moved.tensors().items()]
+    assert calls == [2 + len(meta.tensors()) + 1]  # one call: inputs, metadata, logits rows
+    assert moved.tensors().keys() == meta.tensors().keys()
+    for original, there in pairs:
+        assert there.device.type == "meta"
+        assert there.shape == original.shape and there.dtype == original.dtype
+    assert rows.device.type == "meta" and rows.shape == (2,)
+    assert moved.seq_lens_list == meta.seq_lens_list
+    assert moved.decode_groups == meta.decode_groups
+
+    again = runner.inputs_on_device(ids, pos, moved, rows)
+    assert calls == [calls[0]]  # already on the device: nothing sent
+    assert again[0] is ids and again[3] is rows
