@@ -77,24 +77,6 @@ class AttentionMetadata:
         """The fields that are tensors, by name (the ones a device needs)."""
         return {name: v for name, v in vars(self).items() if isinstance(v, torch.Tensor)}
 
-    def to(self, device: torch.device) -> AttentionMetadata:
-        """The same metadata with its tensors on `device` (no copy when they are there already;
-        on a GPU, copied from pinned memory without blocking the host)."""
-        if device.type == "cpu":
-            return self
-        fields = {k: to_device(v, device) for k, v in vars(self).items()}
-        return AttentionMetadata(**fields)
-
-
-def to_device(value, device: torch.device):
-    """A CPU tensor on `device` (through pinned memory, without blocking, on a GPU); anything
-    else as it is."""
-    if not isinstance(value, torch.Tensor) or value.device == device:
-        return value
-    if device.type == "cuda":
-        return value.pin_memory().to(device, non_blocking=True)
-    return value.to(device)
-
 
 class TorchAttention:
     """The PyTorch backend (see the module docstring)."""

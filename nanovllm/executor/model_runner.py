@@ -7,7 +7,8 @@ starting at 37; ...". The ModelRunner:
    positions, the cache slot each new token's K/V goes to (`slot_mapping`), the block tables,
    context lengths and where each request's queries start. `step_inputs` below builds them
    from scratch, the plain way; the runner uses `InputBatch` (input_batch.py), which keeps the
-   block tables from step to step and gives the same tensors faster;
+   block tables from step to step and gives the same tensors faster. They are built on the
+   host; on a GPU they go over together, in one copy (`inputs_on_device`, staging.py);
 2. runs the forward pass over the flat batch, with paged attention against the KV cache it owns
    (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
    head_dim]);

@@ -53,7 +53,7 @@ def test_recorded_replays_equal_eager_steps(model_path) -> None:
     for step, n in enumerate([20, 3, 16, 1, 9, 2, 17]):
         contexts = [(7 * step + 13 * i) % 250 + 1 for i in range(n)]
         input_ids, positions, meta = decode_step(contexts, 5 * step, BLOCK_SIZE, NUM_BLOCKS)
-        input_ids, positions, meta = input_ids.cuda(), positions.cuda(), meta.to(runner.device)
+        input_ids, positions, meta, _ = runner.inputs_on_device(input_ids, positions, meta, [])
         eager_caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
         with torch.inference_mode():
             expected = runner.model(input_ids, positions, eager_caches, meta)
