@@ -42,7 +42,8 @@ class InputStaging:
         self.device = device
         self.pinned = device.type == "cuda"
         self.buffer = torch.empty(0, dtype=torch.uint8)  # host bytes; grows, never shrinks
-        self.copied: torch.cuda.Event | None = None  # recorded after the last copy from buffer
+        # Recorded after each copy from the buffer (an event never recorded counts as passed).
+        self.copied = torch.cuda.Event() if self.pinned else None
 
     def to_device(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of `tensors` (host tensors, any shapes and dtypes) on the device: one
@@ -61,8 +62,7 @@ class InputStaging:
             self.buffer[offset : offset + nbytes].view(t.dtype).copy_(t.reshape(-1))
         on_device = torch.empty(end, dtype=torch.uint8, device=self.device)
         on_device.copy_(self.buffer[:end], non_blocking=self.pinned)
-        if self.pinned:
-            self.copied = torch.cuda.Event()
+        if self.copied is not None:
             self.copied.record()
         return [
             on_device[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
