@@ -2,10 +2,11 @@
 
 Why. A step's inputs are eight small tensors built on the host: the token ids, positions, slot
 mapping, block tables, context lengths, query starts and the decodes' indices. Sent one by one,
-each is a transfer of its own: a `pin_memory()` (an allocation and a copy on the host) and a
-copy to the device, each with a fixed cost that does not depend on its few hundred bytes.
+each is a transfer of its own: a `pin_memory()` (an allocation and a copy on the host), then a
+copy to the device, which is queued and run as an operation of its own however few its bytes.
 `InputStaging` writes them all into one page-locked ("pinned") host buffer that lives from
-step to step, sends that with one copy, and hands out views of the copy on the device.
+step to step, sends that with one copy, and hands out views of the copy on the device. (How
+much this saves per step has not been measured: no GPU was at hand when it was written.)
 
 Pinned memory is what lets the copy run while the host goes on (`non_blocking=True`): the
 GPU's copy engine reads page-locked memory directly, while from ordinary pageable memory CUDA
@@ -13,10 +14,10 @@ must first copy the bytes into a pinned buffer of its own, with the host waiting
 
 Reusing the pinned buffer has one rule: the host must not overwrite it while the previous
 step's copy may still be reading it. So an event is recorded after each copy and waited for
-before the next write. (The previous step's sampling read its tokens back, which already waited
-for that copy: the wait finds the event passed.) The device side is a new tensor each step,
-from torch's caching allocator: the views a step hands out stay valid as long as someone holds
-them, whatever later steps send.
+before the next write. (Between two steps the wait should cost nothing: the earlier step's
+sampling, reading its tokens back, has waited for everything queued before them, that copy
+too.) The device side is a new tensor each step, from torch's caching allocator: the views a
+step hands out stay valid as long as someone holds them, whatever later steps send.
 
 Layout: the tensors in the order given, each starting at a multiple of 8 bytes (so that every
 dtype's view of the bytes is aligned); each one comes back as
