@@ -573,4 +573,11 @@ PLANTED_BUGS = [
         ("tests/test_staging.py", "-k", "runner"),
         "The attention metadata must reach the GPU with the step's other inputs.",
     ),
+    PlantedBug(
+        "profile-step-shares-its-blocks",
+        "nanovllm/executor/model_runner.py",
+        (("            first_block += num_blocks\n", "            first_block += 0\n"),),
+        ("tests/test_loading.py", "-k", "profile_step"),
+        "The budget's measuring step must hold the cache a real step of that size would.",
+    ),
 ]

@@ -97,6 +97,26 @@ def test_the_kv_budget_is_what_the_gpu_has_left_after_weights_and_activations() 
     assert budget_from_profile(80 * gib, 0.9, 16 * gib, 2 * gib, 3 * gib) == 51 * gib
 
 
+def test_the_profile_step_is_the_largest_step_in_a_cache_just_big_enough(tiny_llama) -> None:
+    """What a GPU's budget is measured on (`ModelRunner.profile_step`, run here on the CPU):
+    `num_tokens` prompt tokens spread evenly over `num_seqs` fresh requests, each sampling, in
+    a temporary cache whose every block one request holds, and a forward pass that runs on it."""
+    runner = LLM(str(tiny_llama), block_size=16).llm_engine.runner
+    for num_tokens, num_seqs in [(100, 7), (64, 64), (5, 9)]:
+        out = runner.profile_step(num_tokens, num_seqs)
+        lengths = [s.num_new_tokens for s in out.scheduled]
+        assert sum(lengths) == num_tokens and len(lengths) == min(num_seqs, num_tokens)
+        assert max(lengths) - min(lengths) <= 1
+        assert all(s.samples and s.num_computed_tokens == 0 for s in out.scheduled)
+        for s in out.scheduled:
+            assert len(s.block_table) == -(-s.num_new_tokens // 16)
+        blocks = sorted(b for s in out.scheduled for b in s.block_table)
+        assert blocks == list(range(runner.kv_caches[0][0].shape[0]))
+        logits = runner.forward_logits(*runner.prepare_inputs(out))
+        assert logits.shape == (len(lengths), runner.model.args.vocab_size)
+        assert torch.isfinite(logits).all()
+
+
 def test_a_cpu_engine_gets_the_fixed_budget_and_logs_its_capacity(tiny_llama, caplog) -> None:
     import logging
 

@@ -69,14 +69,25 @@ def kv_cache_budget(
 
 
 def _peak_of_step(runner: ModelRunner, num_tokens: int, num_seqs: int) -> int:
-    """Bytes a forward pass over `num_tokens` tokens of `num_seqs` sequences allocates at its
-    peak, besides the temporary KV cache `profile_run` gives it (freed again here)."""
+    """Bytes a forward pass over `num_tokens` tokens of `num_seqs` sequences takes from the
+    device at its peak (`ModelRunner.profile_step`), besides its temporary KV cache.
+
+    Counted as memory *reserved*, not allocated: torch's caching allocator takes memory from the
+    device in segments (2 MiB for small tensors, 20 MiB for those of 1-10 MiB, ...) that it does
+    not give back between steps, and a CUDA graph's private pool is made of such segments too.
+    The pass starts from an emptied cache, with no free segments to reuse, as a new pool does.
+    """
     device = runner.device
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    cache_bytes = runner.profile_run(num_tokens, num_seqs)
+    runner.kv_caches = []
+    torch.cuda.empty_cache()
+    inputs = runner.prepare_inputs(runner.profile_step(num_tokens, num_seqs))
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before - cache_bytes
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_reserved(device)
+    # This rank's forward alone: with tensor parallelism every rank profiles at once.
+    runner.forward_logits(*inputs)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_reserved(device) - before
     runner.kv_caches = []
     torch.cuda.empty_cache()
     return peak

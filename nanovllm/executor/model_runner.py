@@ -120,12 +120,12 @@ class ModelRunner:
             )
         return time.perf_counter() - start
 
-    def profile_run(self, num_tokens: int, num_seqs: int) -> int:
-        """Run the largest step the scheduler can make, to measure its activation memory.
+    def profile_step(self, num_tokens: int, num_seqs: int) -> SchedulerOutput:
+        """The largest step the scheduler can make, for measuring its memory (`memory.py`).
 
         `num_tokens` prompt tokens split over `num_seqs` fresh requests, every one sampling (so
-        the LM head and the sampler see their largest batch too), against a KV cache just big
-        enough for them. Returns the bytes of that temporary cache, to leave out of the peak.
+        the LM head sees its largest batch too), in a temporary KV cache just big enough for
+        them, allocated here in place of the runner's.
         """
         from nanovllm.core.scheduler import ScheduledRequest
         from nanovllm.request import Request
@@ -142,9 +142,7 @@ class ModelRunner:
             block_table = tuple(range(first_block, first_block + num_blocks))
             first_block += num_blocks
             out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
-        # This rank's forward alone: with tensor parallelism every rank profiles at once.
-        self.forward_logits(*self.prepare_inputs(out))
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return out
 
     def measure_kv_budget(self, config, max_model_len: int, graphs: bool = False) -> int:
         """Bytes this rank can give its KV cache (`executor/memory.py`); `graphs`: less the

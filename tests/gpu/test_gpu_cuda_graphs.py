@@ -119,7 +119,7 @@ def test_the_graphs_take_no_more_than_the_kv_budget_set_aside(tmp_path) -> None:
     seqs = 256
     llm = triton_llm(path, num_kv_blocks=NUM_BLOCKS, max_num_seqs=seqs, max_model_len=256)
     runner = llm.llm_engine.runner
-    set_aside = _peak_of_step(runner, seqs, seqs)  # (frees the engine's cache: made again below)
+    set_aside = _peak_of_step(runner, seqs, seqs)  # (drops the engine's cache: made again below)
     runner.allocate_kv_cache(NUM_BLOCKS)
     contexts = [(13 * i) % 250 + 1 for i in range(seqs)]
     input_ids, positions, meta = decode_step(contexts, 0, BLOCK_SIZE, NUM_BLOCKS)
