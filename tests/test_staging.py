@@ -94,4 +94,7 @@ def test_the_runner_sends_each_host_tensor_of_a_step_once() -> None:
 
     again = runner.inputs_on_device(ids, pos, moved, rows)
     assert calls == [calls[0]]  # already on the device: nothing sent
-    assert again[0] is ids and again[3] is rows
+    assert again[0] is ids and again[3] is rows and again[2] is moved
+
+    no_rows = runner.inputs_on_device(input_ids, positions, meta, [])  # the draft's pass
+    assert calls[1:] == [2 + len(meta.tensors())] and no_rows[3] == []

@@ -208,19 +208,20 @@ class ModelRunner:
         logits_rows: list[int] | torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int] | torch.Tensor]:
         """The step's inputs on this runner's device: on a GPU, whatever is still on the host
-        goes over in one copy (`staging.py`), the logits rows as a tensor too; on a CPU they
-        stay as they are."""
+        goes over in one copy (`staging.py`), the logits rows as a tensor too; on a CPU, or when
+        everything is there already (a second call in the same step), they are returned as they
+        are."""
         if self.device.type == "cpu":
             return input_ids, positions, meta, logits_rows
         named = {"input_ids": input_ids, "positions": positions, **meta.tensors()}
-        if not isinstance(logits_rows, torch.Tensor):
-            logits_rows = torch.tensor(logits_rows, dtype=torch.int64)
-        named["logits_rows"] = logits_rows
+        if len(logits_rows):  # (no rows, as in the draft's pass: nothing to send)
+            named["logits_rows"] = torch.as_tensor(logits_rows, dtype=torch.int64)
         on_host = [name for name, t in named.items() if t.device != self.device]
-        if on_host:
-            named.update(zip(on_host, self.staging.to_device([named[n] for n in on_host])))
+        if not on_host:
+            return input_ids, positions, meta, logits_rows
+        named.update(zip(on_host, self.staging.to_device([named[n] for n in on_host])))
         input_ids, positions = named.pop("input_ids"), named.pop("positions")
-        logits_rows = named.pop("logits_rows")
+        logits_rows = named.pop("logits_rows", logits_rows)
         return input_ids, positions, dataclasses.replace(meta, **named), logits_rows
 
     def rank_forward_time(self) -> float:

@@ -49,23 +49,23 @@ class InputStaging:
     def to_device(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of `tensors` (host tensors, any shapes and dtypes) on the device: one
         transfer for all of them, not blocking the host on a GPU."""
+        sizes = [t.numel() * t.element_size() for t in tensors]  # bytes
         offsets, end = [], 0
-        for t in tensors:
+        for size in sizes:
             offsets.append(end)
-            end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+            end += -(-size // ALIGN) * ALIGN
         if self.copied is not None:
             self.copied.synchronize()  # the last copy has read the buffer: free to overwrite
         if end > self.buffer.numel():
-            size = max(end, 2 * self.buffer.numel())
-            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
-        for t, offset in zip(tensors, offsets):
-            nbytes = t.numel() * t.element_size()
-            self.buffer[offset : offset + nbytes].view(t.dtype).copy_(t.reshape(-1))
+            capacity = max(end, 2 * self.buffer.numel())
+            self.buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=self.pinned)
+        for t, offset, size in zip(tensors, offsets, sizes):
+            self.buffer[offset : offset + size].view(t.dtype).copy_(t.reshape(-1))
         on_device = torch.empty(end, dtype=torch.uint8, device=self.device)
         on_device.copy_(self.buffer[:end], non_blocking=self.pinned)
         if self.copied is not None:
             self.copied.record()
         return [
-            on_device[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            for t, offset in zip(tensors, offsets)
+            on_device[offset : offset + size].view(t.dtype).view(t.shape)
+            for t, offset, size in zip(tensors, offsets, sizes)
         ]
