@@ -16,15 +16,13 @@ Triton kernels that are tested against it (on a CPU, through Triton's interprete
     cpu_token_ops.py           RMSNorm and RoPE on a CPU in one numba loop each (kernels in
                                cpu_token_ops_numba.py); the model's own torch code is their
                                reference, and runs wherever they do not apply
-    bench_token_ops.py         python -m nanovllm.kernels.bench_token_ops: those two, torch
-                               against numba
     triton_setup.py            the one place that picks Triton's CPU interpreter or GPU compiler
     checks.py                  argument checks shared by the wrappers (which shapes are served)
-    bench.py                   python -m nanovllm.kernels.bench [--quick] [--cpu [--candidates]]
-    bench_cpu.py               the --cpu tables: in place vs gather+bmm vs the candidates
-                               measured beside it (cpu_attention_candidates.py)
     compile_check.py           python -m nanovllm.kernels.compile_check: compile every kernel for
                                sm_80/sm_90 without a GPU
+
+Their benchmarks live beside the bench, in nanovllm/bench/tools/ (cpu_attention.py,
+cpu_token_ops.py, triton_kernels.py).
 
 The paged KV cache of one layer is a pair of tensors
 `[num_blocks, block_size, num_kv_heads, head_dim]`; token slot = block_id * block_size + offset.

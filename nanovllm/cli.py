@@ -1,6 +1,7 @@
 """The `nanovllm` command: one entry point, a subcommand per job.
 
-Each subcommand lives beside the code it drives, and the dispatch below imports only the one
+Each subcommand lives beside the code it drives (the measuring tools beside the bench, in
+nanovllm/bench/tools/), and the dispatch below imports only the one
 being run: `nanovllm --help` imports no subcommand module (checking that one exists imports
 just its package's `__init__`), so it loads neither torch nor Textual, and neither does
 `import nanovllm` (its public names are lazy, see `__init__.py`). `nanovllm generate` never
@@ -28,8 +29,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("nanovllm.serve.cli", "run an OpenAI-compatible streaming server"),
     "bench": ("nanovllm.bench.cli", "benchmark nanovllm side by side with its peers"),
     "lesson": ("nanovllm.lessons.cli", "the step-by-step course: list, run and check lessons"),
-    "microbench": ("nanovllm.core.microbench", "cost per block allocate / free / cache hit"),
-    "stress": ("nanovllm.engine.stress", "step time under a long queue; a soak run with aborts"),
+    "microbench": (
+        "nanovllm.bench.tools.block_manager",
+        "cost per block allocate / free / cache hit",
+    ),
+    "stress": (
+        "nanovllm.bench.tools.stress",
+        "step time under a long queue; a soak run with aborts",
+    ),
 }
 
 

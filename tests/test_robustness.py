@@ -15,8 +15,8 @@ import pytest
 from tiny_models import make_model
 
 from nanovllm import LLM, LLMEngine, SamplingParams
+from nanovllm.bench.tools.stress import soak
 from nanovllm.config import EngineConfig
-from nanovllm.engine.stress import soak
 from nanovllm.models.loader import ModelLoadError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -17,4 +17,5 @@ idea per file, in the order a run uses them:
     profile_step.py     --profile: cProfile of nanovllm's step
     suite.py            the run: load, warm up, interleaved repeats, nanovllm's extra figures
     report.py, plot.py, cli.py   tables and JSON, the --plot figure, the command line
+    tools/              the measuring tools: one piece of the engine at a time (its __init__)
 """

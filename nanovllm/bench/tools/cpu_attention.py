@@ -1,4 +1,4 @@
-"""CPU paged attention, side by side: `python -m nanovllm.kernels.bench --cpu [--quick] [--candidates]`.
+"""CPU paged attention, side by side: `python -m nanovllm.bench.tools.cpu_attention [--quick]`.
 
 Decode attention is memory-bound: a step reads every sequence's whole K/V context once. So the
 decode table reports, besides milliseconds per layer call, the effective bandwidth (bytes of K/V
@@ -15,15 +15,15 @@ To look like the engine at work, not like a loop over one cached tensor:
 - the implementations take turns within each round (the order rotates), and each figure is the
   median over rounds, with the spread shown: the machine may be shared.
 
-Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `gather+bmm` is the
-engine's torch path before it (see `cpu_attention_candidates.py`); `reference` is the plain-torch
-oracle the fast path falls back to without numba. `--candidates` adds the alternatives the fast path
-was chosen over: `torch.compile` (inductor) and a C++ extension (`load_inline`; needs a compiler).
-Timings are printed, never asserted.
+Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `torch path` is the
+engine's plain `TorchAttention` (its decodes gathered through the block tables, then one `bmm` per
+KV head), run on the metadata the engine builds (`step_metadata`); `reference` is the plain-torch
+oracle the fast path falls back to without numba. Timings are printed, never asserted.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import statistics
@@ -119,7 +119,59 @@ def attention_flops(case: Case) -> int:
     return 4 * visible * case.num_heads * case.head_dim
 
 
+class TorchPath:
+    """The engine's `TorchAttention`, called with `paged_attention_cpu`'s arguments.
+
+    The metadata is built once per batch layout, as the engine builds it once per step (the
+    layers of a case share their block tables). A call reads the new tokens' K/V back from the
+    cache at their slots (one row per new token) and times the torch path's whole forward, its
+    K/V write included."""
+
+    def __init__(self) -> None:
+        self._layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._metadata: object = None
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        from nanovllm.models.attention import TorchAttention
+
+        layout = (block_tables, seq_lens, query_start_loc)
+        if self._layout is None or any(a is not b for a, b in zip(layout, self._layout)):
+            self._layout = layout
+            self._metadata = self._build_metadata(*layout, key_cache.shape[1])
+        meta = self._metadata
+        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+        k = key_cache.view(-1, num_kv_heads, head_dim)[meta.slot_mapping]
+        v = value_cache.view(-1, num_kv_heads, head_dim)[meta.slot_mapping]
+        attn = TorchAttention(query.shape[1], num_kv_heads, head_dim, scale)
+        return attn.forward(query, k, v, key_cache, value_cache, meta)
+
+    @staticmethod
+    def _build_metadata(
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        block_size: int,
+    ) -> object:
+        from nanovllm.executor.step_inputs import step_metadata
+
+        lens, starts = seq_lens.tolist(), query_start_loc.tolist()
+        q_lens = [b - a for a, b in zip(starts, starts[1:])]
+        positions = [p for n, q in zip(lens, q_lens) for p in range(n - q, n)]
+        tables = [row[: -(-n // block_size)] for row, n in zip(block_tables.tolist(), lens)]
+        return step_metadata(positions, q_lens, lens, tables, block_size)[1]
+
+
 COPY = "copy_ (256 MB)"  # the roofline's entry among the implementations of a round
+BASELINE = "torch path"  # what the "vs torch" column divides by
 
 
 def make_copy() -> Impl:
@@ -188,13 +240,11 @@ def _first_call(name: str, fn: Callable[[], object]) -> str:
     return f"{name} {time.perf_counter() - t:.1f} s"
 
 
-def cpu_attention_bench(quick: bool, candidates: bool) -> None:
+def cpu_attention_bench(quick: bool) -> None:
     if not cpu_fast_path_available():
         print("numba is not installed: the fast path is the torch reference; nothing to compare")
         return
     import numba
-
-    from nanovllm.kernels import cpu_attention_candidates as cand
 
     rounds = 3 if quick else 7
     decode_cases = DECODE_CASES[:1] if quick else DECODE_CASES
@@ -203,20 +253,12 @@ def cpu_attention_bench(quick: bool, candidates: bool) -> None:
         "in place (numba)": paged_attention_cpu,
         # The kernel's first split of the work: an item per (query tile, KV head).
         "in place, 1 KV head/item": functools.partial(paged_attention_cpu, kv_per_item=1),
-        "gather+bmm": cand.gather_bmm,
+        BASELINE: TorchPath(),
         "reference": paged_attention_ref,
     }
     # First calls: the numba kernel JIT-compiles, or loads its machine code from numba's cache.
     tiny = make_layers(Case("tiny", (20,), (1,), 4, 2, 1, 256))[0]
     first = [_first_call("numba kernel", lambda: paged_attention_cpu(*tiny))]
-    if candidates:
-        impls["torch.compile"] = cand.inductor
-        first.append(_first_call("torch.compile", lambda: cand.inductor(*tiny)))
-        try:
-            first.append(_first_call("C++ extension build/load", cand._cpp_module))
-            impls["C++ (load_inline)"] = cand.cpp
-        except Exception as e:  # no compiler, ninja or Python headers: measure the rest
-            print(f"C++ candidate skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
 
     impls[COPY] = make_copy()
     load = os.getloadavg()[0]
@@ -227,7 +269,7 @@ def cpu_attention_bench(quick: bool, candidates: bool) -> None:
     print("first call in this process: " + "; ".join(first))
     print(f"float32, head_dim 64, block_size 16; median of {rounds} rounds, [min-max]\n")
 
-    headers = ["case", "implementation", "ms", "range", "GB/s", "%copy", "vs gather", "max err"]
+    headers = ["case", "implementation", "ms", "range", "GB/s", "%copy", "vs torch", "max err"]
     rows = []
     for case in decode_cases:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
@@ -240,7 +282,7 @@ def cpu_attention_bench(quick: bool, candidates: bool) -> None:
     print(_fmt_table(headers, rows) + "\n")
 
     impls.pop(COPY)
-    headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs gather", "max err"]
+    headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs torch", "max err"]
     rows = []
     for case in prefill_cases:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
@@ -258,7 +300,7 @@ def _table_rows(
     work: float,  # GB of K/V (decode) or GFLOP (prefill) per call
     copy_rate: float | None,  # GB/s; None: no %copy column
 ) -> list[list[str]]:
-    base = statistics.median(times["gather+bmm"])
+    base = statistics.median(times[BASELINE])
     rows = []
     for name, ts in times.items():
         med = statistics.median(ts)
@@ -277,3 +319,19 @@ def _table_rows(
             ]
         )
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one case of each kind, 3 rounds")
+    parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cpu_attention_bench(args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

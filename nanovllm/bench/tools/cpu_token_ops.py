@@ -1,7 +1,7 @@
-"""python -m nanovllm.kernels.bench_token_ops: RMSNorm and RoPE, torch against numba, side by side.
+"""`python -m nanovllm.bench.tools.cpu_token_ops`: RMSNorm and RoPE, torch against numba.
 
-For each token count, each operation runs the model's torch code (the kernels switched off) and
-the numba kernel in alternation, and prints the median of each and their ratio. Shapes default
+For each token count, each operation runs the model's torch code (`RMSNorm`, `RotaryEmbedding`)
+and the numba kernel on the same tensors (`nanovllm.kernels.cpu_token_ops`) in alternation, and prints the median of each and their ratio. Shapes default
 to the embedded model's (hidden 256, 4 query and 2 KV heads of 64); `--hidden`, `--heads`,
 `--kv-heads`, `--head-dim` give another model's.
 """
@@ -42,24 +42,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=300)
     args = parser.parse_args(argv)
-    if cpu_token_ops._numba_kernels() is None:
+    if not cpu_token_ops.applies(torch.zeros(1)):
         raise SystemExit("numba is not installed: there is no kernel to measure")
     torch.set_num_threads(args.threads)
 
     norm = RMSNorm(args.hidden, 1e-5)
     rotary = RotaryEmbedding(args.head_dim, 4096, {"rope_theta": 10000.0})
-
-    def torch_code(module: torch.nn.Module, fn: Callable[[], object]) -> Callable[[], object]:
-        """fn with the module's kernels off (`cpu_kernels`, the plain torch model's switch)."""
-
-        def run() -> object:
-            module.cpu_kernels = False
-            try:
-                return fn()
-            finally:
-                del module.cpu_kernels  # back to the class's default
-
-        return run
 
     print(f"torch threads {args.threads}; median us per call of {args.repeats}, in alternation")
     print(f"{'op':8s} {'tokens':>7s} {'torch':>9s} {'numba':>9s} {'torch/numba':>12s}")
@@ -72,13 +60,22 @@ def main(argv: list[str] | None = None) -> None:
             k = qkv[:, q_size : q_size + kv_size].view(n, args.kv_heads, args.head_dim)
             positions = torch.randint(0, 4096, (n,))
             cases = {
-                "rmsnorm": (norm, lambda x=x: norm(x)),
-                "rope": (rotary, lambda p=positions, q=q, k=k: rotary(p, q, k)),
+                "rmsnorm": (
+                    lambda x=x: norm(x),
+                    lambda x=x: cpu_token_ops.rms_norm(x, norm.weight, norm.eps),
+                ),
+                "rope": (
+                    lambda p=positions, q=q, k=k: rotary(p, q, k),
+                    lambda p=positions, q=q, k=k: cpu_token_ops.rotary(
+                        p, q, k, rotary.cos_cached, rotary.sin_cached
+                    ),
+                ),
             }
-            for op, (module, fn) in cases.items():
+            for op, (torch_code, kernel) in cases.items():
                 for _ in range(10):  # warm-up (and numba's compilation, the first time)
-                    fn()
-                us = _median_us({"torch": torch_code(module, fn), "numba": fn}, args.repeats)
+                    torch_code()
+                    kernel()
+                us = _median_us({"torch": torch_code, "numba": kernel}, args.repeats)
                 ratio = us["torch"] / us["numba"]
                 print(f"{op:8s} {n:7d} {us['torch']:9.1f} {us['numba']:9.1f} {ratio:11.2f}x")
 

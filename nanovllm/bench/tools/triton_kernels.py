@@ -1,4 +1,6 @@
-"""Benchmark the kernels: `python -m nanovllm.kernels.bench [--quick]` (`--cpu`: see bench_cpu.py).
+"""The Triton kernels timed: `python -m nanovllm.bench.tools.triton_kernels [--quick]`.
+
+(The numba CPU attention kernel has its own: `python -m nanovllm.bench.tools.cpu_attention`.)
 
 On a GPU (kernels compiled) it answers the two questions that matter for attention kernels:
 
@@ -313,30 +315,9 @@ def cpu_bench(quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Benchmark the nanovllm kernels.")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
-    parser.add_argument(
-        "--cpu",
-        action="store_true",
-        help="CPU paged attention: the numba fast path vs the engine's gather+bmm (bench_cpu.py)",
-    )
-    parser.add_argument(
-        "--candidates",
-        action="store_true",
-        help="with --cpu: also torch.compile and a C++ extension (slow first compile)",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="with --cpu: torch (and kernel) threads"
-    )
     args = parser.parse_args(argv)
-    if args.cpu:
-        from nanovllm.kernels.bench_cpu import cpu_attention_bench
-
-        torch.manual_seed(0)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        cpu_attention_bench(args.quick, args.candidates)
-        return 0
     if not triton_setup.triton_available():
         print("triton is not installed (Linux x86_64 only): nothing to benchmark")
         return 0

@@ -1,4 +1,4 @@
-"""What tensor parallelism's plumbing costs, measured: `python -m nanovllm.distributed.benchmark`.
+"""What tensor parallelism's plumbing costs: `python -m nanovllm.bench.tools.tensor_parallel`.
 
 Three measurements, each printed with the command's own numbers (nothing here is asserted):
 
@@ -229,7 +229,7 @@ def measure_loading(size: int) -> None:
                 [
                     sys.executable,
                     "-m",
-                    "nanovllm.distributed.benchmark",
+                    "nanovllm.bench.tools.tensor_parallel",
                     "--load-child",
                     path,
                     str(size),

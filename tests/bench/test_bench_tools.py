@@ -1,0 +1,45 @@
+"""The measuring tools of nanovllm/bench/tools/ run, and compare what they say they compare."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanovllm.bench.tools import block_manager, cpu_attention, cpu_token_ops
+from nanovllm.kernels import cpu_token_ops as token_kernels
+from nanovllm.kernels.reference import paged_attention_ref
+
+
+def test_block_manager_measures_every_operation() -> None:
+    costs = block_manager.measure(num_blocks=1000, num_ops=100)
+    assert set(costs) == {"allocate_us", "free_us", "hit_alloc_free_us"}
+    assert all(v > 0 for v in costs.values())
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        cpu_attention.Case("decodes", (37, 5, 64, 17), (1, 1, 1, 1), 4, 2, 1, 256),
+        cpu_attention.Case("chunk + fresh + decode", (48, 20, 9), (16, 20, 1), 4, 2, 1, 256),
+    ],
+    ids=lambda c: c.label,
+)
+def test_torch_path_is_the_attention_of_the_reference(case: cpu_attention.Case) -> None:
+    # The "vs torch" column divides by the engine's torch path: it must compute attention.
+    torch_path = cpu_attention.TorchPath()
+    for args in cpu_attention.make_layers(replace_layers(case)):
+        torch.testing.assert_close(torch_path(*args), paged_attention_ref(*args))
+
+
+def replace_layers(case: cpu_attention.Case) -> cpu_attention.Case:
+    """Two layers: the second call reuses the metadata built for the first."""
+    return cpu_attention.Case(
+        case.label, case.seq_lens, case.q_lens, case.num_heads, case.num_kv_heads, 2, case.hidden
+    )
+
+
+@pytest.mark.skipif(not token_kernels.applies(torch.zeros(1)), reason="numba is not installed")
+def test_token_ops_bench_prints_both_ops(capsys: pytest.CaptureFixture[str]) -> None:
+    cpu_token_ops.main(["--tokens", "3", "--repeats", "2", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "rmsnorm" in out and "rope" in out
