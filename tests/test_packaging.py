@@ -1,0 +1,155 @@
+"""The built wheel holds the whole tree, and an ordinary (non-editable) install of it works.
+
+The project is installed editable for development, which imports every module from the checkout:
+a package the build leaves out goes unnoticed there and fails only for a user who installed the
+wheel. So these tests build the wheel from a copy of the tree, compare its files with the tree's,
+and run the engine, the course and the visualizer from an install of that wheel alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Each source folder and the package it installs as (setup.py's ROOTS).
+ROOTS = {
+    "nanovllm": "nanovllm",
+    "kernels": "nanovllm/kernels",
+    "viz": "nanovllm/viz",
+    "lessons": "nanovllm/lessons",
+}
+PACKAGE_DATA = {".py", ".json", ".safetensors", ".md", ".tcss", ".txt", ".jsonl"}
+BUILD_FILES = ["pyproject.toml", "setup.py", "README.md"]
+
+# Run before anything else in a child process: drop the editable install's finders, which would
+# otherwise serve any module the installed copy lacks from the checkout.
+FORGET_EDITABLE = (
+    "import sys; "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(getattr(f, '__module__', ''))]; "
+    "sys.path_hooks[:] = [h for h in sys.path_hooks if 'editable' not in str(getattr(h, '__module__', ''))]; "
+    "sys.path_importer_cache.clear(); "
+)
+
+
+def tree_files() -> list[str]:
+    """The files of the source folders that git tracks or would track (not the ignored ones)."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: the tree's file list comes from git")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *ROOTS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return sorted(path for path in set(listed) if (REPO / path).is_file())
+
+
+def installed_name(path: str) -> str:
+    """Where a source file lands in the wheel: kernels/x.py -> nanovllm/kernels/x.py."""
+    folder, rest = path.split("/", 1)
+    return f"{ROOTS[folder]}/{rest}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the tree (a build in the checkout would leave a build/
+    folder behind whose stale files could stand in for missing ones)."""
+    source = tmp_path_factory.mktemp("source")
+    for path in BUILD_FILES + tree_files():
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / path, source / path)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (built,) = out.glob("nanovllm-*.whl")
+    return built
+
+
+def test_the_wheel_holds_every_module_and_data_file_of_the_tree(wheel: Path) -> None:
+    expected = {installed_name(p) for p in tree_files() if Path(p).suffix in PACKAGE_DATA}
+    assert "nanovllm/spec_decode/rejection_sampler.py" in expected
+    assert "nanovllm/kernels/reference.py" in expected
+    held = set(zipfile.ZipFile(wheel).namelist())
+    assert sorted(expected - held) == []
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed on its own into a folder (no editable link, no dependencies)."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target)]
+        + [str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return target
+
+
+def run_installed(target: Path, code: str, timeout: float = 300) -> str:
+    """Run `code` where only the installed copy is importable as nanovllm; return its stdout.
+    It fails if any nanovllm module it loaded came from elsewhere."""
+    check = (
+        "\nimport sys as _sys\n"
+        "_mods = {n: getattr(m, '__file__', None) for n, m in list(_sys.modules.items())}\n"
+        "_elsewhere = [n for n, f in _mods.items() if n.split('.')[0] == 'nanovllm' and f\n"
+        f"             and not f.startswith({str(target)!r})]\n"
+        "assert not _elsewhere, _elsewhere\n"
+        "assert 'nanovllm' in _mods, 'nanovllm was not imported'\n"
+    )
+    script = FORGET_EDITABLE + f"sys.path.insert(0, {str(target)!r})\n" + code + check
+    home = target.parent / "nanovllm-home"  # the course copies its exercises there
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=target.parent,  # not the checkout: its folders must not be importable
+        env={**os.environ, "NANOVLLM_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_an_installed_wheel_generates_lists_the_course_and_opens_viz_help(
+    installed: Path,
+) -> None:
+    out = run_installed(
+        installed,
+        "import nanovllm\n"
+        "from nanovllm import LLM, SamplingParams\n"
+        "llm = LLM(attention_backend='torch')\n"
+        "params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)\n"
+        "(result,) = llm.generate(['Once upon a time'], params)\n"
+        "print('tokens', len(result.outputs[0].token_ids))\n"
+        "print('file', nanovllm.__file__)\n",
+    )
+    assert "tokens 4" in out
+    assert f"file {installed}/nanovllm/__init__.py" in out
+
+    cli = (
+        "from nanovllm.cli import main\n"
+        "try:\n"
+        "    rc = main({argv!r})\n"
+        "except SystemExit as e:  # --help exits\n"
+        "    rc = e.code or 0\n"
+        "assert rc == 0, rc\n"
+    )
+    lessons = run_installed(installed, cli.format(argv=["lesson"]))
+    assert "nanovllm: the course" in lessons and "The KV cache" in lessons
+    viz_help = run_installed(installed, cli.format(argv=["viz", "--help"]))
+    assert "usage: nanovllm viz" in viz_help
