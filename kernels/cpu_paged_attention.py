@@ -15,8 +15,8 @@ Two implementations, one contract:
   numba missing (the one-line notice below says so, once per process) or another dtype.
 
 `cpu_fast_path_available()` tells a caller, before it builds a batch, which of the two it gets.
-The first fast call in a fresh environment JIT-compiles the kernel (3.8 s measured on the team's
-machine); numba caches the machine code on disk, and the next process's first call took 0.6 s.
+The first fast call in a fresh environment JIT-compiles the kernel; numba caches the machine code
+on disk, so later processes load it instead (both times: kernels/README.md, "Measured").
 """
 
 from __future__ import annotations

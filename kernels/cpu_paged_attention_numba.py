@@ -24,10 +24,9 @@ serves every row that reads it. With all KV heads in one item (the wrapper's cho
 there are enough tiles to keep every thread busy, as in any decode batch of a few requests), an
 item reads each block's K and V whole, one contiguous run of memory; with one KV head per item,
 it reads every `num_kv_heads`-th run of `head_dim` floats, and the cache lines between belong to
-other items, which may run on another thread or much later. On the embedded model's 64-request
-decode (machine B, kernels/README.md) the all-heads items made the kernel 1.09x faster alone
-and the engine's step 1.19x faster. When tiles are few (one request decoding), items of one KV
-head each give the threads something to share.
+other items, which may run on another thread or much later (kernels/README.md measures the
+two). When tiles are few (one request decoding), items of one KV head each give the threads
+something to share.
 `prange` shares the items among numba's threads; the wrapper has them handed out one at a time
 (`numba.set_parallel_chunksize(1)`), because items differ in cost (contexts differ; later tiles of
 a causal prefill see more keys) and equal static shares would leave a thread idle.
@@ -209,9 +208,9 @@ def attend(
         # Prefetch. A decode reads its K and V once, from DRAM, block by block, and the hardware
         # prefetcher does not follow the block table to the next block, at another address: so
         # the kernel asks for it, the first block at once, and each next one while the current
-        # one is computed, a few lines per row and key (kernels/README.md, "Prefetch": 1.15-1.5x
-        # on decodes; for prefill tiles, which read each block from the cache many times, about
-        # even, and measured slower when it was left out for them).
+        # one is computed, a few lines per row and key. Prefill tiles, which read each block
+        # from the cache many times, ask too: asking in decode tiles only made prefills slower
+        # (kernels/README.md, "Prefetch").
         first_block_at = block_tables[seq, 0] * block_bytes
         for line in range(0, block_bytes, 64):
             prefetch(key_address + first_block_at + line)

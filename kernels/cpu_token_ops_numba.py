@@ -13,18 +13,15 @@ Why: in a decode step these run on a few dozen tokens, and torch spends most of 
 between its operators, not in them. RMSNorm is five operators (pow, mean, add, rsqrt, two muls),
 RoPE per tensor a gather of cos and sin, a split, a negation, a concatenation, two products and a
 sum; each is a separate call that reads and writes the whole activation. One loop does it all
-in one pass. Measured on the 2-core development machine, 64 tokens, fp32, called in alternation
-with the torch code (`python -m nanovllm.kernels.bench_token_ops`): RMSNorm over 256 features
-63 us in torch, 38 us here; RoPE over 4 query and 2 key heads of 64, 192 us against 82 us. Most
-of what is left is the Python around the call (kernels/README.md).
+in one pass (the two side by side: `python -m nanovllm.bench.tools.cpu_token_ops`; figures in
+kernels/README.md).
 
 How work maps: one thread, one loop over tokens (no `prange`): a decode step has too few tokens
 to pay for waking threads. LLVM vectorises the loops over features (`fastmath` lets it
 reassociate the sum of squares, so the result agrees with torch's to rounding, not bit for bit).
 The arrays must be contiguous: numba compiles a strided view's indexing without knowing that
-its last dimension is contiguous, and RoPE on the strided q and k views of the fused QKV output
-took 2.7x as long as on contiguous copies (64 tokens: 37.6 against 13.8 us). float32 only, like
-the CPU engine.
+its last dimension is contiguous, so its loops over the strided q and k views of the fused QKV
+output do not vectorise (kernels/README.md). float32 only, like the CPU engine.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ activations (`executor/memory.py`); on a CPU, 512 MiB.
 
 `enforce_eager` is vLLM's name with vLLM's meaning (True: no torch.compile, no CUDA graphs),
 but the opposite default: True, the model runs eagerly. `enforce_eager=False` compiles each
-layer's per-token work with inductor (`models/compilation.py`) and, on a GPU with the Triton
-backend, replays decode steps from CUDA graphs (`executor/cuda_graphs.py`). Measured on a 2-core
-CPU, compiling cost 3-15 s at every start-up (a test suite builds hundreds of engines) and did
-not raise the bench's throughput (nanovllm/bench/README.md, "Compiling the model"). The CUDA
-graphs have not been run on a GPU yet (tests/gpu/test_gpu_cuda_graphs.py is written for that).
+layer's per-token work with inductor (`backends/compilation.py`) and, on a GPU with the Triton
+backend, replays decode steps from CUDA graphs (`backends/cuda_graphs.py`). Eager is the default
+because compiling costs seconds at every start-up (a test suite builds hundreds of engines) and
+did not raise the bench's CPU throughput (figures: nanovllm/bench/README.md, "Compiling the
+model").
 
 `dtype="auto"` (the default, as in vLLM) runs the checkpoint's own half precision on a GPU and
 float32 on a CPU, where half-precision matmuls are slow (`models/loader.py`, `resolve_dtype`).

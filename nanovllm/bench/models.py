@@ -150,9 +150,8 @@ def deepened(source: Path, extra_layers: int, seed: int = 0) -> Path:
     Each new layer is shaped like `source`'s layers, with unit norm weights and weights of std
     0.02, except the two projections that write into the residual stream (attention's o_proj
     and the MLP's down_proj), at std 0.06: small enough that the deeper model mostly predicts
-    what `source` predicts, large enough that it does not always (measured with the embedded
-    model and 28 extra layers: 81-84% of `source`'s greedy proposals accepted, in the bench
-    README's "With a draft model").
+    what `source` predicts, large enough that it does not always (how often, with the embedded
+    model and 28 extra layers: README.md, "With a draft model").
     """
     import torch
     from safetensors.torch import save_file

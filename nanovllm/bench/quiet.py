@@ -1,10 +1,10 @@
 """Wait for an idle machine before each timed run, so that no engine runs beside another's leftovers.
 
-Why: engines do not stop using the CPU the moment their run returns. vLLM's CPU worker process
-was seen at 94% and 85% of a core in the two seconds after its run ended, then at 1% (`top`,
-machine B). The repeats are interleaved (A B C A B C), so without a pause the engine that runs
-next shares the machine's two cores with that leftover work for the first seconds of its run,
-a handicap that falls on whichever engine follows vLLM, every repeat.
+Why: engines do not stop using the CPU the moment their run returns (vLLM's CPU worker keeps a
+core busy for a few seconds: README.md, "How each number is made"). The repeats are interleaved
+(A B C A B C), so without a pause the engine that runs next shares the machine's cores with
+that leftover work for the first seconds of its run, a handicap that falls on whichever engine
+follows vLLM, every repeat.
 
 How: the machine-wide CPU counters of Linux's /proc/stat, read twice `window` seconds apart;
 the machine is idle when less than `threshold` of its CPU time in between was busy (user,

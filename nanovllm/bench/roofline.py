@@ -137,8 +137,8 @@ def measure_matmul(shape: ModelShape, rows: int) -> float:
 
 def measure_copy(nbytes: int = 64 * 2**20) -> float:
     """Bytes read plus written per second by `copy_` of one fp32 tensor into another: 128 MiB
-    in all, four times the 32 MiB last-level cache of the machine README.md's figures come
-    from, so it streams from memory."""
+    in all, larger than a CPU's last-level cache (README.md, "The roofline"), so it streams from
+    memory."""
     src = torch.ones(nbytes // DTYPE_BYTES)
     dst = torch.empty_like(src)
     return 2 * nbytes / _best_seconds(lambda: dst.copy_(src), 0.2)

@@ -19,7 +19,7 @@ When the KV cache cannot hold the next tokens of the running requests, the most 
 admitted running request is *preempted*: its blocks are freed, it goes back to the front of the
 waiting queue with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus the
 tokens it had already produced. The recomputed KV equals the first up to float rounding (the
-batch it is computed in differs; a few millionths here), so its greedy output matches in practice
+batch it is computed in differs), so its greedy output matches in practice
 what it would have been without preemption.
 
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
