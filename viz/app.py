@@ -77,6 +77,12 @@ class Measurement:
     seconds: float
     frames: int
     steps: int
+    cpu_seconds: float = 0.0  # the whole process's, every thread's (`time.process_time`)
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time over wall time: 1.0 is one core busy all along."""
+        return self.cpu_seconds / self.seconds if self.seconds else 0.0
 
     @property
     def fps(self) -> float:
@@ -140,7 +146,7 @@ class VizApp(App[object]):
         self._last_frame = 0.0
         self._views: list[StateView] = []
         self._finishing = False
-        self._measure_start: tuple[float, int, int] | None = None
+        self._measure_start: tuple[float, float, int, int] | None = None
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -362,7 +368,12 @@ class VizApp(App[object]):
                 self.call_after_refresh(self._save_and_exit)
         if self.measure is not None and not status.loading:
             if self._measure_start is None:
-                self._measure_start = (time.perf_counter(), StatusBar.frames, status.steps)
+                self._measure_start = (
+                    time.perf_counter(),
+                    time.process_time(),
+                    StatusBar.frames,
+                    status.steps,
+                )
                 self.set_timer(self.measure, self._finish_measure)
 
     def is_settled(self) -> bool:
@@ -382,10 +393,13 @@ class VizApp(App[object]):
 
     def _finish_measure(self) -> None:
         assert self._measure_start is not None
-        start, frames, steps = self._measure_start
+        start, cpu, frames, steps = self._measure_start
         steps_now = self.status.steps if self.status else steps
         self.measurement = Measurement(
-            time.perf_counter() - start, StatusBar.frames - frames, steps_now - steps
+            time.perf_counter() - start,
+            StatusBar.frames - frames,
+            steps_now - steps,
+            time.process_time() - cpu,
         )
         self.exit(self.measurement)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nanovllm.engine.generate_cli import add_engine_arguments, engine_options
-from nanovllm.viz.driver import DEFAULT_SPEED
+from nanovllm.viz.driver import ANIMATE_UP_TO, DEFAULT_SPEED, EVENTS_PER_PACE
 from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
 # Engine options a scenario chooses unless the user gives them.
@@ -70,15 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--speed",
         type=float,
-        default=DEFAULT_SPEED,
-        help=f"steps per second (default {DEFAULT_SPEED:g}), 0 = as fast as possible",
+        default=None,
+        help=f"pace (default {DEFAULT_SPEED:g}): up to {ANIMATE_UP_TO:g}, a step plays event by "
+        f"event at {EVENTS_PER_PACE:g}x SPEED events/s; above, SPEED steps/s; 0 = as fast as "
+        "possible. With --measure: play at this pace (default: as fast as possible)",
     )
     g.add_argument("--paused", action="store_true", help="start paused (space resumes)")
     g.add_argument(
         "--measure",
         type=float,
         metavar="SECONDS",
-        help="headless: run at full speed and print UI frames/s and engine steps/s",
+        help="headless: play for SECONDS (as fast as possible, or at --speed) and print UI "
+        "frames/s, engine steps/s and the process's CPU use",
     )
     g.add_argument("--workload-seed", type=int, default=0)
     add_engine_arguments(parser)
@@ -123,7 +126,7 @@ def _model_missing(model: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from nanovllm.viz.app import Measurement, VizApp
-    from nanovllm.viz.driver import EngineDriver, ReplayDriver
+    from nanovllm.viz.driver import EngineDriver, ReplayDriver, pace_label
 
     def fail(message: str) -> int:
         print(f"error: {message}", file=sys.stderr)
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.steps is not None and args.steps < 1:
         return fail(f"--steps must be >= 1, got {args.steps}")
-    if args.speed < 0:
+    if args.speed is not None and args.speed < 0:
         return fail(f"--speed must be >= 0, got {args.speed}")
     goals = [g for g in (args.screenshot, args.measure, args.animate) if g is not None]
     headless = bool(goals)
@@ -149,7 +152,12 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps
     if (args.screenshot is not None or args.animate is not None) and steps is None:
         steps = 40
-    speed = 0.0 if headless else args.speed
+    if args.measure is not None and args.speed is not None:
+        speed = args.speed  # measure a pace a person watches
+    elif headless:
+        speed = 0.0
+    else:
+        speed = DEFAULT_SPEED if args.speed is None else args.speed
     common = dict(paused=args.paused and not headless, speed=speed, max_steps=steps)
     if args.connect is not None:
         if args.replay is not None or args.record is not None:
@@ -199,8 +207,10 @@ def run(args: argparse.Namespace) -> int:
     elif isinstance(result, Measurement):
         print(
             f"{result.seconds:.1f} s: {result.frames} frames = {result.fps:.1f} frames/s, "
-            f"{result.steps} engine steps = {result.steps_per_s:.1f} steps/s "
-            f"({status.source if status else '?'}, {size[0]}x{size[1]})"
+            f"{result.steps} engine steps = {result.steps_per_s:.1f} steps/s, "
+            f"CPU {result.cpu_share:.0%} of a core "
+            f"({status.source if status else '?'}, {size[0]}x{size[1]}, "
+            f"{pace_label(speed)})"
         )
     return app.return_code or 0
 

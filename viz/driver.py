@@ -12,9 +12,11 @@ sides only talk through queues:
   `DriverStatus`. States are immutable, so they cross threads without a lock and the UI may
   skip states it had no time to draw.
 
-How a step is played. At up to `ANIMATE_UP_TO` steps per second the cursor moves one event at
-a time, spread over the first `ANIMATION_SHARE` of the step's time; the finished step then
-stays on screen for the rest. Faster, it moves a whole step at a time. Paused, `Step` plays one
+How a step is played. A pace of up to `ANIMATE_UP_TO` plays a step event by event, each event
+on screen for the same time, `event_seconds(speed)` (the pace sets events per second, so a step
+of 40 events takes ten times as long as a step of 4: every event stays long enough to read),
+and the finished step stays for `STEP_HOLD_EVENTS` events' time. Faster paces are whole steps
+per second. Paused, `Step` plays one
 whole step, `StepEvent` one event, `Back` / `Forward` move over the recorded steps without
 touching the engine: the engine only steps when the cursor needs a step nobody has recorded.
 
@@ -35,20 +37,43 @@ from pathlib import Path
 from typing import Any
 
 from nanovllm.events import EngineStarted, Event
-from nanovllm.viz.history import Tape
+from nanovllm.viz.history import MAX_HISTORY, Tape
 from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, Workload
 from nanovllm.viz.state import VizState
 from nanovllm.viz.trace import TraceWriter, frames, read_trace
 
 logger = logging.getLogger("nanovllm.viz")
 
-# Steps per second the speed keys step through; 0 means as fast as the engine goes.
+# The paces the speed keys step through; 0 means as fast as the engine goes. Up to
+# `ANIMATE_UP_TO` a pace plays events, `EVENTS_PER_PACE` events per second per unit of pace;
+# above, a pace is whole steps per second.
 SPEEDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 0.0)
 DEFAULT_SPEED = 2.0
-ANIMATE_UP_TO = 8.0  # steps/s: up to this pace a step plays event by event
-ANIMATION_SHARE = 0.6  # of a step's time, spent moving through its events
+ANIMATE_UP_TO = 8.0
+EVENTS_PER_PACE = 2.0  # the default pace, 2, shows 4 events a second
+STEP_HOLD_EVENTS = 2  # a finished step stays on screen as long as this many events
 FULL_SPEED_GAP = 0.002  # seconds between steps at full speed (see `Driver.run`)
 IDLE_WAIT = 0.1  # seconds before asking a source with nothing new again
+
+
+def animates(speed: float) -> bool:
+    """Whether this pace plays a step event by event."""
+    return 0 < speed <= ANIMATE_UP_TO
+
+
+def event_seconds(speed: float) -> float:
+    """How long one event stays on screen at an animated pace."""
+    return 1 / (EVENTS_PER_PACE * speed)
+
+
+def pace_label(speed: float) -> str:
+    """The pace as the top line shows it: events/s, steps/s, or max speed."""
+    if speed <= 0:
+        return "max speed"
+    if animates(speed):
+        return f"{EVENTS_PER_PACE * speed:g} events/s"
+    return f"{speed:g} steps/s"
+
 
 # --- commands (UI -> worker) --------------------------------------------------------------------
 
@@ -158,11 +183,12 @@ class Driver:
         paused: bool = False,
         speed: float = DEFAULT_SPEED,
         max_steps: int | None = None,
+        max_history: int = MAX_HISTORY,
     ) -> None:
         self.publish_fn = publish
         self.notify_fn = notify or (lambda message, severity: None)
         self.commands: queue.Queue[Command] = queue.Queue()
-        self.tape = Tape()
+        self.tape = Tape(max_history=max_history)
         self.status = DriverStatus(mode=self.mode, source="", paused=paused, speed=speed)
         self.max_steps = max_steps
         self.exhausted = False  # the source has nothing more, ever (end of a trace)
@@ -226,13 +252,10 @@ class Driver:
         """One move of the cursor while playing; returns the seconds until the next one."""
         speed = self.status.speed
         tape = self.tape
-        if 0 < speed <= ANIMATE_UP_TO:
+        if animates(speed):
             moved = tape.forward_event() or self._pull_and(tape.forward_event)
             at_boundary = tape.k == 0
-            if at_boundary:  # hold the finished step on screen
-                delay = (1 - ANIMATION_SHARE) / speed
-            else:
-                delay = ANIMATION_SHARE / speed / max(1, len(tape.step_events()))
+            delay = event_seconds(speed) * (STEP_HOLD_EVENTS if at_boundary else 1)
         else:
             moved = self._forward_step()
             at_boundary = tape.k == 0
@@ -250,12 +273,14 @@ class Driver:
         return self.pull() and move()
 
     def _forward_step(self) -> bool:
-        """To the next step boundary, stepping the source when the tape has no step ahead."""
+        """To the next step boundary, stepping the source when the tape has no step ahead.
+
+        The test is where the cursor stands, not how many steps the tape holds: once the tape
+        is full, recording a step forgets the oldest one, so that count no longer changes.
+        """
         tape = self.tape
-        if tape.j == tape.num_steps:  # in the unrecorded part: the source must make a step
-            recorded = tape.num_steps
-            while self._pull_and(lambda: True) and tape.num_steps == recorded:
-                pass
+        while not tape.step_ahead and self._pull_and(lambda: True):
+            pass
         return tape.forward_step()
 
     def _check_limits(self) -> None:
@@ -304,7 +329,7 @@ class Driver:
         elif isinstance(command, Step):
             if not self.status.paused:
                 self._set(paused=True)
-            elif self._to_boundary or not (0 < self.status.speed <= ANIMATE_UP_TO):
+            elif self._to_boundary or not animates(self.status.speed):
                 # Already playing a step (or no animation at this speed): finish it at once.
                 self._to_boundary = False
                 self._forward_step()
@@ -431,8 +456,7 @@ class EngineDriver(Driver):
     def setup(self) -> None:
         # Imported here, in the worker: loading torch and the model takes seconds that the UI
         # spends drawing "loading" instead of freezing.
-        from nanovllm.config import EngineConfig
-        from nanovllm.engine.llm_engine import LLMEngine
+        from nanovllm import EngineConfig, LLMEngine
 
         if self._unsubscribe is not None:
             self._unsubscribe()
@@ -462,7 +486,7 @@ class EngineDriver(Driver):
 
     def pull(self) -> bool:
         """One tick of the workload: its arrivals, then one engine step (when there is work)."""
-        from nanovllm.sampling_params import SamplingParams
+        from nanovllm import SamplingParams
 
         engine = self.engine
         assert self.workload is not None
@@ -489,7 +513,7 @@ class EngineDriver(Driver):
         return self._record_pending()
 
     def handle(self, command: Command) -> None:
-        from nanovllm.sampling_params import SamplingParams
+        from nanovllm import SamplingParams
 
         if isinstance(command, AddRequest):
             self._user_requests += 1

@@ -95,6 +95,11 @@ class Tape:
         return len(self.steps) - self.j - (1 if self.k else 0) if self.j < len(self.steps) else 0
 
     @property
+    def step_ahead(self) -> bool:
+        """A closed step lies ahead of the cursor: `forward_step` needs nothing new."""
+        return self.j < len(self.steps)
+
+    @property
     def mid_step(self) -> bool:
         return self.k > 0
 

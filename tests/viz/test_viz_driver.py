@@ -174,17 +174,19 @@ def test_speculative_and_parallel_scenarios_reach_the_engine(tiny_llama: Path):
     )
     thread = start(driver)
     c.wait(lambda: c.status is not None and c.status.paused and c.state.step == 2)
-    engine = driver.engine
-    assert engine.speculative_config.num_speculative_tokens == 4
-    assert all(r.sampling_params.temperature == 0 for r in engine.scheduler.requests.values())
+    # From the engine's own events (the viz sees nothing else): it speculates 4 tokens.
+    engine = c.state.engine
+    assert (engine.speculative_method, engine.num_speculative_tokens) == ("ngram", 4)
+    assert all(a.temperature == 0 for a in SCENARIOS["speculative"].workload(0).arrivals(0, False))
     driver.max_steps = 4
     driver.send(SwitchScenario("parallel"))
     c.wait(lambda: c.status.scenario == "parallel" and not c.status.loading)
     driver.send(Step())
     c.wait(lambda: c.state.step == 1)
-    parents = driver.engine._parents
-    assert parents and c.state.families == {
-        p.request_id: tuple(child.request_id for child in p.children) for p in parents.values()
+    # The first tick's arrivals, r1, r2 ..., each with n children `0_r1`, `1_r1` ...
+    arrivals = SCENARIOS["parallel"].workload(0).arrivals(0, False)
+    assert c.state.families == {
+        f"r{i}": tuple(f"{j}_r{i}" for j in range(a.n)) for i, a in enumerate(arrivals, 1)
     }
     driver.stop()
     thread.join(10)

@@ -15,3 +15,35 @@ async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 30.0
         await pilot.pause(0.02)
     await pilot.pause()
     await pilot.pause()
+
+
+def long_trace(num_steps: int, num_blocks: int = 4) -> list:
+    """A cheap, consistent trace of `num_steps` steps: each step one request arrives, takes the
+    head of the free queue for its prompt, is prefilled, samples one token and finishes, and
+    its block goes back to the tail. For runs longer than the history (`MAX_HISTORY` steps)."""
+    from nanovllm.events import (
+        BlockAllocated,
+        BlockFreed,
+        EngineStarted,
+        RequestAdded,
+        RequestFinished,
+        RequestScheduled,
+        StepSummary,
+        TokenEmitted,
+    )
+
+    events: list = [
+        EngineStarted("synthetic", num_blocks, 4, 4, 16, 64, True, True, "torch"),
+    ]
+    for step in range(1, num_steps + 1):
+        rid, block = f"r{step}", (step - 1) % num_blocks  # the head of the free queue
+        events += [
+            RequestAdded(rid, "abc", 3, 1, ("a", "b", "c")),
+            BlockAllocated(rid, block, 0),
+            RequestScheduled(step, rid, 3, 0, True, False),
+            TokenEmitted(step, rid, 7, "d", 1),
+            RequestFinished(step, rid, "length", 3, 1),
+            BlockFreed(rid, block, 0, False),
+            StepSummary(step, {rid: 3}, 3, 0, 0, 0, 0, 0, num_blocks, 0, 0, 1e-4, 1e-3),
+        ]
+    return events

@@ -21,7 +21,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `s` | one whole step (pauses first if running) |
 | `e` | one event of the step: watch it happen in the engine's order |
 | `←` / `→` | back / forward one step through the recorded history; `end`: newest |
-| `+` / `-` | faster / slower (up to 8 steps/s a step plays event by event) |
+| `+` / `-` | faster / slower: 1 to 16 events/s (each event on screen as long as the next), then 16 and 32 steps/s, then as fast as possible |
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
 | `1`-`6`, `c` | switch scenario / next scenario (live runs) |

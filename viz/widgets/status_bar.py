@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.driver import DriverStatus, pace_label
 from nanovllm.viz.scenarios import SCENARIOS
 from nanovllm.viz.state import VizState, rank_forward_times
 from nanovllm.viz.style import ALERT, DIM, HEADING, rank_times
@@ -39,11 +39,11 @@ class StatusBar(StateView):
             text.append(" loading… ", "bold yellow")
         elif status.done:
             text.append(" ■ end of trace ", "bold")
-        elif status.paused:
+        elif status.paused:  # the pace too: `+`/`-` change it while paused
             text.append(" ⏸ paused ", "bold yellow")
+            text.append(f"· {pace_label(status.speed)} ", "yellow")
         else:
-            pace = f"{status.speed:g} steps/s" if status.speed > 0 else "max speed"
-            text.append(f" ▶ {pace} ", "bold green")
+            text.append(f" ▶ {pace_label(status.speed)} ", "bold green")
         if state.tensor_parallel_size > 1:  # tensor parallelism: the ranks of the last step
             times = rank_times(rank_forward_times(state))
             text.append(f"│ {state.tensor_parallel_size} ranks ", HEADING)
