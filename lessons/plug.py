@@ -10,7 +10,7 @@ swap sets an attribute on an engine object, which the engine then calls as its o
     scheduler step         scheduler.schedule = your schedule_step, applied              06, 07, 09
     prefix-cache lookup    kv_cache_manager.get_computed_blocks, allocate_slots          lesson 08
     attention              every layer's attention backend = PerSequenceAttention        01, 04, 05
-    sampling, detokenizing runner.sampler, engine.detokenizer                            lesson 10
+    sampling, detokenizing runner.sampler, output_processor.detokenizer                  lesson 10
     verifying proposals    runner.sampler, calling your verification rules               lesson 13
 
 Lesson 14 cannot swap anything into a built engine: its code cuts the weights as every rank's
@@ -36,13 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import (
-    AttentionMetadata,
-    TorchAttention,
-    TritonAttention,
-)
 from nanovllm.executor.sampler import Sampler
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepPlan
+from nanovllm.models.attention import AttentionMetadata
 from nanovllm.request import RequestStatus
 
 
@@ -354,12 +350,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def attention_backends(engine) -> list[tuple[Any, str, Any]]:
-    """(module, attribute name, backend) for every attention backend in the engine's model."""
-    found = []
-    for module in engine.model.modules():
-        for name, value in vars(module).items():
-            if isinstance(value, TorchAttention | TritonAttention):
-                found.append((module, name, value))
+    """(module, attribute name, backend) for every layer's paged attention (`self_attn.attn`,
+    whichever backend built it)."""
+    found = [(layer.self_attn, "attn", layer.self_attn.attn) for layer in engine.model.model.layers]
     if not found:
         raise LessonRunError("found no attention backend in the engine's model")
     return found
@@ -433,7 +426,8 @@ class _Decoding:
 
 def swap_sampling(engine, impl) -> None:
     engine.runner.sampler = Sampler(filters=your_filters(impl.apply_top_k, impl.apply_top_p))
-    engine.detokenizer = YourDetokenizer(engine.detokenizer, impl.detokenize_step)
+    outputs = engine.output_processor
+    outputs.detokenizer = YourDetokenizer(outputs.detokenizer, impl.detokenize_step)
 
 
 # --- verifying proposed tokens (lesson 13) -------------------------------------------------------

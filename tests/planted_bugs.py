@@ -56,7 +56,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "attention-reads-a-shared-block-before-the-steps-writes",
-        "nanovllm/executor/attention.py",
+        "nanovllm/models/attention.py",
         (
             (
                 "        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n"
@@ -79,14 +79,14 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "decode-values-not-masked",
-        "nanovllm/executor/attention.py",
+        "nanovllm/models/attention.py",
         (("        values = values.masked_fill(invalid[:, :, None, None], 0.0)\n", ""),),
         ("tests/test_robustness.py", "-k", "nan_left_in_stale_slots"),
         "Masked scores give weight 0, but 0 x NaN is NaN.",
     ),
     PlantedBug(
         "decode-attends-one-slot-too-many",
-        "nanovllm/executor/attention.py",
+        "nanovllm/models/attention.py",
         (
             (
                 "        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= "
@@ -100,7 +100,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "slot-mapping-off-by-one",
-        "nanovllm/executor/input_batch.py",
+        "nanovllm/backends/input_batch.py",
         (
             (
                 "            + positions % self.block_size\n",
@@ -136,7 +136,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "persistent-batch-rewrites-only-appended-blocks",
-        "nanovllm/executor/input_batch.py",
+        "nanovllm/backends/input_batch.py",
         (
             (
                 "        while first < common and old[first] == table[first]:\n"
@@ -283,7 +283,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "residual-keeps-the-rejected-token",
-        "nanovllm/spec_decode/rejection_sampler.py",
+        "nanovllm/executor/rejection_sampler.py",
         (("            residual[x] = 0.0  # max(0, p - onehot(x)): p without x\n", ""),),
         ("tests/test_spec_decode.py", "-k", "keeps_the_target_distribution"),
         "After a rejection, drawing from p itself over-weights the rejected token.",
@@ -350,7 +350,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "packed-linear-drops-the-bias",
-        "nanovllm/models/cpu_linear.py",
+        "nanovllm/backends/cpu_linear.py",
         (
             (
                 'return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")',
@@ -425,7 +425,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "compiled-regions-specialise-on-the-batch-size",
-        "nanovllm/models/compilation.py",
+        "nanovllm/backends/compilation.py",
         (
             (
                 "            torch._dynamo.decorators.mark_unbacked(tensor, 0)",
@@ -451,7 +451,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "final-only-outputs-built-every-step",
-        "nanovllm/engine/llm_engine.py",
+        "nanovllm/engine/output_processor.py",
         (("                and not request.is_finished\n", "                and False\n"),),
         ("tests/test_output_kinds.py", "-k", "add_up or generate_asks"),
         "FINAL_ONLY means one output per request, when it finishes (and no work before).",
@@ -482,7 +482,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "cuda-graph-padding-keeps-stale-slots",
-        "nanovllm/executor/cuda_graphs.py",
+        "nanovllm/backends/cuda_graphs.py",
         (("        self.slot_mapping[n:batch_size].fill_(-1)\n", ""),),
         ("tests/kernels/test_kernel_decode_graphs.py", "-k", "replay_equals"),
         "A smaller step after a larger one: its padding rows would write K/V into the larger "
@@ -539,7 +539,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "staging-hands-out-the-reused-buffer",
-        "nanovllm/executor/staging.py",
+        "nanovllm/backends/staging.py",
         (
             (
                 "        on_device.copy_(self.buffer[:end], non_blocking=self.pinned)\n",

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from nanovllm import LLM, LLMEngine, SamplingParams
 from nanovllm.config import EngineConfig
+from nanovllm.engine import output_processor
 from nanovllm.engine.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import RequestOutputKind
 
@@ -152,14 +153,17 @@ def test_a_bad_detokenize_is_named() -> None:
         SamplingParams(detokenize="no")
 
 
-def test_generate_asks_for_final_outputs_only_and_leaves_the_params_alone(tiny_llama) -> None:
+def test_generate_asks_for_final_outputs_only_and_leaves_the_params_alone(
+    tiny_llama, monkeypatch
+) -> None:
     llm = LLM(str(tiny_llama), block_size=4)
-    engine = llm.llm_engine
     built = []
-    completion = engine._completion
-    engine._completion = lambda request, *a: (
-        built.append(request.request_id) or completion(request, *a)
-    )
+
+    def request_output(**fields) -> RequestOutput:
+        built.append(fields["request_id"])
+        return RequestOutput(**fields)
+
+    monkeypatch.setattr(output_processor, "RequestOutput", request_output)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = llm.generate(["ROMEO:", "JULIET:"], params, use_tqdm=False)
     assert params.output_kind == CUMULATIVE

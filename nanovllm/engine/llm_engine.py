@@ -12,9 +12,10 @@
 each request that made progress (got a token, or finished). `stream()` wraps it for callers that
 want text as it appears. Every state change is published as an event (`subscribe`).
 
-Input checking lives here, at the door: a bad request is rejected with a `ValueError` naming the
-bad value (and a `RequestRejected` event) before it takes anything, so it never disturbs the
-requests already running.
+The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
+`input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
+a `ValueError` naming the bad value, before it takes anything), and `output_processor.py` turns
+sampled tokens into text, stops and `RequestOutput`s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,42 +31,23 @@ from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
-from nanovllm.engine.detokenizer import (
-    DetokenizerState,
-    IncrementalDetokenizer,
-    find_stop_string,
-    take_streamable,
-)
 from nanovllm.engine.eos import eos_token_ids
-from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from nanovllm.engine.parallel_sampling import (
-    ParentRequest,
-    child_params,
-    child_request_id,
-)
+from nanovllm.engine.input_processor import InputProcessor, Prompt
+from nanovllm.engine.output_processor import OutputProcessor, Progress
+from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import token_texts
-from nanovllm.events import (
-    EngineStarted,
-    Event,
-    EventBus,
-    RequestAdded,
-    RequestRejected,
-    SpecTokensVerified,
-    StepSummary,
-    TokenEmitted,
-)
+from nanovllm.events import EngineStarted, Event, EventBus, RequestAdded, StepSummary
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.executor.tensor_parallel import RunnerSpec, start_runners
+from nanovllm.engine.tensor_parallel import RunnerSpec, start_runners
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request
-from nanovllm.sampling_params import RequestOutputKind, SamplingParams
+from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.config import SpeculativeConfig
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger("nanovllm")
-
-Prompt = str | list[int] | dict
 
 
 def default_model_path() -> Path:
@@ -96,36 +77,6 @@ def pick_attention_backend(
     from nanovllm.kernels.cpu_paged_attention import cpu_fast_path_available
 
     return "cpu" if cpu_fast_path_available(dtype) else "torch"
-
-
-@dataclass
-class SpecDecodingStats:
-    """Speculative decoding so far, vLLM's counters: how many times requests verified proposals
-    (`num_drafts`), how many tokens were proposed, how many of those were accepted, and per
-    position i (from 0) how many drafts had their proposal i accepted."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-
-    def record(self, num_proposed: int, num_accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += num_proposed
-        self.num_accepted_tokens += num_accepted
-        per_pos = self.num_accepted_tokens_per_pos
-        per_pos.extend([0] * (num_accepted - len(per_pos)))
-        for position in range(num_accepted):  # the first num_accepted were accepted
-            per_pos[position] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per verifying step: the accepted proposals plus the one the step adds."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 class LLMEngine:
@@ -206,12 +157,20 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead)
-        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
-        self._detok: dict[str, DetokenizerState] = {}
+        self.output_processor = OutputProcessor(self.tokenizer, self.events)
+        self.input_processor = InputProcessor(
+            self.tokenizer,
+            vocab_size=args.vocab_size,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=config.block_size,
+            num_lookahead_tokens=lookahead,
+            eos_token_ids=self.eos_token_ids,
+            seed=config.seed,
+            events=self.events,
+            is_known=self._is_known,
+        )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
-        self._parents: dict[str, ParentRequest] = {}  # requests with n > 1, by the caller's id
-        self._arrivals = 0
-        self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.started_event = EngineStarted(
             model=path.name,
             num_kv_blocks=self.num_kv_blocks,
@@ -268,7 +227,7 @@ class LLMEngine:
         return True
 
     def _capture_decode_graphs(self, lookahead: int) -> None:
-        """Replay decode steps from CUDA graphs (executor/cuda_graphs.py) if `_graphs_wanted`
+        """Replay decode steps from CUDA graphs (backends/cuda_graphs.py) if `_graphs_wanted`
         said so; if capturing fails, say why, and run them eagerly."""
         config = self.config
         if not self.graphs_wanted:
@@ -352,132 +311,45 @@ class LLMEngine:
         With `params.n > 1` the request is fanned out into n children (`parallel_sampling.py`);
         the first child is returned.
         """
-        request_id = str(request_id)
-        params = params or SamplingParams()
-        try:
-            if request_id in self._parents:
-                raise ValueError(f"request id {request_id!r} is already in the engine")
-            text, token_ids = self._tokenize(prompt)
-            if not isinstance(params, SamplingParams) or params.n == 1:
-                request = self._make_request(request_id, text, token_ids, params)
-                self._queue(request)
-                return request
-            children = [
-                self._make_request(
-                    child_request_id(request_id, i), text, token_ids, child_params(params, i)
-                )
-                for i in range(params.n)
-            ]
-        except ValueError as exc:
+        requests, parent = self.input_processor.process_inputs(request_id, prompt, params)
+        for request in requests:
+            self.output_processor.add_request(request, parent)
+            self.scheduler.add_request(request)
             if self.events.active:
-                self.events.emit(RequestRejected(request_id, str(exc)))
-            raise
-        parent = ParentRequest(request_id, text, children[0].prompt_token_ids, children)
-        self._parents[request_id] = parent
-        for i, child in enumerate(children):
-            child.parent_id, child.index = request_id, i
-            self._queue(child)
-        return children[0]
-
-    def _queue(self, request: Request) -> None:
-        self.scheduler.add_request(request)
-        if request.sampling_params.detokenize:  # (without it, outputs carry no text)
-            self._detok[request.request_id] = DetokenizerState.after_prompt(
-                request.prompt_token_ids, request.sampling_params.skip_special_tokens
-            )
-        if self.events.active:
-            self.events.emit(
-                RequestAdded(
-                    request.request_id,
-                    request.prompt,
-                    request.num_prompt_tokens,
-                    request.max_tokens,
-                    token_texts(self.tokenizer, request.prompt_token_ids),
+                self.events.emit(
+                    RequestAdded(
+                        request.request_id,
+                        request.prompt,
+                        request.num_prompt_tokens,
+                        request.max_tokens,
+                        token_texts(self.tokenizer, request.prompt_token_ids),
+                    )
                 )
-            )
+        return requests[0]
 
-    def _make_request(
-        self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams
-    ) -> Request:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(
-                f"sampling params must be a SamplingParams, got {type(params).__name__}"
-            )
-        if request_id in self.scheduler.requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
-        if not token_ids:
-            raise ValueError(
-                f"prompt {text if text is not None else token_ids!r} is empty: it has no tokens"
-            )
-        vocab = self.model_args.vocab_size
-        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}")
-        n = len(token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
-                "(at least one token must be generated)"
-            )
-        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n)
-        capacity = self.num_kv_blocks * self.config.block_size
-        lookahead = self.scheduler.num_lookahead_tokens
-        if n + max_tokens - 1 + lookahead > capacity:
-            extra = f" + {lookahead} lookahead slots for the draft model" if lookahead else ""
-            raise ValueError(
-                f"prompt of {n} tokens plus max_tokens={max_tokens} needs {n + max_tokens - 1} KV "
-                f"slots{extra}, more than the whole KV cache ({capacity} = {self.num_kv_blocks} "
-                f"blocks x {self.config.block_size})"
-            )
-        seed = params.seed
-        if seed is None and not params.greedy:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        self._arrivals += 1
-        return Request(
-            request_id=request_id,
-            prompt_token_ids=token_ids,
-            sampling_params=params,
-            arrival_index=self._arrivals,
-            prompt=text,
-            max_tokens=max_tokens,
-            eos_token_ids=self.eos_token_ids,
-            seed=seed,
-        )
-
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self._tokenize(prompt["prompt"])
-            raise ValueError(
-                f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys {list(prompt)}"
-            )
-        if isinstance(prompt, list | tuple):
-            return None, list(prompt)
-        raise ValueError(
-            f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+    def _is_known(self, request_id: str) -> bool:
+        """Whether a request (or a parent of n > 1 children) with this id is in the engine."""
+        return (
+            request_id in self.scheduler.requests
+            or request_id in self.output_processor.parent_requests
         )
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Abort a request in any state (with n > 1, every child); its blocks are freed at once."""
         request_id = str(request_id)
-        parent = self._parents.get(request_id)
+        parent = self.output_processor.parent_requests.get(request_id)
         requests = [c for c in parent.children if not c.is_finished] if parent else []
         if parent is None:
             request = self.scheduler.requests.get(request_id)
             if request is None:
                 raise ValueError(f"cannot abort unknown request id {request_id!r}")
             requests = [request]
-        outputs = self._outputs([self._finish(r, FinishReason.ABORT) for r in requests])
+        progress = [self._finish(r, FinishReason.ABORT) for r in requests]
+        outputs = self.output_processor.make_request_outputs(progress)
         self._pending.extend(outputs)
         return outputs[-1]
 
-    def _finish(self, request: Request, reason: FinishReason) -> tuple[Request, str, list[int]]:
+    def _finish(self, request: Request, reason: FinishReason) -> Progress:
         """End `request` now (an abort or an error): no more text, its blocks freed."""
         self.scheduler.finish_request(request, reason)
         return request, "", []
@@ -499,6 +371,9 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One iteration of continuous batching: schedule, run the model, advance the requests,
+        turn their new tokens into outputs, propose the next step's tokens (speculative
+        decoding). Returns the outputs of every request that progressed or was aborted."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         outputs, self._pending = self._pending, []
@@ -514,69 +389,30 @@ class LLMEngine:
                 self._dead = exc
             raise
         forward_time = self.runner.last_forward_time + self.runner.last_sample_time
-        emit = self.events.active
-        logprobs = result.logprobs
-        progress: list[tuple[Request, str, list[int]]] = []  # (request, new text, new tokens)
-        for request_id, error in result.errors.items():
-            # This request alone could not be sampled: finish it with the reason, not the batch.
-            request = self.scheduler.requests[request_id]
-            logger.warning("nanovllm: %s", error)
-            request.error = error
-            progress.append(self._finish(request, FinishReason.ERROR))
+        progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
         if self.proposer is not None:
-            self._count_verified(sched, result.sampled_token_ids)
-        for request, num_new in self.scheduler.update_from_output(sched, result.sampled_token_ids):
-            # One token, or with speculative decoding several: each is checked for a stop in
-            # turn, and tokens after the one that stops the request are dropped.
-            first = request.num_output_tokens - num_new
-            new_tokens = request.output_token_ids[first:]
-            entries = logprobs.get(request.request_id)
-            text, finished = "", None
-            for j, token in enumerate(new_tokens):
-                num_output = first + j + 1
-                if entries is not None:
-                    request.logprobs.append(entries[j])
-                token_ids = request.all_token_ids
-                if j < num_new - 1:  # the detokenizer must not see the tokens after this one
-                    token_ids = token_ids[: request.num_prompt_tokens + num_output]
-                delta, finished = self._process_token(request, token, token_ids, num_output)
-                text += delta
-                if emit:
-                    self.events.emit(
-                        TokenEmitted(sched.step, request.request_id, token, delta, num_output)
-                    )
-                if finished is not None:
-                    request.drop_output_tokens_after(num_output)
-                    break
-            if finished is not None:
-                self.scheduler.finish_request(request, finished)
-            progress.append((request, text, request.output_token_ids[first:]))
-        outputs.extend(self._outputs(progress))
+            self.spec_stats.record_step(sched, result.sampled_token_ids, self.events)
+        updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
+        progress += self.output_processor.process_new_tokens(
+            sched.step, updated, result.logprobs, self.scheduler.finish_request
+        )
+        outputs.extend(self.output_processor.make_request_outputs(progress))
         if self.proposer is not None:
             start = time.perf_counter()
             self._propose()
             self.last_propose_time = time.perf_counter() - start
-        if emit:
+        if self.events.active:
             self.events.emit(self._summary(sched, forward_time))
         self.last_schedule_time = sched.schedule_time
         self.last_forward_time = forward_time
         return outputs
 
-    def _count_verified(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
-        """Statistics (and events) of the proposals this step verified."""
-        emit = self.events.active
-        for s in sched.scheduled:
-            tokens = sampled.get(s.request.request_id)
-            if not s.spec_token_ids or tokens is None:
-                continue
-            num_accepted = len(tokens) - 1
-            self.spec_stats.record(len(s.spec_token_ids), num_accepted)
-            if emit:
-                self.events.emit(
-                    SpecTokensVerified(
-                        sched.step, s.request.request_id, tuple(s.spec_token_ids), num_accepted
-                    )
-                )
+    def _finish_with_error(self, request_id: str, error: str) -> Progress:
+        """This request alone could not be sampled: finish it with the reason, not the batch."""
+        request = self.scheduler.requests[request_id]
+        logger.warning("nanovllm: %s", error)
+        request.error = error
+        return self._finish(request, FinishReason.ERROR)
 
     def _propose(self) -> None:
         """Proposals for every decoding request's next step (speculative decoding)."""
@@ -592,101 +428,6 @@ class LLMEngine:
             proposals = [self.proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
         for request, proposal in zip(decoding, proposals):
             request.spec_token_ids = proposal
-
-    def _process_token(
-        self, request: Request, token: int, token_ids: list[int], num_output: int
-    ) -> tuple[str, FinishReason | None]:
-        """Detokenize a new token (`token_ids` ends with it, the `num_output`-th output token)
-        and decide whether the request is done."""
-        params = request.sampling_params
-        state = self._detok.get(request.request_id)  # None: detokenize=False
-        stop = None
-        if state is not None:
-            self.detokenizer.step(state, token_ids)
-            stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
-        finished: FinishReason | None = None
-        if stop is not None:
-            finished, request.stop_reason = FinishReason.STOP, stop
-        elif not params.ignore_eos and token in request.eos_token_ids:
-            finished = FinishReason.STOP
-        elif token in params.stop_token_ids:
-            finished, request.stop_reason = FinishReason.STOP, token
-        elif num_output >= request.max_tokens:
-            finished = FinishReason.LENGTH
-        if finished is not None:
-            request.finish_reason = finished
-            if stop is None and state is not None:  # (a stop-string cut decided the final text)
-                self.detokenizer.step(state, token_ids, final=True)
-        if state is None:
-            return "", finished
-        delta = take_streamable(state, params.stop_strings, finished is not None)
-        return delta, finished
-
-    def _outputs(self, progress: list[tuple[Request, str, list[int]]]) -> list[RequestOutput]:
-        """The caller's view of this step's progress: one output per request, or per parent of
-        children (n > 1), in the order they progressed; with `FINAL_ONLY`, only those that
-        finished. Forgets what finished."""
-        outputs: list[RequestOutput] = []
-        parents: dict[str, ParentRequest] = {}
-        for request, delta, delta_ids in progress:
-            if (
-                request.sampling_params.output_kind == RequestOutputKind.FINAL_ONLY
-                and not request.is_finished
-            ):
-                continue  # (nobody reads it: skip building it, a real cost at every step)
-            completion = self._completion(request, delta, delta_ids)
-            if request.parent_id is None:
-                outputs.append(
-                    RequestOutput(
-                        request_id=request.request_id,
-                        prompt=request.prompt,
-                        prompt_token_ids=request.prompt_token_ids,
-                        outputs=[completion],
-                        finished=request.is_finished,
-                        num_cached_tokens=request.num_cached_tokens,
-                        delta_text=delta,
-                        delta_token_ids=delta_ids,
-                        error=request.error,
-                    )
-                )
-            else:
-                parent = self._parents[request.parent_id]
-                parent.completions[request.index] = completion
-                parents[parent.request_id] = parent
-            if request.is_finished:
-                self._detok.pop(request.request_id, None)
-        for parent in parents.values():
-            if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
-                continue
-            outputs.append(parent.output())
-            if parent.finished:
-                del self._parents[parent.request_id]
-        return outputs
-
-    def _completion(self, request: Request, delta: str, delta_ids: list[int]) -> CompletionOutput:
-        """One completion as the caller sees it: whole (`CUMULATIVE`, `FINAL_ONLY`), or only
-        what this step added (`DELTA`: text, token ids and logprobs alike)."""
-        params = request.sampling_params
-        if params.output_kind == RequestOutputKind.DELTA:
-            text, token_ids = delta, delta_ids
-            entries = request.logprobs[len(request.logprobs) - len(delta_ids) :]
-        else:
-            state = self._detok.get(request.request_id)
-            text, token_ids = (state.text if state else ""), list(request.output_token_ids)
-            entries = request.logprobs
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in entries]
-        return CompletionOutput(
-            index=request.index,
-            text=text,
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=str(request.finish_reason) if request.finish_reason else None,
-            stop_reason=request.stop_reason,
-            delta_text=delta,
-            delta_token_ids=delta_ids,
-        )
 
     def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:
         kv = self.kv_cache_manager

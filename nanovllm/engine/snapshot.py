@@ -54,7 +54,6 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
 
 
 def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:
-    detok = engine._detok.get(request.request_id)
     running = request.status == RequestStatus.RUNNING
     return RequestSnapshot(
         request_id=request.request_id,
@@ -64,7 +63,7 @@ def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:
         max_tokens=request.max_tokens,
         num_computed_tokens=request.num_computed_tokens,
         num_output_tokens=request.num_output_tokens,
-        output_text=detok.text if detok is not None else "",
+        output_text=engine.output_processor.output_text(request.request_id),
         block_table=tuple(engine.kv_cache_manager.get_block_table(request.request_id)),
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,

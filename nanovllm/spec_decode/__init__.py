@@ -5,4 +5,5 @@
 - `draft_model_proposer.py`: proposals from a smaller model with the same vocabulary, which keeps
   its own KV cache in the target's blocks.
 - `rejection_sampler.py`: the verification rule that keeps the target model's distribution.
+- `metrics.py`: `SpecDecodingStats`, vLLM's counters of what was proposed and accepted.
 """

@@ -578,7 +578,7 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
     assert state.metrics.num_preemptions == scheduler.num_preemptions
     assert state.metrics.prefix_hits == scheduler.prefix_cache_hits
     assert state.metrics.prefix_queries == scheduler.prefix_cache_queries
-    for parent in engine._parents.values():
+    for parent in engine.output_processor.parent_requests.values():
         children = tuple(c.request_id for c in parent.children)
         assert family_of(state, children[-1]) == (parent.request_id, children)
     if since_start:
@@ -615,7 +615,7 @@ def test_reducer_agrees_with_engine(tiny_llama: Path, run):
                     added.update([rid] if n == 1 else (child_request_id(rid, j) for j in range(n)))
                 except ValueError:
                     pass  # too big for this KV cache: a RequestRejected event
-            live = rid in engine.scheduler.requests or rid in engine._parents
+            live = rid in engine.scheduler.requests or rid in engine.output_processor.parent_requests
             if abort_at == tick and live:
                 engine.abort_request(rid)
                 check_against_engine(box[0], engine)

@@ -1,0 +1,162 @@
+"""Input processing: a caller's (request id, prompt, SamplingParams) become queued `Request`s.
+
+    add_request(id, prompt, params)
+        -> tokenize (text, token ids, or a dict of either)
+        -> check: every reason the request could never run, named (ValueError)
+        -> n > 1: fan out into n children (`parallel_sampling.py`)
+        -> each Request gets its arrival number and, when it samples unseeded, a seed
+
+It is the engine's door. Everything that can make a request fail before it runs is checked here,
+before the request takes a block or a place in a queue, so a bad request can never disturb the
+ones already running: an empty prompt, a token id outside the vocabulary, a prompt that leaves
+no room under `max_model_len`, a request longer than the whole KV cache, too many logprobs, an
+id already in use. The error names the bad value, and a `RequestRejected` event says the same.
+
+Seeds: a sampled request without a seed gets one drawn from the engine's seed, so that a run of
+an engine built with the same seed draws the same tokens again.
+
+This is vLLM's `InputProcessor` (vllm/v1/engine/input_processor.py) with its fan-out, which
+vLLM's `LLMEngine.add_request` does, folded in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from nanovllm.engine.parallel_sampling import ParentRequest, child_params, child_request_id
+from nanovllm.events import EventBus, RequestRejected
+from nanovllm.request import Request
+from nanovllm.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        vocab_size: int,
+        max_model_len: int,
+        num_kv_blocks: int,
+        block_size: int,
+        num_lookahead_tokens: int,
+        eos_token_ids: frozenset[int],
+        seed: int,
+        events: EventBus,
+        is_known: Callable[[str], bool],
+    ) -> None:
+        """`is_known(request_id)`: whether the engine already holds a request with that id."""
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.eos_token_ids = eos_token_ids
+        self.events = events
+        self.is_known = is_known
+        self.num_arrivals = 0
+        # torch's generator, so that an engine seed gives the seeds it gave before this class
+        # existed (and so the same sampled tokens).
+        self._seed_rng = torch.Generator().manual_seed(seed)
+
+    def process_inputs(
+        self, request_id: str, prompt: Prompt, params: SamplingParams | None = None
+    ) -> tuple[list[Request], ParentRequest | None]:
+        """The checked requests for one call of `add_request`: the request alone (and None), or
+        with `params.n > 1` its n children and their parent. Raises ValueError naming the bad
+        value, after emitting `RequestRejected`."""
+        request_id = str(request_id)
+        params = params or SamplingParams()
+        try:
+            if self.is_known(request_id):
+                raise ValueError(f"request id {request_id!r} is already in the engine")
+            text, token_ids = self.tokenize(prompt)
+            if not isinstance(params, SamplingParams) or params.n == 1:
+                return [self._make_request(request_id, text, token_ids, params)], None
+            children = [
+                self._make_request(
+                    child_request_id(request_id, i), text, token_ids, child_params(params, i)
+                )
+                for i in range(params.n)
+            ]
+        except ValueError as exc:
+            if self.events.active:
+                self.events.emit(RequestRejected(request_id, str(exc)))
+            raise
+        for i, child in enumerate(children):
+            child.parent_id, child.index = request_id, i
+        parent = ParentRequest(request_id, text, children[0].prompt_token_ids, children)
+        return children, parent
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt given as text, token ids, or a dict holding either."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self.tokenize(prompt["prompt"])
+            raise ValueError(
+                f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys {list(prompt)}"
+            )
+        if isinstance(prompt, list | tuple):
+            return None, list(prompt)
+        raise ValueError(
+            f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+        )
+
+    def _make_request(
+        self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams
+    ) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"sampling params must be a SamplingParams, got {type(params).__name__}"
+            )
+        if self.is_known(request_id):
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if not token_ids:
+            raise ValueError(
+                f"prompt {text if text is not None else token_ids!r} is empty: it has no tokens"
+            )
+        vocab = self.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}")
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
+                "(at least one token must be generated)"
+            )
+        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n)
+        capacity = self.num_kv_blocks * self.block_size
+        lookahead = self.num_lookahead_tokens
+        # The last token is sampled, never computed: it needs no slot.
+        if n + max_tokens - 1 + lookahead > capacity:
+            extra = f" + {lookahead} lookahead slots for the draft model" if lookahead else ""
+            raise ValueError(
+                f"prompt of {n} tokens plus max_tokens={max_tokens} needs {n + max_tokens - 1} KV "
+                f"slots{extra}, more than the whole KV cache ({capacity} = {self.num_kv_blocks} "
+                f"blocks x {self.block_size})"
+            )
+        seed = params.seed
+        if seed is None and not params.greedy:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        self.num_arrivals += 1
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            arrival_index=self.num_arrivals,
+            prompt=text,
+            max_tokens=max_tokens,
+            eos_token_ids=self.eos_token_ids,
+            seed=seed,
+        )

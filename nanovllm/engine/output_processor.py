@@ -1,0 +1,201 @@
+"""Output processing: a step's sampled tokens become text, stops, and the caller's outputs.
+
+    (request, its new tokens)   from Scheduler.update_from_output
+        -> per token: detokenize (`detokenizer.py`), check the stops in order
+           (a stop string, EOS, a stop token id, max_tokens); tokens after a stop are dropped
+        -> RequestOutput per request: CUMULATIVE, DELTA or FINAL_ONLY (`SamplingParams.output_kind`)
+        -> n > 1: the children's completions gathered into their parent's output (fan-in)
+        -> a finished request is forgotten
+
+It holds the per-request state that only text needs: a `DetokenizerState` for each request that
+detokenizes, and the `ParentRequest` of each fanned-out request. Everything else about a
+request (its tokens, its blocks, its place in a queue) is the scheduler's.
+
+Tokens are checked one at a time even when a step brings several (speculative decoding): the
+detokenizer sees only the tokens up to the one being checked, so a stop string that completes at
+the second of three tokens cuts the text there and the third is dropped.
+
+This is vLLM's `OutputProcessor` (vllm/v1/engine/output_processor.py), which also checks the
+stop strings; vLLM checks EOS, stop token ids and max_tokens in the scheduler, nanovllm here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nanovllm.engine.detokenizer import (
+    DetokenizerState,
+    IncrementalDetokenizer,
+    find_stop_string,
+    take_streamable,
+)
+from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from nanovllm.engine.parallel_sampling import ParentRequest
+from nanovllm.events import EventBus, TokenEmitted
+from nanovllm.request import FinishReason, Request
+from nanovllm.sampling_params import RequestOutputKind
+
+# One request's progress in a step: (the request, its new text, its new token ids).
+Progress = tuple[Request, str, list[int]]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, events: EventBus) -> None:
+        # The incremental detokenizer every request's text goes through (lesson 10 swaps it).
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.events = events
+        self.parent_requests: dict[str, ParentRequest] = {}  # requests with n > 1, by caller id
+        # Every request not yet forgotten; None for those with detokenize=False.
+        self._detok: dict[str, DetokenizerState | None] = {}
+
+    def add_request(self, request: Request, parent: ParentRequest | None = None) -> None:
+        """Start following `request` (with n > 1, a child of `parent`)."""
+        params = request.sampling_params
+        self._detok[request.request_id] = (
+            DetokenizerState.after_prompt(request.prompt_token_ids, params.skip_special_tokens)
+            if params.detokenize
+            else None
+        )
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._detok)
+
+    def output_text(self, request_id: str) -> str:
+        """A request's output text so far ("" when it is not detokenized or not followed)."""
+        state = self._detok.get(request_id)
+        return state.text if state is not None else ""
+
+    def process_new_tokens(
+        self,
+        step: int,
+        updated: list[tuple[Request, int]],
+        logprobs: dict[str, list[dict[int, float]]],
+        finish_request: Callable[[Request, FinishReason], None],
+    ) -> list[Progress]:
+        """Detokenize each request's `num_new` newest tokens and check them for a stop, in
+        order; a request that stops loses the tokens after the stopping one and is ended with
+        `finish_request` (the scheduler's: its blocks are freed) before the next request is
+        looked at. `logprobs[request_id][j]` is the j-th new token's entry, when asked for."""
+        emit = self.events.active
+        progress: list[Progress] = []
+        for request, num_new in updated:
+            first = request.num_output_tokens - num_new
+            new_tokens = request.output_token_ids[first:]
+            entries = logprobs.get(request.request_id)
+            text, finished = "", None
+            for j, token in enumerate(new_tokens):
+                num_output = first + j + 1
+                if entries is not None:
+                    request.logprobs.append(entries[j])
+                token_ids = request.all_token_ids
+                if j < num_new - 1:  # the detokenizer must not see the tokens after this one
+                    token_ids = token_ids[: request.num_prompt_tokens + num_output]
+                delta, finished = self._process_token(request, token, token_ids, num_output)
+                text += delta
+                if emit:
+                    self.events.emit(
+                        TokenEmitted(step, request.request_id, token, delta, num_output)
+                    )
+                if finished is not None:
+                    request.drop_output_tokens_after(num_output)
+                    break
+            if finished is not None:
+                finish_request(request, finished)
+            progress.append((request, text, request.output_token_ids[first:]))
+        return progress
+
+    def _process_token(
+        self, request: Request, token: int, token_ids: list[int], num_output: int
+    ) -> tuple[str, FinishReason | None]:
+        """Detokenize a new token (`token_ids` ends with it, the `num_output`-th output token)
+        and decide whether the request is done."""
+        params = request.sampling_params
+        state = self._detok.get(request.request_id)
+        stop = None
+        if state is not None:
+            self.detokenizer.step(state, token_ids)
+            stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
+        finished: FinishReason | None = None
+        if stop is not None:
+            finished, request.stop_reason = FinishReason.STOP, stop
+        elif not params.ignore_eos and token in request.eos_token_ids:
+            finished = FinishReason.STOP
+        elif token in params.stop_token_ids:
+            finished, request.stop_reason = FinishReason.STOP, token
+        elif num_output >= request.max_tokens:
+            finished = FinishReason.LENGTH
+        if finished is not None:
+            request.finish_reason = finished
+            if stop is None and state is not None:  # (a stop-string cut decided the final text)
+                self.detokenizer.step(state, token_ids, final=True)
+        if state is None:
+            return "", finished
+        delta = take_streamable(state, params.stop_strings, finished is not None)
+        return delta, finished
+
+    def make_request_outputs(self, progress: list[Progress]) -> list[RequestOutput]:
+        """The caller's view of this step's progress: one output per request, or per parent of
+        children (n > 1), in the order they progressed; with `FINAL_ONLY`, only those that
+        finished. Forgets what finished."""
+        outputs: list[RequestOutput] = []
+        parents: dict[str, ParentRequest] = {}
+        for request, delta, delta_ids in progress:
+            if (
+                request.sampling_params.output_kind == RequestOutputKind.FINAL_ONLY
+                and not request.is_finished
+            ):
+                continue  # (nobody reads it: skip building it, a real cost at every step)
+            completion = self._completion(request, delta, delta_ids)
+            if request.parent_id is None:
+                outputs.append(
+                    RequestOutput(
+                        request_id=request.request_id,
+                        prompt=request.prompt,
+                        prompt_token_ids=request.prompt_token_ids,
+                        outputs=[completion],
+                        finished=request.is_finished,
+                        num_cached_tokens=request.num_cached_tokens,
+                        delta_text=delta,
+                        delta_token_ids=delta_ids,
+                        error=request.error,
+                    )
+                )
+            else:
+                parent = self.parent_requests[request.parent_id]
+                parent.completions[request.index] = completion
+                parents[parent.request_id] = parent
+            if request.is_finished:
+                self._detok.pop(request.request_id, None)
+        for parent in parents.values():
+            if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
+                continue
+            outputs.append(parent.output())
+            if parent.finished:
+                del self.parent_requests[parent.request_id]
+        return outputs
+
+    def _completion(self, request: Request, delta: str, delta_ids: list[int]) -> CompletionOutput:
+        """One completion as the caller sees it: whole (`CUMULATIVE`, `FINAL_ONLY`), or only
+        what this step added (`DELTA`: text, token ids and logprobs alike)."""
+        params = request.sampling_params
+        if params.output_kind == RequestOutputKind.DELTA:
+            text, token_ids = delta, delta_ids
+            entries = request.logprobs[len(request.logprobs) - len(delta_ids) :]
+        else:
+            text, token_ids = self.output_text(request.request_id), list(request.output_token_ids)
+            entries = request.logprobs
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in entries]
+        return CompletionOutput(
+            index=request.index,
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=str(request.finish_reason) if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            delta_text=delta,
+            delta_token_ids=delta_ids,
+        )
