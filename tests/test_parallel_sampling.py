@@ -100,7 +100,8 @@ def test_aborting_the_parent_aborts_every_child(tiny_llama) -> None:
     assert aborted.finished and [c.finish_reason for c in aborted.outputs] == ["abort"] * 3
     final = engine.run_until_done()
     assert final["other"].outputs[0].finish_reason == "length"
-    assert engine.kv_cache_manager.num_used_blocks == 0 and not engine.output_processor.parent_requests
+    assert engine.kv_cache_manager.num_used_blocks == 0
+    assert not engine.output_processor.parent_requests
     with pytest.raises(ValueError, match="'p'"):
         engine.abort_request("p")
 

@@ -615,7 +615,8 @@ def test_reducer_agrees_with_engine(tiny_llama: Path, run):
                     added.update([rid] if n == 1 else (child_request_id(rid, j) for j in range(n)))
                 except ValueError:
                     pass  # too big for this KV cache: a RequestRejected event
-            live = rid in engine.scheduler.requests or rid in engine.output_processor.parent_requests
+            parents = engine.output_processor.parent_requests
+            live = rid in engine.scheduler.requests or rid in parents
             if abort_at == tick and live:
                 engine.abort_request(rid)
                 check_against_engine(box[0], engine)
