@@ -7,9 +7,11 @@
         -> n > 1: the children's completions gathered into their parent's output (fan-in)
         -> a finished request is forgotten
 
-It holds the per-request state that only text needs: a `DetokenizerState` for each request that
-detokenizes, and the `ParentRequest` of each fanned-out request. Everything else about a
-request (its tokens, its blocks, its place in a queue) is the scheduler's.
+It holds the per-request state that only outputs need, from `add_request` until the request's
+final output: its `DetokenizerState` (none with `detokenize=False`), and the `ParentRequest` of
+each fanned-out request. Everything else about a request (its tokens, its blocks, its place in
+a queue) is the scheduler's; ending a request is too, so a stop is handed to the scheduler's
+`finish_request`.
 
 Tokens are checked one at a time even when a step brings several (speculative decoding): the
 detokenizer sees only the tokens up to the one being checked, so a stop string that completes at
