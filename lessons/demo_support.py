@@ -60,7 +60,7 @@ def figures_dir() -> Path:
 
 
 def default_model_ready() -> bool:
-    from nanovllm.engine.llm_engine import default_model_path
+    from nanovllm.engine.setup import default_model_path
 
     path = default_model_path()
     return (
@@ -72,7 +72,7 @@ def default_model_ready() -> bool:
 def demo_model_path() -> Path:
     """The default model if the package has it, else the tiny random one (built on first use)."""
     if default_model_ready():
-        from nanovllm.engine.llm_engine import default_model_path
+        from nanovllm.engine.setup import default_model_path
 
         return default_model_path()
     path = home() / "models" / TINY_MODEL_NAME

@@ -1,7 +1,7 @@
 """Lesson 14's `--run`: the learner's sharding and combining inside a real tensor-parallel engine.
 
 With `tensor_parallel_size=2` the engine builds each rank's model in that rank's own process:
-rank 0 in this one, rank 1 in a worker it spawns (`nanovllm/executor/tensor_parallel.py`). So the
+rank 0 in this one, rank 1 in a worker it spawns (`nanovllm/engine/tensor_parallel.py`). So the
 learner's code must reach every one of those processes before the model is built, and the one
 way in is the function each rank calls to build its runner, `tensor_parallel.build_runner`: the
 engine looks it up when it starts the ranks and sends it to the workers (pickled, by reference).

@@ -49,7 +49,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Speculative decoding, vLLM's shape: {"method": "ngram", "num_speculative_tokens": k, ...}
     speculative_config: dict | None = None
-    # Tensor parallelism: the model cut across this many processes (`executor/tensor_parallel.py`)
+    # Tensor parallelism: the model cut across this many processes (`engine/tensor_parallel.py`)
     tensor_parallel_size: int = 1
     # True: no torch.compile, no CUDA graphs (vLLM's meaning; the default here, see above)
     enforce_eager: bool = True
@@ -91,7 +91,7 @@ class EngineConfig:
                 f"dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {self.dtype!r}"
             )
         if self.speculative_config is not None:
-            from nanovllm.spec_decode.config import SpeculativeConfig
+            from nanovllm.speculative_config import SpeculativeConfig
 
             SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
         if self.attention_backend not in (None, "torch", "cpu", "triton"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.executor.attention import AttentionMetadata
-from nanovllm.executor.model_runner import step_metadata
+from nanovllm.executor.step_inputs import step_metadata
+from nanovllm.models.attention import AttentionMetadata
 
 
 def decode_step(

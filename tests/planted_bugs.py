@@ -124,7 +124,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "reference-slot-mapping-off-by-one",
-        "nanovllm/executor/model_runner.py",
+        "nanovllm/executor/step_inputs.py",
         (
             (
                 "            table[pos // block_size] * block_size + pos % block_size",
@@ -361,16 +361,16 @@ PLANTED_BUGS = [
         "Qwen2's q/k/v have biases; the oneDNN path must add them as F.linear does.",
     ),
     PlantedBug(
-        "packed-weights-made-before-the-checkpoint-is-loaded",
-        "nanovllm/models/loader.py",
+        "packed-weights-made-from-uninitialised-weights",
+        "nanovllm/backends/cpu_linear.py",
         (
             (
-                "    load_weights(model, path)\n    prepack_linear_weights(model)",
-                "    prepack_linear_weights(model)\n    load_weights(model, path)",
+                "packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())",
+                "packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.empty_like(layer.weight))",
             ),
         ),
         ("tests/test_cpu_linear.py",),
-        "A packed copy is a snapshot: made from uninitialised weights it never sees the checkpoint.",
+        "A packed copy is a snapshot: made from anything but the loaded checkpoint it never sees it.",
     ),
     PlantedBug(
         "rust-decode-ignores-skip-special-tokens",
@@ -563,7 +563,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "staged-metadata-left-on-the-host",
-        "nanovllm/executor/model_runner.py",
+        "nanovllm/backends/cuda_runner.py",
         (
             (
                 "        return input_ids, positions, dataclasses.replace(meta, **named), logits_rows\n",
@@ -575,9 +575,30 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "profile-step-shares-its-blocks",
-        "nanovllm/executor/model_runner.py",
+        "nanovllm/backends/cuda_runner.py",
         (("            first_block += num_blocks\n", "            first_block += 0\n"),),
         ("tests/test_loading.py", "-k", "profile_step"),
         "The budget's measuring step must hold the cache a real step of that size would.",
+    ),
+    PlantedBug(
+        "the-plain-backend-packs-its-matmuls",
+        "nanovllm/backends/__init__.py",
+        (
+            (
+                '        """Make the loaded model fast where this backend can. Here: compile it if asked."""\n',
+                '        """Make the loaded model fast where this backend can. Here: compile it if asked."""\n'
+                "        from nanovllm.backends.cpu_linear import prepack_linear_weights\n\n"
+                "        prepack_linear_weights(model)\n",
+            ),
+        ),
+        ("tests/test_backends.py", "-k", "plain_pytorch"),
+        'attention_backend="torch" is plain PyTorch throughout: no oneDNN-packed matmul.',
+    ),
+    PlantedBug(
+        "the-cpu-backend-keeps-the-plain-norms",
+        "nanovllm/backends/cpu.py",
+        (("            module.__class__ = fast\n", "            pass\n"),),
+        ("tests/test_backends.py", "-k", "cpu_backend"),
+        "The CPU backend's numba norms and RoPE are chosen once, at build time.",
     ),
 ]

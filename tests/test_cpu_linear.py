@@ -1,4 +1,4 @@
-"""The CPU's prepacked linear layers (`nanovllm/models/cpu_linear.py`) against `F.linear`.
+"""The CPU's prepacked linear layers (`nanovllm/backends/cpu_linear.py`) against `F.linear`.
 
 Oracles: `F.linear` on the same weight for single products, and the same model's forward pass
 with its packed copies dropped (`unpack_linear_weights`) for a whole checkpoint.
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.models.cpu_linear import (
+from nanovllm.backends.cpu_linear import (
+    PackedMatmul,
     can_prepack,
     linear,
     linear_layers,
@@ -58,7 +59,7 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
     layers = linear_layers(model)
     # q/k/v, o, gate/up and down in each of 2 layers, and the LM head.
     assert len(layers) == 4 * 2 + 1
-    assert all(layer.packed_weight is not None for layer in layers)
+    assert all(isinstance(layer, PackedMatmul) for layer in layers)
 
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     prompts = [{"prompt_token_ids": [5, 17, 3, 99, 42, 7]}, {"prompt_token_ids": [8, 1, 60]}]
@@ -68,7 +69,7 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
 
     packed = run()
     unpack_linear_weights(model)
-    assert all(layer.packed_weight is None for layer in layers)
+    assert not any(isinstance(layer, PackedMatmul) for layer in layers)
     plain = run()
     for a, b in zip(packed, plain, strict=True):
         assert a.token_ids == b.token_ids
@@ -90,4 +91,4 @@ def test_a_packing_failure_falls_back_to_f_linear_with_one_notice(tiny_llama, mo
     with pytest.warns(UserWarning, match="could not prepack") as notices:
         assert prepack_linear_weights(model) == 0
     assert len(notices) == 1
-    assert all(layer.packed_weight is None for layer in linear_layers(model))
+    assert not any(isinstance(layer, PackedMatmul) for layer in linear_layers(model))

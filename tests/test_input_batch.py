@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanovllm.backends.input_batch import InputBatch
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.attention import AttentionMetadata
-from nanovllm.executor.input_batch import InputBatch
-from nanovllm.executor.model_runner import step_inputs
+from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.models.attention import AttentionMetadata
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 

@@ -15,6 +15,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.config import EngineConfig
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, budget_from_profile
 from nanovllm.models import llama
+from nanovllm.models.attention import TorchAttention
 from nanovllm.models.loader import load_model, resolve_dtype
 from nanovllm.models.rotary import RotaryEmbedding
 
@@ -46,7 +47,7 @@ def test_the_model_is_built_in_its_dtype_on_its_device(tiny_llama, monkeypatch) 
 
     monkeypatch.setattr(llama.CausalLM, "__init__", spy)
     config = json.loads((tiny_llama / "config.json").read_text())
-    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"), "torch", 128)
+    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"), TorchAttention, 128)
     assert built == [{("cpu", torch.bfloat16)}]
     assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.bfloat16)}
     assert torch.get_default_dtype() == torch.float32, "the default dtype was not restored"
@@ -66,7 +67,7 @@ def test_tied_embeddings_stay_one_tensor(tmp_path) -> None:
     from tiny_models import make_model
 
     path = make_model(tmp_path / "tied", tie=True)
-    model = load_model(path, torch.float32, torch.device("cpu"), "torch", 64)
+    model = load_model(path, torch.float32, torch.device("cpu"), TorchAttention, 64)
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
@@ -98,10 +99,15 @@ def test_the_kv_budget_is_what_the_gpu_has_left_after_weights_and_activations() 
 
 
 def test_the_profile_step_is_the_largest_step_in_a_cache_just_big_enough(tiny_llama) -> None:
-    """What a GPU's budget is measured on (`ModelRunner.profile_step`, run here on the CPU):
-    `num_tokens` prompt tokens spread evenly over `num_seqs` fresh requests, each sampling, in
-    a temporary cache whose every block one request holds, and a forward pass that runs on it."""
-    runner = LLM(str(tiny_llama), block_size=16).llm_engine.runner
+    """What a GPU's budget is measured on (`CudaModelRunner.profile_step`, run here on the
+    CPU): `num_tokens` prompt tokens spread evenly over `num_seqs` fresh requests, each
+    sampling, in a temporary cache whose every block one request holds, and a forward pass that
+    runs on it."""
+    from nanovllm.backends.cuda_runner import CudaModelRunner
+    from nanovllm.executor.model_runner import ModelRunner
+
+    model = LLM(str(tiny_llama), block_size=16).llm_engine.model
+    runner = CudaModelRunner(model, 16, torch.float32, torch.device("cpu"))
     for num_tokens, num_seqs in [(100, 7), (64, 64), (5, 9)]:
         out = runner.profile_step(num_tokens, num_seqs)
         lengths = [s.num_new_tokens for s in out.scheduled]
@@ -112,7 +118,8 @@ def test_the_profile_step_is_the_largest_step_in_a_cache_just_big_enough(tiny_ll
             assert len(s.block_table) == -(-s.num_new_tokens // 16)
         blocks = sorted(b for s in out.scheduled for b in s.block_table)
         assert blocks == list(range(runner.kv_caches[0][0].shape[0]))
-        logits = runner.forward_logits(*runner.prepare_inputs(out))
+        # (The plain forward: CUDA events need a GPU.)
+        logits = ModelRunner.forward_logits(runner, *runner.prepare_inputs(out))
         assert logits.shape == (len(lengths), runner.model.args.vocab_size)
         assert torch.isfinite(logits).all()
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tiny_models import hf_greedy, make_model
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.llm_engine import default_model_path
+from nanovllm.engine.setup import default_model_path
 
 MAX_TOKENS = 12
 

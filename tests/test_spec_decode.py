@@ -19,9 +19,9 @@ from scheduling_configs import speculative_engine_configs
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.events import BlockFreed, RequestFinished, RequestScheduled, SpecTokensVerified
-from nanovllm.spec_decode.config import SpeculativeConfig
+from nanovllm.executor.rejection_sampler import verify_greedy, verify_random
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
-from nanovllm.spec_decode.rejection_sampler import verify_greedy, verify_random
+from nanovllm.speculative_config import SpeculativeConfig
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}  # fmt: skip

@@ -1,4 +1,4 @@
-"""InputStaging (executor/staging.py): a step's tensors packed into one buffer and sent as one copy.
+"""InputStaging (backends/staging.py): a step's tensors packed into one buffer and sent as one copy.
 
 Without a GPU the staging runs with device="cpu" (no pinning, no events): what is checked here is
 the packing, against the tensors themselves as the oracle. Each tensor comes back with its
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanovllm.executor.staging import ALIGN, InputStaging
+from nanovllm.backends.staging import ALIGN, InputStaging
 
 DTYPES = (torch.int64, torch.int32, torch.float32)
 
@@ -63,12 +63,13 @@ def test_the_buffer_is_reused_until_a_step_needs_more() -> None:
 
 
 def test_the_runner_sends_each_host_tensor_of_a_step_once() -> None:
-    """`ModelRunner.inputs_on_device`, with the "meta" device standing in for a GPU (tensors
+    """`CudaModelRunner.inputs_on_device`, with the "meta" device standing in for a GPU (tensors
     with shapes and dtypes but no values): every tensor of the step, the logits rows included,
     arrives there in one staging call, the metadata's lists stay as they are, and tensors that
     are there already are not sent again. On a CPU nothing moves at all."""
     from decode_steps import decode_step
 
+    from nanovllm.backends.cuda_runner import CudaModelRunner
     from nanovllm.executor.model_runner import ModelRunner
 
     input_ids, positions, meta = decode_step([5, 40, 17], 0, 16, 32)
@@ -76,7 +77,7 @@ def test_the_runner_sends_each_host_tensor_of_a_step_once() -> None:
     same = cpu_runner.inputs_on_device(input_ids, positions, meta, [0, 2])
     assert same[0] is input_ids and same[1] is positions and same[2] is meta
 
-    runner = ModelRunner(None, 16, torch.float32, torch.device("meta"))
+    runner = CudaModelRunner(None, 16, torch.float32, torch.device("meta"))
     calls = []
     to_device = runner.staging.to_device
     runner.staging.to_device = lambda tensors: calls.append(len(tensors)) or to_device(tensors)

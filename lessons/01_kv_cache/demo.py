@@ -134,7 +134,7 @@ def run(console: Console) -> None:
         from nanovllm.lessons.demo_support import default_model_ready
 
         if default_model_ready():
-            from nanovllm.engine.llm_engine import default_model_path
+            from nanovllm.engine.setup import default_model_path
 
             cfg = json.loads((default_model_path() / "config.json").read_text())
             heads = cfg["num_attention_heads"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.executor.attention import (
+from nanovllm.models.attention import (
     AttentionMetadata,
     TorchAttention,
     gather_context,

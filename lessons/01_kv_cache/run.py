@@ -11,8 +11,8 @@ sees it.
 
 from __future__ import annotations
 
-from nanovllm.executor.attention import gather_context, store_kv
 from nanovllm.lessons.plug import PerSequenceAttention, swap_attention
+from nanovllm.models.attention import gather_context, store_kv
 
 ENGINE: dict = {}
 WORKLOAD = "batch"

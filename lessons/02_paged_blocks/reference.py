@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.model_runner import step_inputs
+from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 

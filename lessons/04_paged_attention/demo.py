@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nanovllm.executor.attention import AttentionMetadata, TorchAttention, gather_context, store_kv
+from nanovllm.models.attention import AttentionMetadata, TorchAttention, gather_context, store_kv
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 32, 8
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.executor.attention import AttentionMetadata, TorchAttention, gather_context
+from nanovllm.models.attention import AttentionMetadata, TorchAttention, gather_context
 
 __all__ = ["gather_kv", "paged_decode"]
 

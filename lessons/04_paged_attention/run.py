@@ -8,8 +8,8 @@ block table, and, for a prefill whose context is partly cached, reads that conte
 
 from __future__ import annotations
 
-from nanovllm.executor.attention import store_kv
 from nanovllm.lessons.plug import PerSequenceAttention, causal_attention, swap_attention
+from nanovllm.models.attention import store_kv
 
 ENGINE = dict(max_num_batched_tokens=64)  # chunked prefills: context read back by gather_kv
 WORKLOAD = "batch"

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.executor.attention import gather_context
 from nanovllm.kernels import triton_setup
 from nanovllm.lessons.plug import PerSequenceAttention, causal_attention, swap_attention
+from nanovllm.models.attention import gather_context
 
 triton_setup.configure()  # before anything imports triton
 

@@ -8,7 +8,7 @@ as lists.
 from __future__ import annotations
 
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.model_runner import step_inputs
+from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepInputs, schedule_with_engine
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams

@@ -113,7 +113,7 @@ def run(console: Console) -> None:
     )
 
     section(console, "3. Rejection sampling keeps the target's distribution")
-    from nanovllm.spec_decode.rejection_sampler import verify_random
+    from nanovllm.executor.rejection_sampler import verify_random
 
     p = torch.tensor([[0.50, 0.25, 0.15, 0.10, 0.00], [0.2, 0.2, 0.2, 0.2, 0.2]])
     q = torch.tensor([[0.10, 0.10, 0.20, 0.30, 0.30]])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from nanovllm.executor.rejection_sampler import draw
 from nanovllm.lessons.testing import Mutant, variant
-from nanovllm.spec_decode.rejection_sampler import draw
 
 
 def _greedy(target_argmax, draft_token_ids, *, bug=""):

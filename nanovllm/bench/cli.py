@@ -54,7 +54,7 @@ def _speculative_config(text: str) -> dict:
     """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
     import json
 
-    from nanovllm.spec_decode.config import SpeculativeConfig
+    from nanovllm.speculative_config import SpeculativeConfig
 
     try:
         config = json.loads(text)

@@ -19,7 +19,7 @@ run also keeps its speculative decoding counts (`LLMEngine.spec_stats`, over tha
 `nanovllm-no-spec` is the same engine without speculation, the other side of the comparison.
 
 `nanovllm-compiled` is the engine with `enforce_eager=False` (its layers compiled by
-torch.compile at load, `models/compilation.py`); its load info keeps the compile time, and the
+torch.compile at load, `backends/compilation.py`); its load info keeps the compile time, and the
 report prints it with its step-time breakdown beside nanovllm's.
 """
 

@@ -61,7 +61,7 @@ def resolve(spec: str) -> ModelInfo:
     elif deep_base and extra.isdigit():
         path = deepened(Path(resolve(deep_base).path), int(extra))
     elif spec == "embedded":
-        from nanovllm.engine.llm_engine import default_model_path
+        from nanovllm.engine.setup import default_model_path
 
         path = default_model_path()
     elif spec in SPECS:

@@ -120,7 +120,7 @@ def measure_matmul(shape: ModelShape, rows: int) -> float:
     values: they do not change a matmul's cost), for a batch of `rows` tokens. Each shape takes
     the faster of `F.linear` and oneDNN's product with a prepacked weight (`cpu_linear.py`, what
     nanovllm runs on a CPU), so the rate is the best this machine was seen to do."""
-    from nanovllm.models.cpu_linear import can_prepack, linear
+    from nanovllm.backends.cpu_linear import can_prepack, linear
 
     flops = seconds = 0.0
     for out_features, in_features in shape.layer_weights() + [(shape.vocab, shape.hidden)]:

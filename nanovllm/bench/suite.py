@@ -151,7 +151,7 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
     )
     first = [REFERENCE]
     if cfg.speculative_config is not None:
-        from nanovllm.spec_decode.config import SpeculativeConfig
+        from nanovllm.speculative_config import SpeculativeConfig
 
         spec = SpeculativeConfig.from_dict(cfg.speculative_config)  # a bad value is named here
         limits.speculative_config = cfg.speculative_config

@@ -31,7 +31,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="no torch.compile (the default); --no-enforce-eager compiles the model's layers "
-        "at start-up (seconds; see nanovllm/models/compilation.py)",
+        "at start-up (seconds; see nanovllm/backends/compilation.py)",
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
@@ -47,7 +47,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="run the model over this many processes (tensor parallelism; see `torchrun` in "
-        "nanovllm/executor/tensor_parallel.py)",
+        "nanovllm/engine/tensor_parallel.py)",
     )
 
 

@@ -23,136 +23,46 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import torch
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
-from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.input_processor import InputProcessor, Prompt
 from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
+from nanovllm.engine.setup import set_up_engine
 from nanovllm.engine.snapshot import token_texts
 from nanovllm.events import EngineStarted, Event, EventBus, RequestAdded, StepSummary
-from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.engine.tensor_parallel import RunnerSpec, start_runners
-from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.config import SpeculativeConfig
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.metrics import SpecDecodingStats
-from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger("nanovllm")
-
-
-def default_model_path() -> Path:
-    import nanovllm.default_model
-
-    return Path(nanovllm.default_model.__file__).parent
-
-
-def pick_attention_backend(
-    requested: str | None, device: torch.device, dtype: torch.dtype = torch.float32
-) -> str:
-    """The fastest backend where we run: Triton's kernels on a GPU; on a CPU the in-place numba
-    kernel for float32 (when numba is installed; otherwise it says so once), else plain torch.
-
-    (On a CPU Triton can only run through its interpreter, thousands of times slower.)
-    """
-    if requested is not None:
-        if requested == "cpu" and device.type != "cpu":
-            raise ValueError(f"attention_backend='cpu' runs on a CPU, not on {device}")
-        return requested
-    if device.type == "cuda":
-        from nanovllm.kernels.triton_setup import triton_available
-
-        if triton_available():
-            return "triton"
-        return "torch"
-    from nanovllm.kernels.cpu_paged_attention import cpu_fast_path_available
-
-    return "cpu" if cpu_fast_path_available(dtype) else "torch"
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.events = EventBus()
-        path = Path(config.model) if config.model else default_model_path()
-        self.model_path = path
-        hf_config, args = load_model_args(path)
-        self.model_args = args
-
-        if config.max_model_len is None:
-            self.max_model_len = args.max_position_embeddings
-        elif config.max_model_len > args.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's limit "
-                f"(max_position_embeddings={args.max_position_embeddings})"
-            )
-        else:
-            self.max_model_len = config.max_model_len
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={config.max_num_batched_tokens} is smaller than "
-                f"max_model_len={self.max_model_len}; without chunked prefill a whole prompt must "
-                "fit in one step"
-            )
-
-        self.device = torch.device(
-            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        )
-        self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
-        dtype = str(self.dtype).removeprefix("torch.")
-        if config.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
-        self.attention_backend = pick_attention_backend(
-            config.attention_backend, self.device, self.dtype
-        )
-        if self.attention_backend == "triton":
-            from nanovllm.kernels.paged_attention import check_supported
-
-            check_supported(config.block_size, args.head_dim)
-
-        self.tokenizer = load_tokenizer(path)
-        self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)
-        # The model (rank 0's shard of it with tensor parallelism, the other ranks starting in
-        # their own processes) and its runner.
-        tp = config.tensor_parallel_size
-        threads = config.num_threads
-        if tp > 1 and not threads and self.device.type == "cpu":
-            threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
-        spec = RunnerSpec(
-            path, self.dtype, self.device.type, self.attention_backend, self.max_model_len,
-            config.block_size, threads, config.enforce_eager,
-        )  # fmt: skip
+        # The model on every rank, its KV cache and the proposer: `setup.py`.
+        setup = set_up_engine(config)
+        self.setup = setup
+        self.model_path, self.model_args = setup.model_path, setup.model_args
+        self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
+        self.attention_backend = setup.attention_backend
+        self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids
+        self.runner, self.group, self.executor = setup.runner, setup.group, setup.executor
+        self.model = self.runner.model
+        self.num_kv_blocks = setup.num_kv_blocks
         # Speculative decoding: the proposer (an n-gram search or a draft model), and counts of
         # what was proposed and accepted.
-        self.speculative_config = None
-        self.proposer: NgramProposer | DraftModelProposer | None = None
-        lookahead = 0
-        if config.speculative_config is not None:
-            self.speculative_config = SpeculativeConfig.from_dict(config.speculative_config)
-            self.proposer = self._load_proposer(self.speculative_config, spec)
-            lookahead = self.speculative_config.num_lookahead_tokens
+        self.speculative_config, self.proposer = setup.speculative_config, setup.proposer
+        lookahead = setup.num_lookahead_tokens
         self.spec_stats = SpecDecodingStats()
         self.last_propose_time = 0.0  # seconds the last step spent proposing
-        self.runner, self.group = start_runners(tp, spec, args)
-        self.model = self.runner.model
         self._dead: BaseException | None = None  # set when a rank died: no step can run
-        self.graphs_wanted = self._graphs_wanted()
-        self.num_kv_blocks = self._num_kv_blocks(lookahead)
-        self._on_every_rank("allocate_kv_cache", self.num_kv_blocks)
-        self._capture_decode_graphs(lookahead)
-        if isinstance(self.proposer, DraftModelProposer):
-            self.proposer.runner.allocate_kv_cache(self.num_kv_blocks)  # the same block ids
-            self.runner.draft = self.proposer.runner
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
@@ -160,7 +70,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
             self.tokenizer,
-            vocab_size=args.vocab_size,
+            vocab_size=self.model_args.vocab_size,
             max_model_len=self.max_model_len,
             num_kv_blocks=self.num_kv_blocks,
             block_size=config.block_size,
@@ -172,7 +82,7 @@ class LLMEngine:
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
         self.started_event = EngineStarted(
-            model=path.name,
+            model=self.model_path.name,
             num_kv_blocks=self.num_kv_blocks,
             block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
@@ -191,7 +101,8 @@ class LLMEngine:
         logger.info(
             "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "
             "(%d blocks x %d); maximum concurrency for %d tokens per request: %.2fx",
-            path.name, self.device, dtype, self.attention_backend, capacity,
+            self.model_path.name, self.device, str(self.dtype).removeprefix("torch."),
+            self.attention_backend, capacity,
             self.num_kv_blocks, config.block_size, self.max_model_len,
             capacity / self.max_model_len,
         )  # fmt: skip
@@ -199,90 +110,6 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
         return cls(EngineConfig(model=model, **kwargs))
-
-    # --- setup helpers --------------------------------------------------------------------------
-
-    def _load_proposer(
-        self, spec: SpeculativeConfig, target: RunnerSpec
-    ) -> NgramProposer | DraftModelProposer:
-        k = spec.num_speculative_tokens
-        if spec.method == "ngram":
-            return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
-        assert spec.model is not None
-        return DraftModelProposer.load(spec.model, k, target, self.model_args, self.tokenizer)
-
-    def _graphs_wanted(self) -> bool:
-        """Whether decode steps are to be captured as CUDA graphs: with `enforce_eager=False`
-        on a GPU, where they can serve (otherwise this says why not, once)."""
-        if self.config.enforce_eager or self.device.type != "cuda":
-            return False
-        why_not = None
-        if self.attention_backend != "triton":
-            why_not = f"attention backend {self.attention_backend!r} (only 'triton' is captured)"
-        elif self.group is not None:
-            why_not = "tensor parallelism"
-        if why_not is not None:
-            logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
-            return False
-        return True
-
-    def _capture_decode_graphs(self, lookahead: int) -> None:
-        """Replay decode steps from CUDA graphs (backends/cuda_graphs.py) if `_graphs_wanted`
-        said so; if capturing fails, say why, and run them eagerly."""
-        config = self.config
-        if not self.graphs_wanted:
-            return
-        max_blocks = -(-(self.max_model_len + lookahead) // config.block_size)
-        try:
-            seconds = self.runner.capture_decode_graphs(config.max_num_seqs, max_blocks)
-        except Exception as exc:  # the model then runs as it would without graphs
-            self.runner.graphs = None
-            logger.warning(
-                "nanovllm: capturing CUDA graphs failed (%s: %s); decode steps run eagerly",
-                type(exc).__name__, exc,
-            )  # fmt: skip
-            return
-        logger.info(
-            "nanovllm: captured CUDA graphs for decode batches of %s requests in %.1f s",
-            ", ".join(map(str, self.runner.graphs.batch_sizes)), seconds,
-        )  # fmt: skip
-
-    def _num_kv_blocks(self, lookahead: int) -> int:
-        """How many KV blocks, each with its slots in every layer (and, with a draft model, in
-        every layer of the draft too: its cache has the same blocks)."""
-        config = self.config
-        if config.num_kv_blocks is not None:
-            return config.num_kv_blocks
-        per_block = ModelRunner.kv_bytes_per_block(
-            self.model_args, config.block_size, self.dtype, config.tensor_parallel_size
-        )
-        if isinstance(self.proposer, DraftModelProposer):
-            per_block += ModelRunner.kv_bytes_per_block(
-                self.proposer.runner.model.args, config.block_size, self.dtype
-            )
-        budget = config.kv_cache_memory_bytes
-        if budget is None:  # the smallest any rank can give (each holds its heads' share)
-            budgets = self._on_every_rank(
-                "measure_kv_budget", config, self.max_model_len, self.graphs_wanted, all=True
-            )
-            budget = min(budgets)
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_memory_bytes={budget} is too small for a single KV block "
-                f"({per_block} bytes at block_size={config.block_size})"
-            )
-        # More than every sequence at full length could ever use is wasted memory.
-        useful = config.max_num_seqs * -(-(self.max_model_len + lookahead) // config.block_size)
-        return int(min(num_blocks, useful))
-
-    def _on_every_rank(self, method: str, *args, all: bool = False):
-        """Call a runner method on every rank (just here without tensor parallelism): rank 0's
-        result, or with `all` every rank's in rank order."""
-        if self.group is None:
-            result = getattr(self.runner, method)(*args)
-            return [result] if all else result
-        return self.group.run_all(method, *args) if all else self.group.run(method, *args)
 
     def shutdown(self) -> None:
         """Stop the worker processes of tensor parallelism (also done at interpreter exit)."""
@@ -381,7 +208,7 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         try:
-            result = self.runner.execute(sched)
+            result = self.executor.execute(sched)
         except Exception as exc:
             self.scheduler.rollback_step(sched)
             self._pending = outputs + self._pending  # the aborts' outputs wait for the next step

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from nanovllm.executor.rejection_sampler import verify_greedy, verify_random
 from nanovllm.request import Request
-from nanovllm.spec_decode.rejection_sampler import verify_greedy, verify_random
 
 
 @dataclass
@@ -126,7 +126,7 @@ class Sampler:
     ) -> SamplerOutput:
         """logits: [num_rows, vocab] fp32. Each request has one row, or with speculative
         decoding 1 + k rows: its last own token's, then one per proposed token (the proposals
-        are verified by `spec_decode/rejection_sampler.py`)."""
+        are verified by `executor/rejection_sampler.py`)."""
         # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
         argmax, bad = greedy_tokens(logits)  # [num_rows] each
         if _plain_greedy(requests, spec_token_ids) and not bad.any():

@@ -12,7 +12,8 @@ size so every rank's range has the same length; the padding rows are zeros and n
   ([num_tokens, padded_vocab / tp]); an all-gather concatenates them in rank order and the
   padding columns are cut off, leaving [num_tokens, vocab_size].
 
-At tensor-parallel size 1 they are a plain `F.embedding` and a plain matmul (`cpu_linear.linear`).
+At tensor-parallel size 1 they are a plain `F.embedding` and a plain `F.linear` (`matmul`, which
+a backend may give a faster class, as it does the linear layers').
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from nanovllm.distributed.communication import (
     tensor_model_parallel_all_reduce,
 )
 from nanovllm.distributed.parallel_state import get_tp_rank, get_tp_world_size
-from nanovllm.models.cpu_linear import linear
 from nanovllm.models.linear import LoadedWeight, check_shape, new_parameter
 
 
@@ -115,7 +115,6 @@ class ParallelLMHead(VocabParallelEmbedding):
             if bias
             else None
         )
-        self.packed_weight: torch.Tensor | None = None  # set after loading (cpu_linear.py)
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
         """Use the embedding table as the LM head (tie_word_embeddings)."""
@@ -124,9 +123,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.weight = embed_tokens.weight
         return self
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T + b with this rank's vocabulary rows: -> [num_tokens, padded_vocab / tp]."""
+        return F.linear(x, self.weight, bias)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [num_tokens, padded_vocab / tp]
-        logits = linear(hidden, self.weight, self.bias, self.packed_weight)
+        logits = self.matmul(hidden, self.bias)
         if self.tp_size == 1:
             return logits  # padded == real vocabulary at size 1
         logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [num_tokens, padded_vocab]

@@ -16,9 +16,9 @@ likewise the MLP's gate/up are column-parallel and down is row-parallel.
 
 Fusion rides along: `QKVParallelLinear` holds q, k and v stacked in one weight, and
 `MergedColumnParallelLinear` gate and up, so each is ONE matmul instead of three or two. That
-is why these classes are used at tensor-parallel size 1 too, where they are a plain matmul
-(`cpu_linear.linear`: `F.linear`, or oneDNN with a prepacked weight on a CPU) with no
-communication at all.
+is why these classes are used at tensor-parallel size 1 too, where they are a plain `F.linear`
+with no communication at all. Every layer multiplies through one method, `matmul`, which a
+backend may give a faster class (`nanovllm/backends/cpu_linear.py`).
 
 Every parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that takes the
 checkpoint's FULL tensor (Hugging Face's `q_proj.weight`, `gate_proj.weight`, ...) and copies in
@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.distributed.communication import (
@@ -39,7 +40,6 @@ from nanovllm.distributed.communication import (
     tensor_model_parallel_all_reduce,
 )
 from nanovllm.distributed.parallel_state import get_tp_rank, get_tp_world_size
-from nanovllm.models.cpu_linear import linear, packed_linear
 
 # A checkpoint tensor: a torch.Tensor, or anything with `.shape` and `.narrow(dim, start, n)`.
 LoadedWeight = Any
@@ -87,14 +87,10 @@ class LinearBase(nn.Module):
             if bias_size is not None
             else None
         )
-        self.packed_weight: torch.Tensor | None = None  # set after loading (cpu_linear.py)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x W^T + b with this rank's weight: `cpu_linear.linear`, or, while torch.compile
-        traces it, `cpu_linear.packed_linear` (the packed tensor cannot enter a graph)."""
-        if torch.compiler.is_compiling():
-            return packed_linear(x, self.weight, bias)
-        return linear(x, self.weight, bias, self.packed_weight)
+        """x W^T + b with this rank's weight: [num_tokens, in] -> [num_tokens, out]."""
+        return F.linear(x, self.weight, bias)
 
     def extra_repr(self) -> str:
         return (

@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.executor.attention import AttentionMetadata, make_attention
-from nanovllm.kernels import cpu_token_ops
+from nanovllm.models.attention import AttentionMetadata, TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.models.rotary import RotaryEmbedding
@@ -96,14 +95,7 @@ class ModelArgs:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 for stability.
-
-    On a CPU in float32 one numba loop does it (`kernels/cpu_token_ops.py`); the torch code
-    below is what it computes, and runs everywhere else, and in the plain torch model
-    (`attention_backend="torch"`, `cpu_kernels` False).
-    """
-
-    cpu_kernels = True  # False: always the torch code below (see CausalLM)
+    """x / rms(x) * weight, computed in fp32 for stability."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -111,10 +103,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernels and cpu_token_ops.applies(x):
-            out = cpu_token_ops.rms_norm(x, self.weight, self.eps)
-            if out is not None:
-                return out
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -122,12 +110,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Self-attention's weights and its work before the attention itself (`qkv`). The decoder
-    layer runs the three parts in turn: `qkv`, the paged attention `attn`, then `o_proj`; so
-    the per-token parts on either side can be compiled apart from it (`models/compilation.py`).
-    """
+    """Self-attention: project q, k, v (`qkv`), paged attention over the KV cache (`attn`, the
+    backend's implementation of `TorchAttention`'s interface), then the output projection."""
 
-    def __init__(self, args: ModelArgs, backend: str) -> None:
+    def __init__(self, args: ModelArgs, attention_class: type) -> None:
         super().__init__()
         self.head_dim = args.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -148,9 +134,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
-        self.attn = make_attention(
-            backend, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+        self.attn = attention_class(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size], normed
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # this layer's (key_cache, value_cache)
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        q, k, v = self.qkv(x, positions, rotary)
+        out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [n, heads, head_dim]
+        return self.o_proj(out.reshape(x.shape[0], -1))
 
     def qkv(
         self,
@@ -191,66 +189,58 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, backend: str) -> None:
+    """x + attention(norm(x)), then + MLP(norm(x)): the pre-norm residual block."""
+
+    def __init__(self, args: ModelArgs, attention_class: type) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, backend)
+        self.self_attn = Attention(args, attention_class)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, positions, rotary, kv_cache, meta) -> torch.Tensor:
-        q, k, v = self.before_attention(x, positions, rotary)
-        out = self.self_attn.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
-        return self.after_attention(x, out)
-
-    # The layer in two halves around paged attention, the only part that reads the step's
-    # layout (`AttentionMetadata`): everything else is per token, which is what
-    # `models/compilation.py` compiles.
-
-    def before_attention(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Norm, q/k/v projection, (q/k norm,) RoPE: x [n, hidden] -> q, k, v [n, heads, dim]."""
-        return self.self_attn.qkv(self.input_layernorm(x), positions, rotary)
-
-    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Output projection + residual, norm, MLP + residual: -> the layer's output [n, hidden]."""
-        n = x.shape[0]
-        x = x + self.self_attn.o_proj(attn_out.reshape(n, -1))
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size]
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, args: ModelArgs, backend: str) -> None:
+    def __init__(self, args: ModelArgs, attention_class: type) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, backend) for _ in range(args.num_hidden_layers)
+            DecoderLayer(args, attention_class) for _ in range(args.num_hidden_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """The whole model. `forward` gives hidden states; `compute_logits` the chosen rows' logits."""
+    """The whole model. `forward` gives hidden states; `compute_logits` the chosen rows' logits.
+
+    `attention_class` builds each layer's paged attention: `TorchAttention`, or a backend's
+    kernel with the same interface (`nanovllm/backends/`).
+    """
 
     def __init__(
-        self, args: ModelArgs, backend: str = "torch", max_position: int | None = None
+        self,
+        args: ModelArgs,
+        attention_class: type = TorchAttention,
+        max_position: int | None = None,
     ) -> None:
         super().__init__()
         self.args = args
-        self.model = DecoderModel(args, backend)
+        self.model = DecoderModel(args, attention_class)
         self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size)
         self.tie_weights()
         self.rotary = RotaryEmbedding(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
         )
-        if backend == "torch":
-            # The plain torch model, for reading and teaching: no numba kernel anywhere, the
-            # norms and RoPE included (their torch code is also what the kernels are tested
-            # against, and what the parity tests check against transformers this way).
-            for module in self.modules():
-                if isinstance(module, RMSNorm | RotaryEmbedding):
-                    module.cpu_kernels = False
 
     def tie_weights(self) -> None:
         """With tied embeddings, the LM head *is* the embedding matrix (one tensor, not a copy)."""

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from nanovllm.models.cpu_linear import prepack_linear_weights
 from nanovllm.models.llama import CausalLM, ModelArgs
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded
 
@@ -103,9 +102,14 @@ def load_weights(model: CausalLM, path: Path) -> None:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device, backend: str, max_position: int
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention_class: type,
+    max_position: int,
 ) -> CausalLM:
-    """Build the model in `dtype` on `device` and load the checkpoint into it.
+    """Build the model in `dtype` on `device` (its layers' paged attention: `attention_class`)
+    and load the checkpoint into it.
 
     The model is built directly in `dtype` on `device`: its layers allocate their weights
     uninitialised (`torch.empty`, `linear.py`), and the checkpoint fills them. So an 8B bfloat16
@@ -118,11 +122,10 @@ def load_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = CausalLM(args, backend, max_position=max_position)
+            model = CausalLM(args, attention_class, max_position=max_position)
     finally:
         torch.set_default_dtype(default_dtype)
     load_weights(model, path)
-    prepack_linear_weights(model)  # on a CPU in float32: oneDNN's layout (cpu_linear.py)
     return model.eval()
 
 

@@ -9,9 +9,7 @@ never need to be touched again.
 We precompute cos and sin for every position up to `max_position` once; a step just indexes
 them with its token positions (which is how a flat, unpadded batch of requests at different
 positions gets the right rotation per token). The layout is Hugging Face's "rotate half": the
-first and second halves of the head dimension form the pairs. On a CPU in float32 one numba loop
-does the same (`kernels/cpu_token_ops.py`): here the half-dozen torch operators per tensor cost
-more than their arithmetic.
+first and second halves of the head dimension form the pairs.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ import math
 
 import torch
 from torch import nn
-
-from nanovllm.kernels import cpu_token_ops
 
 
 def compute_inv_freq(head_dim: int, rope_parameters: dict) -> torch.Tensor:
@@ -56,7 +52,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    cpu_kernels = True  # False: always the torch code (the plain torch model, see CausalLM)
+    """q and k rotated by their tokens' positions, from tables of cos and sin."""
 
     def __init__(self, head_dim: int, max_position: int, rope_parameters: dict) -> None:
         super().__init__()
@@ -72,8 +68,6 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens]; q: [num_tokens, num_heads, head_dim]; k: [.., num_kv_heads, ..]
-        if self.cpu_kernels and cpu_token_ops.applies(q):  # one numba loop: the lines below
-            return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
         cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
         sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -32,15 +32,13 @@ batched one-token forwards for all decoding requests.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
 
-from nanovllm.distributed.parallel_state import as_tp_rank
-from nanovllm.executor.model_runner import ModelRunner, step_metadata
+from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.sampler import greedy_tokens
-from nanovllm.executor.tensor_parallel import RunnerSpec, build_runner
+from nanovllm.executor.step_inputs import step_metadata
 from nanovllm.models.llama import ModelArgs
 from nanovllm.models.loader import load_model_args, load_tokenizer
 from nanovllm.request import Request
@@ -51,45 +49,37 @@ class DraftModelProposer:
         self.runner = runner  # the draft model and its KV cache
         self.k = num_speculative_tokens
 
-    @classmethod
-    def load(
-        cls,
-        path: str,
-        num_speculative_tokens: int,
-        target: RunnerSpec,
-        target_args: ModelArgs,
-        target_tokenizer,
-    ) -> DraftModelProposer:
-        """Load the draft model at `path` like the target (`target`'s dtype, device, attention
-        backend, block size), after checking it can propose for it: the same vocabulary, and
-        positions as long as the target's `max_model_len`."""
-        folder = Path(path)
+    @staticmethod
+    def check_draft(
+        folder: Path, max_model_len: int, target_args: ModelArgs, target_tokenizer
+    ) -> None:
+        """Raise ValueError unless the model at `folder` can propose for the target: the same
+        vocabulary, and positions as long as the target's `max_model_len`."""
         if not folder.is_dir():
-            raise ValueError(f"speculative_config: the draft model folder {path!r} does not exist")
+            raise ValueError(
+                f"speculative_config: the draft model folder {str(folder)!r} does not exist"
+            )
         _, args = load_model_args(folder)
         if args.vocab_size != target_args.vocab_size:
             raise ValueError(
-                f"speculative_config: the draft model {path!r} has vocab_size={args.vocab_size}, "
-                f"the target {target_args.vocab_size}: a draft must share the target's vocabulary"
+                f"speculative_config: the draft model {str(folder)!r} has "
+                f"vocab_size={args.vocab_size}, the target {target_args.vocab_size}: a draft "
+                "must share the target's vocabulary"
             )
         tokens = load_tokenizer(folder).get_vocab()
         if tokens != target_tokenizer.get_vocab():
             differ = sorted(set(tokens.items()) ^ set(target_tokenizer.get_vocab().items()))
             raise ValueError(
-                f"speculative_config: the draft model {path!r} has another tokenizer than the "
-                f"target ({len(differ)} (token, id) pairs differ, e.g. {differ[0]!r}): a draft "
-                "must share the target's vocabulary"
+                f"speculative_config: the draft model {str(folder)!r} has another tokenizer than "
+                f"the target ({len(differ)} (token, id) pairs differ, e.g. {differ[0]!r}): a "
+                "draft must share the target's vocabulary"
             )
-        if args.max_position_embeddings < target.max_model_len:
+        if args.max_position_embeddings < max_model_len:
             raise ValueError(
-                f"speculative_config: the draft model {path!r} handles "
+                f"speculative_config: the draft model {str(folder)!r} handles "
                 f"{args.max_position_embeddings} positions, fewer than max_model_len="
-                f"{target.max_model_len}: lower max_model_len"
+                f"{max_model_len}: lower max_model_len"
             )
-        # Alone (one rank), even beside a tensor-parallel target: the draft is small.
-        with as_tp_rank(0, 1):
-            runner = build_runner(0, dataclasses.replace(target, model_path=folder))
-        return cls(runner, num_speculative_tokens)
 
     @torch.inference_mode()
     def propose(

@@ -1,7 +1,8 @@
-"""The numba RMSNorm and RoPE (kernels/cpu_token_ops.py) against the model's own torch code.
+"""The numba RMSNorm and RoPE (kernels/cpu_token_ops.py, the CPU backend's `NumbaRMSNorm` and
+`NumbaRotaryEmbedding`) against the model's own torch code.
 
-The reference is the same module run with the kernels switched off (`applies` returning False),
-so what is compared is exactly the torch code a GPU or a bfloat16 model runs. Inputs are random,
+The reference is the same module run through its plain class's `forward` (`RMSNorm`,
+`RotaryEmbedding`), so what is compared is exactly the torch code the plain model runs. Inputs are random,
 with random norm weights, odd sizes, tokens at any position of the table, and q/k as the strided
 views of a fused QKV output that the model hands in.
 """
@@ -13,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanovllm.backends.cpu import NumbaRMSNorm, NumbaRotaryEmbedding
 from nanovllm.kernels import cpu_token_ops
 from nanovllm.models.llama import RMSNorm
 from nanovllm.models.rotary import RotaryEmbedding
@@ -23,13 +25,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def reference(module: torch.nn.Module, *args):
-    """The module's torch code: its output with its kernels switched off (`cpu_kernels`, the
-    switch the plain torch model uses)."""
-    module.cpu_kernels = False
-    try:
-        return module(*args)
-    finally:
-        del module.cpu_kernels  # back to the class's default
+    """The module's torch code: the plain layer's `forward` (the numba class's parent)."""
+    plain = RMSNorm if isinstance(module, RMSNorm) else RotaryEmbedding
+    return plain.forward(module, *args)
 
 
 @settings(max_examples=30, deadline=None)
@@ -42,7 +40,7 @@ def reference(module: torch.nn.Module, *args):
 )
 def test_rms_norm_equals_the_torch_code(num_tokens, hidden, eps, seed, extra_dim) -> None:
     gen = torch.Generator().manual_seed(seed)
-    norm = RMSNorm(hidden, eps)
+    norm = NumbaRMSNorm(hidden, eps)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(hidden, generator=gen))
     shape = (num_tokens, 2, hidden) if extra_dim else (num_tokens, hidden)
@@ -54,7 +52,7 @@ def test_rms_norm_equals_the_torch_code(num_tokens, hidden, eps, seed, extra_dim
 
 
 def test_rms_norm_of_a_strided_view_runs_the_torch_code(monkeypatch) -> None:
-    norm = RMSNorm(8, 1e-5)
+    norm = NumbaRMSNorm(8, 1e-5)
     x = torch.randn(5, 16)[:, ::2]  # not contiguous
     calls = []
     kernel = cpu_token_ops._numba_kernels().rms_norm
@@ -93,7 +91,7 @@ def test_rotary_equals_the_torch_code(num_tokens, heads, head_dim, rope, seed) -
     num_heads, num_kv_heads = heads
     max_position = 300
     gen = torch.Generator().manual_seed(seed)
-    rotary = RotaryEmbedding(head_dim, max_position, rope)
+    rotary = NumbaRotaryEmbedding(head_dim, max_position, rope)
     # q and k as the model has them: strided views into one fused projection output.
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=gen)
@@ -112,7 +110,7 @@ def test_rotary_equals_the_torch_code(num_tokens, heads, head_dim, rope, seed) -
 
 @pytest.mark.parametrize("bad", [-1, 300, 10**6])
 def test_a_position_outside_the_tables_is_named(bad: int) -> None:
-    rotary = RotaryEmbedding(8, 300, {"rope_theta": 10000.0})
+    rotary = NumbaRotaryEmbedding(8, 300, {"rope_theta": 10000.0})
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
     with pytest.raises(ValueError, match=f"token 1 is at position {bad}, outside"):
         rotary(torch.tensor([5, bad, 7]), q, k)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.llm_engine import default_model_path
+from nanovllm.engine.setup import default_model_path
 from nanovllm.kernels.triton_setup import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")

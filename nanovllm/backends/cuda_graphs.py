@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import torch
 
-from nanovllm.executor.attention import AttentionMetadata
+from nanovllm.models.attention import AttentionMetadata
 
 # capture(fn, pool) -> (replay, pool): record `fn` (which reads and writes only static
 # buffers), give a function that does it again, and the memory pool for the next capture.

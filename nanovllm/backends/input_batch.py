@@ -3,7 +3,7 @@
 Consecutive steps look alike. Most requests of a step were in the one before, each a token
 further on, and a request's block table changes only every `block_size` tokens, when a block is
 appended (or, with speculative decoding, when rejected proposals give their last blocks back).
-`step_inputs` (model_runner.py) is the plain version: it rebuilds every block table from
+`step_inputs` (executor/step_inputs.py) is the plain version: it rebuilds every block table from
 Python lists, every step. This class keeps one row per request in a block-table array that
 lives across steps, and writes into it only the entries that changed; then it computes the
 step's positions, slot mapping and lengths for all tokens at once with numpy instead of a Python
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.attention import AttentionMetadata, decode_groups
+from nanovllm.models.attention import AttentionMetadata, decode_groups
 
 
 class InputBatch:
@@ -53,7 +53,7 @@ class InputBatch:
     def prepare(
         self, out: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The step's flat tensors, equal to `step_inputs`'s (model_runner.py): input_ids,
+        """The step's flat tensors, equal to `step_inputs`'s (executor/step_inputs.py): input_ids,
         positions, attention metadata and the rows whose logits are sampled."""
         rows = self._sync_rows(out)  # this step's requests' rows, in step order
         num_seqs = len(out.scheduled)

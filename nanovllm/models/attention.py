@@ -1,4 +1,5 @@
-"""Paged attention: write this step's K/V into the block cache, then attend through block tables.
+"""Paged attention in plain torch: write this step's K/V into the block cache, then attend
+through the block tables.
 
 A step's batch is *flat*: the new tokens of every scheduled request are concatenated, with no
 padding. Request i owns query rows `query_start_loc[i] : query_start_loc[i + 1]`; its context
@@ -6,25 +7,19 @@ padding. Request i owns query rows `query_start_loc[i] : query_start_loc[i + 1]`
 physical blocks listed in `block_tables[i]`. Query token j of request i sits at position
 `seq_lens[i] - q_len_i + j` and attends causally to positions 0 .. that position.
 
-One interface serves every case the scheduler produces:
+One interface, `forward(q, k, v, key_cache, value_cache, meta)`, serves every case the
+scheduler produces:
 - prefill      (q_len == seq_len: nothing cached before),
 - chunked prefill and prefix-cache hits (1 < q_len < seq_len: part of the context is cached),
 - decode       (q_len == 1).
 
-Three backends implement it:
-- "torch": plain PyTorch, the readable one. Fresh prefills attend over their own new K/V
-  directly (no need to read them back from the cache); decodes are batched into one padded
-  gather through the block tables; chunks with cached context gather their context per
-  request. Every gather copies the context before it is read.
-- "cpu": `nanovllm.kernels.cpu_paged_attention`, a numba kernel that reads K/V in place through
-  the block tables with an online softmax, one call for the whole step (decode, prefill and
-  chunks mixed). The default on a CPU (float32, numba installed); 3.4-16.8x faster than the
-  torch backend's decode gather in `python -m nanovllm.kernels.bench --cpu` (kernels/README.md).
-- "triton": the kernels in `nanovllm.kernels` (compiled on a GPU; on a CPU they run through
-  Triton's interpreter, thousands of times slower: a teaching and correctness path).
-
-Both first store the new K/V through `slot_mapping`, so the cache is complete before any request
-reads it, even a request that shares a block filled by another request in the same step.
+`TorchAttention` first stores the new K/V through `slot_mapping`, so the cache is complete before
+any request reads it, even a request that shares a block filled by another request in the same
+step. Then fresh prefills attend over their own new K/V directly (no need to read them back from
+the cache); decodes are batched into padded gathers through the block tables; chunks with
+cached context gather their context per request. Every gather copies the context before it is
+read. The kernels that read the cache in place (numba on a CPU, Triton on a GPU) implement the
+same interface behind the backend seam (`nanovllm/backends/`).
 """
 
 from __future__ import annotations
@@ -79,7 +74,7 @@ class AttentionMetadata:
 
 
 class TorchAttention:
-    """The PyTorch backend (see the module docstring)."""
+    """Paged attention in plain torch (see the module docstring)."""
 
     name = "torch"
 
@@ -188,33 +183,6 @@ class TorchAttention:
         return out.view(num_decodes, self.num_heads, self.head_dim)
 
 
-class TritonAttention:
-    """The Triton backend: same interface, the kernels of `nanovllm.kernels`."""
-
-    name = "triton"
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        from nanovllm.kernels.paged_attention import paged_attention
-        from nanovllm.kernels.store_kvcache import store_kvcache
-
-        self._paged_attention = paged_attention
-        self._store_kvcache = store_kvcache
-        self.scale = scale
-
-    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        self._store_kvcache(k, v, key_cache, value_cache, meta.slot_mapping)
-        return self._paged_attention(
-            q,
-            key_cache,
-            value_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.query_start_loc,
-            self.scale,
-            max_query_len=max(meta.query_lens_list),  # known on the CPU: no GPU read-back
-        )
-
-
 def store_kv(
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     v: torch.Tensor,
@@ -241,40 +209,3 @@ def gather_context(
     keys = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
     values = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
     return keys, values  # [seq_len, num_kv_heads, head_dim] each
-
-
-class CpuAttention:
-    """The CPU backend: same interface, the in-place numba kernel of `nanovllm.kernels`."""
-
-    name = "cpu"
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
-
-        self._paged_attention = paged_attention_cpu
-        self.scale = scale
-
-    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        return self._paged_attention(
-            q,
-            key_cache,
-            value_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.query_start_loc,
-            self.scale,
-        )
-
-
-BACKENDS = {"torch": TorchAttention, "cpu": CpuAttention, "triton": TritonAttention}
-
-
-def make_attention(
-    backend: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
-) -> TorchAttention | CpuAttention | TritonAttention:
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"attention_backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
-        )
-    return BACKENDS[backend](num_heads, num_kv_heads, head_dim, scale)

@@ -4,8 +4,8 @@
                                    "prompt_lookup_min": 2, "prompt_lookup_max": 5})
     LLM(model, speculative_config={"model": "path/to/small-model", "num_speculative_tokens": 4})
 
-- `method`: "ngram" (prompt lookup: `ngram_proposer.py`) or "draft_model" (a smaller model with
-  the same vocabulary proposes: `draft_model_proposer.py`). As in vLLM, giving `model` without a
+- `method`: "ngram" (prompt lookup: `spec_decode/ngram_proposer.py`) or "draft_model" (a smaller model with
+  the same vocabulary proposes: `spec_decode/draft_model_proposer.py`). As in vLLM, giving `model` without a
   method means "draft_model", and giving neither means "ngram".
 - `num_speculative_tokens` (k): at most this many proposed tokens per request and step.
 - `prompt_lookup_min` / `prompt_lookup_max` (ngram only): the n-gram sizes tried, longest first.

@@ -4,18 +4,17 @@ Almost all of a forward pass's arithmetic is y = x W^T with W a weight matrix, a
 has few rows in x (one per request). torch's plain `F.linear` on a float32 CPU tensor reads W in
 its checkpoint layout, [out, in] row-major; oneDNN (torch's `mkldnn` backend) can first reorder
 W into the blocked layout its matmul kernels read fastest, once, and then multiply any number of
-rows by it. Measured on the 2-core machine this project is developed on (torch 2.13, fp32, 2
-threads; `python -m nanovllm.models.cpu_linear` prints it for yours), x [M, 768] times
-W [5120, 768], in microseconds:
-
-    M (rows)           1       16       64      512
-    F.linear         371     1329     3350    22066
-    prepacked W      116      311     1180     8466
+rows by it (`python -m nanovllm.backends.cpu_linear` compares the two on this machine; the
+figures on the team's machine are in nanovllm/bench/README.md, "What paid").
 
 vLLM's CPU backend does the same (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
-once per layer; it can also free the plain weight, which we keep, see below). The packing runs once,
-after the checkpoint is loaded (`prepack_linear_weights`, called by the loader; vLLM's name for
-that moment is `process_weights_after_loading`).
+once per layer; it can also free the plain weight, which we keep, see below). The packing runs
+once, after the checkpoint is loaded (`prepack_linear_weights`, called by the CPU backend's
+`prepare_model`; vLLM's name for that moment is `process_weights_after_loading`). It gives each
+linear layer (and the LM head) the class of its packed version: the same class with `matmul`
+going through the packed copy (`PackedMatmul`), or, in a model torch.compile will trace,
+through an opaque op that finds the copy by the plain weight (`CompiledPackedMatmul`: a
+oneDNN-packed tensor has no strides, so it cannot be an input of a traced graph).
 
 Costs and limits, stated plainly:
 - The packed copy sits beside the plain weight, which stays (tied embeddings read it as a
@@ -26,11 +25,12 @@ Costs and limits, stated plainly:
   does a model whose weights oneDNN fails to pack (with one warning).
 - The two paths sum in different orders, so they agree to rounding (tests/test_cpu_linear.py
   holds them to 1e-5 relative, 1e-4 absolute), not bit for bit; the parity tests against
-  transformers run on this path.
+  transformers run on both.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -87,37 +87,65 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+class PackedMatmul:
+    """`matmul` through the layer's oneDNN-packed weight (mixed into a linear layer's class)."""
+
+    packed_weight: torch.Tensor
+    plain_class: type  # the layer's class before packing
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear(x, self.weight, bias, self.packed_weight)
+
+
+class CompiledPackedMatmul(PackedMatmul):
+    """`matmul` as one opaque op that a compiled graph can call (`packed_linear`)."""
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return packed_linear(x, self.weight, bias)
+
+
+@functools.cache
+def _packed_class(mixin: type, layer_class: type) -> type:
+    """The class of a packed `layer_class`: the mixin's `matmul`, everything else the layer's."""
+    return type(f"Packed{layer_class.__name__}", (mixin, layer_class), {"plain_class": layer_class})
+
+
 def linear_layers(model: nn.Module) -> list[nn.Module]:
-    """The modules whose forward goes through `linear` (each has a `packed_weight` attribute)."""
-    return [m for m in model.modules() if hasattr(m, "packed_weight")]
+    """The modules that multiply through `matmul`: the linear layers and the LM head."""
+    return [m for m in model.modules() if callable(getattr(m, "matmul", None))]
 
 
 @torch.no_grad()
-def prepack_linear_weights(model: nn.Module) -> int:
-    """Pack every linear layer's weight for oneDNN where it can be; returns how many were."""
+def prepack_linear_weights(model: nn.Module, for_compile: bool = False) -> int:
+    """Pack every linear layer's weight for oneDNN where it can be, giving the layer its
+    packed class; returns how many were. `for_compile`: the classes a traced graph can call."""
+    unpack_linear_weights(model)
+    mixin = CompiledPackedMatmul if for_compile else PackedMatmul
     packed = 0
     for layer in linear_layers(model):
-        layer.packed_weight = None
         if not can_prepack(layer.weight):
             continue
         try:
-            layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
-            _PACKED[layer.weight] = layer.packed_weight
+            packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
         except RuntimeError as exc:  # a oneDNN build that cannot pack here: F.linear it is
             warnings.warn(
                 f"oneDNN could not prepack a linear weight ({exc}); using F.linear", stacklevel=2
             )
             unpack_linear_weights(model)
             return 0
+        _PACKED[layer.weight] = layer.packed_weight = packed_weight
+        layer.__class__ = _packed_class(mixin, type(layer))
         packed += 1
     return packed
 
 
 def unpack_linear_weights(model: nn.Module) -> None:
-    """Drop the packed copies: every linear layer goes back to `F.linear` on its weight."""
+    """Drop the packed copies: every linear layer goes back to its plain class (`F.linear`)."""
     for layer in linear_layers(model):
-        layer.packed_weight = None
-        _PACKED.pop(layer.weight, None)
+        if isinstance(layer, PackedMatmul):
+            _PACKED.pop(layer.weight, None)
+            del layer.packed_weight
+            layer.__class__ = layer.plain_class
 
 
 def main() -> None:

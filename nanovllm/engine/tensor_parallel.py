@@ -9,7 +9,7 @@ its shard of the model: its attention heads, its slice of the MLP and of the voc
 
 The scheduler and the KV cache manager stay single, on rank 0. Each step rank 0 prepares the
 step's inputs once and sends them to every rank; all ranks run the forward pass together (their
-layers meet in all-reduces); rank 0 alone samples (`ModelRunner.execute`).
+layers meet in all-reduces); rank 0 alone samples (`TensorParallelExecutor`).
 
     torchrun --standalone --nproc-per-node 2 -m nanovllm generate "ROMEO:" \\
         --tensor-parallel-size 2                       # 2 processes on this machine
@@ -27,15 +27,19 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from nanovllm.backends import get_backend
+from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
 from nanovllm.distributed.worker_group import WorkerGroup
-from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.models.loader import load_model
 
 
 @dataclass(frozen=True)
@@ -49,26 +53,47 @@ class RunnerSpec:
     max_model_len: int
     block_size: int
     num_threads: int | None
-    enforce_eager: bool = True  # False: compile the model's layers (`models/compilation.py`)
+    enforce_eager: bool = True  # False: compile the model's layers (`backends/compilation.py`)
 
 
-def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
-    """Rank `rank`'s runner: its shard of the model (the process group is set up already)."""
-    from nanovllm.models.loader import load_model
-
+def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) -> ModelRunner:
+    """Rank `rank`'s runner: its shard of the model (the process group is set up already),
+    made fast by the backend once, and the backend's runner class for the device."""
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     device = torch.device("cuda", rank) if spec.device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    backend = get_backend(spec.attention_backend)
     model = load_model(
-        spec.model_path, spec.dtype, device, spec.attention_backend, spec.max_model_len
+        spec.model_path, spec.dtype, device, backend.attention_class, spec.max_model_len
     )
-    if not spec.enforce_eager:
-        from nanovllm.models.compilation import compile_model
+    backend.prepare_model(model, spec.enforce_eager)
+    runner_class = backend.runner_class(device)
+    return runner_class(model, spec.block_size, spec.dtype, device, draft=draft)
 
-        compile_model(model)  # on failure the model stays eager, with a warning
-    return ModelRunner(model, spec.block_size, spec.dtype, device)
+
+class TensorParallelExecutor:
+    """Rank 0's side of a step under tensor parallelism: the step's inputs are prepared here,
+    once; `forward_logits` runs on every rank at the same time (`WorkerGroup.run`), whose layers
+    meet in their all-reduces; the tokens are sampled here, on rank 0 alone. The one-process
+    engine calls `ModelRunner.execute` instead, which does the same with one rank."""
+
+    def __init__(
+        self, runner: ModelRunner, group: WorkerGroup, draft: ModelRunner | None = None
+    ) -> None:
+        self.runner = runner  # rank 0's
+        self.group = group
+        self.draft = draft  # the draft model's runner, on rank 0 alone
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        start = time.perf_counter()
+        inputs = self.runner.prepare_inputs(out)
+        logits = self.group.run("forward_logits", *inputs)
+        if self.draft is not None:
+            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
+        self.runner.last_forward_time = time.perf_counter() - start
+        return self.runner.sample(out, logits)
 
 
 def _check_main_is_importable() -> None:
@@ -87,9 +112,10 @@ def under_torchrun() -> bool:
 
 
 def start_runners(
-    tensor_parallel_size: int, spec: RunnerSpec, model_args
+    tensor_parallel_size: int, spec: RunnerSpec, model_args, draft: ModelRunner | None = None
 ) -> tuple[ModelRunner, WorkerGroup | None]:
-    """Rank 0's runner, and the group of all ranks (None with a single rank)."""
+    """Rank 0's runner, and the group of all ranks (None with a single rank). `draft` (the draft
+    model's runner) is given to a single rank's runner; a group's executor takes it itself."""
     tp = tensor_parallel_size
     check_tensor_parallel_size(
         tp, model_args.num_attention_heads, model_args.num_key_value_heads,
@@ -99,7 +125,7 @@ def start_runners(
         # Alone, even in a process that holds another engine's group (the bench compares 2 ranks
         # with 1): each layer fixes its group size when built and communicates only above 1.
         with as_tp_rank(0, 1):
-            return build_runner(0, spec), None
+            return build_runner(0, spec, draft), None
     factory = functools.partial(build_runner, spec=spec)
     if under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
@@ -113,6 +139,4 @@ def start_runners(
         check_device_count(tp, spec.device_type)
         _check_main_is_importable()
         group = WorkerGroup(tp, factory, device_type=spec.device_type)
-    runner = group.driver_worker
-    runner.group = group
-    return runner, group
+    return group.driver_worker, group

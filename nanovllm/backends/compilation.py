@@ -5,9 +5,10 @@ MLP, the residual adds), and inductor can fuse that elementwise work into a few 
 kernels instead of dozens of separate torch calls, each reading and writing the whole
 activation. Paged attention is the exception: it reads the step's layout (`AttentionMetadata`,
 with Python lists) and runs a custom kernel (numba on a CPU, Triton on a GPU), so it stays out
-of the graphs. Each layer is compiled as two regions around it (`DecoderLayer.before_attention`:
-norm, q/k/v projection, q/k norm, RoPE; `DecoderLayer.after_attention`: o-projection and
-residual, norm, MLP and residual), and attention runs eagerly in between.
+of the graphs. Each layer is compiled as two regions around it (`before_attention`: norm, q/k/v
+projection, q/k norm, RoPE; `after_attention`: o-projection and residual, norm, MLP and
+residual), and attention runs eagerly in between: a compiled layer has the class
+`CompiledDecoderLayer`, whose `forward` is the plain `DecoderLayer.forward` cut at attention.
 
 How it stays at a bounded number of compilations:
 - The flat batch changes size every step, so the token dimension is marked *unbacked* dynamic
@@ -22,14 +23,11 @@ How it stays at a bounded number of compilations:
   builds C++) gets one warning and the eager model, never a failed step.
 
 The oneDNN-packed weights (`cpu_linear.py`) keep working: a packed tensor has no strides and
-cannot enter a traced graph, so inside one each linear layer calls the opaque op
-`cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
+cannot enter a traced graph, so the CPU backend gives each linear layer the class that calls the
+opaque op `cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
 
-Measured on the 2-core development machine, shared, one thread (nanovllm/bench/README.md,
-"Compiling the model"): compiling took 3-15 s at start-up; a 512-token prefill of the 100M
-model ran 15% faster compiled, but the bench's decode-heavy workloads did not gain (embedded
-model: 1,150 tok/s compiled against 1,255 eager; 100M: about equal). Hence the default is
-eager.
+Compiling costs seconds at start-up and did not pay on the bench's decode-heavy workloads
+(nanovllm/bench/README.md, "Compiling the model"): hence the default is eager.
 
 Not compiled: the embedding, the final norm and the LM head (run once per step, not per layer),
 and a model under tensor parallelism (its row-parallel layers all-reduce inside the regions;
@@ -61,12 +59,26 @@ WARMUP_TOKENS = 2
 def _before_attention(
     layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # The class's method, not the instance's attribute: that is this function, compiled.
-    return DecoderLayer.before_attention(layer, x, positions, rotary)
+    """Norm, q/k/v projection, (q/k norm,) RoPE: x [n, hidden] -> q, k, v [n, heads, dim]."""
+    return layer.self_attn.qkv(layer.input_layernorm(x), positions, rotary)
 
 
 def _after_attention(layer: DecoderLayer, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    return DecoderLayer.after_attention(layer, x, attn_out)
+    """Output projection + residual, norm, MLP + residual: -> the layer's output [n, hidden]."""
+    x = x + layer.self_attn.o_proj(attn_out.reshape(x.shape[0], -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+class CompiledDecoderLayer(DecoderLayer):
+    """`DecoderLayer.forward` as two compiled regions with paged attention, eager, between."""
+
+    regions: tuple[Callable, Callable]  # (before, after), compiled: set by `compile_model`
+
+    def forward(self, x, positions, rotary, kv_cache, meta) -> torch.Tensor:
+        before, after = self.regions
+        q, k, v = before(self, x, positions, rotary)
+        out = self.self_attn.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
+        return after(self, x, out)
 
 
 def _fresh(fn: Callable, tag: int) -> Callable:
@@ -103,17 +115,17 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
         _fresh(_after_attention, _compiled_models),
     )
     model.compiled_regions = regions  # their code objects hold the graphs (tests count them)
-    before, after = (torch.compile(fn, backend=backend) for fn in regions)
+    compiled = tuple(torch.compile(fn, backend=backend) for fn in regions)
     for layer in layers:
-        # Instance attributes shadow the methods, so DecoderLayer.forward calls the graphs.
-        layer.before_attention = lambda x, p, r, layer=layer: before(layer, x, p, r)
-        layer.after_attention = lambda x, a, layer=layer: after(layer, x, a)
+        layer.__class__ = CompiledDecoderLayer
+        layer.regions = compiled
     start = time.perf_counter()
     try:
         _warm_up(model)
     except Exception as exc:  # inductor's errors have no common base class to catch instead
         for layer in layers:
-            del layer.before_attention, layer.after_attention
+            layer.__class__ = DecoderLayer
+            del layer.regions
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         warnings.warn(
             f"enforce_eager=False: torch.compile failed ({type(exc).__name__}: {reason}); "
@@ -145,5 +157,6 @@ def _warm_up(model: CausalLM) -> None:
         )
         for tensor in (positions, x, attn_out):
             torch._dynamo.decorators.mark_unbacked(tensor, 0)
-        layer.before_attention(x, positions, model.rotary)
-        layer.after_attention(x, attn_out)
+        before, after = layer.regions
+        before(layer, x, positions, model.rotary)
+        after(layer, x, attn_out)

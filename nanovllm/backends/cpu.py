@@ -1,0 +1,113 @@
+"""The CPU backend ("cpu", the default on a CPU in float32): numba kernels and packed matmuls.
+
+On a CPU a decode step is a few dozen tokens, and torch spends much of its time between its
+operators rather than in them, or reading weights in a layout its matmul does not read best.
+This backend swaps in, once, after the weights are loaded:
+
+- paged attention: `CpuAttention`, a numba kernel that reads K/V in place through the block
+  tables with an online softmax, one call for the whole step
+  (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
+- RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), as subclasses of
+  the plain layers that keep their parameters and their torch code as the fallback;
+- every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`);
+- the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`.
+
+With `enforce_eager=False` the layers are compiled instead of given the numba classes
+(inductor fuses the per-token operators itself and cannot trace a numba call); the packed
+matmuls then go through an op a graph can call.
+
+Without numba the kernels are not used: attention falls back to the torch reference and the
+norms keep their torch code, with one logged notice (`nanovllm.kernels`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanovllm.backends import Backend
+from nanovllm.backends.cpu_linear import prepack_linear_weights
+from nanovllm.backends.input_batch import InputBatch
+from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.step_inputs import StepInputs
+from nanovllm.kernels import cpu_token_ops
+from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
+from nanovllm.models.attention import AttentionMetadata, store_kv
+from nanovllm.models.llama import CausalLM, RMSNorm
+from nanovllm.models.rotary import RotaryEmbedding
+
+
+class CpuAttention:
+    """`TorchAttention`'s interface over the in-place numba kernel."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.scale = scale
+
+    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        return paged_attention_cpu(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.scale,
+        )
+
+
+class NumbaRMSNorm(RMSNorm):
+    """`RMSNorm` in one numba loop (its torch code for a strided input)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_token_ops.rms_norm(x, self.weight, self.eps)
+        return super().forward(x) if out is None else out
+
+
+class NumbaRotaryEmbedding(RotaryEmbedding):
+    """`RotaryEmbedding` in one numba loop over q and k."""
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
+
+
+def use_numba_token_ops(model: CausalLM) -> int:
+    """Give every RMSNorm and the rotary embedding their numba classes, where the kernels
+    serve the model (float32, numba importable); returns how many modules changed."""
+    if not cpu_token_ops.applies(model.model.norm.weight):
+        return 0
+    changed = 0
+    for module in model.modules():
+        fast = {RMSNorm: NumbaRMSNorm, RotaryEmbedding: NumbaRotaryEmbedding}.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+            changed += 1
+    return changed
+
+
+class CpuModelRunner(ModelRunner):
+    """The plain runner with the step's inputs from a persistent batch (`InputBatch`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.input_batch = InputBatch(self.block_size)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
+        return self.input_batch.prepare(out)
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    attention_class = CpuAttention
+
+    def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
+        prepack_linear_weights(model, for_compile=not enforce_eager)
+        if enforce_eager:
+            use_numba_token_ops(model)
+        else:
+            super().prepare_model(model, enforce_eager)
+
+    def runner_class(self, device: torch.device) -> type[ModelRunner]:
+        return CpuModelRunner

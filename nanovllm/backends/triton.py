@@ -1,0 +1,65 @@
+"""The Triton backend ("triton", the default on a GPU): the paged-attention and KV-write kernels.
+
+Attention is the one part of the model that reads the step's layout; on a GPU it should read
+K/V where they lie, through the block tables, rather than gather copies of them as
+`TorchAttention` does. `nanovllm.kernels` holds the Triton kernels for that (each beside its
+torch reference): `store_kvcache` writes the step's K/V through the slot mapping,
+`paged_attention` attends over the paged context, one launch for decode, prefill and chunks.
+
+On a GPU the runner is `CudaModelRunner` (`cuda_runner.py`): inputs staged in one copy, the
+forward pass timed with events, and with `enforce_eager=False` decode steps replayed from CUDA
+graphs, which only this backend can serve (the torch backend plans its decode gathers from
+Python lists, which a graph would freeze). On a CPU the kernels run through Triton's
+interpreter, thousands of times slower: a teaching and correctness path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanovllm.backends import Backend
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.models.attention import AttentionMetadata
+
+
+class TritonAttention:
+    """`TorchAttention`'s interface over the kernels of `nanovllm.kernels`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        from nanovllm.kernels.paged_attention import paged_attention
+        from nanovllm.kernels.store_kvcache import store_kvcache
+
+        self._paged_attention = paged_attention
+        self._store_kvcache = store_kvcache
+        self.scale = scale
+
+    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        self._store_kvcache(k, v, key_cache, value_cache, meta.slot_mapping)
+        return self._paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.scale,
+            max_query_len=max(meta.query_lens_list),  # known on the host: no GPU read-back
+        )
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    attention_class = TritonAttention
+
+    def check_supported(self, block_size: int, head_dim: int) -> None:
+        from nanovllm.kernels.paged_attention import check_supported
+
+        check_supported(block_size, head_dim)
+
+    def runner_class(self, device: torch.device) -> type[ModelRunner]:
+        from nanovllm.backends.cuda_runner import CudaModelRunner
+
+        return CudaModelRunner  # (on a CPU too, for its graphs' tests: see cuda_runner.py)
+
+    def captures_cuda_graphs(self) -> bool:
+        return True

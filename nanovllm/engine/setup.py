@@ -1,0 +1,229 @@
+"""Setting the engine up: from an `EngineConfig` to a model on its device and a sized KV cache.
+
+Everything the step loop (`llm_engine.py`) runs on is made here, once, in this order:
+
+1. the checkpoint's shape (`config.json`) and `max_model_len`, checked against it;
+2. the device, the dtype, and the backend, the one choice of fast paths (`nanovllm/backends/`);
+3. with speculative decoding, the proposer (an n-gram search, or a draft model and its runner);
+4. the runner on every rank (`tensor_parallel.py`): the model loaded in its dtype on its device,
+   given the backend's layers, and the backend's runner class; with several ranks, the executor
+   that runs a step on all of them;
+5. the KV budget: as many blocks as every rank can hold (a fixed budget on a CPU, measured on a
+   GPU, `executor/memory.py`), no more than every sequence could use at full length;
+6. the KV cache allocated on every rank (and the draft's, with the same block ids), then, on a
+   GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs.
+
+The result is plain data, `EngineSetup`; nothing here runs a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nanovllm.backends import get_backend, pick_backend
+from nanovllm.config import EngineConfig
+from nanovllm.distributed.worker_group import WorkerGroup
+from nanovllm.engine.eos import eos_token_ids
+from nanovllm.engine.tensor_parallel import (
+    RunnerSpec,
+    TensorParallelExecutor,
+    start_runners,
+)
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.models.llama import ModelArgs
+from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
+from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+from nanovllm.spec_decode.ngram_proposer import NgramProposer
+from nanovllm.speculative_config import SpeculativeConfig
+
+logger = logging.getLogger("nanovllm")
+
+
+def default_model_path() -> Path:
+    import nanovllm.default_model
+
+    return Path(nanovllm.default_model.__file__).parent
+
+
+@dataclass
+class EngineSetup:
+    """What the engine runs on (see the module docstring)."""
+
+    model_path: Path
+    model_args: ModelArgs
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str
+    tokenizer: object
+    eos_token_ids: frozenset[int]
+    speculative_config: SpeculativeConfig | None
+    proposer: NgramProposer | DraftModelProposer | None
+    runner: ModelRunner  # rank 0's
+    group: WorkerGroup | None  # every rank, with tensor parallelism
+    executor: ModelRunner | TensorParallelExecutor  # what runs a step: `execute(sched)`
+    num_kv_blocks: int
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved past each request's step for the draft model's proposals."""
+        return self.speculative_config.num_lookahead_tokens if self.speculative_config else 0
+
+    def on_every_rank(self, method: str, *args, all: bool = False):
+        """Call a runner method on every rank (just here without tensor parallelism): rank 0's
+        result, or with `all` every rank's in rank order."""
+        if self.group is None:
+            result = getattr(self.runner, method)(*args)
+            return [result] if all else result
+        return self.group.run_all(method, *args) if all else self.group.run(method, *args)
+
+
+def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
+    """`max_model_len` (default: the model's), and ValueErrors naming what does not fit."""
+    max_model_len = config.max_model_len or args.max_position_embeddings
+    if max_model_len > args.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_model_len} exceeds the model's limit "
+            f"(max_position_embeddings={args.max_position_embeddings})"
+        )
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} is smaller than "
+            f"max_model_len={max_model_len}; without chunked prefill a whole prompt must "
+            "fit in one step"
+        )
+    return max_model_len
+
+
+def set_up_engine(config: EngineConfig) -> EngineSetup:
+    """Steps 1-6 of the module docstring."""
+    path = Path(config.model) if config.model else default_model_path()
+    hf_config, args = load_model_args(path)
+    max_model_len = check_max_model_len(config, args)
+
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = resolve_dtype(config.dtype, hf_config, device)
+    if config.num_threads and device.type == "cpu":
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    backend_name = pick_backend(config.attention_backend, device, dtype)
+    backend = get_backend(backend_name)
+    backend.check_supported(config.block_size, args.head_dim)
+    tokenizer = load_tokenizer(path)
+
+    tp = config.tensor_parallel_size
+    threads = config.num_threads
+    if tp > 1 and not threads and device.type == "cpu":
+        threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
+    spec = RunnerSpec(
+        path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
+        config.enforce_eager,
+    )  # fmt: skip
+    speculative_config = proposer = draft = None
+    if config.speculative_config is not None:
+        speculative_config = SpeculativeConfig.from_dict(config.speculative_config)
+        proposer = load_proposer(speculative_config, spec, args, tokenizer)
+        if isinstance(proposer, DraftModelProposer):
+            draft = proposer.runner
+    runner, group = start_runners(tp, spec, args, draft)
+    executor = runner if group is None else TensorParallelExecutor(runner, group, draft)
+    setup = EngineSetup(
+        path, args, max_model_len, device, dtype, backend_name, tokenizer,
+        eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,
+        executor, num_kv_blocks=0,
+    )  # fmt: skip
+    graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
+    setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
+    setup.on_every_rank("allocate_kv_cache", setup.num_kv_blocks)
+    if draft is not None:
+        draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
+    if graphs:
+        capture_decode_graphs(config, setup)
+    return setup
+
+
+def load_proposer(
+    spec: SpeculativeConfig, target: RunnerSpec, target_args: ModelArgs, target_tokenizer
+) -> NgramProposer | DraftModelProposer:
+    """The n-gram proposer, or the draft model, checked and loaded like the target (its dtype,
+    device, backend and block size), alone on one rank even beside a tensor-parallel target."""
+    k = spec.num_speculative_tokens
+    if spec.method == "ngram":
+        return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    assert spec.model is not None
+    folder = Path(spec.model)
+    DraftModelProposer.check_draft(folder, target.max_model_len, target_args, target_tokenizer)
+    _, draft_args = load_model_args(folder)
+    draft_runner, _ = start_runners(1, dataclasses.replace(target, model_path=folder), draft_args)
+    return DraftModelProposer(draft_runner, k)
+
+
+def wants_cuda_graphs(config: EngineConfig, setup: EngineSetup, backend_captures: bool) -> bool:
+    """Whether decode steps are to be captured as CUDA graphs: with `enforce_eager=False` on a
+    GPU, where they can serve (otherwise this says why not, once)."""
+    if config.enforce_eager or setup.device.type != "cuda":
+        return False
+    why_not = None
+    if not backend_captures:
+        why_not = f"attention backend {setup.attention_backend!r} (only 'triton' is captured)"
+    elif setup.group is not None:
+        why_not = "tensor parallelism"
+    if why_not is not None:
+        logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
+        return False
+    return True
+
+
+def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int:
+    """How many KV blocks, each with its slots in every layer (and, with a draft model, in
+    every layer of the draft too: its cache has the same blocks)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = ModelRunner.kv_bytes_per_block(
+        setup.model_args, config.block_size, setup.dtype, config.tensor_parallel_size
+    )
+    if isinstance(setup.proposer, DraftModelProposer):
+        per_block += ModelRunner.kv_bytes_per_block(
+            setup.proposer.runner.model.args, config.block_size, setup.dtype
+        )
+    budget = config.kv_cache_memory_bytes
+    if budget is None:  # the smallest any rank can give (each holds its heads' share)
+        budgets = setup.on_every_rank(
+            "measure_kv_budget", config, setup.max_model_len, graphs, all=True
+        )
+        budget = min(budgets)
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes={budget} is too small for a single KV block "
+            f"({per_block} bytes at block_size={config.block_size})"
+        )
+    # More than every sequence at full length could ever use is wasted memory.
+    max_len = setup.max_model_len + setup.num_lookahead_tokens
+    useful = config.max_num_seqs * -(-max_len // config.block_size)
+    return int(min(blocks, useful))
+
+
+def capture_decode_graphs(config: EngineConfig, setup: EngineSetup) -> None:
+    """Replay decode steps from CUDA graphs (`backends/cuda_graphs.py`); if capturing fails,
+    say why, and run them eagerly."""
+    runner = setup.runner
+    max_blocks = -(-(setup.max_model_len + setup.num_lookahead_tokens) // config.block_size)
+    try:
+        seconds = runner.capture_decode_graphs(config.max_num_seqs, max_blocks)
+    except Exception as exc:  # the model then runs as it would without graphs
+        runner.graphs = None
+        logger.warning(
+            "nanovllm: capturing CUDA graphs failed (%s: %s); decode steps run eagerly",
+            type(exc).__name__, exc,
+        )  # fmt: skip
+        return
+    logger.info(
+        "nanovllm: captured CUDA graphs for decode batches of %s requests in %.1f s",
+        ", ".join(map(str, runner.graphs.batch_sizes)), seconds,
+    )  # fmt: skip

@@ -1,0 +1,201 @@
+"""The shape of the code, checked from its source: imports point one way, the plain path imports
+no fast path, and no module reads another module's private attribute.
+
+The oracle is the source itself, parsed with `ast` (imports inside functions count; imports
+under `if TYPE_CHECKING:` do not, they never run). Modules are named as installed: `kernels/`
+is `nanovllm.kernels`, `viz/` `nanovllm.viz`, `lessons/` `nanovllm.lessons`.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {
+    "nanovllm": "nanovllm",
+    "kernels": "nanovllm.kernels",
+    "viz": "nanovllm.viz",
+    "lessons": "nanovllm.lessons",
+}
+
+# The plain path of the README's "Read the engine", in reading order.
+PLAIN_PATH = [
+    "nanovllm.request",
+    "nanovllm.core.free_block_queue",
+    "nanovllm.core.kv_cache_manager",
+    "nanovllm.core.scheduler",
+    "nanovllm.executor.step_inputs",
+    "nanovllm.models.attention",
+    "nanovllm.models.llama",
+    "nanovllm.executor.sampler",
+    "nanovllm.executor.model_runner",
+    "nanovllm.engine.llm_engine",
+]
+FAST_PATHS = ("nanovllm.backends", "nanovllm.kernels", "numba", "triton", "llvmlite")
+
+
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    found = {}
+    for folder, package in ROOTS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if not all(p.isidentifier() for p in parts):
+                continue  # a lesson's folder (01_kv_cache/): files, not an importable module
+            found[".".join([package, *parts])] = (path, ast.parse(path.read_text()))
+    return found
+
+
+MODULES = _modules()
+
+
+def _runtime_nodes(tree: ast.Module) -> list[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`."""
+    hidden = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden.update(id(n) for n in ast.walk(node))
+    return [n for n in ast.walk(tree) if id(n) not in hidden]
+
+
+def imports_of(name: str) -> set[str]:
+    """Every module name `name` imports (and `package.name` for `from package import name`)."""
+    path, tree = MODULES[name]
+    names = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = name.split(".")
+                base = base if path.name == "__init__.py" else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _graph(key=lambda name: name) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = collections.defaultdict(set)
+    for name in MODULES:
+        for imported in imports_of(name):
+            if imported in MODULES and key(imported) != key(name):
+                graph[key(name)].add(key(imported))
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def package_of(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_import_cycle_between_packages() -> None:
+    assert _cycles(_graph(package_of)) == []
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("name", PLAIN_PATH)
+def test_the_plain_path_imports_no_fast_path(name: str) -> None:
+    fast = {m for m in imports_of(name) if m.startswith(FAST_PATHS)}
+    assert not fast, f"{name} imports {sorted(fast)}"
+
+
+def test_kernels_import_nothing_of_the_engine() -> None:
+    """`kernels` <- `nanovllm` <- `viz`, `lessons`: the kernels stand alone."""
+    for name in MODULES:
+        if name.startswith("nanovllm.kernels"):
+            bad = {m for m in imports_of(name) if m in MODULES}
+            bad = {m for m in bad if not m.startswith("nanovllm.kernels")}
+            assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_the_engine_never_imports_the_visualizer_or_the_lessons() -> None:
+    for name in MODULES:
+        if name.startswith(("nanovllm.viz", "nanovllm.lessons")):
+            continue
+        bad = {m for m in imports_of(name) if m.startswith(("nanovllm.viz", "nanovllm.lessons"))}
+        bad |= {m for m in imports_of(name) if m.split(".")[0] == "textual"}
+        assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def _private_names_defined(tree: ast.Module) -> set[str]:
+    """`_names` a module defines: functions, classes, attributes it assigns, parameters."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reads_of_other_modules() -> list[str]:
+    """`x._name` reads (x not self or cls) of a private name this module does not define but
+    another of ours does: one module reaching into another's internals."""
+    defined = {name: _private_names_defined(tree) for name, (_, tree) in MODULES.items()}
+    ours = set().union(*defined.values())
+    found = []
+    for name, (path, tree) in MODULES.items():
+        for node in _runtime_nodes(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr not in ours:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in defined[name]:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_attribute() -> None:
+    assert private_reads_of_other_modules() == []
