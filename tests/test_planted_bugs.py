@@ -17,7 +17,7 @@ import pytest
 from planted_bugs import PLANTED_BUGS, PlantedBug
 
 ROOT = Path(__file__).resolve().parent.parent
-# Where each top-level folder of the repository lives once installed (pyproject's package-dir).
+# Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
 INSTALLED = {"nanovllm": "nanovllm", "kernels": "nanovllm/kernels", "viz": "nanovllm/viz"}
 
 
