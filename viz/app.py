@@ -183,7 +183,7 @@ class VizApp(App[object]):
                 "P prefill · p chunk · = decode · ≡ + proposals · X preempted · · waiting",
             ),
             StepView: ("Step composition", "upper case: prompt tokens · lower case: decode"),
-            KVCacheView: ("Physical KV cache", "A owned · A² shared · a cached-free · · free"),
+            KVCacheView: ("Physical KV cache", "A owned · A² shared · a or # cached-free · · free"),
             FreeQueueView: ("Free block queue", "head: next out · tail: last freed"),
             BlockTablesView: ("Block tables", "logical → physical · last block fill"),
             PagingView: (

@@ -490,7 +490,9 @@ class EngineDriver(Driver):
 
         engine = self.engine
         assert self.workload is not None
-        for arrival in self.workload.arrivals(self._tick, engine.has_unfinished_requests()):
+        busy = engine.has_unfinished_requests()
+        waiting = len(self.tape.open_state.waiting)  # from the events, like every view
+        for arrival in self.workload.arrivals(self._tick, busy, waiting):
             self._arrivals += 1
             params = SamplingParams(
                 n=arrival.n,

@@ -44,6 +44,9 @@ class Scenario:
         return Workload(self.name, seed)
 
 
+MAX_WAITING = 4  # steady arrivals pause while this many requests wait
+
+
 class Workload:
     """Arrivals per tick, from a seeded random generator (the same run every time)."""
 
@@ -52,9 +55,23 @@ class Workload:
         self.rng = random.Random(seed)
         self.idle_ticks = 0
 
-    def arrivals(self, tick: int, busy: bool) -> list[Arrival]:
-        """Requests that arrive at `tick`; `busy` tells whether the engine has work left."""
+    def arrivals(self, tick: int, busy: bool, waiting: int = 0) -> list[Arrival]:
+        """Requests that arrive at `tick`; `busy` tells whether the engine has work left,
+        `waiting` how many requests wait for a place in the batch.
+
+        Past the first tick, the scenarios of steady arrivals send nothing while
+        `MAX_WAITING` requests wait: the engine can fall behind its arrivals (the prefix
+        scenario's requests are long), and an unbounded queue would put a request typed with
+        `a` behind all of them. The random draws are made either way, so a run's requests
+        stay the same ones.
+        """
         self.idle_ticks = 0 if busy else self.idle_ticks + 1
+        out = self._arrivals(tick)
+        if self.kind != "burst" and tick > 0 and waiting >= MAX_WAITING:
+            return []
+        return out
+
+    def _arrivals(self, tick: int) -> list[Arrival]:
         rng = self.rng
         if self.kind == "steady":
             # About as many arrivals as finishes (8 slots, ~26 steps per request), so the queue

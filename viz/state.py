@@ -80,7 +80,7 @@ class RequestInfo:
     """One request, as far as events tell."""
 
     request_id: str
-    index: int  # arrival order from 0: picks the request's colour and glyph
+    index: int  # arrival order from 0: orders the timeline's rows
     prompt: str | None
     num_prompt_tokens: int
     max_tokens: int
@@ -98,6 +98,9 @@ class RequestInfo:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted: tuple[tuple[int, int], ...] = ()
+    # Picks its colour and letter (`style.py`): at arrival, the lowest that no live request
+    # and no cached prefix's request holds (`free_slot`), so letters on screen do not repeat.
+    slot: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -321,12 +324,27 @@ def rank_forward_times(state: VizState) -> tuple[float, ...]:
     return summary.rank_forward_times
 
 
+def table_holders(state: VizState) -> tuple[str, ...]:
+    """Requests whose block tables the views list: the running ones in admission order, then
+    the ones being admitted in this step (still in the waiting queue, but already holding the
+    blocks the scheduler just gave them)."""
+    admitting = tuple(
+        r for r in state.waiting if r in state.requests and state.requests[r].block_table
+    )
+    return state.running + admitting
+
+
+def block_fill(state: VizState, request: RequestInfo, logical: int) -> int:
+    """How many slots of `request`'s logical block `logical` hold a token's K and V."""
+    used = request.num_computed_tokens - logical * state.block_size
+    return max(0, min(used, state.block_size))
+
+
 def last_block_fill(state: VizState, request: RequestInfo) -> int:
-    """How many of the slots of `request`'s last block hold a token."""
+    """How many of the slots of `request`'s last block hold a token's K and V."""
     if not request.block_table:
         return 0
-    used = request.num_computed_tokens - (len(request.block_table) - 1) * state.block_size
-    return max(0, min(used, state.block_size))
+    return block_fill(state, request, len(request.block_table) - 1)
 
 
 def family_of(state: VizState, request_id: str) -> tuple[str, tuple[str, ...]] | None:
@@ -420,10 +438,32 @@ def _without(items: tuple, item: object) -> tuple:
     return items[:i] + items[i + 1 :]
 
 
+NUM_SLOTS = 36  # letters in `style.GLYPHS`
+
+
+def free_slot(state: VizState) -> int:
+    """The slot (colour and letter) for a new request: the lowest that no waiting or running
+    request holds, nor the request whose cached prefix a block keeps; if possible none that a
+    listed finished request holds either."""
+    live = {r.slot for r in state.requests.values() if r.status != FINISHED}
+    cached = {
+        state.requests[b.cached_by].slot
+        for b in state.blocks
+        if b.cached and b.cached_by in state.requests
+    }
+    listed = {r.slot for r in state.requests.values()}
+    for avoid in (live | cached | listed, live | cached, live):
+        for slot in range(NUM_SLOTS):
+            if slot not in avoid:
+                return slot
+    return state.num_arrivals % NUM_SLOTS
+
+
 def _on_request_added(state: VizState, e: RequestAdded) -> VizState:
     info = RequestInfo(
         request_id=e.request_id,
         index=state.num_arrivals,
+        slot=free_slot(state),
         prompt=e.prompt,
         num_prompt_tokens=e.num_prompt_tokens,
         max_tokens=e.max_tokens,
@@ -733,6 +773,7 @@ def _on_engine_snapshot(state: VizState, e: EngineSnapshot) -> VizState:
         requests[r.request_id] = RequestInfo(
             request_id=r.request_id,
             index=len(requests),
+            slot=len(requests) % NUM_SLOTS,
             prompt=r.prompt,
             num_prompt_tokens=r.num_prompt_tokens,
             max_tokens=r.max_tokens,

@@ -32,7 +32,9 @@ COLORS: tuple[str, ...] = (
     "#f08d49",
     "#8be9fd",
 )
-GLYPHS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# A request's letter: Latin, then Greek capitals unlike any Latin one (their lower case marks
+# a cached-free block too). `state.py` gives a new request a letter no live request holds.
+GLYPHS = "ABCDEFGHIJKLMNOPQRSTUVWXYZΓΔΘΛΞΠΣΦΨΩ"
 
 DIM = Style(color="grey50")
 FREE = Style(color="grey42")
@@ -106,9 +108,9 @@ def request_label(info: RequestInfo | None, request_id: str, width: int = 0) -> 
     if info is None:
         text.append("?", DIM)
     else:
-        text.append(request_glyph(info.index), owner_style(info.index))
+        text.append(request_glyph(info.slot), owner_style(info.slot))
     text.append(" ")
-    text.append(request_id, text_style(info.index) if info else DIM)
+    text.append(request_id, text_style(info.slot) if info else DIM)
     if width:
         text.truncate(width, pad=True)
     return text

@@ -1,5 +1,9 @@
 """Block tables: each running request's logical blocks mapped to physical block ids.
 
+A request being admitted is listed from the first block the scheduler gives it, before the
+step schedules it (`admitting`): the block that leaves the head of the free queue lands in its
+table at once.
+
 Read a line left to right as logical block 0, 1, 2 ...: the number is the physical block that
 holds those tokens in the KV cache (see the grid). A block marked `²` (or more) is shared with
 other requests through the prefix cache. The gauge at the end shows how full the request's last
@@ -16,7 +20,7 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState, last_block_fill, latest_changes
+from nanovllm.viz.state import RUNNING, VizState, last_block_fill, latest_changes, table_holders
 from nanovllm.viz.style import DIM, FLASH, SELECTED, request_label, superscript, text_style
 from nanovllm.viz.widgets.base import StateView
 
@@ -37,13 +41,15 @@ class BlockTablesView(StateView):
         fill = last_block_fill(state, info)
         gauge = Text(" ")
         full = round(fill / bs * gauge_width) if bs else 0
-        gauge.append("▮" * full, text_style(info.index))
+        gauge.append("▮" * full, text_style(info.slot))
         gauge.append("▯" * (gauge_width - full), DIM)
         gauge.append(f" {fill}/{bs}", DIM)
+        if info.status != RUNNING:
+            gauge.append(" admitting", "bold")
         cells = []
         for block_id in info.block_table:
             refs = state.blocks[block_id].ref_count if block_id < state.num_blocks else 1
-            style = FLASH if block_id in changed else text_style(info.index)
+            style = FLASH if block_id in changed else text_style(info.slot)
             cell = Text(f"{block_id}", style)
             if refs > 1:
                 cell.append(superscript(refs), "bold")
@@ -72,21 +78,23 @@ class BlockTablesView(StateView):
         return lines
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if width < 1 or not self.state.running:
+        holders = table_holders(self.state)
+        if width < 1 or not holders:
             return 1
         changed = latest_changes(self.state).blocks
-        return sum(len(self._request_lines(r, width, changed)) for r in self.state.running)
+        return sum(len(self._request_lines(r, width, changed)) for r in holders)
 
     def render(self) -> Text:
         state = self.state
         width, height = self.size.width, self.size.height
         if width < 1 or height < 1:
             return Text()
-        if not state.running:
+        holders = table_holders(state)
+        if not holders:
             return Text("no running request", DIM)
         changed = latest_changes(state).blocks
-        per_request = {rid: self._request_lines(rid, width, changed) for rid in state.running}
-        order = list(state.running)
+        per_request = {rid: self._request_lines(rid, width, changed) for rid in holders}
+        order = list(holders)
         # When they do not all fit, the selected request goes first so it is never cut off.
         total = sum(len(v) for v in per_request.values())
         if total > height and self.selected in per_request:
@@ -101,7 +109,7 @@ class BlockTablesView(StateView):
                 if not lines:  # not even the first fits: show what does
                     lines = request_lines[: height - 1]
                     n += 1
-                lines.append(Text(f"… {len(order) - n} more running", DIM))
+                lines.append(Text(f"… {len(order) - n} more", DIM))
                 break
             lines.extend(request_lines)
         return Text("\n").join(lines[:height])

@@ -68,7 +68,7 @@ class FreeQueueView(StateView):
                 style = NEW
             elif block.cached:
                 info = state.requests.get(block.cached_by or "")
-                style = cached_free_style(info.index if info else None)
+                style = cached_free_style(info.slot if info else None)
             else:
                 style = PLAIN
             mark = NEXT_EVICTION if block_id == next_evicted else " "

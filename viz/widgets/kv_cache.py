@@ -2,7 +2,8 @@
 
 Cells: `A` a block owned by request A, `A²` shared by two requests (prefix cache, ref count
 2), `a` free but still holding A's cached prefix (a later request with the same prefix can take
-it back), `·` free and empty. The selected request's blocks are underlined (`›` in front when
+it back), `#` the same for a prefix cached before the viewer joined (`--connect`: the snapshot
+names no request), `·` free and empty. The selected request's blocks are underlined (`›` in front when
 cells are small), and what the latest move changed is drawn in white.
 
 The grid grows with the panel: on a big terminal each block is a box with its id, every
@@ -35,17 +36,22 @@ from nanovllm.viz.style import (
 from nanovllm.viz.widgets.base import StateView
 
 UNKNOWN = Style(reverse=True)
+UNKNOWN_CACHED = "#"  # a cached-free block whose request the events never named
 ROW_LABEL = 5
-# Cell shapes, biggest first: (characters per block, lines per block).
-SHAPES = ((12, 3), (10, 3), (8, 2), (6, 2), (5, 2), (3, 1))
-SMALL = SHAPES[-1]
+# Cell shapes, biggest first: (characters per block, lines per block). 15 characters hold a
+# block's whole hash (`#` and 12 hex digits); the one-line shapes are for small panels, the
+# last one when even three characters a block would not fit the panel's height.
+SHAPES = ((15, 3), (12, 3), (10, 3), (8, 2), (6, 2), (5, 2), (3, 1), (2, 1))
+SMALL_SHAPES = SHAPES[-2:]
 
 
-def grid_columns(num_blocks: int, width: int, cell: int = 3) -> int:
-    """Blocks per grid row: as many as fit, rounded down to a multiple of 8 to read ids easily."""
+def grid_columns(num_blocks: int, width: int, cell: int = 3, lines: int = 1) -> int:
+    """Blocks per grid row: as many as fit. One-line cells round down to a multiple of 4 (each
+    row's first block id stands at its left, so ids read off easily); big cells show their own
+    ids and take every column."""
     cols = max(1, (width - ROW_LABEL) // cell)
-    if cols >= 8:
-        cols -= cols % 8
+    if lines == 1 and cols >= 8:
+        cols -= cols % 4
     return max(1, min(cols, num_blocks))
 
 
@@ -53,11 +59,14 @@ def grid_shape(
     num_blocks: int, width: int, height: int, big: bool = True
 ) -> tuple[int, int, int, int]:
     """(cell width, cell lines, columns, rows): the biggest cells whose grid fits."""
-    for cell, lines in SHAPES if big else SHAPES[-1:]:
-        cols = grid_columns(num_blocks, width, cell)
+    shapes = SHAPES if big else SMALL_SHAPES
+    for cell, lines in shapes:
+        cols = grid_columns(num_blocks, width, cell, lines)
         rows = -(-num_blocks // cols)
-        # Big cells only when the grid stays at least 8 blocks wide and fits the height.
-        if (cell, lines) == SMALL or (cols >= min(num_blocks, 8) and rows * lines <= height):
+        # Big cells only when the grid stays at least 8 blocks wide; every shape but the
+        # smallest only when the grid fits the height.
+        wide_enough = lines == 1 or cols >= min(num_blocks, 8)
+        if (cell, lines) == shapes[-1] or (wide_enough and rows * lines <= height):
             return cell, lines, cols, rows
     raise AssertionError("unreachable")
 
@@ -71,9 +80,15 @@ class KVCacheView(StateView):
         n = self.state.num_blocks
         if not n or width < 1:
             return 1
-        cap = max(1, container.height // 2 - 3)  # within `max-height: 50%`, borders and head
+        # Within the panel's `max-height` (app.tcss), less its borders and heading.
+        share = 0.34 if self._medium_short() else 0.5
+        cap = max(1, int(container.height * share) - 3)
         _, lines, _, rows = grid_shape(n, width, cap, big=self._big_cells())
         return 1 + rows * lines
+
+    def _medium_short(self) -> bool:
+        screen = self.screen if self.is_mounted else None
+        return screen is not None and screen.has_class("-medium") and not screen.has_class("-tall")
 
     def _big_cells(self) -> bool:
         """Two-line cells only on a tall terminal: a short one needs the lines elsewhere."""
@@ -81,7 +96,7 @@ class KVCacheView(StateView):
 
     def _owner_index(self, request_id: str | None) -> int | None:
         info = self.state.requests.get(request_id) if request_id else None
-        return info.index if info else None
+        return info.slot if info else None
 
     def _cell(self, block_id: int, block: BlockInfo, cell: int, lines: int) -> list[tuple]:
         """The block's cell: one (characters, style) per line."""
@@ -93,7 +108,8 @@ class KVCacheView(StateView):
         elif block.cached:
             first = self._owner_index(block.cached_by or block.last_owner)
             style = cached_free_style(first)
-            glyphs = request_glyph(first).lower() if first is not None else "c"
+            # Whose prefix it is may be unknown (joined by a snapshot): `#`, never a letter.
+            glyphs = request_glyph(first).lower() if first is not None else UNKNOWN_CACHED
         else:
             style, glyphs = FREE, "·"
         mark = superscript(block.ref_count) if block.ref_count > 1 else ""
@@ -104,6 +120,8 @@ class KVCacheView(StateView):
             style = style + MARK
         if lines == 1:
             body = glyphs[0] + (mark or " ")
+            if cell == 2:  # no room for `›`: the underline alone marks the selection
+                return [(body, style)]
             return [(("›" if selected else " ") + body, style)]
         room = cell - 2
         owners = glyphs if len(glyphs) + len(mark) <= room else glyphs[: room - 2] + "…"

@@ -73,7 +73,7 @@ class NarrativeView(StateView):
         for n, note in enumerate(record.notes):
             info = state.requests.get(note.request_id) if note.request_id else None
             line = Text(f"{MARKS.get(note.kind, '·')} ", DIM)
-            line.append(note.text, text_style(info.index) if info else "")
+            line.append(note.text, text_style(info.slot) if info else "")
             if playing and n == newest:
                 line.stylize(FLASH)
             wrapped.append((n, list(line.wrap(self.app.console, width))))

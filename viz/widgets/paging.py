@@ -24,7 +24,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState, family_of, latest_changes
+from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
     DIM,
     FLASH,
@@ -38,6 +38,19 @@ from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
 MIN_SLOT = 3  # characters a slot needs to show a little text
+MAX_SLOT = 6  # characters a slot takes at most
+
+
+def slot_layout(block_size: int, width: int) -> tuple[int, int]:
+    """(slots per line, characters per slot) for a block drawn in `width` characters.
+
+    The slots per line divide the block evenly (a block wraps as 16, or 8 + 8, never 15 + 1),
+    as many as fit at `MIN_SLOT` characters each; the slots then share the width, up to
+    `MAX_SLOT` characters.
+    """
+    fits = [n for n in range(1, block_size + 1) if block_size % n == 0 and n * MIN_SLOT <= width]
+    per_line = max(fits, default=1)
+    return per_line, max(1, min(MAX_SLOT, width // per_line))
 
 
 class PagingView(StateView):
@@ -71,8 +84,7 @@ class PagingView(StateView):
             return Text("\n").join([*heads, Text(why.get(info.status, "no blocks"), DIM)])
         label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
         avail = max(1, width - label_width)
-        per_line = max(1, min(bs, avail // MIN_SLOT))
-        slot = max(1, min(6, avail // per_line))
+        per_line, slot = slot_layout(bs, avail)
         lines_per_block = -(-bs // per_line)
         rows: list[list[Text]] = []
         for logical, block_id in enumerate(info.block_table):
@@ -121,7 +133,7 @@ class PagingView(StateView):
         changed = block_id in latest_changes(state).blocks
         first = logical * bs
         filled = max(0, min(bs, info.num_tokens - first))
-        computed = max(0, min(bs, info.num_computed_tokens - first))
+        computed = block_fill(state, info, logical)  # as the block tables count it
         accepted = info.accepted_positions() if info.accepted else frozenset()
         label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
         about = Text(" " * label_width)
@@ -132,7 +144,9 @@ class PagingView(StateView):
             family = family_of(state, info.request_id)
             if family is not None and set(block.owners) <= set(family[1]):
                 about.append(" (siblings)", DIM)
-        about.append(f" · {max(filled, computed)}/{bs} slots", DIM)
+        about.append(f" · {computed}/{bs} slots", DIM)
+        if filled > computed:
+            about.append(f" (+{filled - computed} not computed yet)", DIM)
         if block is not None and block.cached:
             about.append(f" · cached #{block.block_hash}", DIM)
         slots: list[Text] = []

@@ -43,7 +43,7 @@ class RequestTextView(StateView):
             body.append(info.prompt, DIM)
         else:
             body.append(f"[{info.num_prompt_tokens} prompt tokens]", DIM)
-        style = text_style(info.index)
+        style = text_style(info.slot)
         if info.accepted and len(info.tokens) == info.num_tokens:
             accepted, marked = info.accepted_positions(), style + Style(underline=True)
             for t in range(info.num_prompt_tokens, info.num_tokens):

@@ -83,7 +83,7 @@ class StepView(StateView):
         verified = {rid: accepted for rid, _, accepted in record.verified}
         widths = segment_widths([s.num_tokens for s in record.scheduled], budget, width - 2)
         for s, info, w in zip(record.scheduled, infos, widths):
-            index = info.index if info else 0
+            index = info.slot if info else 0
             glyph = request_glyph(index)
             char = glyph.lower() if s.kind == DECODE else glyph
             style = FLASH if s.request_id in changed else owner_style(index)

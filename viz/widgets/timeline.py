@@ -15,12 +15,38 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import RUNNING, WAITING, VizState
+from nanovllm.viz.state import VizState
 from nanovllm.viz.style import CELL_CHARS, DIM, SELECTED, cell_style, request_label, runs
 from nanovllm.viz.widgets.base import StateView
 
 LABEL = 9  # width of the row labels
 BLANK = Style()
+
+
+def timeline_rows(state: VizState, rows: list[str], selected: str | None, room: int) -> list[str]:
+    """The `room` rows to draw out of `rows` (in arrival order), kept in that order.
+
+    When they do not all fit, the running requests come first (the batch is what a column
+    shows), then the selected one, then the waiting ones (front of the queue first), then the
+    finished ones, newest first: a long waiting queue never pushes the batch off the screen.
+    """
+    if len(rows) <= room:
+        return rows
+    running = set(state.running)
+    front = {rid: i for i, rid in enumerate(state.waiting)}
+    position = {rid: i for i, rid in enumerate(rows)}
+
+    def rank(rid: str) -> tuple[int, int]:
+        if rid in running:
+            return (0, position[rid])
+        if rid == selected:
+            return (1, 0)
+        if rid in front:
+            return (2, front[rid])
+        return (3, -position[rid])
+
+    kept = set(sorted(rows, key=rank)[:room])
+    return [rid for rid in rows if rid in kept]
 
 
 class TimelineView(StateView):
@@ -41,32 +67,14 @@ class TimelineView(StateView):
                 if rid not in order:
                     info = state.requests.get(rid)
                     order[rid] = info.index if info else -1
-        rows = sorted(order, key=lambda r: order[r])
-        lines_left = max(0, height - 1)
-        if len(rows) > lines_left:
-            # Keep the live requests and the selected one; drop the oldest finished ones.
-            def keep(rid: str) -> bool:
-                info = state.requests.get(rid)
-                live = info is not None and info.status in (RUNNING, WAITING)
-                return live or rid == self.selected
-
-            drop = len(rows) - lines_left
-            kept = []
-            for rid in rows:
-                if drop > 0 and not keep(rid):
-                    drop -= 1
-                    continue
-                kept.append(rid)
-            rows = kept[-lines_left:] if lines_left else []
-            if self.selected in kept and self.selected not in rows and rows:
-                rows = [r for r in rows[1:]] + [self.selected]  # never hide the selection
-                rows.sort(key=lambda r: order[r])
+        arrived = sorted(order, key=lambda r: order[r])
+        rows = timeline_rows(state, arrived, self.selected, max(0, height - 1))
         lines = [self._ruler(columns)]
         for rid in rows:
             info = state.requests.get(rid)
             line = request_label(info, rid, width=LABEL)
             line.append(" ")
-            index = info.index if info else 0
+            index = info.slot if info else 0
             cells = []
             for column in columns:
                 kind = column.cells.get(rid)
