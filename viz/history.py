@@ -143,6 +143,12 @@ class Tape:
         self.state = self.bounds[self.j]
         return True
 
+    def to_last_boundary(self) -> None:
+        """To the end of the newest closed step (a step still arriving stays ahead)."""
+        if self.j < len(self.steps):
+            self.j, self.k = len(self.steps), 0
+            self.state = self.bounds[self.j]
+
     def to_end(self) -> None:
         self.j, self.k = len(self.steps), len(self.open)
         self.state = self.open_state
