@@ -1,9 +1,10 @@
 """RMSNorm and RoPE on a CPU through one numba loop each (`cpu_token_ops_numba.py`).
 
-The model calls `applies(x)` first: the kernels serve float32 tensors on a CPU, with numba
+`applies(x)` says whether the kernels serve an activation: float32 on a CPU, with numba
 importable, outside torch.compile (inductor fuses these operators itself and cannot trace a
-numba call), unless the model is the plain torch one (`attention_backend="torch"`). Everywhere
-else the model runs its own torch code, which is the reference these kernels are tested against
+numba call). The CPU backend asks it once, when it builds the model, and then gives the norms
+and the rotary embedding their numba classes (`nanovllm/backends/cpu.py`). Everywhere else the
+model runs its own torch code, which is the reference these kernels are tested against
 (`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in models/llama.py,
 `RotaryEmbedding.forward` in models/rotary.py.
 """

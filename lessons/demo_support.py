@@ -90,7 +90,8 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from nanovllm.models.llama import CausalLM, ModelArgs
+    from nanovllm.models.llama import CausalLM
+    from nanovllm.models.model_args import ModelArgs
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
@@ -140,7 +141,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
         # Weights: the engine's own model class, randomly initialised. A larger spread than a
         # trained model's makes the logits peaked, so greedy outputs are stable.
         with torch.device("cpu"):
-            model = CausalLM(ModelArgs.from_config(config), "torch")
+            model = CausalLM(ModelArgs.from_config(config))
         gen = torch.Generator().manual_seed(seed)
         tensors = {}
         for name, param in model.named_parameters():

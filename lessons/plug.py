@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -135,11 +135,11 @@ def metadata_from(
     slot_mapping: list[int],
     query_start_loc: list[int],
     seq_lens: list[int],
-    block_tables: list[list[int]],
+    block_tables: Sequence[Sequence[int]],
     device: torch.device,
 ) -> AttentionMetadata:
-    """Attention metadata from a step's flat inputs given as lists (one decode group: every
-    decode is gathered padded to the whole block table)."""
+    """Attention metadata from a step's flat inputs given as lists (block tables as any
+    sequences of block ids: the scheduler hands out tuples)."""
     if len(query_start_loc) != len(seq_lens) + 1 or len(seq_lens) != len(block_tables):
         raise LessonRunError(
             f"query_start_loc has {len(query_start_loc)} entries and seq_lens {len(seq_lens)} "
@@ -154,7 +154,7 @@ def metadata_from(
 
     return AttentionMetadata(
         slot_mapping=tensor(slot_mapping, torch.int64),
-        block_tables=tensor([t + [0] * (width - len(t)) for t in block_tables], torch.int32),
+        block_tables=tensor([[*t] + [0] * (width - len(t)) for t in block_tables], torch.int32),
         seq_lens=tensor(seq_lens, torch.int32),
         query_start_loc=tensor(query_start_loc, torch.int32),
         seq_lens_list=list(seq_lens),

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.distributed.communication import tensor_model_parallel_all_gather
-from nanovllm.executor import tensor_parallel
+from nanovllm.engine import tensor_parallel
 from nanovllm.lessons.catalog import load_file
 from nanovllm.lessons.plug import LessonRunError
 from nanovllm.models import llama
@@ -191,10 +191,10 @@ class YourRanks:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, rank: int, spec: tensor_parallel.RunnerSpec):
+    def __call__(self, rank: int, spec: tensor_parallel.RunnerSpec, draft=None):
         impl = load_file(Path(self.path))
         with _model_built_with(your_layer_classes(impl)):
-            return _STOCK_BUILD_RUNNER(rank, spec)
+            return _STOCK_BUILD_RUNNER(rank, spec, draft)
 
 
 def check_on_the_model(impl: Any, model_path: str | Path, tensor_parallel_size: int) -> None:

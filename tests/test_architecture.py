@@ -199,3 +199,17 @@ def private_reads_of_other_modules() -> list[str]:
 
 def test_no_module_reads_another_modules_private_attribute() -> None:
     assert private_reads_of_other_modules() == []
+
+
+def test_the_readmes_reading_path_is_the_plain_path_and_fits_in_a_sitting() -> None:
+    """README.md's "Read the engine" table: the plain path's files in order, each with its true
+    line count, 2,000 lines at most in all."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Read the engine") :]
+    section = section[: section.index("\n\n", section.index("| # |"))]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| ")]
+    files = [(c[2].strip(" `"), int(c[4])) for c in rows if c[1].strip().isdigit()]
+    assert [f.removesuffix(".py").replace("/", ".") for f, _ in files] == PLAIN_PATH
+    for file, stated in files:
+        assert len((REPO / file).read_text().splitlines()) == stated, file
+    assert sum(n for _, n in files) <= 2000

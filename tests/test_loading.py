@@ -13,7 +13,7 @@ import torch
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import EngineConfig
-from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, budget_from_profile
+from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, budget_from_profile, kv_bytes_per_block
 from nanovllm.models import llama
 from nanovllm.models.attention import TorchAttention
 from nanovllm.models.loader import load_model, resolve_dtype
@@ -130,7 +130,7 @@ def test_a_cpu_engine_gets_the_fixed_budget_and_logs_its_capacity(tiny_llama, ca
     caplog.set_level(logging.INFO, logger="nanovllm")
     llm = LLM(str(tiny_llama), block_size=16, max_num_seqs=512)
     engine = llm.llm_engine
-    per_block = engine.runner.kv_bytes_per_block(engine.model_args, 16, torch.float32)
+    per_block = kv_bytes_per_block(engine.model_args, 16, torch.float32)
     useful = 512 * -(-engine.max_model_len // 16)
     assert engine.num_kv_blocks == min(CPU_KV_CACHE_BYTES // per_block, useful)
     assert f"KV cache size: {engine.num_kv_blocks * 16} tokens" in caplog.text

@@ -91,7 +91,7 @@ def test_the_runner_sends_each_host_tensor_of_a_step_once() -> None:
         assert there.shape == original.shape and there.dtype == original.dtype
     assert rows.device.type == "meta" and rows.shape == (2,)
     assert moved.seq_lens_list == meta.seq_lens_list
-    assert moved.decode_groups == meta.decode_groups
+    assert moved.prefill_seq_indices == meta.prefill_seq_indices
 
     again = runner.inputs_on_device(ids, pos, moved, rows)
     assert calls == [calls[0]]  # already on the device: nothing sent

@@ -4,7 +4,7 @@
   tokens and counts the blocks in its block table.
 - `slot_mapping` / `slot_for`: hand a one-request `SchedulerOutput` to the model runner's
   `step_inputs`, which builds a step's inputs, slot mapping included, from scratch (the plain
-  version of what the engine's `InputBatch` computes every step; no model is loaded).
+  version of what the CPU and GPU backends' `InputBatch` computes every step; no model is loaded).
 """
 
 from __future__ import annotations

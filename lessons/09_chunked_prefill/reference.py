@@ -1,7 +1,7 @@
 """Lesson 09 reference: the engine's scheduler with chunked prefill, and its step inputs.
 
-`prepare_inputs` hands the batch to the model runner's `step_inputs` (the plain version of what
-the engine's `InputBatch` computes every step) as a `SchedulerOutput` and reads its tensors back
+`prepare_inputs` hands the batch to `step_inputs` (executor/step_inputs.py: the plain version of what
+the CPU and GPU backends' `InputBatch` computes every step) as a `SchedulerOutput` and reads its tensors back
 as lists.
 """
 

@@ -101,7 +101,7 @@ def _cut_a_layer(console: Console) -> None:
 
 def _heads_and_shares(console: Console) -> None:
     from nanovllm.distributed import as_tp_rank
-    from nanovllm.executor.model_runner import ModelRunner
+    from nanovllm.executor.memory import kv_bytes_per_block
     from nanovllm.models.linear import QKVParallelLinear
     from nanovllm.models.llama import CausalLM
     from nanovllm.models.loader import load_model_args
@@ -117,11 +117,11 @@ def _heads_and_shares(console: Console) -> None:
     for tp in (1, 2, 4):
         if heads % tp or (kv % tp and tp % kv):
             continue
-        block = ModelRunner.kv_bytes_per_block(args, 16, torch.float32, tp)
+        block = kv_bytes_per_block(args, 16, torch.float32, tp)
         for rank in range(tp):
             with as_tp_rank(rank, tp), torch.device("meta"):  # shapes only, no memory
                 qkv = QKVParallelLinear(args.hidden_size, args.head_dim, heads, kv)
-                model = CausalLM(args, "torch")
+                model = CausalLM(args)
             first_kv = rank // qkv.num_kv_head_replicas * qkv.num_kv_heads
             q_heads = range(rank * qkv.num_heads, (rank + 1) * qkv.num_heads)
             kv_heads = range(first_kv, first_kv + qkv.num_kv_heads)

@@ -4,8 +4,8 @@ Why. In a decode step each layer is a dozen kernels (norms, projections, RoPE, t
 attention, the MLP), each launched from Python, and with one token per request each has little
 work: a GPU can finish one before the host has launched the next, and then waits for the host.
 A CUDA graph records every launch of one forward pass once; `replay()` issues them all again
-with one call. (That is why vLLM and nano-vllm capture decode steps. It has not been measured
-here: no GPU was at hand when this was written.)
+with one call. (That is why vLLM and nano-vllm capture decode steps; what it saves here is
+for `.ci/gpu` to measure, nanovllm/bench/README.md.)
 
 The price: a graph replays exactly what it recorded, the same kernels on the same shapes at the
 same memory addresses. So here:

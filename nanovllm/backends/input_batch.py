@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.models.attention import AttentionMetadata, decode_groups
+from nanovllm.models.attention import AttentionMetadata
 
 
 class InputBatch:
@@ -98,23 +98,18 @@ class InputBatch:
         max_blocks = int(self.num_blocks[rows].max())
         block_tables = self.block_table[rows, :max_blocks]  # [num_seqs, max_blocks], a copy
 
-        # Decodes (one new token) sorted by context length, in groups (`decode_groups`): each
-        # group's gather (torch backend) is padded only to its own longest context.
-        decode_seqs = np.flatnonzero(query_lens == 1)
-        decode_seqs = decode_seqs[np.argsort(seq_lens[decode_seqs], kind="stable")]
-        seq_lens_list = seq_lens.tolist()
+        decode_seqs = np.flatnonzero(query_lens == 1)  # sequences with one new token
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping),
             block_tables=torch.from_numpy(block_tables),
             seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
             query_start_loc=torch.from_numpy(query_start.astype(np.int32)),
-            seq_lens_list=seq_lens_list,
+            seq_lens_list=seq_lens.tolist(),
             query_lens_list=query_lens.tolist(),
             query_start_list=query_start.tolist(),
             decode_seq_indices=torch.from_numpy(decode_seqs),
             decode_token_indices=torch.from_numpy(query_start[decode_seqs]),
             prefill_seq_indices=np.flatnonzero(query_lens > 1).tolist(),
-            decode_groups=decode_groups(decode_seqs.tolist(), seq_lens_list),
         )
         input_ids_t = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # [num_tokens]
         return input_ids_t, torch.from_numpy(positions), meta, logits_rows

@@ -5,8 +5,8 @@ mapping, block tables, context lengths, query starts and the decodes' indices. S
 each is a transfer of its own: a `pin_memory()` (an allocation and a copy on the host), then a
 copy to the device, which is queued and run as an operation of its own however few its bytes.
 `InputStaging` writes them all into one page-locked ("pinned") host buffer that lives from
-step to step, sends that with one copy, and hands out views of the copy on the device. (How
-much this saves per step has not been measured: no GPU was at hand when it was written.)
+step to step, sends that with one copy, and hands out views of the copy on the device. (What
+it saves per step is for `.ci/gpu` to measure, nanovllm/bench/README.md.)
 
 Pinned memory is what lets the copy run while the host goes on (`non_blocking=True`): the
 GPU's copy engine reads page-locked memory directly, while from ordinary pageable memory CUDA

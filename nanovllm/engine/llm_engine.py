@@ -36,8 +36,8 @@ from nanovllm.engine.snapshot import token_texts
 from nanovllm.events import EngineStarted, Event, EventBus, RequestAdded, StepSummary
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.metrics import SpecDecodingStats
+from nanovllm.spec_decode.propose import propose_next_tokens
 
 logger = logging.getLogger("nanovllm")
 
@@ -47,8 +47,7 @@ class LLMEngine:
         self.config = config
         self.events = EventBus()
         # The model on every rank, its KV cache and the proposer: `setup.py`.
-        setup = set_up_engine(config)
-        self.setup = setup
+        self.setup = setup = set_up_engine(config)
         self.model_path, self.model_args = setup.model_path, setup.model_args
         self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
         self.attention_backend = setup.attention_backend
@@ -97,15 +96,6 @@ class LLMEngine:
                 self.speculative_config.num_speculative_tokens if self.speculative_config else 0
             ),
         )
-        capacity = self.num_kv_blocks * config.block_size
-        logger.info(
-            "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "
-            "(%d blocks x %d); maximum concurrency for %d tokens per request: %.2fx",
-            self.model_path.name, self.device, str(self.dtype).removeprefix("torch."),
-            self.attention_backend, capacity,
-            self.num_kv_blocks, config.block_size, self.max_model_len,
-            capacity / self.max_model_len,
-        )  # fmt: skip
 
     @classmethod
     def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
@@ -226,7 +216,9 @@ class LLMEngine:
         outputs.extend(self.output_processor.make_request_outputs(progress))
         if self.proposer is not None:
             start = time.perf_counter()
-            self._propose()
+            propose_next_tokens(
+                self.proposer, self.scheduler.running, self.kv_cache_manager.get_block_table
+            )
             self.last_propose_time = time.perf_counter() - start
         if self.events.active:
             self.events.emit(self._summary(sched, forward_time))
@@ -240,21 +232,6 @@ class LLMEngine:
         logger.warning("nanovllm: %s", error)
         request.error = error
         return self._finish(request, FinishReason.ERROR)
-
-    def _propose(self) -> None:
-        """Proposals for every decoding request's next step (speculative decoding)."""
-        # Not those still prefilling: nothing to speculate on yet.
-        decoding = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
-        # No point proposing past max_tokens: the step emits up to k + 1 tokens.
-        rooms = [r.max_tokens - r.num_output_tokens - 1 for r in decoding]
-        if isinstance(self.proposer, DraftModelProposer):
-            tables = [self.kv_cache_manager.get_block_table(r.request_id) for r in decoding]
-            proposals = self.proposer.propose(decoding, tables, rooms)
-        else:
-            assert self.proposer is not None
-            proposals = [self.proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
-        for request, proposal in zip(decoding, proposals):
-            request.spec_token_ids = proposal
 
     def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:
         kv = self.kv_cache_manager
@@ -277,15 +254,9 @@ class LLMEngine:
             num_preempted=len(sched.preempted),
             token_budget=self.config.max_num_batched_tokens,
             free_queue_head=tuple(kv.free_block_queue.peek(8)),
-            rank_forward_times=self._rank_forward_times(),
+            # (a round trip to every rank: only asked when someone listens to events)
+            rank_forward_times=tuple(self.setup.on_every_rank("rank_forward_time", all=True)),
         )
-
-    def _rank_forward_times(self) -> tuple[float, ...]:
-        """Each rank's forward time of the last step (a round trip to every rank: only asked
-        when someone listens to events)."""
-        if self.group is None:
-            return (self.runner.rank_forward_time(),)
-        return tuple(self.group.run_all("rank_forward_time"))
 
     # --- streaming ------------------------------------------------------------------------------
 

@@ -34,9 +34,10 @@ from nanovllm.engine.tensor_parallel import (
     TensorParallelExecutor,
     start_runners,
 )
+from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.models.llama import ModelArgs
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
+from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.speculative_config import SpeculativeConfig
@@ -144,6 +145,13 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
     if graphs:
         capture_decode_graphs(config, setup)
+    capacity = setup.num_kv_blocks * config.block_size
+    logger.info(
+        "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "
+        "(%d blocks x %d); maximum concurrency for %d tokens per request: %.2fx",
+        path.name, device, str(dtype).removeprefix("torch."), backend_name, capacity,
+        setup.num_kv_blocks, config.block_size, max_model_len, capacity / max_model_len,
+    )  # fmt: skip
     return setup
 
 
@@ -184,19 +192,20 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     every layer of the draft too: its cache has the same blocks)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = ModelRunner.kv_bytes_per_block(
+    per_block = kv_bytes_per_block(
         setup.model_args, config.block_size, setup.dtype, config.tensor_parallel_size
     )
     if isinstance(setup.proposer, DraftModelProposer):
-        per_block += ModelRunner.kv_bytes_per_block(
+        per_block += kv_bytes_per_block(
             setup.proposer.runner.model.args, config.block_size, setup.dtype
         )
     budget = config.kv_cache_memory_bytes
-    if budget is None:  # the smallest any rank can give (each holds its heads' share)
-        budgets = setup.on_every_rank(
-            "measure_kv_budget", config, setup.max_model_len, graphs, all=True
-        )
-        budget = min(budgets)
+    if budget is None:  # the smallest any rank can give
+        if setup.device.type == "cuda":  # measured (each rank holds its heads' share)
+            args = (config, setup.max_model_len, graphs)
+            budget = min(setup.on_every_rank("measure_kv_budget", *args, all=True))
+        else:
+            budget = CPU_KV_CACHE_BYTES
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(

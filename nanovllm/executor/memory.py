@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from nanovllm.config import EngineConfig
 
@@ -54,3 +56,12 @@ def gpu_kv_cache_budget(
             f"{graph_pool / 2**30:.2f} GiB for CUDA graphs"
         )
     return budget
+
+
+def kv_bytes_per_block(
+    model_args, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
+) -> int:
+    """Bytes of one KV block on one rank (which holds num_kv_heads / tp heads, at least 1)."""
+    kv_heads = max(model_args.num_key_value_heads // tensor_parallel_size, 1)
+    per_token = 2 * model_args.num_hidden_layers * kv_heads * model_args.head_dim
+    return per_token * block_size * torch.empty((), dtype=dtype).element_size()

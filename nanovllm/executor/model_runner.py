@@ -1,7 +1,6 @@
 """ModelRunner: turns the scheduler's decision into tensors, runs the model, samples.
 
-Each step the scheduler says "request A: compute 512 tokens starting at 0; request B: 1 token
-starting at 37; ...". The ModelRunner:
+Each step, for the requests the scheduler chose, the ModelRunner:
 
 1. builds the step's flat inputs (`step_inputs.py`): token ids, positions, the slot mapping, the
    block tables and the rows whose logits are sampled;
@@ -26,7 +25,6 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.memory import CPU_KV_CACHE_BYTES
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
@@ -75,20 +73,6 @@ class ModelRunner:
     def num_kv_heads(self) -> int:
         """The KV heads this rank holds (all of them without tensor parallelism)."""
         return self.model.model.layers[0].self_attn.num_kv_heads
-
-    @staticmethod
-    def kv_bytes_per_block(
-        model_args, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
-    ) -> int:
-        """Bytes of one KV block on one rank (which holds num_kv_heads / tp heads, at least 1)."""
-        kv_heads = max(model_args.num_key_value_heads // tensor_parallel_size, 1)
-        per_token = 2 * model_args.num_hidden_layers * kv_heads * model_args.head_dim
-        return per_token * block_size * torch.empty((), dtype=dtype).element_size()
-
-    def measure_kv_budget(self, config, max_model_len: int, graphs: bool = False) -> int:
-        """Bytes this rank can give its KV cache. Host memory is shared with everything else
-        and has nothing to profile against: a fixed budget (`memory.py`)."""
-        return CPU_KV_CACHE_BYTES
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.models.attention import AttentionMetadata, decode_groups
+from nanovllm.models.attention import AttentionMetadata
 
 StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]
 
@@ -87,9 +87,7 @@ def step_metadata(
         query_starts.append(start + n)
     slot_mapping = torch.tensor(slots, dtype=torch.int64)  # [num_tokens]
 
-    # Decodes sorted by context length, in groups (`decode_groups`): each group's gather is
-    # padded only to its own longest context, not to the longest in the step.
-    decode_seqs = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
+    decode_seqs = [i for i, n in enumerate(query_lens) if n == 1]
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=block_tables_t,
@@ -103,6 +101,5 @@ def step_metadata(
             [query_starts[i] for i in decode_seqs], dtype=torch.int64
         ),
         prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
-        decode_groups=decode_groups(decode_seqs, seq_lens),
     )
     return positions_t, meta

@@ -24,24 +24,10 @@ same interface behind the backend seam (`nanovllm/backends/`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-# The torch backend gathers decodes in groups of this many, shortest context first, each group
-# padded only to its own longest context (`AttentionMetadata.decode_groups`).
-DECODE_GROUP = 16
-
-
-def decode_groups(decode_seqs: list[int], seq_lens: list[int]) -> list[tuple[int, int, int]]:
-    """Cut `decode_seqs` (sequence indices, sorted by context length) into groups of
-    DECODE_GROUP: (start, end, the group's longest context) over that list."""
-    groups = []
-    for start in range(0, len(decode_seqs), DECODE_GROUP):
-        end = min(start + DECODE_GROUP, len(decode_seqs))
-        groups.append((start, end, seq_lens[decode_seqs[end - 1]]))  # sorted: the last longest
-    return groups
 
 
 @dataclass
@@ -59,10 +45,6 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
-    # Decodes are listed shortest context first and cut into groups of similar length, each
-    # gathered padded only to its own longest context: (start, end, max_seq_len) over the lists
-    # above. Empty: one group of all decodes, padded to the whole block table.
-    decode_groups: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -75,8 +57,6 @@ class AttentionMetadata:
 
 class TorchAttention:
     """Paged attention in plain torch (see the module docstring)."""
-
-    name = "torch"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -95,21 +75,10 @@ class TorchAttention:
     ) -> torch.Tensor:
         store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        num_decodes = meta.decode_token_indices.numel()
-        full = meta.block_tables.shape[1] * key_cache.shape[1]
-        for start, end, max_seq_len in meta.decode_groups or (
-            [(0, num_decodes, full)] if num_decodes else []
-        ):
-            rows = meta.decode_token_indices[start:end]
-            seqs = meta.decode_seq_indices[start:end]
-            out[rows] = self._decode(
-                q[rows],
-                key_cache,
-                value_cache,
-                meta.block_tables[seqs],
-                meta.seq_lens[seqs],
-                max_seq_len,
-            )
+        if meta.decode_token_indices.numel():  # every decode at once
+            rows, seqs = meta.decode_token_indices, meta.decode_seq_indices
+            block_tables, seq_lens = meta.block_tables[seqs], meta.seq_lens[seqs]
+            out[rows] = self._decode(q[rows], key_cache, value_cache, block_tables, seq_lens)
         for i in meta.prefill_seq_indices:
             start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
             seq_len = meta.seq_lens_list[i]
@@ -151,19 +120,17 @@ class TorchAttention:
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,  # [num_decodes, max_blocks]
         seq_lens: torch.Tensor,  # [num_decodes]
-        max_seq_len: int,
     ) -> torch.Tensor:
-        """Decoding requests at once: one gather through their block tables, padded to max_seq_len."""
+        """Decoding requests at once: one gather through their block tables (padded, as the
+        step's block tables are, to the longest in the step)."""
         block_size = key_cache.shape[1]
-        max_blocks = -(-max_seq_len // block_size)
-        block_tables = block_tables[:, :max_blocks]
-        num_decodes = block_tables.shape[0]
+        num_decodes, max_blocks = block_tables.shape
         # [num_decodes, max_blocks * block_size, num_kv_heads, head_dim]
         keys = key_cache[block_tables].reshape(
             num_decodes, max_blocks * block_size, self.num_kv_heads, self.head_dim
         )
         # Slots past a request's length (the rest of its last block, and the padding up to the
-        # group's longest context) hold whatever an earlier request left there. Their scores
+        # longest block table) hold whatever an earlier request left there. Their scores
         # are masked to -inf below, so softmax gives them weight 0; but 0 x NaN is NaN, so a NaN
         # left in such a slot would still poison the output. Zero those values first.
         invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]

@@ -25,8 +25,6 @@ checkpoint's q_proj, k_proj, v_proj, gate_proj and up_proj into the fused ones
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,64 +32,8 @@ from torch import nn
 from nanovllm.models.attention import AttentionMetadata, TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.rotary import RotaryEmbedding
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-@dataclass
-class ModelArgs:
-    """The shape of the model, read from a checkpoint's config.json."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    rope_parameters: dict
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_config(cls, config: dict) -> ModelArgs:
-        archs = config.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(
-                f"unsupported architecture {archs!r}: nanovllm runs {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        hidden = config["hidden_size"]
-        heads = config["num_attention_heads"]
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-        attention_bias = bool(config.get("attention_bias", False))
-        is_qwen2 = arch == "Qwen2ForCausalLM"
-        return cls(
-            architecture=arch,
-            vocab_size=config["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            rope_parameters=rope,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=attention_bias and not is_qwen2,
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-        )
 
 
 class RMSNorm(nn.Module):

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from nanovllm.models.llama import CausalLM, ModelArgs
+from nanovllm.models.llama import CausalLM
+from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -8,18 +8,14 @@ covers. `LazyTensor` wraps such a slice behind the two things a layer's `weight_
 `.shape` and `.narrow(dim, start, n)`, so the same weight loaders take a real tensor (in tests)
 or a lazy one (here).
 
-What is read, measured with safetensors 0.8 on CPU (`python -m nanovllm.distributed.benchmark`,
-section 3): a rank's own (anonymous) memory grows by its parameters only, never by a whole
+What is read: a rank's own (anonymous) memory grows by its parameters only, never by a whole
 tensor. A row slice (column-parallel layers, embeddings) pages in only its rows of the file. A
 column slice (row-parallel layers: o_proj, down_proj) copies only its columns, but its columns
 are interleaved through every row of the row-major tensor, so the kernel pages in (shared page
-cache, not this process's memory) nearly the whole tensor. Measured at tp 2 with a
-[4096, 4096] fp32 tensor of each kind (64 MB each): a rank copied 64 MB into its parameters,
-its own memory grew by about that, and its file-backed resident pages grew by about 99 MB (32
-for its rows of the column-parallel tensor, nearly all 64 of the row-parallel one). Reading a
-full tensor with safetensors 0.8's `get_tensor` and narrowing it measured the same, because
-that too is a view of the memory-mapped file; `get_slice` makes the bounded read explicit
-rather than relying on that. Replicated tensors
+cache, not this process's memory) nearly the whole tensor. `get_slice` makes the bounded read
+explicit rather than relying on a full tensor's view of the memory-mapped file being lazy.
+(`python -m nanovllm.bench.tools.tensor_parallel` measures both; the figures are in
+nanovllm/bench/README.md.) Replicated tensors
 (norms, a row-parallel bias, KV heads when there are fewer than ranks) are read whole by every
 rank that holds them.
 

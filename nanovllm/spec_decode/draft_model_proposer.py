@@ -39,8 +39,8 @@ import torch
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.sampler import greedy_tokens
 from nanovllm.executor.step_inputs import step_metadata
-from nanovllm.models.llama import ModelArgs
 from nanovllm.models.loader import load_model_args, load_tokenizer
+from nanovllm.models.model_args import ModelArgs
 from nanovllm.request import Request
 
 

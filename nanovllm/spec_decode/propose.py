@@ -1,0 +1,32 @@
+"""Each step's proposals: which requests speculate next, and how many tokens each may propose.
+
+After a step, every request that is decoding (its newest token sampled, not yet computed) gets
+up to k proposed tokens for the next step to verify. Requests still prefilling get none (nothing
+to speculate on yet), and no request is offered more than it may still emit: a verifying step
+adds up to k + 1 tokens, so the room is `max_tokens - num_output_tokens - 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from nanovllm.request import Request
+from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+from nanovllm.spec_decode.ngram_proposer import NgramProposer
+
+
+def propose_next_tokens(
+    proposer: NgramProposer | DraftModelProposer,
+    running: Sequence[Request],
+    block_table_of: Callable[[str], Sequence[int]],
+) -> None:
+    """Set `spec_token_ids` of every decoding request in `running` to its proposal."""
+    decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+    rooms = [r.max_tokens - r.num_output_tokens - 1 for r in decoding]
+    if isinstance(proposer, DraftModelProposer):
+        tables = [block_table_of(r.request_id) for r in decoding]
+        proposals = proposer.propose(decoding, tables, rooms)
+    else:
+        proposals = [proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
+    for request, proposal in zip(decoding, proposals):
+        request.spec_token_ids = proposal
