@@ -96,7 +96,7 @@ class Measurement:
 class VizApp(App[object]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere work too
     TITLE = "nanovllm viz"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (150, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (150, "-wide"), (200, "-huge")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-mid"), (40, "-tall")]
     ENABLE_COMMAND_PALETTE = False  # its footer entry would push `?` and `q` off 80 columns
 

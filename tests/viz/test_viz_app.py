@@ -47,7 +47,7 @@ def loaded(app: VizApp) -> bool:
 
 def test_pause_step_and_speed_keys(trace_path: Path):
     async def go():
-        app = replay_app(trace_path, paused=True)
+        app = replay_app(trace_path, paused=True, speed=16)  # `s`: whole steps
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: loaded(app))
             assert app.state.step == 0 and app.status.paused

@@ -79,7 +79,7 @@ def test_bad_trace_line_is_named(tmp_path: Path):
 
 def test_replay_driver_pause_step_speed(trace_path: Path, trace_events):
     c = Collector()
-    driver = ReplayDriver(trace_path, c.publish, notify=c.notify, paused=True)
+    driver = ReplayDriver(trace_path, c.publish, notify=c.notify, paused=True, speed=16)
     thread = start(driver)
     c.wait(lambda: c.status is not None and not c.status.loading)
     assert c.state.step == 0 and c.status.paused
