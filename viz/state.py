@@ -314,6 +314,35 @@ def kv_figures(state: VizState) -> KVFigures:
     return KVFigures(used, free, cached_free, shared, used * state.block_size, filled)
 
 
+@dataclass(frozen=True)
+class ContiguousFigures:
+    """The same running requests in a cache without paging: each one reserves `max_model_len`
+    contiguous slots up front (what the PagedAttention paper compares against)."""
+
+    num_requests: int
+    num_reserved_slots: int
+    num_filled_slots: int  # no sharing: a prefix used by two requests is stored twice
+    num_fit: int  # reservations the same memory holds
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of reserved slots that hold no token."""
+        if not self.num_reserved_slots:
+            return 0.0
+        return 1 - self.num_filled_slots / self.num_reserved_slots
+
+
+def contiguous_figures(state: VizState) -> ContiguousFigures:
+    """What a contiguous `max_model_len` reservation per running request would hold."""
+    max_len = state.engine.max_model_len if state.engine else 0
+    running = [state.requests[r] for r in state.running if r in state.requests]
+    filled = sum(min(r.num_computed_tokens, max_len) for r in running)
+    capacity = state.num_blocks * state.block_size
+    return ContiguousFigures(
+        len(running), len(running) * max_len, filled, capacity // max_len if max_len else 0
+    )
+
+
 def rank_forward_times(state: VizState) -> tuple[float, ...]:
     """Each tensor-parallel rank's forward time in the last step done, in rank order (seconds);
     () without tensor parallelism or before the first step. The reducer keeps the step's

@@ -257,3 +257,27 @@ def test_every_scenario_shows_block_tables_and_paging_at_100x30(tiny_llama: Path
                 assert rid in text and " → #" in text, name
 
     asyncio.run(go())
+
+
+# --- beyond: the contiguous reservation beside the paged cache ---------------------------------
+
+
+def test_contiguous_reservation_wastes_at_least_what_paging_does(trace_states):
+    """Paging allocates at most `max_model_len` slots a request, by blocks, and shares
+    prefixes, so a contiguous reservation of `max_model_len` slots per running request is
+    never less empty than the paged cache, and never holds more requests than fit. Checked
+    after each step of the trace."""
+    from nanovllm.viz.state import contiguous_figures, kv_figures
+
+    checked = 0
+    for state in trace_states:
+        if not state.running or state.engine is None or state.draft.events:
+            continue  # at step boundaries: mid-step, blocks are held by who is being admitted
+        paged, contiguous = kv_figures(state), contiguous_figures(state)
+        assert contiguous.num_reserved_slots == len(state.running) * state.engine.max_model_len
+        assert contiguous.num_reserved_slots >= paged.num_allocated_slots
+        assert contiguous.fragmentation >= paged.fragmentation - 1e-9
+        capacity = state.num_blocks * state.block_size
+        assert contiguous.num_fit * state.engine.max_model_len <= capacity
+        checked += 1
+    assert checked > 30

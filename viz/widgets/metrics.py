@@ -7,6 +7,11 @@ With speculative decoding (from the first verification on) two more rows: the ac
 gains per verification: the accepted proposals plus the one token the step adds), the figures
 the engine's `spec_stats` and vLLM report.
 
+Beside the paged cache's internal fragmentation, `contig.` shows the same running requests in
+a cache without paging, each reserving `max_model_len` contiguous slots when it is admitted (the
+PagedAttention paper's baseline): how much of that reservation would be empty, and how many
+such reservations the same memory holds.
+
 Throughput is measured in *engine* time (schedule + forward of the recent steps), so it does
 not change when you slow the animation down.
 """
@@ -19,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.state import VizState, rank_forward_times
+from nanovllm.viz.state import VizState, contiguous_figures, rank_forward_times
 from nanovllm.viz.style import DIM, bar, rank_times, seconds
 from nanovllm.viz.widgets.base import StateView
 
@@ -45,6 +50,17 @@ class MetricsView(StateView):
         allocated = summary.num_allocated_slots
         frag = 1 - summary.num_filled_slots / allocated if allocated else 0.0
         table.add_row("fragment.", Text(f"{frag:.1%} empty"))
+        # The same requests without paging: a max_model_len reservation each.
+        contiguous = contiguous_figures(state)
+        if contiguous.num_requests:
+            table.add_row(
+                "contig.",
+                Text(
+                    f"{contiguous.fragmentation:.1%} empty, room for {contiguous.num_fit} "
+                    f"of {contiguous.num_requests}",
+                    DIM,
+                ),
+            )
         hits = m.prefix_hit_rate
         table.add_row("prefix hit", bar(hits, gauge, "#c678dd") + Text(f" {hits:.0%}"))
         table.add_row("preempted", f"{m.num_preemptions}")
