@@ -179,7 +179,7 @@ def make_engine(**options):
         attention_backend="torch",
         seed=0,
         # One thread: a tiny model's matrices are too small to split, and on a busy machine
-        # extra threads only wait for each other (10-50x slower steps).
+        # extra threads only wait for each other.
         num_threads=1,
     )
     config.update(options)

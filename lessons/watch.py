@@ -3,8 +3,8 @@
 The loop rustlings made popular: edit, save, see the verdict, without switching windows. It
 polls the file a few times a second and compares what it holds with what was checked last, so
 any editor's way of saving works (in place, or a new file renamed over the old one) and saving
-the same text again does not re-run anything. A poll reads and hashes the file: about 12
-microseconds for the largest exercise (6 KB), measured, so polling needs no file-watching library.
+the same text again does not re-run anything. A poll reads and hashes one small file (the largest
+exercise is 6 KB), so polling needs no file-watching library.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 `nanovllm lesson 5 --run` replaces the attention backend of each layer with one whose K/V writes
 are your `store_kvcache` kernel and whose decodes are your `paged_decode` kernel (a prefill
 attends in plain PyTorch: the exercise has no prefill kernel). On a CPU the kernels run in
-Triton's interpreter, thousands of times slower, so the run is 8 short completions (about 10 s,
-measured). On a GPU they are compiled and the run is the usual 64 completions (a path written
-for GPUs but, so far, tested only through the interpreter).
+Triton's interpreter, thousands of times slower, so the run is 8 short completions. On a GPU
+they are compiled and the run is the usual 64 completions.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Almost all of a forward pass's arithmetic is y = x W^T with W a weight matrix, a
 has few rows in x (one per request). torch's plain `F.linear` on a float32 CPU tensor reads W in
 its checkpoint layout, [out, in] row-major; oneDNN (torch's `mkldnn` backend) can first reorder
 W into the blocked layout its matmul kernels read fastest, once, and then multiply any number of
-rows by it (`python -m nanovllm.backends.cpu_linear` compares the two on this machine; the
+rows by it (`python -m nanovllm.bench.tools.cpu_linear` compares the two on this machine; the
 figures on the team's machine are in nanovllm/bench/README.md, "What paid").
 
 vLLM's CPU backend does the same (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
@@ -146,30 +146,3 @@ def unpack_linear_weights(model: nn.Module) -> None:
             _PACKED.pop(layer.weight, None)
             del layer.packed_weight
             layer.__class__ = layer.plain_class
-
-
-def main() -> None:
-    """Print the table in this module's docstring, measured on this machine."""
-    import time
-
-    def microseconds(fn, repeats: int = 50) -> float:
-        for _ in range(5):
-            fn()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        return (time.perf_counter() - start) / repeats * 1e6
-
-    weight = torch.randn(5120, 768)  # [out, in]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    print(f"x [M, 768] times W [5120, 768], float32, {torch.get_num_threads()} threads, in us")
-    print(f"{'M (rows)':>12} {'F.linear':>10} {'prepacked':>10}")
-    for rows in (1, 16, 64, 512):
-        x = torch.randn(rows, 768)
-        plain = microseconds(lambda x=x: F.linear(x, weight))
-        fast = microseconds(lambda x=x: linear(x, weight, None, packed))
-        print(f"{rows:>12} {plain:>10.0f} {fast:>10.0f}")
-
-
-if __name__ == "__main__":
-    main()
