@@ -56,8 +56,9 @@ class MetricsView(StateView):
             table.add_row(
                 "contig.",
                 Text(
-                    f"{contiguous.fragmentation:.1%} empty, room for {contiguous.num_fit} "
-                    f"of {contiguous.num_requests}",
+                    f"{contiguous.fragmentation:.0%} empty, "
+                    f"{min(contiguous.num_fit, contiguous.num_requests)}/{contiguous.num_requests}"
+                    " fit",
                     DIM,
                 ),
             )
