@@ -38,17 +38,20 @@ What the latest event changed is drawn in white.
   `=` decode, `≡` decode + proposed tokens verified, `X` preempted, `·` waiting.
 - **Step**: the step's tokens by request against the token budget, in proportion;
   upper-case letters are prompt tokens, lower-case ones decode tokens, `·` unused budget.
-- **Block tables**: each running request's logical blocks → physical block ids; `²` marks a
-  block shared through the prefix cache; the gauge is how full the last block is.
+- **Block tables**: each running request's logical blocks → physical block ids (a request
+  being admitted from its first block: `admitting`); `²` marks a block shared through the
+  prefix cache; the gauge is how many slots of the last block hold K and V.
 - **Paging**: the selected request's logical blocks as rows of token slots with the tokens'
   text, each labelled logical → physical block, with ref count, owners and fill; accepted
   proposals underlined, proposals being verified `?`.
 - **KV cache**: every physical block, coloured by owner: `A` owned, `A²` shared, `a` free but
-  still holding a cached prefix, `·` free; the selected request's blocks underlined.
+  still holding a cached prefix (`#`: a prefix cached before you connected), `·` free; the
+  selected request's blocks underlined.
 - **Free block queue**: head to tail, coloured by the cached prefix each block holds, `▾` the
   next eviction, `←n` taken at the head, `↑n` pulled out by a prefix hit.
 - **What happened**: the step in words, in the engine's order.
-- **Metrics**: throughput in engine time, KV usage, internal fragmentation, prefix-cache hit
+- **Metrics**: throughput in engine time, KV usage, internal fragmentation (and `contig.`:
+  the same requests with a contiguous `max_model_len` reservation each), prefix-cache hit
   rate, preemptions, and a step's time split into scheduling and forward pass; with
   speculative decoding the acceptance rate and tokens per draft.
 
