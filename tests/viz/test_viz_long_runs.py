@@ -3,7 +3,9 @@
 Longer than the history: the tape keeps the last `MAX_HISTORY` steps, so once it is full the
 number of recorded steps stops changing. Whatever moves the cursor past the newest step (play
 at the highest speed, `→`, `s`, a headless screenshot) must still get there, and keys must
-still be answered. Oracle: the step the synthetic trace is at, and that the app reacts.
+still be answered. A replay used to hide the bug (its source runs dry, which ended the wait);
+a live engine never runs dry, so the tests use a source that does not either (`Endless`) and
+the tiny model. Oracle: the step the source is at, and that the app reacts.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import asyncio
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from test_viz_driver import Collector, start
-from viz_helpers import long_trace, wait_until
+from viz_helpers import engine_started, step_events, wait_until
 
 from nanovllm.viz.app import VizApp, screen_text
 from nanovllm.viz.driver import (
     DEFAULT_SPEED,
     SPEEDS,
+    Driver,
     EngineDriver,
     Forward,
     ReplayDriver,
@@ -29,9 +33,33 @@ from nanovllm.viz.driver import (
     event_seconds,
 )
 from nanovllm.viz.history import MAX_HISTORY
-from nanovllm.viz.trace import write_trace
 
 READABLE_S = 0.2  # an event on screen for less than this is a flicker, not a move to follow
+
+
+class Endless(Driver):
+    """A source that always has one more step, as a live engine does."""
+
+    def setup(self) -> None:
+        self.tape.record([engine_started()])
+        self.made = 0
+
+    def pull(self) -> bool:
+        self.made += 1
+        self.tape.record(step_events(self.made))
+        self.status = replace(self.status, steps=self.status.steps + 1)
+        return True
+
+
+def test_full_speed_plays_past_the_history_of_a_source_that_never_ends():
+    c = Collector()
+    driver = Endless(c.publish, speed=0)
+    thread = start(driver)
+    c.wait(lambda: c.state.step >= MAX_HISTORY + 20, timeout=60)
+    assert c.status.history == MAX_HISTORY
+    driver.stop()  # and the worker still answers
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_replay_at_full_speed_plays_past_the_history(trace_events):
@@ -59,20 +87,18 @@ def test_forward_and_step_past_the_history_make_new_steps(trace_events):
 
 
 def test_pilot_plays_past_the_history_at_the_highest_speed_and_keeps_answering_keys():
-    trace = long_trace(5000)  # more than the test plays, even on a fast machine
-
     def make(publish, notify):
-        return ReplayDriver(trace, publish, notify=notify, speed=SPEEDS[-1], max_history=20)
+        return Endless(publish, notify=notify, speed=SPEEDS[-1])
 
     async def go():
         app = VizApp(make)
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_until(pilot, lambda: app.state.step > 60)  # three histories on
+            await wait_until(pilot, lambda: app.state.step > MAX_HISTORY + 20, timeout=60)
             await pilot.press("space")
             # Paused, and the screen has caught up with the worker's cursor.
             await wait_until(pilot, lambda: app.status.paused and app.state is app.driver.state)
             step = app.state.step
-            assert app.status.behind == 0 and app.status.history == 20
+            assert app.status.behind == 0 and app.status.history == MAX_HISTORY
             await pilot.press("right")  # at the newest step, with the history full
             await wait_until(pilot, lambda: app.state.step == step + 1)
             await pilot.press("s")
@@ -88,17 +114,18 @@ def test_pilot_plays_past_the_history_at_the_highest_speed_and_keeps_answering_k
     asyncio.run(go())
 
 
-def test_headless_screenshot_past_the_history_ends(tmp_path: Path):
-    """`nanovllm viz --replay T --screenshot out.txt --steps N` with N past the history."""
-    trace, out = tmp_path / "long.jsonl", tmp_path / "out.txt"
+def test_headless_screenshot_past_the_history_ends(tiny_llama: Path, tmp_path: Path):
+    """`nanovllm viz --screenshot out.txt --steps N` on a live engine, N past the history
+    (the issue's `--scenario prefix --steps 320` never ended)."""
+    out = tmp_path / "out.txt"
     steps = MAX_HISTORY + 20
-    write_trace(trace, long_trace(steps + 5))
-    args = ["--replay", str(trace), "--screenshot", str(out), "--steps", str(steps)]
+    args = ["--model", str(tiny_llama), "--scenario", "prefix"]
+    args += ["--screenshot", str(out), "--steps", str(steps), "--size", "100x30"]
     done = subprocess.run(
-        [sys.executable, "-m", "nanovllm", "viz", *args, "--size", "100x30"],
+        [sys.executable, "-m", "nanovllm", "viz", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert f"(step {steps})" in done.stdout

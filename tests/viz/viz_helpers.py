@@ -17,14 +17,19 @@ async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 30.0
     await pilot.pause()
 
 
-def long_trace(num_steps: int, num_blocks: int = 4) -> list:
-    """A cheap, consistent trace of `num_steps` steps: each step one request arrives, takes the
-    head of the free queue for its prompt, is prefilled, samples one token and finishes, and
-    its block goes back to the tail. For runs longer than the history (`MAX_HISTORY` steps)."""
+def engine_started(num_blocks: int = 4):
+    from nanovllm.events import EngineStarted
+
+    return EngineStarted("synthetic", num_blocks, 4, 4, 16, 64, True, True, "torch")
+
+
+def step_events(step: int, num_blocks: int = 4) -> list:
+    """Step `step` of a cheap, consistent run: one request arrives, takes the head of the free
+    queue for its prompt, is prefilled, samples one token and finishes, and its block goes
+    back to the tail."""
     from nanovllm.events import (
         BlockAllocated,
         BlockFreed,
-        EngineStarted,
         RequestAdded,
         RequestFinished,
         RequestScheduled,
@@ -32,18 +37,22 @@ def long_trace(num_steps: int, num_blocks: int = 4) -> list:
         TokenEmitted,
     )
 
-    events: list = [
-        EngineStarted("synthetic", num_blocks, 4, 4, 16, 64, True, True, "torch"),
+    rid, block = f"r{step}", (step - 1) % num_blocks  # the head of the free queue
+    return [
+        RequestAdded(rid, "abc", 3, 1, ("a", "b", "c")),
+        BlockAllocated(rid, block, 0),
+        RequestScheduled(step, rid, 3, 0, True, False),
+        TokenEmitted(step, rid, 7, "d", 1),
+        RequestFinished(step, rid, "length", 3, 1),
+        BlockFreed(rid, block, 0, False),
+        StepSummary(step, {rid: 3}, 3, 0, 0, 0, 0, 0, num_blocks, 0, 0, 1e-4, 1e-3),
     ]
+
+
+def long_trace(num_steps: int, num_blocks: int = 4) -> list:
+    """`num_steps` steps of `step_events`, after `EngineStarted`: for runs longer than the
+    history (`MAX_HISTORY` steps)."""
+    events = [engine_started(num_blocks)]
     for step in range(1, num_steps + 1):
-        rid, block = f"r{step}", (step - 1) % num_blocks  # the head of the free queue
-        events += [
-            RequestAdded(rid, "abc", 3, 1, ("a", "b", "c")),
-            BlockAllocated(rid, block, 0),
-            RequestScheduled(step, rid, 3, 0, True, False),
-            TokenEmitted(step, rid, 7, "d", 1),
-            RequestFinished(step, rid, "length", 3, 1),
-            BlockFreed(rid, block, 0, False),
-            StepSummary(step, {rid: 3}, 3, 0, 0, 0, 0, 0, num_blocks, 0, 0, 1e-4, 1e-3),
-        ]
+        events += step_events(step, num_blocks)
     return events
