@@ -73,7 +73,7 @@ def test_auto_dtype_and_the_measured_kv_budget(model_path) -> None:
 
 
 def test_a_steps_inputs_arrive_whole_through_the_pinned_buffer(model_path) -> None:
-    """`ModelRunner.inputs_on_device` sends a step's tensors in one copy through a pinned buffer
+    """`CudaModelRunner.inputs_on_device` sends a step's tensors in one copy through a pinned buffer
     that the next step rewrites (backends/staging.py). Oracle: each tensor's own `.cpu()` values;
     the first step's device tensors must survive the second step's staging."""
     from decode_steps import decode_step
