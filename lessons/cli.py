@@ -4,7 +4,8 @@
     nanovllm lesson 3               lesson 3: its text, then its live demo
     nanovllm lesson 3 --check       check your exercise: the first failing property, or a pass
     nanovllm lesson 3 --watch       check again on every save of your exercise (Ctrl-C stops)
-    nanovllm lesson 3 --run         your code inside the real engine, against the stock one
+    nanovllm lesson 3 --run         your code checked, then inside the real engine, against the
+                                    stock one
     nanovllm lesson 3 --viz         the visualizer, paused where the lesson's idea shows
                                     (with --run: your engine's run)
     nanovllm lesson 3 --hint        the next hint
@@ -26,6 +27,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+from rich.markup import escape
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, get_lesson, lesson_module
 from nanovllm.lessons.workspace import Workspace
@@ -58,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run",
         action="store_true",
-        help="run the real engine with your code in it; compare with the stock engine",
+        help="check your code, then run the real engine with it; compare with the stock engine",
     )
     parser.add_argument(
         "--viz",
@@ -115,6 +118,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         _list(console, workspace)
         return 0
+    if args.screenshot is not None and not args.viz:
+        console.print(
+            "[red]--screenshot goes with --viz: nanovllm lesson N --viz --screenshot OUT[/]"
+        )
+        return 2
+    if args.full and not args.check:
+        console.print("[red]--full goes with --check: nanovllm lesson N --check --full[/]")
+        return 2
     if args.check and args.full:
         return _check_with_pytest(console, workspace, lesson, args.against)
     if args.check:
@@ -202,8 +213,8 @@ def _run_demo(console, lesson: Lesson) -> None:
     _single_thread()
     try:
         demo = lesson_module(lesson, "demo")
-    except ModuleNotFoundError as exc:  # e.g. hypothesis, for lesson 12, without the dev extra
-        console.print(f"[yellow]This demo needs {exc.name}: pip install 'nanovllm[dev]'[/]")
+    except ModuleNotFoundError as exc:  # a dependency missing from this installation
+        console.print(f"[yellow]This demo {needs([exc.name or 'a module'])}[/]")
         return
     demo.run(console)
 
@@ -245,16 +256,23 @@ def _reset(console, workspace: Workspace, lesson: Lesson) -> int:
 # --- checking ----------------------------------------------------------------------------------
 
 
-def _missing_test_tools() -> list[str]:
+def needs(names: list[str]) -> str:
+    """The hint for missing dependencies: nanovllm lists them all (the checks' pytest and
+    hypothesis included), so installing the clone again brings them."""
+    return f"needs {' and '.join(names)}, which come with nanovllm: in your clone, run  pip install -e ."
+
+
+def missing_test_tools() -> list[str]:
+    """The checks' tools (pytest, hypothesis) this Python cannot import."""
     import importlib.util
 
     return [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
 
 
 def _needs_test_tools(console) -> bool:
-    missing = _missing_test_tools()
+    missing = missing_test_tools()
     if missing:
-        console.print(f"[red]This needs {' and '.join(missing)}: pip install 'nanovllm[dev]'[/]")
+        console.print(f"[red]This {needs(missing)}[/]")
     return bool(missing)
 
 
@@ -264,26 +282,47 @@ def _target(workspace: Workspace, lesson: Lesson, against: str | None) -> Path |
     return Path(against) if against else workspace.exercise_path(lesson)
 
 
+def _target_file(console, lesson: Lesson, target: Path | str) -> Path | None:
+    """The file a check or run reads for `target`; None (said) when there is no such file."""
+    path = lesson.file(f"{target}.py") if isinstance(target, str) else target
+    if not path.is_file():
+        console.print(f"[red]✗ There is no file {escape(str(path))}[/]")
+        return None
+    return path
+
+
 def _check(console, workspace: Workspace, lesson: Lesson, against: str | None) -> int:
     if _needs_test_tools(console):
         return 2
-    target = _target(workspace, lesson, against)
-    path = lesson.file(f"{target}.py") if isinstance(target, str) else target
+    path = _target_file(console, lesson, _target(workspace, lesson, against))
+    if path is None:
+        return 2
     ok = _check_once(console, workspace, lesson, path, record=against is None)
     return 0 if ok else 1
 
 
-def _check_once(console, workspace: Workspace, lesson: Lesson, path: Path, record: bool) -> bool:
-    """One check of the file at `path`, reported compactly; records a pass when `record`."""
+def _check_once(
+    console,
+    workspace: Workspace,
+    lesson: Lesson,
+    path: Path,
+    record: bool,
+    before_run: bool = False,
+) -> bool:
+    """One check of the file at `path`, reported compactly; records a pass when `record`.
+    `before_run`: the check `--run` starts with (a failure is said by `--run` itself)."""
     from nanovllm.lessons import report
 
     _single_thread()
-    console.print(f"Checking lesson {lesson.number}: [bold]{path}[/]")
+    console.print(f"Checking lesson {lesson.number}: [bold]{escape(str(path))}[/]")
     with report.storage_in(workspace.storage_dir()):
         result = report.check_exercise(lesson, path, workspace.database_dir(lesson))
     report.render(console, result, path)
     if not result.passed:
-        console.print(f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]")
+        if not before_run:
+            console.print(
+                f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]"
+            )
         return False
     if record:
         _record_pass(console, workspace, lesson)
@@ -332,6 +371,8 @@ def _check_with_pytest(console, workspace: Workspace, lesson: Lesson, against: s
 
     from nanovllm.lessons import report
 
+    if _target_file(console, lesson, _target(workspace, lesson, against)) is None:
+        return 2
     _single_thread()
     target = str(_target(workspace, lesson, against))
     console.print(f"Checking lesson {lesson.number} against [bold]{target}[/]")
@@ -433,11 +474,25 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
     if args.run:
         from nanovllm.lessons import harness
 
+        if _needs_test_tools(console):
+            return 2
         target = _target(workspace, lesson, args.against)
+        path = _target_file(console, lesson, target)
+        if path is None:
+            return 2
+        # Your code is checked first: the engine cannot show every fault (a run where no
+        # request waits behind a longer one shows no order of admission), and code that fails
+        # its check is never shown as running right.
+        if not _check_once(console, workspace, lesson, path, record=False, before_run=True):
+            console.print(
+                f"[red]✗ Not run in the engine: your code fails lesson {lesson.number}'s check "
+                "(above). Fix that first, then --run again.[/]"
+            )
+            return 1
         try:
             impl = harness.implementation(lesson, target)
         except Exception as exc:  # noqa: BLE001 - a learner's file can fail to import in any way
-            console.print(f"[red]✗ {target} does not load:[/] {exc}")
+            console.print(f"[red]✗ {target} does not load:[/] {escape(str(exc))}")
             return 1
         with console.status("running the stock engine, then yours..."):
             report = your_engine.run_lesson(lesson, impl, record=trace if args.viz else None)

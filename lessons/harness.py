@@ -14,6 +14,11 @@ runs). Three occasions:
 - the learner's `--check` (`fresh=True, shrink=True, database=...`): new examples, the failures
   saved in the learner's workspace and tried first next time, and the smallest failing example.
 
+Every example has a deadline (`EXAMPLE_DEADLINE_S`; a property that is not a hypothesis one, as
+lesson 12's drive hypothesis themselves, has `CALL_DEADLINE_S` for the whole call): past it, the
+example is stopped where it is (`deadline`) and the property fails with `ExampleTimeout`, so a
+learner's loop that never ends cannot hang a check.
+
 `testing.MODE` holds the occasion for the duration, so a property that drives hypothesis itself
 (lesson 12) runs the same way.
 
@@ -25,6 +30,9 @@ Lesson files are loaded by path (`catalog.load_file`): a folder named `03_...` i
 
 from __future__ import annotations
 
+import functools
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -37,7 +45,72 @@ from hypothesis import Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
-from nanovllm.lessons.testing import MODE, Mutant, RunMode
+from nanovllm.lessons.testing import MODE, Mutant, RunMode, shown_inputs
+
+EXAMPLE_DEADLINE_S = 30.0  # one example of a property (a first one may compile a kernel)
+CALL_DEADLINE_S = 300.0  # one call of a property that is not a hypothesis one
+
+
+class ExampleTimeout(BaseException):
+    """An example ran past its deadline and was stopped.
+
+    A BaseException, as KeyboardInterrupt is: hypothesis stops the property at once instead of
+    shrinking (running again and again) an example that does not end. `lesson_inputs` holds
+    the example's inputs, as `testing.show_inputs` attaches them to a failure.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"This example ran past its deadline of {seconds:g} s and was stopped: "
+            "does a loop in your code never end?"
+        )
+        self.seconds = seconds
+        self.lesson_inputs: dict[str, Any] = {}
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise `ExampleTimeout` in the code running in the `with` block once it has run for
+    `seconds`, and again every second after that (code that catches it and carries on is
+    stopped again). Uses SIGALRM, so only in the main thread of a POSIX process; elsewhere the
+    block runs without a deadline. A timer set before is set again afterwards, less the time
+    spent here."""
+    if (
+        not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise ExampleTimeout(seconds)
+
+    start = time.monotonic()
+    handler = signal.signal(signal.SIGALRM, stop)
+    before, interval = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if before > 0:
+            left = max(before - (time.monotonic() - start), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, interval)
+
+
+def timed(test: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+    """`test` with a deadline of `seconds` per call; a stopped call's inputs go on the error."""
+
+    @functools.wraps(test)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with deadline(seconds):
+                return test(*args, **kwargs)
+        except ExampleTimeout as exc:
+            exc.lesson_inputs = shown_inputs(kwargs)
+            raise
+
+    return timed
 
 
 def implementation(lesson: Lesson, choice: str | Path) -> Any:
@@ -96,7 +169,8 @@ def _run_settings(
     attr = "_hypothesis_internal_use_settings"
     original = getattr(prop, attr, None)
     if original is None:  # a plain function, not a hypothesis property
-        yield
+        with deadline(CALL_DEADLINE_S):
+            yield
         return
     examples = max(1, round(original.max_examples * scale))
     if mode.max_examples is not None:
@@ -124,10 +198,15 @@ def _run_settings(
             report_multiple_bugs=False,
         ),
     )
+    # hypothesis runs `prop.hypothesis.inner_test` for each example (the attribute is there to
+    # be wrapped): each example runs under its deadline.
+    inner = prop.hypothesis.inner_test
+    prop.hypothesis.inner_test = timed(inner, EXAMPLE_DEADLINE_S)
     try:
         yield
     finally:
         setattr(prop, attr, original)
+        prop.hypothesis.inner_test = inner
 
 
 def run_property(

@@ -4,7 +4,8 @@
 one of its parts to the learner's code from lesson N. Nothing in the engine's files changes: each
 swap sets an attribute on an engine object, which the engine then calls as its own:
 
-    free block queue       kv_cache_manager.free_block_queue = YourQueue(its blocks)     lesson 03
+    free block queue       kv_cache_manager.free_block_queue = YourQueue(its blocks),    lesson 03
+                           its walks bounded (BoundedFreeBlockQueue)
     slots, block tables    runner.prepare_inputs = your slot mapping around the stock    lesson 02
     flat step inputs       runner.prepare_inputs = your prepare_inputs                   lesson 09
     scheduler step         scheduler.schedule = your schedule_step, applied              06, 07, 09
@@ -54,21 +55,52 @@ def swap_free_block_queue(engine, queue_class: type) -> None:
     """Replace the KV cache manager's free block queue with `queue_class` over the same blocks.
 
     Done before any block is handed out, so the new queue starts as the old one did: every
-    block free, in id order. (`peek`, which only the engine's step summary uses, is added if
-    the learner's class lacks it.)
+    block free, in id order. The engine gets it as a `BoundedFreeBlockQueue`: the learner's
+    operations, and walks of the list that cannot go on for ever.
     """
     kv = engine.kv_cache_manager
     if kv.num_free_blocks != kv.num_blocks:
         raise LessonRunError("the free block queue can only be swapped before the first request")
-    if not hasattr(queue_class, "peek"):
-        queue_class = type(queue_class.__name__, (queue_class,), {"peek": _peek})
     for block in kv.blocks:  # unlink them from the stock queue, whose sentinels are dropped
         block.prev_free = block.next_free = None
-    kv.free_block_queue = queue_class(kv.blocks)
+    kv.free_block_queue = BoundedFreeBlockQueue(queue_class(kv.blocks), kv.blocks)
 
 
-def _peek(queue, n: int) -> list[int]:
-    return [block.block_id for block in queue.get_all_free_blocks()[:n]]
+class BoundedFreeBlockQueue:
+    """A learner's free block queue as the engine uses it: `popleft`, `append`, `remove` and
+    `num_free_blocks` are the learner's; the walks of the list (`get_all_free_blocks`, and
+    `peek`, which the engine's step summary calls) follow its links from the sentinels its
+    constructor linked the first and last block to, reading at most one link per block
+    (`testing.walk_free_list`): a cycle or a list longer than the blocks is a LessonRunError
+    that names the block, not a walk without end."""
+
+    def __init__(self, queue: Any, blocks: list) -> None:
+        if not blocks:
+            raise LessonRunError("the engine's KV cache has no blocks")
+        self.queue = queue
+        self.head, self.tail = blocks[0].prev_free, blocks[-1].next_free
+        if self.head is None or self.tail is None:
+            raise LessonRunError(
+                "your FreeBlockQueue(blocks) did not link its first block to a head sentinel "
+                "and its last to a tail sentinel"
+            )
+        self.num_blocks = len(blocks)
+        self.popleft, self.append, self.remove = queue.popleft, queue.append, queue.remove
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.queue.num_free_blocks
+
+    def get_all_free_blocks(self) -> list:
+        from nanovllm.lessons.testing import walk_free_list
+
+        try:
+            return walk_free_list(self.head, self.tail, self.num_blocks)
+        except AssertionError as exc:
+            raise LessonRunError(str(exc)) from None
+
+    def peek(self, n: int) -> list[int]:
+        return [block.block_id for block in self.get_all_free_blocks()[:n]]
 
 
 # --- the model runner's inputs (lessons 02 and 09) ---------------------------------------------

@@ -9,6 +9,8 @@ and each property receives the learner's module as `impl`. `--lesson-impl` (or t
 variable NANOVLLM_LESSON_IMPL) also takes `reference` (the engine: the default) and `exercise`
 (the shipped stub), which is handy when working on a lesson itself.
 
+Every example has the harness's deadline (`harness.EXAMPLE_DEADLINE_S`), as in the short check.
+
 Unless a hypothesis profile is chosen already (HYPOTHESIS_PROFILE), failing examples are saved in
 the workspace, in the lesson's folder (the same place the short `--check` keeps them), not in
 whatever folder the learner happens to run from, and replayed first on the next check: the bug
@@ -59,6 +61,24 @@ def pytest_configure(config: pytest.Config) -> None:
         suppress_health_check=[HealthCheck.too_slow],
     )
     settings.load_profile("nanovllm-lessons")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each example of a hypothesis property runs under the harness's deadline (hypothesis
+    calls `.hypothesis.inner_test` for each; see `harness.deadline`)."""
+    for item in items:
+        found = getattr(getattr(item, "obj", None), "hypothesis", None)
+        if found is not None:
+            found.inner_test = harness.timed(found.inner_test, harness.EXAMPLE_DEADLINE_S)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A property that is not a hypothesis one runs under the deadline of a whole call."""
+    if getattr(getattr(item, "obj", None), "hypothesis", None) is not None:
+        return (yield)
+    with harness.deadline(harness.CALL_DEADLINE_S):
+        return (yield)
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,8 @@ def describe_failure(
     inputs: list[tuple[str, str]] = []
     for key, value in (getattr(exc, "lesson_inputs", None) or {}).items():
         inputs.extend(named_fields(key, value))
+    for label, value in getattr(exc, "lesson_returned", None) or []:
+        inputs.append((label, repr(value)))
     for note in getattr(exc, "__notes__", None) or []:
         match = DRAW_NOTE.match(note.strip())
         if match:
@@ -130,8 +132,11 @@ def meaning(prop: Any) -> str:
 
 
 def named_fields(name: str, value: Any) -> list[tuple[str, str]]:
-    """`value` as (field, repr) rows: a dataclass or named tuple by field, a list of them by
-    index, anything else whole."""
+    """`value` as (field, repr) rows: what its `lesson_rows(name)` gives if it has one, a
+    dataclass or named tuple by field, a list of them by index, anything else whole."""
+    rows = getattr(value, "lesson_rows", None)
+    if callable(rows) and not isinstance(value, type):
+        return list(rows(name))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [
             (f"{name}.{f.name}", repr(getattr(value, f.name))) for f in dataclasses.fields(value)
@@ -153,9 +158,24 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
+ALLOCATION = re.compile(r"(?:can't allocate memory|not enough memory).*?(\d+) bytes", re.DOTALL)
+
+
 def _message(exc: BaseException) -> str:
-    """ "ExceptionType: message", without the notes (the input is shown on its own)."""
+    """ "ExceptionType: message", without the notes (the input is shown on its own). An
+    example stopped at its deadline, and an allocation that failed, are said in words."""
+    from nanovllm.lessons.harness import ExampleTimeout
+
     text = str(exc).strip()
+    if isinstance(exc, ExampleTimeout):
+        return text
+    allocation = ALLOCATION.search(text) if isinstance(exc, RuntimeError) else None
+    if isinstance(exc, MemoryError) or allocation:
+        size = f" ({int(allocation.group(1)) / 2**30:,.1f} GiB at once)" if allocation else ""
+        return (
+            f"{type(exc).__name__}: your code asked for more memory than this machine has{size}: "
+            "is a size computed wrong, or does a list grow without end?"
+        )
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -160,6 +160,31 @@ class SchedState:
     num_blocks: int | None = None  # None: memory is plentiful
     block_size: int = 4
 
+    def lesson_rows(self, name: str) -> list[tuple[str, str]]:
+        """The state as a failure report shows it: each request by the id `build` gives it,
+        its numbers named."""
+        rows = []
+        for i, (p, o, c) in enumerate(self.running):
+            rows.append(
+                (
+                    f"{name}.running[{i}]",
+                    f"r{i}: prompt {p}, output {o}, computed {c} ({p + o - c} left to compute)",
+                )
+            )
+        for i, (p, o) in enumerate(self.waiting):
+            again = ", preempted: recomputes all" if o else ""
+            rows.append((f"{name}.waiting[{i}]", f"w{i}: prompt {p}, output {o}{again}"))
+        if not self.running:
+            rows.append((f"{name}.running", "none"))
+        if not self.waiting:
+            rows.append((f"{name}.waiting", "none"))
+        rows.append((f"{name}.max_num_seqs", repr(self.max_num_seqs)))
+        rows.append((f"{name}.token_budget", repr(self.token_budget)))
+        if self.num_blocks is not None:
+            rows.append((f"{name}.num_blocks", repr(self.num_blocks)))
+            rows.append((f"{name}.block_size", repr(self.block_size)))
+        return rows
+
     def build(self) -> tuple[list, list]:
         from nanovllm.lessons.sim import Req
 

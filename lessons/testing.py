@@ -59,31 +59,61 @@ def lesson_settings(max_examples: int = 30) -> settings:
     )
 
 
+# What the implementation returned in the property running now (see `returned`).
+_RETURNED: ContextVar[list[tuple[str, Any]] | None] = ContextVar(
+    "nanovllm_lessons_returned", default=None
+)
+
+
+def returned(label: str, value: Any) -> Any:
+    """Keep `value`, what the implementation returned (`label` says from what, e.g. "schedule_step
+    returned"), to be shown under the input if the running `show_inputs` property fails; gives
+    `value` back."""
+    found = _RETURNED.get()
+    if found is not None:
+        found.append((label, value))
+    return value
+
+
 def show_inputs(prop: Callable[..., Any]) -> Callable[..., Any]:
     """Attach a property's inputs (all but `impl`) to any error it raises.
 
     Two ways, for two readers: `exc.lesson_inputs` holds them as a dict (what `report` prints,
     one named field per line), and a note "Input: ..." goes on the exception for pytest's
     report. (`add_note` is Python 3.11+; on 3.10 the note is appended to `__notes__`, the list
-    `add_note` keeps, by hand.) Goes between `@given` and the function.
+    `add_note` keeps, by hand.) What the property kept with `returned` goes on the error as
+    `exc.lesson_returned`, (label, value) pairs in order. Goes between `@given` and the
+    function.
     """
 
     @functools.wraps(prop)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # pytest: show the property's frame, not this one
+        token = _RETURNED.set([])
         try:
             return prop(*args, **kwargs)
         except Exception as exc:
-            inputs = {k: v for k, v in kwargs.items() if k != "impl" and not _is_data(v)}
+            inputs = shown_inputs(kwargs)
             try:
                 exc.lesson_inputs = inputs  # type: ignore[attr-defined]
+                exc.lesson_returned = list(_RETURNED.get() or [])  # type: ignore[attr-defined]
             except AttributeError:  # an exception type that takes no new attributes
                 pass
             if inputs:
                 _add_note(exc, "Input: " + ", ".join(f"{k}={v!r}" for k, v in inputs.items()))
+            for label, value in _RETURNED.get() or []:
+                _add_note(exc, f"{label}: {value!r}")
             raise
+        finally:
+            _RETURNED.reset(token)
 
     return wrapper
+
+
+def shown_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A property call's inputs as a failure shows them: all but `impl` and hypothesis' `data`
+    object (whose draws hypothesis reports itself)."""
+    return {k: v for k, v in kwargs.items() if k != "impl" and not _is_data(v)}
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -114,6 +144,40 @@ def expect_raises(exc_type: type[BaseException], what: str) -> Iterator[None]:
     except exc_type:
         return
     raise AssertionError(f"{what} should raise {exc_type.__name__}, but did not")
+
+
+def walk_free_list(head: Any, tail: Any, limit: int) -> list[Any]:
+    """The blocks of a free list from `head`'s next to `tail` (both ends excluded), following
+    `next_free`: at most `limit` blocks and `limit` + 1 links read, so a broken list cannot
+    make the walk go on for ever. AssertionError, naming the block, if the list comes back to
+    a block it passed (a cycle), holds more than `limit` blocks, or ends (a `next_free` of None)
+    before `tail`."""
+    out: list[Any] = []
+    seen = {id(head)}
+    block = head.next_free
+    while block is not tail:
+        if block is None:
+            last = f"block {out[-1].block_id}" if out else "the head sentinel"
+            raise AssertionError(
+                f"your free list ends before its tail: {last}'s next_free is None "
+                f"(head to there: {_path(out)})"
+            )
+        if id(block) in seen:
+            again = "the head sentinel" if block is head else f"block {block.block_id}"
+            raise AssertionError(
+                f"your free list has a cycle through {again}: from the head, next_free goes "
+                f"{_path(out)} -> {again} again"
+            )
+        if len(out) == limit:
+            raise AssertionError(f"your free list holds more than its {limit} blocks")
+        seen.add(id(block))
+        out.append(block)
+        block = block.next_free
+    return out
+
+
+def _path(blocks: list[Any]) -> str:
+    return " -> ".join(f"block {b.block_id}" for b in blocks) or "nothing"
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ make the operation valid at that moment, so every drawn script is a legal use of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nanovllm.core.free_block_queue import KVCacheBlock
-from nanovllm.lessons.testing import expect_raises, lesson_settings, show_inputs
+from nanovllm.lessons.testing import expect_raises, lesson_settings, show_inputs, walk_free_list
 
 scripts = st.lists(
     st.tuples(st.sampled_from(["popleft", "append", "remove"]), st.integers(0, 1000)),
@@ -19,20 +21,41 @@ scripts = st.lists(
 )
 
 
-def _ids(queue) -> list[int]:
-    return [b.block_id for b in queue.get_all_free_blocks()]
+def _new_queue(impl, blocks: list[KVCacheBlock]) -> tuple[object, Callable[[], list[KVCacheBlock]]]:
+    """A queue over `blocks`, and a function giving the blocks in it, head first.
+
+    The blocks come from a walk of the list from the sentinels the constructor linked the first
+    and last block to, which stops at a cycle or past `len(blocks)` blocks (`walk_free_list`):
+    a broken list fails the property instead of hanging it. With no blocks there is nothing to
+    link and nothing that can loop: they are the queue's own `get_all_free_blocks`.
+    """
+    queue = impl.FreeBlockQueue(blocks)
+    if not blocks:
+        return queue, queue.get_all_free_blocks
+    head, tail = blocks[0].prev_free, blocks[-1].next_free
+    assert head is not None and tail is not None, (
+        "a new queue links its first block to the head sentinel and its last to the tail"
+    )
+    return queue, lambda: walk_free_list(head, tail, len(blocks))
 
 
-def _replay(impl, num_blocks: int, script) -> tuple[object, list[int], list[KVCacheBlock]]:
+def _ids(free: Callable[[], list[KVCacheBlock]]) -> list[int]:
+    return [b.block_id for b in free()]
+
+
+def _replay(
+    impl, num_blocks: int, script
+) -> tuple[object, list[int], list[KVCacheBlock], Callable[[], list[KVCacheBlock]]]:
     """Run `script` on a fresh queue and on the list model, comparing after every operation.
 
-    Returns the queue, the model (ids in the queue, head first) and the blocks taken out.
+    Returns the queue, the model (ids in the queue, head first), the blocks taken out and the
+    function giving the blocks in the queue (see `_new_queue`).
     """
     blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-    queue = impl.FreeBlockQueue(blocks)
+    queue, free = _new_queue(impl, blocks)
     model = list(range(num_blocks))
     taken: list[KVCacheBlock] = []
-    assert _ids(queue) == model, "the queue must start with the blocks in the order given"
+    assert _ids(free) == model, "the queue must start with the blocks in the order given"
     for op, k in script:
         if op == "popleft":
             if not model:
@@ -56,9 +79,10 @@ def _replay(impl, num_blocks: int, script) -> tuple[object, list[int], list[KVCa
             queue.remove(block)
             model.remove(block.block_id)
             taken.append(block)
-        assert _ids(queue) == model, f"after {op}: queue {_ids(queue)}, expected {model}"
+        ids = _ids(free)
+        assert ids == model, f"after {op}: queue {ids}, expected {model}"
         assert queue.num_free_blocks == len(model), "num_free_blocks is out of date"
-    return queue, model, taken
+    return queue, model, taken, free
 
 
 @lesson_settings(40)
@@ -75,12 +99,12 @@ def test_behaves_like_a_list_in_lru_order(impl, num_blocks, script):
 @show_inputs
 def test_popleft_on_an_empty_queue_raises(impl, num_blocks, script):
     """popleft on an empty queue raises ValueError and leaves the queue empty."""
-    queue, model, _ = _replay(impl, num_blocks, script)
+    queue, model, _, free = _replay(impl, num_blocks, script)
     for _ in model:
         queue.popleft()
     with expect_raises(ValueError, "popleft on an empty queue"):
         queue.popleft()
-    assert _ids(queue) == [] and queue.num_free_blocks == 0
+    assert _ids(free) == [] and queue.num_free_blocks == 0
 
 
 @lesson_settings(40)
@@ -89,17 +113,17 @@ def test_popleft_on_an_empty_queue_raises(impl, num_blocks, script):
 def test_misuse_raises_and_changes_nothing(impl, num_blocks, script, k):
     """Appending a free block (a double free) or removing a taken one raises ValueError and
     changes nothing."""
-    queue, model, taken = _replay(impl, num_blocks, script)
+    queue, model, taken, free = _replay(impl, num_blocks, script)
     if model:  # appending a block that is already free: a double free
-        in_queue = queue.get_all_free_blocks()[k % len(model)]
+        in_queue = free()[k % len(model)]
         with expect_raises(ValueError, f"append(block {in_queue.block_id}), already free,"):
             queue.append(in_queue)
-        assert _ids(queue) == model and queue.num_free_blocks == len(model)
+        assert _ids(free) == model and queue.num_free_blocks == len(model)
     if taken:  # removing a block that is not free
         block = taken[k % len(taken)]
         with expect_raises(ValueError, f"remove(block {block.block_id}), not free,"):
             queue.remove(block)
-        assert _ids(queue) == model and queue.num_free_blocks == len(model)
+        assert _ids(free) == model and queue.num_free_blocks == len(model)
 
 
 class CountingBlock(KVCacheBlock):

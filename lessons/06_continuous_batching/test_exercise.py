@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from nanovllm.lessons.sim import Req, simulate
 from nanovllm.lessons.strategies import SchedState, sched_states
-from nanovllm.lessons.testing import lesson_settings, show_inputs
+from nanovllm.lessons.testing import lesson_settings, returned, show_inputs
 
 
 def _step(impl, state: SchedState):
@@ -15,6 +15,9 @@ def _step(impl, state: SchedState):
     running, waiting = state.build()
     before = (list(running), list(waiting), {r.id: r.num_computed for r in running + waiting})
     scheduled = impl.schedule_step(running, waiting, state.max_num_seqs, state.token_budget)
+    returned("schedule_step returned", scheduled)
+    returned("then running", [getattr(r, "id", r) for r in running])
+    returned("then waiting", [getattr(r, "id", r) for r in waiting])
     return before, (running, waiting), dict(scheduled)
 
 

@@ -159,10 +159,19 @@ def test_random_emits_accepted_proposals_then_one_token(impl, case, repeats):
                 f"emitted {emitted}: token {token} at position {i} has target probability 0 there"
             )
         if n <= s:  # the proposal at position n - 1 was rejected
-            assert emitted[-1] != case.draft_token_ids[n - 1], (
-                f"emitted {emitted}: proposal {case.draft_token_ids[n - 1]} was rejected, yet it "
-                "was emitted in its own place: draw from the residual max(0, p - q), which is 0 "
-                "there"
+            i, x = n - 1, case.draft_token_ids[n - 1]
+            # q: the draft's probabilities; an n-gram proposal is certain, q = 1 on it.
+            p_x = float(p[i, x])
+            q_x = 1.0 if case.draft_probs is None else float(case.draft_probs[i, x])
+            assert p_x < q_x, (
+                f"emitted {emitted}: proposal {x} at position {i} was rejected, but there "
+                f"p = {p_x:.4g} >= q = {q_x:.4g}: a proposal is accepted with probability "
+                "min(1, p/q), here 1. The fault is in your acceptance test: does it use q?"
+            )
+            assert emitted[-1] != x, (
+                f"emitted {emitted}: proposal {x} at position {i} was rejected, yet it was "
+                f"emitted in its own place: draw from the residual max(0, p - q), which is 0 "
+                f"there (p = {p_x:.4g}, q = {q_x:.4g})"
             )
 
 

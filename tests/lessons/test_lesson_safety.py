@@ -1,0 +1,351 @@
+"""What no learner's code can do to the course (issue 32): hang a check, eat the memory, be
+shown as running right by `--run` while it fails `--check`, or get a report that points at the
+wrong code; and what the first install brings (the checks' tools).
+
+A learner is simulated by `solutions.solve`, with one line of the worked solution changed into
+the wrong one (`_wrong`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
+from nanovllm.lessons import harness
+from nanovllm.lessons.catalog import get_lesson
+from nanovllm.lessons.testing import walk_free_list
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `solutions`
+from solutions import solve  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*argv: str) -> int:
+    from nanovllm.lessons.cli import main
+
+    return main(list(argv))
+
+
+def _wrong(number: int, folder: Path, *changes: tuple[str, str]) -> Path:
+    """The worked solution of lesson `number` in `folder`, with each (old, new) of `changes`
+    made: `old` must occur exactly once, and `new` takes its place (continuation lines of `new`
+    carry their own indentation)."""
+    path = solve(get_lesson(number), folder)
+    source = path.read_text()
+    for old, new in changes:
+        assert source.count(old) == 1, f"{old!r} occurs {source.count(old)} times in the solution"
+        source = source.replace(old, new)
+    path.write_text(source)
+    return path
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+# --- the first install --------------------------------------------------------------------------
+
+
+def test_the_checks_tools_are_dependencies_of_the_package():
+    """`pip install -e .` alone lets `--check` run: pytest and hypothesis are in the package's
+    own dependencies, not only in an extra."""
+    text = (REPO / "pyproject.toml").read_text()  # (tomllib is Python 3.11+)
+    listed = text[
+        text.index("\ndependencies = [") : text.index("\n]", text.index("\ndependencies"))
+    ]
+    names = set(re.findall(r'^\s*"([A-Za-z0-9_.-]+)', listed, flags=re.MULTILINE))
+    assert {"pytest", "hypothesis"} <= names, sorted(names)
+
+
+def test_a_missing_tool_is_named_with_the_clone_install(home, capsys, monkeypatch):
+    """Were they missing, the hint names them and the install from the clone (with nothing
+    eaten by Rich's markup)."""
+    from nanovllm.lessons import cli
+
+    monkeypatch.setattr(cli, "missing_test_tools", lambda: ["pytest", "hypothesis"])
+    assert _cli("2", "--check") == 2
+    out = _flat(capsys.readouterr().out)
+    assert "This needs pytest and hypothesis" in out
+    assert "pip install -e ." in out, out
+
+
+# --- no walk without end ------------------------------------------------------------------------
+
+
+@st.composite
+def linked_lists(draw) -> tuple[KVCacheBlock, KVCacheBlock, list[KVCacheBlock]]:
+    """A head, a tail and 0-6 blocks, each link (head's next and every block's) pointing at any
+    block, the tail or None."""
+    blocks = [KVCacheBlock(i) for i in range(draw(st.integers(0, 6)))]
+    head, tail = KVCacheBlock(-1), KVCacheBlock(-1)
+    targets = [*blocks, tail, None]
+    for block in [head, *blocks]:
+        block.next_free = draw(st.sampled_from(targets))
+    return head, tail, blocks
+
+
+@given(linked_lists())
+def test_walking_any_list_ends_and_says_why_it_stopped(case):
+    """Oracle: following the links by hand. A list that reaches the tail is walked in full; one
+    that comes back to a block names that block as the cycle's; one that ends in None says so."""
+    head, tail, blocks = case
+    path, block = [], head.next_free
+    while block is not tail and block is not None and block not in path:
+        path.append(block)
+        block = block.next_free
+    if block is tail:
+        assert walk_free_list(head, tail, len(blocks)) == path
+        return
+    with pytest.raises(AssertionError) as failure:
+        walk_free_list(head, tail, len(blocks))
+    if block is None:
+        assert "ends before its tail" in str(failure.value)
+    else:
+        assert f"a cycle through block {block.block_id}:" in str(failure.value)
+
+
+def test_the_engine_walks_your_free_list_boundedly():
+    """`--run`'s queue (`plug.BoundedFreeBlockQueue`): a learner's list with a cycle is a
+    LessonRunError naming the block, in the walks the engine makes each step."""
+    from nanovllm.lessons.plug import BoundedFreeBlockQueue, LessonRunError
+
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    queue = BoundedFreeBlockQueue(FreeBlockQueue(blocks), blocks)
+    assert queue.peek(2) == [0, 1] and queue.num_free_blocks == 4
+    queue.popleft()
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [1, 2, 3]
+    blocks[2].next_free = blocks[1]  # a cycle: 1 -> 2 -> 1
+    with pytest.raises(LessonRunError, match="cycle through block 1"):
+        queue.peek(8)
+
+
+def _check_in_a_process(
+    home: Path, number: int, deadline: float | None = None, *options: str
+) -> str:
+    """`nanovllm lesson N --check [options]` in a process of its own, which must end within
+    120 s (with each example's deadline set to `deadline`, if given)."""
+    code = "from nanovllm.lessons import harness\n"
+    if deadline is not None:
+        code += f"harness.EXAMPLE_DEADLINE_S = {deadline}\n"
+    argv = [str(number), "--check", *options]
+    code += f"from nanovllm.lessons.cli import main\nraise SystemExit(main({argv!r}))\n"
+    env = {**os.environ, "NANOVLLM_HOME": str(home), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    return _flat(done.stdout)
+
+
+def test_an_append_that_links_a_block_to_itself_is_a_cycle_not_a_hang(home):
+    """Lesson 3: `append` making the block its own next. The check ends at once with the cycle
+    named (it once walked the list for ever, gigabytes in a minute)."""
+    _wrong(3, home / "lessons", ("block.next_free = self._tail", "block.next_free = block"))
+    out = _check_in_a_process(home, 3)
+    assert "your free list has a cycle through block" in out, out
+    assert "Not yet" in out
+
+
+def test_a_loop_that_never_ends_is_stopped_at_the_deadline(home):
+    """A learner's `while True` is stopped at the example's deadline, and the report says so
+    and where it was."""
+    _wrong(
+        2,
+        home / "lessons",
+        (
+            "return (num_tokens + block_size - 1) // block_size",
+            "while num_tokens >= 0:\n        num_tokens += 0",
+        ),
+    )
+    start = time.monotonic()
+    out = _check_in_a_process(home, 2, deadline=1.0)
+    assert "This example ran past its deadline of 1 s and was stopped" in out, out
+    assert "in your exercise.py, line" in out and "in blocks_needed" in out
+    assert time.monotonic() - start < 60
+
+
+def test_the_full_check_has_the_deadline_too(home):
+    """`--check --full` (through pytest) stops the same loop at the same deadline."""
+    _wrong(
+        2,
+        home / "lessons",
+        (
+            "return (num_tokens + block_size - 1) // block_size",
+            "while num_tokens >= 0:\n        num_tokens += 0",
+        ),
+    )
+    out = _check_in_a_process(home, 2, 1.0, "--full")
+    assert "ExampleTimeout" in out and "deadline of 1 s" in out, out
+
+
+@pytest.mark.parametrize("allocation", ["bytearray(1 << 60)", "__import__('torch').empty(1 << 50)"])
+def test_a_huge_allocation_gets_a_plain_message(allocation, home, capsys):
+    _wrong(
+        2,
+        home / "lessons",
+        ("return (num_tokens + block_size - 1) // block_size", f"return len({allocation})"),
+    )
+    assert _cli("2", "--check") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "your code asked for more memory than this machine has" in out, out
+
+
+def test_a_deadline_stops_the_block_and_puts_an_earlier_timer_back():
+    import signal
+
+    signal.setitimer(signal.ITIMER_REAL, 100.0)
+    handler = signal.getsignal(signal.SIGALRM)
+    try:
+        with pytest.raises(harness.ExampleTimeout):
+            with harness.deadline(0.2):
+                while True:
+                    pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 90 < left < 100, "the earlier timer is set again, less the time spent"
+        assert signal.getsignal(signal.SIGALRM) is handler
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+# --- `--run` never blesses wrong code ---------------------------------------------------------
+
+SHORTER_AHEAD_OF_THE_HEAD = (
+    ("if waiting[0].num_tokens > budget:", "if min(w.num_tokens for w in waiting) > budget:"),
+    (
+        "r = waiting.pop(0)",
+        "r = waiting.pop(min(range(len(waiting)), key=lambda i: waiting[i].num_tokens))",
+    ),
+)
+
+WRONG_FOR_RUN = [
+    # lesson 6: taking a shorter request ahead of the queue's head; one token for every request
+    (6, "shorter-ahead-of-the-head", SHORTER_AHEAD_OF_THE_HEAD),
+    (6, "one-token-each", (("scheduled[r.id] = min(r.remaining, budget)", "scheduled[r.id] = 1"),)),
+    # lesson 3: no double-free check; popleft not counting
+    (
+        3,
+        "no-double-free-check",
+        (("if block.prev_free is not None or block.next_free is not None:", "if False:"),),
+    ),
+    (
+        3,
+        "popleft-not-counting",
+        (
+            (
+                "self.remove(block)",
+                "self._head.next_free, block.next_free.prev_free = block.next_free, self._head\n"
+                "        block.prev_free = block.next_free = None",
+            ),
+        ),
+    ),
+    # lesson 2: one block too many
+    (
+        2,
+        "n-over-bs-plus-one",
+        (
+            (
+                "return (num_tokens + block_size - 1) // block_size",
+                "return num_tokens // block_size + 1",
+            ),
+        ),
+    ),
+    # lesson 13: three rules of sampled verification
+    (13, "accepts-without-q", (("if u * q_x < float(p[x]):", "if u < float(p[x]):"),)),
+    (
+        13,
+        "residual-is-p",
+        (("residual = (p - draft_probs[i]).clamp(min=0)", "residual = p.clone()"),),
+    ),
+    (
+        13,
+        "bonus-from-the-last-proposal",
+        (
+            (
+                "bonus = target_probs[len(draft_token_ids)]",
+                "bonus = target_probs[len(draft_token_ids) - 1]",
+            ),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "number,name,changes", WRONG_FOR_RUN, ids=[f"{n:02d}-{name}" for n, name, _ in WRONG_FOR_RUN]
+)
+def test_run_never_shows_code_that_fails_its_check_as_a_success(
+    number, name, changes, home, capsys
+):
+    """`--run` checks first: a wrong solution (each once shown by `--run` as producing the
+    stock engine's completions) is stopped there, said plainly, and not recorded as passed."""
+    _wrong(number, home / "lessons", *changes)
+    assert _cli(str(number), "--run") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "✗ Not run in the engine: your code fails" in out, out
+    assert "Your engine produced the same" not in out
+    progress = home / "lessons" / "progress.json"
+    if progress.is_file():
+        assert get_lesson(number).name not in json.loads(progress.read_text()).get("passed", {})
+
+
+# --- reports that point at the right code -------------------------------------------------------
+
+
+def test_an_acceptance_that_ignores_q_is_named_as_the_fault(home, capsys):
+    """Lesson 13: a rule that accepts with probability p, not min(1, p/q). It rejects proposals
+    that must always be accepted (p >= q there): the report says the acceptance test is wrong,
+    not the residual (which is p - q > 0 there)."""
+    _wrong(13, home / "lessons", ("if u * q_x < float(p[x]):", "if u < float(p[x]):"))
+    assert _cli("13", "--check") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "The fault is in your acceptance test" in out, out
+    assert "which is 0 there" not in out
+
+
+def test_a_scheduler_failure_shows_the_state_by_name_and_what_you_returned(home, capsys):
+    """Lesson 6: the state's requests are shown with their ids and named numbers, and what
+    schedule_step returned (and left in the queues) is in the short report."""
+    _wrong(6, home / "lessons", *SHORTER_AHEAD_OF_THE_HEAD)
+    assert _cli("6", "--check") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "state.waiting[0] = w0: prompt" in out, out
+    assert "schedule_step returned = {" in out and "then waiting = [" in out, out
+
+
+# --- smaller ones -------------------------------------------------------------------------------
+
+
+def test_a_screenshot_without_the_visualizer_is_refused(home, tmp_path, capsys):
+    assert _cli("7", "--screenshot", str(tmp_path / "x.svg")) == 2
+    assert "--screenshot goes with --viz" in capsys.readouterr().out
+
+
+def test_against_a_missing_file_says_so_once(home, tmp_path, capsys):
+    for act in ("--check", "--run"):
+        assert _cli("2", act, "--against", str(tmp_path / "missing.py")) == 2
+        out = _flat(capsys.readouterr().out)
+        assert "There is no file" in out and "missing.py" in out
+        assert "Not yet" not in out and "FileNotFoundError" not in out
+
+
+def test_no_lesson_text_sends_the_learner_to_a_file_their_folder_lacks():
+    """The learner's folder holds only their exercise: a lesson's `run.py` is named by its
+    place in the clone, and that file is there."""
+    from nanovllm.lessons.catalog import all_lessons
+
+    for lesson in all_lessons():
+        text = " ".join(lesson.readme.read_text().split())
+        assert "in this lesson's folder" not in text, lesson.name
+        if "run.py`" in text:
+            assert f"`lessons/{lesson.name}/run.py` in the nanovllm clone" in text, lesson.name
+            assert lesson.file("run.py").is_file()
