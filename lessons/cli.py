@@ -309,8 +309,9 @@ def _check_once(
     record: bool,
     before_run: bool = False,
 ) -> bool:
-    """One check of the file at `path`, reported compactly; records a pass when `record`.
-    `before_run`: the check `--run` starts with (a failure is said by `--run` itself)."""
+    """One check of the file at `path`, reported compactly; when `record`, records a pass, or
+    a failure (the lesson is no longer listed as passed). `before_run`: the check `--run` starts
+    with (a failure is said by `--run` itself)."""
     from nanovllm.lessons import report
 
     _single_thread()
@@ -319,6 +320,8 @@ def _check_once(
         result = report.check_exercise(lesson, path, workspace.database_dir(lesson))
     report.render(console, result, path)
     if not result.passed:
+        if record:
+            workspace.forget_pass(lesson)
         if not before_run:
             console.print(
                 f"[yellow]Not yet.[/] [dim]Stuck? nanovllm lesson {lesson.number} --hint[/]"
@@ -484,6 +487,8 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
         # request waits behind a longer one shows no order of admission), and code that fails
         # its check is never shown as running right.
         if not _check_once(console, workspace, lesson, path, record=False, before_run=True):
+            if args.against is None:  # your own copy fails its check now
+                workspace.forget_pass(lesson)
             console.print(
                 f"[red]✗ Not run in the engine: your code fails lesson {lesson.number}'s check "
                 "(above). Fix that first, then --run again.[/]"

@@ -48,7 +48,8 @@ def home() -> Path:
 
 @dataclass
 class Progress:
-    passed: dict[str, str] = field(default_factory=dict)  # lesson name -> when it first passed
+    # lesson name -> when it first passed (since it last failed a check)
+    passed: dict[str, str] = field(default_factory=dict)
     hints_seen: dict[str, int] = field(default_factory=dict)  # lesson name -> hints shown
     last: str | None = None  # the lesson last opened or checked
 
@@ -178,6 +179,13 @@ class Workspace:
         progress.last = lesson.name
         self.save_progress(progress)
         return self.seed_followers(lesson)
+
+    def forget_pass(self, lesson: Lesson) -> None:
+        """Record that `lesson`'s exercise fails its check now: it is not listed as passed until
+        it passes again."""
+        progress = self.load_progress()
+        if progress.passed.pop(lesson.name, None) is not None:
+            self.save_progress(progress)
 
     def mark_opened(self, lesson: Lesson) -> None:
         progress = self.load_progress()

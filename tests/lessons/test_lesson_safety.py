@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
 from nanovllm.lessons import harness
-from nanovllm.lessons.catalog import get_lesson
+from nanovllm.lessons.catalog import all_lessons, get_lesson
 from nanovllm.lessons.testing import walk_free_list
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `solutions`
@@ -228,6 +228,10 @@ SHORTER_AHEAD_OF_THE_HEAD = (
     ),
 )
 
+ONE_BLOCK_TOO_MANY = (
+    ("return (num_tokens + block_size - 1) // block_size", "return num_tokens // block_size + 1"),
+)
+
 WRONG_FOR_RUN = [
     # lesson 6: taking a shorter request ahead of the queue's head; one token for every request
     (6, "shorter-ahead-of-the-head", SHORTER_AHEAD_OF_THE_HEAD),
@@ -250,16 +254,7 @@ WRONG_FOR_RUN = [
         ),
     ),
     # lesson 2: one block too many
-    (
-        2,
-        "n-over-bs-plus-one",
-        (
-            (
-                "return (num_tokens + block_size - 1) // block_size",
-                "return num_tokens // block_size + 1",
-            ),
-        ),
-    ),
+    (2, "n-over-bs-plus-one", ONE_BLOCK_TOO_MANY),
     # lesson 13: three rules of sampled verification
     (13, "accepts-without-q", (("if u * q_x < float(p[x]):", "if u < float(p[x]):"),)),
     (
@@ -296,6 +291,22 @@ def test_run_never_shows_code_that_fails_its_check_as_a_success(
     progress = home / "lessons" / "progress.json"
     if progress.is_file():
         assert get_lesson(number).name not in json.loads(progress.read_text()).get("passed", {})
+
+
+def test_a_lesson_that_fails_its_check_again_is_no_longer_listed_as_passed(home, capsys):
+    """Passed, then broken: `--check` (or `--run`, which checks first) takes the pass back, so
+    the course list never says "passed" for code that fails its check."""
+    lesson = get_lesson(2)
+    solve(lesson, home / "lessons")
+    assert _cli("2", "--check") == 0
+    total = len(all_lessons())
+    assert _cli() == 0 and f"1/{total} passed" in capsys.readouterr().out
+    for act in ("--check", "--run"):
+        _wrong(2, home / "lessons", *ONE_BLOCK_TOO_MANY)
+        assert _cli("2", act) == 1
+        assert _cli() == 0 and f"0/{total} passed" in capsys.readouterr().out
+        solve(lesson, home / "lessons")
+        assert _cli("2", "--check") == 0
 
 
 # --- reports that point at the right code -------------------------------------------------------
@@ -341,8 +352,6 @@ def test_against_a_missing_file_says_so_once(home, tmp_path, capsys):
 def test_no_lesson_text_sends_the_learner_to_a_file_their_folder_lacks():
     """The learner's folder holds only their exercise: a lesson's `run.py` is named by its
     place in the clone, and that file is there."""
-    from nanovllm.lessons.catalog import all_lessons
-
     for lesson in all_lessons():
         text = " ".join(lesson.readme.read_text().split())
         assert "in this lesson's folder" not in text, lesson.name
