@@ -73,6 +73,10 @@ class NumbaRotaryEmbedding(RotaryEmbedding):
         return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
 
 
+# Each plain per-token layer's numba class (the same parameters, the same result).
+NUMBA_CLASSES: dict[type, type] = {RMSNorm: NumbaRMSNorm, RotaryEmbedding: NumbaRotaryEmbedding}
+
+
 def use_numba_token_ops(model: CausalLM) -> int:
     """Give every RMSNorm and the rotary embedding their numba classes, where the kernels
     serve the model (float32, numba importable); returns how many modules changed."""
@@ -80,7 +84,7 @@ def use_numba_token_ops(model: CausalLM) -> int:
         return 0
     changed = 0
     for module in model.modules():
-        fast = {RMSNorm: NumbaRMSNorm, RotaryEmbedding: NumbaRotaryEmbedding}.get(type(module))
+        fast = NUMBA_CLASSES.get(type(module))
         if fast is not None:
             module.__class__ = fast
             changed += 1
