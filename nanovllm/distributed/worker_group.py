@@ -459,6 +459,12 @@ class WorkerGroup:
         self.close()
 
     @property
+    def failure(self) -> WorkerDiedError | None:
+        """The first worker death the monitor saw (None while every rank lives): the group
+        cannot run again once it is set. A server's health check reads it between steps."""
+        return self._failure
+
+    @property
     def pids(self) -> dict[int, int]:
         """The process id of each worker rank (1..world_size-1)."""
         return {rank: p.pid for rank, p in self._processes.items()}

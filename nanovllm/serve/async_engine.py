@@ -25,7 +25,10 @@ loop never touch it, they only send commands and receive outputs:
   engine thread and handed after every step to the observers of `add_stats_observer`.
 
 If a step raises, every request in flight fails with `EngineError` and is aborted (its blocks
-are freed), and the loop goes on serving new requests.
+are freed), and the loop goes on serving new requests. A tensor-parallel rank that dies is
+different: the engine can never step again, so the thread stops and every request, in flight or
+new, fails with `EngineDeadError` (the server's 503 `engine_unavailable`). The worker group's
+monitor notices a death at once, so `is_alive` turns false even while the engine is idle.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from nanovllm.distributed import WorkerGroupError
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import engine_snapshot
@@ -199,6 +203,7 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     arrival: float  # time.monotonic() when add_request was called
+    check: Callable[[int], None] | None = None  # called with the prompt's token count
 
 
 @dataclass
@@ -283,22 +288,28 @@ class AsyncLLMEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and self._dead is None
+        return self._dead_reason() is None
 
     async def add_request(
-        self, request_id: str, prompt: Prompt, params: SamplingParams
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        check: Callable[[int], None] | None = None,
     ) -> RequestStream:
         """Queue a request; returns once the engine has accepted it.
 
-        Raises the engine's `ValueError` (naming the bad value) if it was refused, or
-        `EngineDeadError` if the engine thread is gone.
+        `check(num_prompt_tokens)`, if given, runs on the engine thread once the prompt is
+        tokenized and before the engine takes the request; what it raises refuses the request
+        (the server's context-length rule, serving.py). Raises that, the engine's `ValueError`
+        (naming the bad value) if it was refused, or `EngineDeadError` if the engine is gone.
         """
         arrival = time.monotonic()
         self._check_alive()
         loop = asyncio.get_running_loop()
         stream = RequestStream(self, request_id)
         accepted = loop.create_future()
-        self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival))
+        self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival, check))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -368,10 +379,20 @@ class AsyncLLMEngine:
         self._commands.put(command)
 
     def _check_alive(self) -> None:
+        reason = self._dead_reason()
+        if reason is not None:
+            raise EngineDeadError(reason)
+
+    def _dead_reason(self) -> str | None:
+        """Why no request can be served (None: the engine runs)."""
         if self._dead is not None:
-            raise EngineDeadError(f"the engine has stopped: {self._dead}")
+            return f"the engine has stopped: {self._dead}"
+        group = self.engine.group  # tensor parallelism: a rank that died ends the engine
+        if group is not None and group.failure is not None:
+            return f"the engine has stopped: {group.failure}"
         if not self._thread.is_alive():
-            raise EngineDeadError("the engine thread is not running")
+            return "the engine thread is not running"
+        return None
 
     # --- the engine thread ----------------------------------------------------------------------
 
@@ -430,14 +451,26 @@ class AsyncLLMEngine:
         engine = self.engine
         if isinstance(command, _Add):
             try:
-                request = engine.add_request(command.request_id, command.prompt, command.params)
+                prompt = command.prompt
+                if command.check is not None:
+                    # Tokenized here once; the engine takes the token ids as they are.
+                    text, token_ids = engine.input_processor.tokenize(prompt)
+                    command.check(len(token_ids))
+                    prompt = {"prompt": text, "prompt_token_ids": token_ids}
+                request = engine.add_request(command.request_id, prompt, command.params)
             except Exception as exc:  # noqa: BLE001 - the caller decides what it means
                 self._call(command.loop, _resolve, command.accepted, exc)
                 return False
             # Keyed by the caller's id: with n > 1 the engine runs children under other ids, and
             # its outputs carry the caller's.
             self._streams[command.request_id] = (command.stream, command.loop)
-            self._timer.add(command.request_id, command.arrival, request.num_prompt_tokens)
+            self._timer.add(
+                command.request_id,
+                command.arrival,
+                request.num_prompt_tokens,
+                command.params.n,
+                request.max_tokens,
+            )
             self._prompt_tokens += request.num_prompt_tokens
             self._call(command.loop, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
@@ -466,6 +499,9 @@ class AsyncLLMEngine:
         step_start = time.monotonic()
         try:
             outputs = self.engine.step()
+        except WorkerGroupError:
+            self._num_errors += 1
+            raise  # a rank died: no step can run again, so the thread stops (`_run`)
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
             logger.exception("engine step failed; aborting the requests in flight")
             self._num_errors += 1

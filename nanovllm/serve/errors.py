@@ -104,7 +104,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     kind = first.get("type", "")
     param = _param_from_loc(loc) if loc[:1] == ("body",) else ".".join(map(str, loc)) or None
     if kind == "json_invalid":
-        return APIError(f"the request body is not valid JSON: {first.get('msg')}", code=kind)
+        detail = (first.get("ctx") or {}).get("error") or first.get("msg")
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return APIError(f"the request body is not valid JSON: {detail}{where}", code=kind)
     if kind == "extra_forbidden":
         return APIError(f"Unrecognized request argument supplied: {param}", param=param, code=kind)
     if param is None:
@@ -125,9 +127,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = APIError(str(exc.detail), status_code=exc.status_code, code=None)
+        # FastAPI's only 400 is a body its parser could not read (body.py refuses the known
+        # causes first, with their own codes).
+        code = "invalid_body" if exc.status_code == 400 else None
+        error = APIError(str(exc.detail), status_code=exc.status_code, code=code)
         return JSONResponse(
-            error_body(error.message, error.type, None, None),
+            error_body(error.message, error.type, None, code),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )

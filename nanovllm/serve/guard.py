@@ -13,6 +13,9 @@ the engine). In the order it checks:
                   Content-Length before any of it is read, or, for a chunked body, as soon as
                   the bytes read pass the limit. Bodies under it are buffered here and replayed
                   to the handler.
+    2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8 and
+                  nest at most 128 deep, else a 415 or 400 that says which (body.py), before
+                  FastAPI's parser sees it.
     3. in flight  at most `max_concurrent_requests` generation requests (/v1/completions,
                   /v1/chat/completions) at once, counted from arrival until the response has
                   been sent in full (a stream: until its last chunk); one more is a 429 with
@@ -31,6 +34,8 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from nanovllm.serve.body import BodyError, check_json_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -94,6 +99,12 @@ class RequestGuard:
                 await self._too_large(send)
                 return
             receive = _replay(body, receive)
+            if body and path in GENERATION_PATHS:
+                try:
+                    check_json_body(_header(scope, b"content-type"), body)
+                except BodyError as exc:
+                    await _error(send, exc.status, exc.message, "invalid_request_error", exc.code)
+                    return
         limit = self.max_concurrent_requests
         counted = path in GENERATION_PATHS
         if counted and limit is not None and self.in_flight >= limit:
@@ -151,12 +162,17 @@ class RequestGuard:
 
 
 def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
-        if key == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+        if key == name:
+            return value.decode("latin-1")
     return None
 
 
@@ -176,13 +192,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _error(
-    send: Send, status: int, message: str, type: str, code: str, headers: dict[str, str]
+    send: Send,
+    status: int,
+    message: str,
+    type: str,
+    code: str,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """An OpenAI-shaped JSON error, written as the two ASGI messages of a response."""
     body = json.dumps(
         {"error": {"message": message, "type": type, "param": None, "code": code}}
     ).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})

@@ -47,6 +47,17 @@ exactly what each interval is; requests that finish with "stop" or "length", not
     nanovllm:request_prompt_tokens
     nanovllm:request_generation_tokens
     nanovllm:request_max_num_generation_tokens (with one sequence per request: = the above)
+    nanovllm:request_params_n                  the request's `n`
+    nanovllm:request_params_max_tokens         its `max_tokens`, as the engine ran it
+    nanovllm:time_per_output_token_seconds     vLLM's older name: one per token after the
+                                               first, the same values as inter_token_latency
+    nanovllm:iteration_tokens_total            one per engine step that produced tokens: the
+                                               prompts of requests that got their first token
+                                               in it, plus the tokens it generated
+
+And vLLM's `cache_config_info`, a gauge at 1 whose labels are the KV cache's configuration
+(`block_size`, `cache_dtype`, `enable_prefix_caching`, `gpu_memory_utilization`,
+`num_gpu_blocks`, `num_gpu_blocks_override`, and `engine`: vLLM's labels, no `model_name`).
 
 Each server has its own `CollectorRegistry`, not prometheus_client's global one, so one process
 can run several servers (the tests do) without their metrics colliding.
@@ -74,6 +85,8 @@ ITL_BUCKETS = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0,
 ]  # fmt: skip
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+N_BUCKETS = [1, 2, 5, 10, 20]
 REQUEST_LATENCY_BUCKETS = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -114,6 +127,16 @@ class ServerMetrics:
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (= inter_token_latency_seconds).",
+            ITL_BUCKETS,
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKEN_BUCKETS,
+        )
         latency = [
             ("e2e_request_latency_seconds", "e2e request latency in seconds."),
             ("request_queue_time_seconds", "time spent waiting in the queue, in seconds."),
@@ -135,7 +158,14 @@ class ServerMetrics:
             "Histogram of maximum number of requested generation tokens.",
             tokens,
         )
+        self.params_n = histogram(
+            "request_params_n", "Histogram of the n request parameter.", N_BUCKETS
+        )
+        self.params_max_tokens = histogram(
+            "request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
+        )
         self.registry.register(_EngineStateCollector(engine, model_name))
+        self.registry.register(_CacheConfigCollector(engine))
         self._remove_observer = engine.add_stats_observer(self.record)
 
     def record(self, stats: IterationStats) -> None:
@@ -144,6 +174,10 @@ class ServerMetrics:
             self.ttft.observe(ttft)
         for itl in stats.inter_token_latencies:
             self.itl.observe(itl)
+            self.tpot.observe(itl)
+        num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
+        if num_tokens:
+            self.iteration_tokens.observe(num_tokens)
         for finished in stats.finished_requests:
             self.e2e.observe(finished.e2e_latency)
             self.queue.observe(finished.queued_time)
@@ -153,6 +187,9 @@ class ServerMetrics:
             self.prompt_tokens.observe(finished.num_prompt_tokens)
             self.generation_tokens.observe(finished.num_generation_tokens)
             self.max_generation_tokens.observe(finished.num_generation_tokens)
+            self.params_n.observe(finished.n)
+            if finished.max_tokens is not None:
+                self.params_max_tokens.observe(finished.max_tokens)
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition and its content type, in the format the scraper's Accept asks for."""
@@ -265,3 +302,29 @@ class _EngineStateCollector:
         for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
             per_pos.add_metric([self._model, str(position)], count)
         yield per_pos
+
+
+class _CacheConfigCollector:
+    """vLLM's `cache_config_info`: the KV cache's configuration as labels of a gauge at 1."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        llm_engine = engine.engine
+        config = llm_engine.config
+        self._labels = {
+            "block_size": str(config.block_size),
+            "cache_dtype": "auto",  # vLLM's word for: the model's dtype
+            "enable_prefix_caching": str(config.enable_prefix_caching),
+            "engine": "0",
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "num_gpu_blocks": str(llm_engine.num_kv_blocks),
+            "num_gpu_blocks_override": str(config.num_kv_blocks),
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            PREFIX + "cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(self._labels),
+        )
+        info.add_metric(list(self._labels.values()), 1)
+        yield info

@@ -12,6 +12,9 @@ moved.
 
 The engine is asked first and the response starts only after it accepted the request, so a
 refused request (prompt too long, bad stop string ...) is a proper 400, never a broken stream.
+A `max_tokens` that does not fit the context beside the prompt is a 400 too, as in vLLM's
+server (`context_length_check`), where the offline engine cuts it to the rest of the context
+(as vLLM's does); without `max_tokens`, a chat generates up to the rest of the context.
 Whatever way the response ends, the request is aborted if it is still running: a client that
 disconnects frees its KV blocks before the next engine step. The non-streaming path watches
 for the disconnect itself, since nothing is being written that would notice it.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -70,7 +73,7 @@ class OpenAIServing:
         params = body.to_sampling_params()
         prompt = body.engine_prompt()
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await self._add(request_id, prompt, params, "prompt")
+        stream = await self._add(request_id, prompt, params, "prompt", "max_tokens")
         echo = ""
         if body.echo:
             echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
@@ -136,7 +139,7 @@ class OpenAIServing:
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
-            yield sse_data(error_body(str(exc), "server_error", None, "engine_error"))
+            yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
 
     # --- /v1/chat/completions -------------------------------------------------------------------
@@ -146,7 +149,8 @@ class OpenAIServing:
         params = body.to_sampling_params()
         prompt = self._chat_prompt(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self._add(request_id, prompt, params, "messages")
+        max_tokens_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        stream = await self._add(request_id, prompt, params, "messages", max_tokens_param)
         created = int(time.time())
         if body.stream:
             return ClosingStreamingResponse(
@@ -229,7 +233,7 @@ class OpenAIServing:
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
-            yield sse_data(error_body(str(exc), "server_error", None, "engine_error"))
+            yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
 
     # --- shared ---------------------------------------------------------------------------------
@@ -259,10 +263,17 @@ class OpenAIServing:
             )
 
     async def _add(
-        self, request_id: str, prompt: Prompt, params: SamplingParams, prompt_param: str
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        prompt_param: str,
+        max_tokens_param: str,
     ) -> RequestStream:
+        max_model_len = self.engine.engine.max_model_len
+        check = context_length_check(params.max_tokens, max_model_len, max_tokens_param)
         try:
-            return await self.engine.add_request(request_id, prompt, params)
+            return await self.engine.add_request(request_id, prompt, params, check)
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
         except ValueError as exc:
@@ -295,6 +306,8 @@ class OpenAIServing:
             raise APIError("client disconnected", status_code=499, code="client_disconnected")
         try:
             return consumer.result()
+        except EngineDeadError as exc:
+            raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
         except EngineError as exc:
             raise APIError(str(exc), status_code=500, code="engine_error") from exc
 
@@ -352,6 +365,35 @@ class OpenAIServing:
                 }
             )
         return {"content": content}
+
+
+def context_length_check(
+    max_tokens: int | None, max_model_len: int, param: str
+) -> Callable[[int], None] | None:
+    """vLLM's server rule: prompt + max_tokens must fit max_model_len, else a 400 naming both
+    (OpenAI's code `context_length_exceeded`). The check runs once the prompt is tokenized, on
+    the engine thread (`AsyncLLMEngine.add_request`). None when there is nothing to check: no
+    max_tokens means the rest of the context."""
+    if max_tokens is None:
+        return None
+
+    def check(num_prompt_tokens: int) -> None:
+        room = max_model_len - num_prompt_tokens
+        if room >= 1 and max_tokens > room:  # no room at all: the engine names the prompt
+            raise APIError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                f"model's maximum context length is {max_model_len} tokens and your request "
+                f"has {num_prompt_tokens} input tokens ({max_tokens} > {max_model_len} - "
+                f"{num_prompt_tokens}).",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    return check
+
+
+def _engine_error_code(exc: EngineError) -> str:
+    return "engine_unavailable" if isinstance(exc, EngineDeadError) else "engine_error"
 
 
 def _merge(

@@ -20,6 +20,11 @@ later one, and the summary of each that finished. These are vLLM's per-request s
     e2e_latency       = finished - arrival
 
 So, for every finished request, TTFT + the sum of its inter-token latencies = its e2e latency.
+
+Each step also counts the tokens it processed, as vLLM's `iteration_tokens_total` does: the
+prompt tokens of every request that got its first token in the step (the whole prompt, once),
+plus every token generated in it. And each finished request carries its sampling parameters
+`n` and `max_tokens` (as the engine ran it: the rest of the context when none was given).
 A preempted request keeps its first `scheduled` time; the recompute shows up in the gap before
 its next token. Aborted requests (a client that left) are dropped, not summarised.
 """
@@ -39,6 +44,8 @@ class RequestTimes:
 
     arrival: float
     num_prompt_tokens: int
+    n: int = 1
+    max_tokens: int | None = None
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -55,6 +62,8 @@ class FinishedRequestStats:
     inference_time: float
     num_prompt_tokens: int
     num_generation_tokens: int
+    n: int = 1
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -64,6 +73,8 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    num_prompt_tokens: int = 0  # prompts of the requests that got their first token
+    num_generation_tokens: int = 0  # tokens generated in the step
 
     def __bool__(self) -> bool:
         return bool(
@@ -78,8 +89,15 @@ class RequestTimer:
         self._times: dict[str, RequestTimes] = {}
         self._unscheduled: set[str] = set()
 
-    def add(self, request_id: str, arrival: float, num_prompt_tokens: int) -> None:
-        self._times[request_id] = RequestTimes(arrival, num_prompt_tokens)
+    def add(
+        self,
+        request_id: str,
+        arrival: float,
+        num_prompt_tokens: int,
+        n: int = 1,
+        max_tokens: int | None = None,
+    ) -> None:
+        self._times[request_id] = RequestTimes(arrival, num_prompt_tokens, n, max_tokens)
         self._unscheduled.add(request_id)
 
     def forget(self, request_id: str) -> None:
@@ -117,10 +135,12 @@ class RequestTimer:
             if times.first_token is None:
                 times.first_token = step_end
                 stats.time_to_first_tokens.append(step_end - times.arrival)
+                stats.num_prompt_tokens += times.num_prompt_tokens
             else:
                 stats.inter_token_latencies.append(step_end - times.last_token)
             times.last_token = step_end
             times.num_generation_tokens += num_new
+            stats.num_generation_tokens += num_new
             if output.finished:
                 del self._times[output.request_id]
                 stats.finished_requests.append(_finished(times, output, step_end))
@@ -138,4 +158,6 @@ def _finished(times: RequestTimes, output: RequestOutput, now: float) -> Finishe
         inference_time=now - times.scheduled,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
+        n=times.n,
+        max_tokens=times.max_tokens,
     )

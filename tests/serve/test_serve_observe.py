@@ -19,7 +19,8 @@ M = "nanovllm:"
 
 
 def scrape(server, model: str) -> dict[str, float]:
-    """Every sample, parsed by prometheus_client's own parser: name[other labels] -> value."""
+    """Every sample, parsed by prometheus_client's own parser: name[other labels] -> value.
+    (`cache_config_info` has vLLM's labels, no model_name: `cache_config_labels`.)"""
     response = httpx.get(server.url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -28,10 +29,20 @@ def scrape(server, model: str) -> dict[str, float]:
         assert family.name.startswith(M), family.name
         for sample in family.samples:
             labels = dict(sample.labels)
+            if family.name == M + "cache_config_info":
+                values[sample.name] = sample.value
+                continue
             assert labels.pop("model_name") == model
             key = sample.name + (f"[{','.join(labels.values())}]" if labels else "")
             values[key] = sample.value
     return values
+
+
+def cache_config_labels(server) -> dict[str, str]:
+    families = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    (family,) = [f for f in families if f.name == M + "cache_config_info"]
+    (sample,) = family.samples
+    return dict(sample.labels)
 
 
 def delta(after: dict, before: dict, name: str) -> float:
@@ -146,6 +157,68 @@ def test_latency_histograms_hold_what_was_sent(server, chat_server, async_engine
     other = scrape(chat_server, model)
     for name in ("e2e_request_latency_seconds_count", "inter_token_latency_seconds_sum"):
         assert delta(other, other_before, name) == delta(after, before, name)
+
+
+def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_engine):
+    """vLLM's request_params_n, request_params_max_tokens, iteration_tokens_total and
+    time_per_output_token_seconds, against the requests this test sends one at a time."""
+    wait_idle(async_engine)
+    model = async_engine.model_name
+    before = scrape(server, model)
+    # (prompt length, max_tokens (None: the completions default, 16), n)
+    shapes = [(3, 5, 1), (12, None, 1), (7, 4, 2)]
+    for i, (length, max_tokens, n) in enumerate(shapes):
+        body = {
+            "prompt": [(11 * i + j) % 200 + 3 for j in range(length)],
+            "n": n,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    wait_idle(async_engine)
+    after = scrape(server, model)
+
+    def d(name: str) -> float:
+        return delta(after, before, name)
+
+    sent_max_tokens = [16 if m is None else m for _, m, _ in shapes]
+    assert d("request_params_n_count") == 3
+    assert d("request_params_n_sum") == sum(n for _, _, n in shapes)
+    assert d("request_params_n_bucket[1.0]") == 2 and d("request_params_n_bucket[2.0]") == 3
+    assert d("request_params_max_tokens_count") == 3
+    assert d("request_params_max_tokens_sum") == sum(sent_max_tokens)
+    assert d("request_params_max_tokens_bucket[5.0]") == 2  # 5 and 4; 16 is above
+    # One per token after a request's first, as inter_token_latency (the same values).
+    assert d("time_per_output_token_seconds_count") == sum(m - 1 for m in sent_max_tokens)
+    assert d("time_per_output_token_seconds_sum") == pytest.approx(
+        d("inter_token_latency_seconds_sum"), rel=1e-9
+    )
+    # Every step of these requests produced tokens: its prompt (at the first token) + them.
+    tokens = sum(length + n * m for (length, _, n), m in zip(shapes, sent_max_tokens))
+    assert d("iteration_tokens_total_sum") == tokens
+    assert d("iteration_tokens_total_count") == d("engine_steps_total")
+    decode_steps_of_one_token = sum(
+        m - 1 for (_, _, n), m in zip(shapes, sent_max_tokens) if n == 1
+    )
+    assert d("iteration_tokens_total_bucket[1.0]") == decode_steps_of_one_token
+
+
+def test_cache_config_info_has_vllms_labels(server, async_engine):
+    values = scrape(server, async_engine.model_name)
+    assert values[M + "cache_config_info"] == 1
+    labels = cache_config_labels(server)
+    assert labels == {
+        "block_size": "16",  # the EngineConfig default the fixture's engine runs with
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "engine": "0",
+        "gpu_memory_utilization": "0.9",
+        "num_gpu_blocks": str(int(values[M + "kv_cache_total_blocks"])),
+        "num_gpu_blocks_override": "None",
+    }
 
 
 def test_spec_decode_counters_equal_what_the_engine_recorded(model_path, server, async_engine):
