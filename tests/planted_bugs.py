@@ -301,6 +301,44 @@ PLANTED_BUGS = [
         "A block full of proposals may be rejected; cached, it would serve wrong KV.",
     ),
     PlantedBug(
+        "server-max-tokens-off-by-one",
+        "nanovllm/serve/serving.py",
+        (
+            (
+                "        if room >= 1 and max_tokens > room:",
+                "        if room >= 1 and max_tokens >= room:",
+            ),
+        ),
+        ("tests/serve/test_serve_context_length.py", "-k", "boundary"),
+        "prompt + max_tokens == max_model_len fits: the last token is sampled, never stored.",
+    ),
+    PlantedBug(
+        "json-depth-counts-brackets-inside-strings",
+        "nanovllm/serve/body.py",
+        (
+            (
+                '    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", body))\n',
+                '    brackets = _NOT_BRACKET.sub(b"", body)\n',
+            ),
+        ),
+        ("tests/serve/test_serve_body.py", "-k", "json_depth_is_the_nesting"),
+        'A prompt of "[[[[" is text, not nesting: a depth limit must not refuse it.',
+    ),
+    PlantedBug(
+        "server-survives-a-dead-rank-as-500s",
+        "nanovllm/serve/async_engine.py",
+        (
+            (
+                "        except WorkerGroupError:\n"
+                "            self._num_errors += 1\n"
+                "            raise  # a rank died: no step can run again, so the thread stops (`_run`)\n",
+                "",
+            ),
+        ),
+        ("tests/serve/test_serve_tp_fault.py", "-k", "mid-request"),
+        "After a rank dies no step can run: 503 engine_unavailable, not a 500 per request.",
+    ),
+    PlantedBug(
         "cpu-kernel-sees-one-key-too-many",
         "kernels/cpu_paged_attention_numba.py",
         (

@@ -93,8 +93,12 @@ def test_a_request_fits_the_kv_cache_exactly_when_its_slots_do(
         assert fits and request.max_tokens == max_tokens
 
 
-def test_max_tokens_is_capped_by_max_model_len() -> None:
-    (request,), _ = processor().process_inputs("r", [1] * 20, SamplingParams(max_tokens=None))
+@pytest.mark.parametrize("max_tokens", [None, 13, 10**12])
+def test_max_tokens_is_capped_by_max_model_len(max_tokens) -> None:
+    """Offline, as in vLLM's engine (its scheduler stops a request at max_model_len): the rest
+    of the context, never an error. (The server refuses such a max_tokens: serving.py.)"""
+    params = SamplingParams(max_tokens=max_tokens)
+    (request,), _ = processor().process_inputs("r", [1] * 20, params)
     assert request.max_tokens == 32 - 20
 
 

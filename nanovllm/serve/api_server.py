@@ -130,10 +130,9 @@ def build_app(
 
     @app.get("/health", responses=_ERRORS)
     async def health() -> JSONResponse:
-        if not engine.is_alive:
-            raise APIError(
-                "the engine thread is not running", status_code=503, code="engine_unavailable"
-            )
+        reason = engine.dead_reason()
+        if reason is not None:
+            raise APIError(reason, status_code=503, code="engine_unavailable")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=Response)

@@ -288,7 +288,7 @@ class AsyncLLMEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self._dead_reason() is None
+        return self.dead_reason() is None
 
     async def add_request(
         self,
@@ -379,11 +379,11 @@ class AsyncLLMEngine:
         self._commands.put(command)
 
     def _check_alive(self) -> None:
-        reason = self._dead_reason()
+        reason = self.dead_reason()
         if reason is not None:
             raise EngineDeadError(reason)
 
-    def _dead_reason(self) -> str | None:
+    def dead_reason(self) -> str | None:
         """Why no request can be served (None: the engine runs)."""
         if self._dead is not None:
             return f"the engine has stopped: {self._dead}"
