@@ -46,7 +46,7 @@ exactly what each interval is; requests that finish with "stop" or "length", not
     nanovllm:request_inference_time_seconds
     nanovllm:request_prompt_tokens
     nanovllm:request_generation_tokens
-    nanovllm:request_max_num_generation_tokens (with one sequence per request: = the above)
+    nanovllm:request_max_num_generation_tokens the longest of the request's n completions
     nanovllm:request_params_n                  the request's `n`
     nanovllm:request_params_max_tokens         its `max_tokens`, as the engine ran it
     nanovllm:time_per_output_token_seconds     vLLM's older name: one per token after the
@@ -186,7 +186,7 @@ class ServerMetrics:
             self.inference.observe(finished.inference_time)
             self.prompt_tokens.observe(finished.num_prompt_tokens)
             self.generation_tokens.observe(finished.num_generation_tokens)
-            self.max_generation_tokens.observe(finished.num_generation_tokens)
+            self.max_generation_tokens.observe(finished.max_num_generation_tokens)
             self.params_n.observe(finished.n)
             if finished.max_tokens is not None:
                 self.params_max_tokens.observe(finished.max_tokens)

@@ -61,7 +61,8 @@ class FinishedRequestStats:
     decode_time: float
     inference_time: float
     num_prompt_tokens: int
-    num_generation_tokens: int
+    num_generation_tokens: int  # all n completions together
+    max_num_generation_tokens: int = 0  # the longest of the n completions
     n: int = 1
     max_tokens: int | None = None
 
@@ -158,6 +159,7 @@ def _finished(times: RequestTimes, output: RequestOutput, now: float) -> Finishe
         inference_time=now - times.scheduled,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
+        max_num_generation_tokens=max(len(c.token_ids) for c in output.outputs),
         n=times.n,
         max_tokens=times.max_tokens,
     )

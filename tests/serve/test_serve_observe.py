@@ -191,6 +191,11 @@ def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_en
     assert d("request_params_max_tokens_count") == 3
     assert d("request_params_max_tokens_sum") == sum(sent_max_tokens)
     assert d("request_params_max_tokens_bucket[5.0]") == 2  # 5 and 4; 16 is above
+    # n = 2: two completions of 4 tokens; the longest is 4, the two together 8.
+    assert d("request_generation_tokens_sum") == sum(
+        n * m for (_, _, n), m in zip(shapes, sent_max_tokens)
+    )
+    assert d("request_max_num_generation_tokens_sum") == sum(sent_max_tokens)
     # One per token after a request's first, as inter_token_latency (the same values).
     assert d("time_per_output_token_seconds_count") == sum(m - 1 for m in sent_max_tokens)
     assert d("time_per_output_token_seconds_sum") == pytest.approx(
