@@ -275,6 +275,9 @@ class AsyncLLMEngine:
         self._stats_observers: tuple[Callable[[IterationStats], None], ...] = ()
         self._started_at = time.time()
         self._dead: BaseException | None = None
+        # Held while an add is checked and queued, and while the thread is declared dead: so an
+        # add either sees the death or is queued before it, and then refused by `_run`.
+        self._door = threading.Lock()
         self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
         self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
@@ -305,11 +308,12 @@ class AsyncLLMEngine:
         (naming the bad value) if it was refused, or `EngineDeadError` if the engine is gone.
         """
         arrival = time.monotonic()
-        self._check_alive()
         loop = asyncio.get_running_loop()
         stream = RequestStream(self, request_id)
         accepted = loop.create_future()
-        self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival, check))
+        with self._door:
+            self._check_alive()
+            self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival, check))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -401,9 +405,11 @@ class AsyncLLMEngine:
             self._loop()
         except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
             logger.exception("the engine thread died")
-            self._dead = exc
+            with self._door:
+                self._dead = exc
         else:
-            self._dead = EngineDeadError("the server is shutting down")
+            with self._door:
+                self._dead = EngineDeadError("the server is shutting down")
         self._fail_streams(EngineDeadError(f"the engine has stopped: {self._dead}"))
         # Anything still in the queue: refuse adds, so no caller waits forever.
         while True:
@@ -412,7 +418,8 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if isinstance(command, _Add):
-                self._call(command.loop, _resolve, command.accepted, EngineDeadError("stopped"))
+                error = EngineDeadError(f"the engine has stopped: {self._dead}")
+                self._call(command.loop, _resolve, command.accepted, error)
             elif isinstance(command, _Barrier):
                 command.done.set()
 
