@@ -317,8 +317,8 @@ PLANTED_BUGS = [
         "nanovllm/serve/body.py",
         (
             (
-                '    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", body))\n',
-                '    brackets = _NOT_BRACKET.sub(b"", body)\n',
+                "    steps[inside] = 0\n",
+                "",
             ),
         ),
         ("tests/serve/test_serve_body.py", "-k", "json_depth_is_the_nesting"),

@@ -21,20 +21,15 @@ the buffered body of every generation request first, so each of these is a clear
 An OpenAI request nests a few levels (a message's content parts are at depth 4); a JSON schema
 in a request nests deeper, which is why the limit is serde_json's 128 and not lower.
 
-This file imports only the standard library at import time (numpy is loaded by the first
-check), like guard.py, so `nanovllm serve --help` stays light.
+This file imports only the standard library at import time (numpy is loaded by the first body
+with more brackets than the limit), like guard.py, so `nanovllm serve --help` stays light.
 """
 
 from __future__ import annotations
 
-import re
 from email.message import Message
 
 MAX_JSON_DEPTH = 128
-
-# A JSON string (its escapes included), written so that the regex engine never backtracks.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 
 
 class BodyError(ValueError):
@@ -59,6 +54,8 @@ def check_json_body(content_type: str | None, body: bytes) -> None:
             f"the request body is not valid UTF-8: byte 0x{body[exc.start]:02x} at offset "
             f"{exc.start} ({exc.reason}); send the JSON encoded as UTF-8",
         ) from None
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return  # too few brackets to nest deeper (the usual case: no need to measure)
     depth = json_depth(body)
     if depth > MAX_JSON_DEPTH:
         raise BodyError(
@@ -93,11 +90,27 @@ def check_content_type(content_type: str | None) -> None:
 
 def json_depth(body: bytes) -> int:
     """How deep the arrays and objects of a JSON text nest (brackets inside strings do not
-    count). Linear in the body's length, and no recursion, whatever the depth."""
+    count). Vectorised over the bytes: linear time, no recursion, whatever the depth.
+
+    A quote opens or closes a string unless an odd number of backslashes precede it; a byte
+    is inside a string when an odd number of such quotes come before it (the opening quote
+    included). Outside strings, each `[` or `{` is one level down and each `]` or `}` one up.
+    """
     import numpy as np
 
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", body))
-    codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
-    steps -= np.isin(codes, (ord("]"), ord("}")))
+    codes = np.frombuffer(body, dtype=np.uint8)
+    quotes = codes == ord('"')
+    if b"\\" in body:  # drop the escaped quotes
+        index = np.arange(len(codes), dtype=np.int32)
+        # For each byte, the index of the last byte at or before it that is not a backslash.
+        not_backslash = np.maximum.accumulate(np.where(codes != ord("\\"), index, -1))
+        backslashes_before = np.zeros(len(codes), dtype=np.int32)
+        backslashes_before[1:] = index[:-1] - not_backslash[:-1]
+        quotes &= backslashes_before % 2 == 0
+    inside = np.bitwise_xor.accumulate(quotes.view(np.uint8)).view(bool)
+    step_of_byte = np.zeros(256, dtype=np.int32)
+    step_of_byte[[ord("["), ord("{")]] = 1
+    step_of_byte[[ord("]"), ord("}")]] = -1
+    steps = step_of_byte[codes]
+    steps[inside] = 0
     return int(np.cumsum(steps).max(initial=0))
