@@ -14,6 +14,8 @@ the buffered body of every generation request first, so each of these is a clear
                                 machine. FastAPI (and so vLLM) does not parse it either.
     400 invalid_utf8            the bytes are not UTF-8 (JSON between systems is UTF-8, RFC 8259):
                                 the message names the first bad byte and its offset
+    400 json_invalid            a NUL byte, never valid JSON (Python's json would take a body
+                                with one in its first four bytes for UTF-16 and fail vaguely)
     400 json_too_deep           arrays and objects nested deeper than MAX_JSON_DEPTH: measured
                                 without recursion, before the parser (which recurses once per
                                 level) sees the body
@@ -54,6 +56,14 @@ def check_json_body(content_type: str | None, body: bytes) -> None:
             f"the request body is not valid UTF-8: byte 0x{body[exc.start]:02x} at offset "
             f"{exc.start} ({exc.reason}); send the JSON encoded as UTF-8",
         ) from None
+    nul = body.find(b"\x00")
+    if nul >= 0:  # never JSON; and in the first 4 bytes, Python's json would read it as UTF-16
+        raise BodyError(
+            400,
+            "json_invalid",
+            f"the request body is not valid JSON: a NUL byte at offset {nul} (control "
+            "characters must be escaped inside strings)",
+        )
     if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
         return  # too few brackets to nest deeper (the usual case: no need to measure)
     depth = json_depth(body)

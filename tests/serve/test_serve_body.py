@@ -125,6 +125,15 @@ def test_json_types_are_taken(server, content_type):
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize("body", [b"\x00{\x00}\x00", b'{"prompt": "a\x00b"}'])
+def test_a_nul_byte_is_invalid_json_at_its_offset(server, body):
+    response = post(server, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "json_invalid"
+    assert f"NUL byte at offset {body.index(0)}" in error["message"]
+
+
 def test_invalid_json_says_what_and_where(server):
     response = post(server, b'{"prompt": "hi",, "max_tokens": 1}')
     assert response.status_code == 400
