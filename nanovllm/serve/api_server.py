@@ -3,7 +3,7 @@
     POST /v1/completions        text completion, `stream` true or false
     POST /v1/chat/completions   chat, through the tokenizer's chat template
     GET  /v1/models             the one model served
-    GET  /health                200 while the engine thread runs, else 503
+    GET  /health                200 while the engine runs, else 503 naming why (a dead rank...)
     GET  /metrics               Prometheus' format, vLLM's metric names (see metrics.py)
     GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
     GET  /docs, /openapi.json   FastAPI's documentation of all of the above
