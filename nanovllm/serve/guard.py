@@ -13,9 +13,9 @@ the engine). In the order it checks:
                   Content-Length before any of it is read, or, for a chunked body, as soon as
                   the bytes read pass the limit. Bodies under it are buffered here and replayed
                   to the handler.
-    2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8 and
-                  nest at most 128 deep, else a 415 or 400 that says which (body.py), before
-                  FastAPI's parser sees it.
+    2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
+                  without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
+                  which (body.py), before FastAPI's parser sees it.
     3. in flight  at most `max_concurrent_requests` generation requests (/v1/completions,
                   /v1/chat/completions) at once, counted from arrival until the response has
                   been sent in full (a stream: until its last chunk); one more is a 429 with
