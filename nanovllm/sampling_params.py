@@ -21,6 +21,9 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
 - `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
   default) the completion so far, `DELTA` only what this step added, `FINAL_ONLY` nothing until
   the request finishes (what `LLM.generate` asks for: it only keeps the last output).
+- `structured_outputs` (a `StructuredOutputsParams`): the output must be a JSON value of a
+  schema, match a regex, be one of a list of strings, or follow a grammar
+  (`nanovllm/structured_output/`).
 
 Every value is checked when the object is built: a bad value is a `ValueError` that names it,
 before the request ever reaches the engine.
@@ -31,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+from nanovllm.structured_output.params import StructuredOutputsParams
 
 # Below this temperature a request is sampled greedily (vLLM's `_SAMPLING_EPS`).
 SAMPLING_EPS = 1e-5
@@ -61,6 +66,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -110,6 +116,11 @@ class SamplingParams:
                 f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(ids)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams or None, got {so!r}"
+            )
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.propose import propose_next_tokens
+from nanovllm.structured_output.manager import grammar_bitmask
 
 logger = logging.getLogger("nanovllm")
 
@@ -197,6 +198,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
+        sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
         try:
             result = self.executor.execute(sched)
         except Exception as exc:
