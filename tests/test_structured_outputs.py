@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
-from nanovllm.events import GrammarMasked, SpecTokensVerified, TokenEmitted
+from nanovllm.events import GrammarMasked, SpecTokensVerified
 from nanovllm.structured_output.bitmask import unpack_bitmask
 from nanovllm.structured_output.manager import StructuredOutputManager
 
