@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from nanovllm.structured_output.params import StructuredOutputsParams
+from nanovllm.sampling_params import StructuredOutputsParams
 
 INSTALL_HINT = "pip install xgrammar (or pip install 'nanovllm[structured]')"
 

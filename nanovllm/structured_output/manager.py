@@ -36,10 +36,9 @@ import torch
 
 from nanovllm.events import EventBus, GrammarMasked
 from nanovllm.request import FinishReason, Request
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 from nanovllm.structured_output.backend_xgrammar import Grammar, XgrammarBackend
 from nanovllm.structured_output.bitmask import GrammarBitmask, unpack_bitmask
-from nanovllm.structured_output.params import StructuredOutputsParams
 
 # How many compiled grammars are kept (least recently used ones go first).
 CACHE_SIZE = 128
