@@ -383,3 +383,10 @@ def test_the_mask_rows_hold_what_the_grammar_allows():
     logits = torch.zeros(3, vocab)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)
     assert torch.equal(unpack_bitmask(bitmask, vocab), logits == 0)
+
+
+def test_the_masked_event_survives_a_round_trip_through_json():
+    from nanovllm.events import event_from_dict, event_to_dict
+
+    event = GrammarMasked(3, {"a": (12,), "0_b": (3, 1, 5)}, 320)
+    assert event_from_dict(json.loads(json.dumps(event_to_dict(event)))) == event
