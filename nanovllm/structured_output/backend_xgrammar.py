@@ -15,6 +15,8 @@ request is refused with a `ValueError` that says what to install.
 from __future__ import annotations
 
 import importlib
+import json
+import re
 from types import ModuleType
 from typing import Any
 
@@ -38,9 +40,15 @@ def import_xgrammar() -> ModuleType:
 def choice_as_grammar(choice: list[str]) -> str:
     """An EBNF grammar whose sentences are exactly the given strings (vLLM's way of compiling
     `choice`). JSON string syntax is EBNF's string-literal syntax here, escapes included."""
-    import json
-
     return "root ::= " + " | ".join(json.dumps(c) for c in choice)
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of xgrammar's message, without its `[time] file.cc:line: ` prefix."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0])
 
 
 class Grammar:
@@ -111,7 +119,7 @@ class XgrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError, ValueError, its own errors
             value = params.json if params.json is not None else spec
             name = kind.split("/")[0]
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = _first_line(exc)
             raise ValueError(
                 f"structured_outputs.{name}={value!r} cannot be compiled: {reason}"
             ) from exc
