@@ -36,7 +36,7 @@ def apply_grammar_bitmask(
     (in place)."""
     if logits is None or grammar_bitmask is None:
         return logits
-    rows = torch.tensor(grammar_bitmask.rows, device=logits.device)
     allowed = unpack_bitmask(grammar_bitmask.bitmask.to(logits.device), logits.shape[-1])
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    for i, row in enumerate(grammar_bitmask.rows):  # (row by row, in place: no gather/scatter)
+        logits[row].masked_fill_(~allowed[i], float("-inf"))
     return logits
