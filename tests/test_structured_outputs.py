@@ -390,3 +390,21 @@ def test_the_masked_event_survives_a_round_trip_through_json():
 
     event = GrammarMasked(3, {"a": (12,), "0_b": (3, 1, 5)}, 320)
     assert event_from_dict(json.loads(json.dumps(event_to_dict(event)))) == event
+
+
+def test_preempted_structured_requests_resume_their_grammar(engines):
+    """Recompute after preemption does not change the output tokens the matcher follows."""
+    from nanovllm.events import RequestPreempted
+
+    llm = engines["preempt"]
+    constraint = StructuredOutputsParams(regex="[a-z]{30,40}!")
+    params = SamplingParams(
+        temperature=1.0, max_tokens=MAX_TOKENS, seed=11, n=2, structured_outputs=constraint
+    )
+    outputs, events = run(llm, ["ROMEO: " * 8, "JULIET: " * 8, "abab " * 8], [params] * 3)
+    assert any(isinstance(e, RequestPreempted) for e in events), "the test needs a preemption"
+    for output in outputs:
+        for completion in output.outputs:
+            assert completion.finish_reason == "stop"
+            assert re.fullmatch(constraint.regex, completion.text), completion.text
+    assert_no_leak(llm)
