@@ -615,4 +615,16 @@ PLANTED_BUGS = [
         ("tests/test_structured_outputs.py", "-k", "unconstrained_requests"),
         "A request's mask rows start at its own first logits row, not at the structured ones' count.",
     ),
+    PlantedBug(
+        "grammar-proposals-not-cut-to-what-the-grammar-allows",
+        "nanovllm/spec_decode/propose.py",
+        (
+            (
+                "        request.spec_token_ids = grammar_valid_prefix(request, proposal)\n",
+                "        request.spec_token_ids = proposal\n",
+            ),
+        ),
+        ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
+        "vLLM verifies only proposals the grammar allows; the others cost a row each for nothing.",
+    ),
 ]

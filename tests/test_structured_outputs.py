@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
-from nanovllm.events import GrammarMasked, SpecTokensVerified
+from nanovllm.events import GrammarMasked, SpecTokensVerified, TokenEmitted
 from nanovllm.structured_output.bitmask import unpack_bitmask
 from nanovllm.structured_output.manager import StructuredOutputManager
 
@@ -229,6 +229,16 @@ def test_speculative_rows_are_masked_in_order_and_rolled_back(engines):
         allowed_counts(llm, constraint, completion.token_ids)
     verified = [e for e in events if isinstance(e, SpecTokensVerified)]
     assert sum(len(e.proposed) for e in verified) > 0
+    # Proposals are cut to what the grammar allows: each verified proposal, after the tokens
+    # its request had emitted before that step, is accepted by the oracle matcher.
+    emitted: dict[str, list[int]] = {}
+    for e in events:
+        if isinstance(e, TokenEmitted):
+            emitted.setdefault(e.request_id, []).append(e.token_id)
+        elif isinstance(e, SpecTokensVerified):
+            matcher, _ = oracle_matcher(llm, constraint)
+            tokens = emitted.get(e.request_id, []) + list(e.proposed)
+            assert all(matcher.accept_token(t) for t in tokens), (e, tokens)
     assert_no_leak(llm)
 
 

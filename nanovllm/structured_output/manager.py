@@ -14,9 +14,12 @@ The three moments, and where the engine calls them:
   grammar.
 - `grammar_bitmask(sched)`, after scheduling (`LLMEngine.step`): the masks of the step's
   sampling rows. A request verifying k proposed tokens has k + 1 rows: row j is filled after
-  tentatively accepting proposals 0..j-1, which are rolled back right after. Rows after a
-  proposal the grammar refuses are left unmasked: verification rejects that proposal (the
-  mask gave it probability 0), so no token is ever taken from the rows behind it.
+  tentatively accepting proposals 0..j-1, which are rolled back right after. (Proposals were
+  cut to what the grammar allows when proposed; should one still be refused, the rows after it
+  are left unmasked: verification rejects it, the mask having given it probability 0, so no
+  token is ever taken from the rows behind it.)
+- `grammar_valid_prefix(request, proposal)`, after proposing (`spec_decode/propose.py`): the
+  proposed tokens are cut to the longest prefix the grammar allows, as vLLM does.
 - `grammar_finish(request, token)`, for each token the request keeps (`OutputProcessor`):
   advance the matcher; when it has terminated (the grammar accepted an end token), the request
   ends with `stop`, as it would at EOS. This also ends it when `ignore_eos` is set: the grammar
@@ -140,6 +143,22 @@ def _emit_masked(
         if mine:
             allowed[s.request.request_id] = tuple(mine)
     events.emit(GrammarMasked(sched.step, allowed, vocab_size))
+
+
+def grammar_valid_prefix(request: Request, proposal: list[int]) -> list[int]:
+    """The longest prefix of `proposal` (speculative decoding) that the request's grammar
+    allows next; the matcher is left where it was."""
+    so = request.structured_output_request
+    if so is None or not proposal:
+        return proposal
+    grammar = so.grammar
+    num_valid = 0
+    for token in proposal:
+        if grammar.is_terminated() or not grammar.accept_token(token):
+            break
+        num_valid += 1
+    grammar.rollback(num_valid)
+    return proposal[:num_valid]
 
 
 def grammar_finish(request: Request, token: int) -> FinishReason | None:
