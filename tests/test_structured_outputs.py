@@ -418,3 +418,30 @@ def test_preempted_structured_requests_resume_their_grammar(engines):
             assert completion.finish_reason == "stop"
             assert re.fullmatch(constraint.regex, completion.text), completion.text
     assert_no_leak(llm)
+
+
+def test_ids_past_the_tokenizers_vocabulary_are_never_allowed(tmp_path):
+    """A model whose vocabulary (and logits) is wider than its tokenizer's, as many are: the
+    mask allows no id the tokenizer lacks, so none is sampled, even at a high temperature."""
+    from tiny_models import make_model
+
+    path = make_model(tmp_path, vocab_size=512, init_range=0.02)
+    llm = LLM(str(path), attention_backend="torch", dtype="float32", block_size=4)
+    num_tokenizer_ids = len(llm.get_tokenizer())
+    assert num_tokenizer_ids < 512
+    constraint = StructuredOutputsParams(regex="[a-z]{5,20}")
+    params = SamplingParams(
+        temperature=2.0, max_tokens=MAX_TOKENS, seed=4, n=4, structured_outputs=constraint
+    )
+    outputs, events = run(llm, ["x"], [params])
+    masked = [e for e in events if isinstance(e, GrammarMasked)]
+    assert masked and all(e.vocab_size == 512 for e in masked)
+    for completion in outputs[0].outputs:
+        assert all(t < num_tokenizer_ids for t in completion.token_ids)
+        assert re.fullmatch(constraint.regex, completion.text)
+    # The mask itself: no bit past the tokenizer's ids is ever set.
+    manager = llm.llm_engine.input_processor.structured_output
+    grammar = manager.grammar_init(SamplingParams(structured_outputs=constraint)).grammar
+    bitmask = torch.zeros(1, 16, dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    assert not unpack_bitmask(bitmask, 512)[0, num_tokenizer_ids:].any()
