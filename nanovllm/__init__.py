@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "LLMEngine": "nanovllm.engine.llm_engine",
     "EngineConfig": "nanovllm.config",
     "SamplingParams": "nanovllm.sampling_params",
+    "StructuredOutputsParams": "nanovllm.sampling_params",
     "RequestOutput": "nanovllm.engine.outputs",
     "CompletionOutput": "nanovllm.engine.outputs",
     "TextPrompt": "nanovllm.inputs",
@@ -36,6 +37,7 @@ __all__ = [
     "LLMEngine",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TextPrompt",
     "TokensPrompt",
 ]
@@ -46,7 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from nanovllm.engine.llm_engine import LLMEngine
     from nanovllm.engine.outputs import CompletionOutput, RequestOutput
     from nanovllm.inputs import TextPrompt, TokensPrompt
-    from nanovllm.sampling_params import SamplingParams
+    from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

@@ -214,6 +214,19 @@ class SpecTokensVerified(Event):
 
 
 @dataclass(frozen=True)
+class GrammarMasked(Event):
+    """Structured outputs: this step's grammar masks. `allowed` maps each structured request to
+    how many of the `vocab_size` tokens its grammar allowed, per logits row (one row, or 1 + k
+    when it verifies k proposals; rows after a proposal the grammar refuses are not masked and
+    not counted)."""
+
+    kind: ClassVar[str] = "grammar_masked"
+    step: int
+    allowed: dict[str, tuple[int, ...]]
+    vocab_size: int
+
+
+@dataclass(frozen=True)
 class StepSummary(Event):
     """What one engine step did, and what the KV cache looks like afterwards.
 
@@ -312,6 +325,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BlockCached,
         BlockEvicted,
         SpecTokensVerified,
+        GrammarMasked,
         StepSummary,
         EngineSnapshot,
     )
@@ -347,6 +361,8 @@ def _from_fields(cls: type, data: dict[str, Any]) -> Any:
             if nested is not None:
                 value = [_from_fields(nested, item) for item in value]
             kwargs[name] = tuple(value)
+        elif isinstance(value, dict):  # (a dict of tuples: GrammarMasked.allowed)
+            kwargs[name] = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
     return cls(**kwargs)
 
 

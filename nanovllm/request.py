@@ -25,6 +25,8 @@ from nanovllm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from nanovllm.structured_output.manager import StructuredOutputRequest
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -73,6 +75,7 @@ class Request:
     seed: int | None = None
     generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    structured_output_request: StructuredOutputRequest | None = None  # its grammar's matcher
     # Token ids, prompt then output, in one list: the KV cache manager hashes from it.
     all_token_ids: list[int] = field(init=False)
 

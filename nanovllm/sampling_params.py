@@ -21,6 +21,9 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
 - `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
   default) the completion so far, `DELTA` only what this step added, `FINAL_ONLY` nothing until
   the request finishes (what `LLM.generate` asks for: it only keeps the last output).
+- `structured_outputs` (a `StructuredOutputsParams`): the output must be a JSON value of a
+  schema, match a regex, be one of a list of strings, or follow a grammar
+  (`nanovllm/structured_output/`).
 
 Every value is checked when the object is built: a bad value is a `ValueError` that names it,
 before the request ever reaches the engine.
@@ -28,9 +31,11 @@ before the request ever reaches the engine.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 # Below this temperature a request is sampled greedily (vLLM's `_SAMPLING_EPS`).
 SAMPLING_EPS = 1e-5
@@ -42,6 +47,92 @@ class RequestOutputKind(IntEnum):
     CUMULATIVE = 0  # every output holds the whole completion so far
     DELTA = 1  # every output holds only the tokens (and text) new since the previous one
     FINAL_ONLY = 2  # one output, when the request finishes, holding the whole completion
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Which language a request's output must belong to (vLLM's class of this name).
+
+    Exactly one constraint: `json` (a JSON Schema, a dict or its text: the output is a JSON
+    value that validates), `regex` (the output matches it as a whole), `choice` (the output is
+    one of these strings), `grammar` (an EBNF grammar, rule `root`) or `json_object=True` (any
+    JSON object, OpenAI's `{"type": "json_object"}`). `disable_any_whitespace`: JSON without
+    free whitespace between its tokens (by default any is allowed, as in vLLM).
+
+    Only the shape is checked here; whether the constraint compiles is found out at
+    `add_request` (`nanovllm/structured_output/`), a `ValueError` naming it when not.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [
+            name
+            for name in ("json", "regex", "choice", "grammar", "json_object")
+            if getattr(self, name) not in (None, False)
+        ]
+        if not given:
+            raise ValueError(
+                "structured_outputs needs one constraint (json, regex, choice, grammar or "
+                "json_object), but none was given"
+            )
+        if len(given) > 1:
+            raise ValueError(
+                f"structured_outputs takes one constraint, but {len(given)} were given: "
+                f"{', '.join(given)}"
+            )
+        if self.json is not None and not isinstance(self.json, str | dict):
+            raise ValueError(f"structured_outputs.json must be a dict or a str, got {self.json!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(
+                    f"structured_outputs.{name} must be a non-empty str, got {value!r}"
+                )
+        choice = self.choice
+        if choice is not None and (
+            not isinstance(choice, list | tuple)
+            or not choice
+            or not all(isinstance(c, str) and c for c in choice)
+        ):
+            raise ValueError(
+                f"structured_outputs.choice must be a non-empty list of non-empty strings, "
+                f"got {choice!r}"
+            )
+        if self.json_object not in (None, True, False):
+            raise ValueError(
+                f"structured_outputs.json_object must be a bool, got {self.json_object!r}"
+            )
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError(
+                "structured_outputs.disable_any_whitespace must be a bool, "
+                f"got {self.disable_any_whitespace!r}"
+            )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, spec as text): what a compiled grammar is cached by."""
+        if self.json is not None:
+            spec = (
+                self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            )
+            kind = "json"
+        elif self.regex is not None:
+            kind, spec = "regex", self.regex
+        elif self.choice is not None:
+            kind, spec = "choice", json.dumps(list(self.choice))
+        elif self.grammar is not None:
+            kind, spec = "grammar", self.grammar
+        else:
+            kind, spec = "json_object", ""
+        if kind in ("json", "json_object") and self.disable_any_whitespace:
+            kind += "/compact"
+        return kind, spec
 
 
 @dataclass
@@ -61,6 +152,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -110,6 +202,11 @@ class SamplingParams:
                 f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(ids)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams or None, got {so!r}"
+            )
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

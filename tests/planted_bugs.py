@@ -639,4 +639,30 @@ PLANTED_BUGS = [
         ("tests/test_backends.py", "-k", "cpu_backend"),
         "The CPU backend's numba norms and RoPE are chosen once, at build time.",
     ),
+    PlantedBug(
+        "grammar-not-rolled-back-after-the-speculative-rows",
+        "nanovllm/structured_output/manager.py",
+        (("        grammar.rollback(advanced)\n", "        pass\n"),),
+        ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
+        "The proposals accepted to fill rows 1..k are tentative: the matcher must forget them.",
+    ),
+    PlantedBug(
+        "grammar-mask-on-the-wrong-logits-row",
+        "nanovllm/structured_output/manager.py",
+        (("            rows.append(first + j)\n", "            rows.append(len(rows))\n"),),
+        ("tests/test_structured_outputs.py", "-k", "unconstrained_requests"),
+        "A request's mask rows start at its own first logits row, not at the structured ones' count.",
+    ),
+    PlantedBug(
+        "grammar-proposals-not-cut-to-what-the-grammar-allows",
+        "nanovllm/spec_decode/propose.py",
+        (
+            (
+                "        request.spec_token_ids = grammar_valid_prefix(request, proposal)\n",
+                "        request.spec_token_ids = proposal\n",
+            ),
+        ),
+        ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
+        "vLLM verifies only proposals the grammar allows; the others cost a row each for nothing.",
+    ),
 ]

@@ -35,6 +35,7 @@ from nanovllm.events import (
     CacheHit,
     EngineSnapshot,
     Event,
+    GrammarMasked,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
 TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
-SPEC = "spec"
+SPEC, GRAMMAR = "spec", "grammar"
 
 MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
 
@@ -133,6 +134,9 @@ def narrate(state: VizState, event: Event) -> Note | None:
     if isinstance(event, SpecTokensVerified):
         item = (len(event.proposed), event.num_accepted)
         return Note(SPEC, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, GrammarMasked):
+        items = tuple(event.allowed.items())[:MAX_ITEMS]
+        return Note(GRAMMAR, None, i, i, items, detail=str(event.vocab_size), count=len(items))
     if isinstance(event, TokenEmitted):
         return Note(TOKENS, None, i, i, ((event.request_id, event.text_delta),), count=1)
     if isinstance(event, StepSummary):
@@ -362,6 +366,12 @@ def _tokens(n: Note) -> str:
     return "sampled: " + ", ".join(f"{rid} {text!r}" for rid, text in n.items) + _more(n)
 
 
+def _grammar(n: Note) -> str:
+    """`A grammar allowed 12 of 320 tokens` (with proposals, one count per verified row)."""
+    told = [f"{rid} grammar allowed {'/'.join(map(str, counts))}" for rid, counts in n.items]
+    return "masked: " + ", ".join(told) + f" of {n.detail} tokens" + _more(n)
+
+
 def _reject(n: Note) -> str:
     return f"{n.request_id} rejected: {n.detail}"
 
@@ -384,6 +394,7 @@ _TEXT = {
     FINISH: _finish,
     TOKENS: _tokens,
     SPEC: _spec,
+    GRAMMAR: _grammar,
     SUMMARY: _plain,
     SNAPSHOT: _plain,
 }

@@ -41,6 +41,7 @@ from nanovllm.events import (
     EngineSnapshot,
     EngineStarted,
     Event,
+    GrammarMasked,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -98,6 +99,10 @@ class RequestInfo:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted: tuple[tuple[int, int], ...] = ()
+    # Structured outputs: how many tokens its grammar allowed at its last masked step (per
+    # logits row: 1 + the proposals verified), and of how many; None: never masked.
+    grammar_allowed: tuple[int, ...] | None = None
+    vocab_size: int = 0
     # Picks its colour and letter (`style.py`): at arrival, the lowest that no live request
     # and no cached prefix's request holds (`free_slot`), so letters on screen do not repeat.
     slot: int = 0
@@ -763,6 +768,16 @@ def _on_spec_tokens_verified(state: VizState, e: SpecTokensVerified) -> VizState
     return replace(state, requests=_set_request(state, new_info), metrics=metrics, draft=draft)
 
 
+def _on_grammar_masked(state: VizState, e: GrammarMasked) -> VizState:
+    """Each structured request's latest mask: how many tokens its grammar allowed."""
+    for rid, counts in e.allowed.items():
+        info = state.requests.get(rid)
+        if info is not None:
+            info = replace(info, grammar_allowed=counts, vocab_size=e.vocab_size)
+            state = replace(state, requests=_set_request(state, info))
+    return state
+
+
 def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
     record = replace(state.draft, step=e.step, summary=e)
     cells: dict[str, str] = {}
@@ -863,5 +878,6 @@ _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
     BlockCached: _on_block_cached,
     BlockEvicted: _on_block_evicted,
     SpecTokensVerified: _on_spec_tokens_verified,
+    GrammarMasked: _on_grammar_masked,
     StepSummary: _on_step_summary,
 }

@@ -110,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         help="nanovllm runs over this many processes, and is compared with nanovllm-tp1",
     )
+    add(
+        "--structured-outputs",
+        action="store_true",
+        help="only measure what the grammar mask adds per step: the same requests unconstrained "
+        "and with a JSON schema, interleaved (nanovllm/bench/structured.py)",
+    )
     add("--plot", metavar="PNG", help="write the figure here")
     add("--json", metavar="FILE", help="write the JSON document ('-': stdout)")
 
@@ -153,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
 
     from nanovllm.bench import report, suite
 
+    if args.structured_outputs:
+        return _structured_outputs(args)
     fields = {f.name for f in dataclasses.fields(suite.BenchConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None and k in fields}
     cfg = suite.BenchConfig(**{**(QUICK if args.quick else {}), **given})
@@ -180,4 +188,35 @@ def run(args: argparse.Namespace) -> int:
 
         plot(result, args.plot)
         console.print(f"plot written to {args.plot}")
+    return 0
+
+
+def _structured_outputs(args: argparse.Namespace) -> int:
+    """`--structured-outputs`: nanovllm alone, unconstrained vs a JSON schema per request."""
+    import json
+
+    import torch
+
+    from nanovllm.bench import structured
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {
+        name: getattr(args, name)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
+        if getattr(args, name) is not None
+    }
+    result = structured.run(
+        model=(args.models or ["embedded"])[0],
+        num_requests=args.num_requests or 16,
+        output_len=args.output_len[1] if args.output_len else 64,
+        repeats=args.repeats or 3,
+        temperature=args.temperature or 0.0,
+        seed=args.seed or 0,
+        **options,
+    )
+    structured.print_report(result)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        print(text) if args.json == "-" else open(args.json, "w").write(text)
     return 0

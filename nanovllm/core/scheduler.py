@@ -36,6 +36,7 @@ from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
+from nanovllm.structured_output.bitmask import GrammarBitmask
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
+    grammar_bitmask: GrammarBitmask | None = None  # structured outputs: the rows' masks
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -29,6 +29,7 @@ from nanovllm.engine.parallel_sampling import ParentRequest, child_params, child
 from nanovllm.events import EventBus, RequestRejected
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int] | dict
 
@@ -59,6 +60,8 @@ class InputProcessor:
         self.events = events
         self.is_known = is_known
         self.num_arrivals = 0
+        # Structured outputs: grammars compiled at arrival, each request's own matcher.
+        self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
         # torch's generator, so that an engine seed gives the seeds it gave before this class
         # existed (and so the same sampled tokens).
         self._seed_rng = torch.Generator().manual_seed(seed)
@@ -146,6 +149,7 @@ class InputProcessor:
                 f"slots{extra}, more than the whole KV cache ({capacity} = {self.num_kv_blocks} "
                 f"blocks x {self.block_size})"
             )
+        structured_output_request = self.structured_output.grammar_init(params)  # may refuse
         seed = params.seed
         if seed is None and not params.greedy:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
@@ -159,4 +163,5 @@ class InputProcessor:
             max_tokens=max_tokens,
             eos_token_ids=self.eos_token_ids,
             seed=seed,
+            structured_output_request=structured_output_request,
         )

@@ -33,11 +33,12 @@ from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
 from nanovllm.engine.snapshot import token_texts
-from nanovllm.events import EngineStarted, Event, EventBus, RequestAdded, StepSummary
+from nanovllm.events import Event, EventBus, RequestAdded, StepSummary
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.propose import propose_next_tokens
+from nanovllm.structured_output.manager import grammar_bitmask
 
 logger = logging.getLogger("nanovllm")
 
@@ -80,22 +81,7 @@ class LLMEngine:
             is_known=self._is_known,
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
-        self.started_event = EngineStarted(
-            model=self.model_path.name,
-            num_kv_blocks=self.num_kv_blocks,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            attention_backend=self.attention_backend,
-            tensor_parallel_size=config.tensor_parallel_size,
-            speculative_method=self.speculative_config and self.speculative_config.method,
-            num_speculative_tokens=(
-                self.speculative_config.num_speculative_tokens if self.speculative_config else 0
-            ),
-        )
+        self.started_event = setup.started_event(config)  # what a subscriber hears first
 
     @classmethod
     def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
@@ -197,6 +183,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
+        sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
         try:
             result = self.executor.execute(sched)
         except Exception as exc:

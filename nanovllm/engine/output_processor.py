@@ -36,6 +36,7 @@ from nanovllm.engine.parallel_sampling import ParentRequest
 from nanovllm.events import EventBus, TokenEmitted
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import RequestOutputKind
+from nanovllm.structured_output.manager import grammar_finish
 
 # One request's progress in a step: (the request, its new text, its new token ids).
 Progress = tuple[Request, str, list[int]]
@@ -126,6 +127,8 @@ class OutputProcessor:
             finished = FinishReason.STOP
         elif token in params.stop_token_ids:
             finished, request.stop_reason = FinishReason.STOP, token
+        elif (ended := grammar_finish(request, token)) is not None:
+            finished = ended  # the grammar ended the output (or refused the token)
         elif num_output >= request.max_tokens:
             finished = FinishReason.LENGTH
         if finished is not None:

@@ -34,6 +34,7 @@ from nanovllm.engine.tensor_parallel import (
     TensorParallelExecutor,
     start_runners,
 )
+from nanovllm.events import EngineStarted
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
@@ -82,6 +83,24 @@ class EngineSetup:
             result = getattr(self.runner, method)(*args)
             return [result] if all else result
         return self.group.run_all(method, *args) if all else self.group.run(method, *args)
+
+    def started_event(self, config: EngineConfig) -> EngineStarted:
+        """The engine's description, the first event every subscriber receives."""
+        spec = self.speculative_config
+        return EngineStarted(
+            model=self.model_path.name,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            attention_backend=self.attention_backend,
+            tensor_parallel_size=config.tensor_parallel_size,
+            speculative_method=spec and spec.method,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        )
 
 
 def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:

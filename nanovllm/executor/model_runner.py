@@ -29,6 +29,7 @@ from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.llama import CausalLM
+from nanovllm.structured_output.bitmask import apply_grammar_bitmask
 
 
 @dataclass
@@ -150,6 +151,7 @@ class ModelRunner:
         result = ModelRunnerOutput()
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
+            logits = apply_grammar_bitmask(logits, out.grammar_bitmask)
             sampled = self.sampler(
                 logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
             )

@@ -14,7 +14,8 @@ engine needs are declared here, where they show up in the schema:
   are accepted at their neutral value and refused with a 400 otherwise.
 
 The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
-`skip_special_tokens`, `include_stop_str_in_output`.
+`skip_special_tokens`, `include_stop_str_in_output`, `structured_outputs` (with OpenAI's
+`response_format`, `response_format.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.serve.errors import APIError, param_from_message
+from nanovllm.serve.response_format import (
+    ResponseFormat,
+    StructuredOutputs,
+    structured_outputs_params,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -75,6 +81,8 @@ class _GenerationRequest(_Strict):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None  # structured outputs (`response_format.py`)
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -120,6 +128,9 @@ class _GenerationRequest(_Strict):
             logprobs=self._logprobs(),
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=structured_outputs_params(
+                self.response_format, self.structured_outputs
+            ),
         )
         try:
             return SamplingParams(**values)

@@ -279,6 +279,8 @@ class OpenAIServing:
         except ValueError as exc:
             message = str(exc)
             param = "max_tokens" if "max_tokens=" in message else prompt_param
+            if message.startswith("structured_outputs"):  # a constraint that does not compile
+                param = "response_format"
             raise APIError(message, param=param) from exc
 
     async def _collect(self, stream: RequestStream, raw: Request) -> RequestOutput:

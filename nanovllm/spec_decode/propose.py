@@ -3,7 +3,9 @@
 After a step, every request that is decoding (its newest token sampled, not yet computed) gets
 up to k proposed tokens for the next step to verify. Requests still prefilling get none (nothing
 to speculate on yet), and no request is offered more than it may still emit: a verifying step
-adds up to k + 1 tokens, so the room is `max_tokens - num_output_tokens - 1`.
+adds up to k + 1 tokens, so the room is `max_tokens - num_output_tokens - 1`. A request with
+structured outputs keeps only the longest prefix of its proposal that its grammar allows: a
+proposal outside the grammar would be rejected anyway (the mask gives it probability 0).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from nanovllm.request import Request
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
+from nanovllm.structured_output.manager import grammar_valid_prefix
 
 
 def propose_next_tokens(
@@ -29,4 +32,5 @@ def propose_next_tokens(
     else:
         proposals = [proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
     for request, proposal in zip(decoding, proposals):
-        request.spec_token_ids = proposal
+        # (structured outputs: only the proposals its grammar allows, as vLLM does)
+        request.spec_token_ids = grammar_valid_prefix(request, proposal)

@@ -26,6 +26,7 @@ from nanovllm.events import (
     BlockFreed,
     CacheHit,
     EngineStarted,
+    GrammarMasked,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -355,6 +356,39 @@ def test_each_verification_note_takes_its_own_freed_blocks():
     ]
 
 
+def test_a_masked_step_tells_how_many_tokens_the_grammar_allowed():
+    """Structured outputs: a `GrammarMasked` event sets each request's latest counts and tells
+    the step in words; a request it does not name keeps its own (None: never masked)."""
+    s = initial_state(started(num_blocks=4, block_size=4))
+    s = reduce_all(
+        s,
+        [
+            RequestAdded("a", None, 2, 8),
+            RequestAdded("b", None, 2, 8),
+            BlockAllocated("a", 0, 0),
+            BlockAllocated("b", 0, 1),
+            RequestScheduled(1, "a", 2, 0, True, False),
+            RequestScheduled(1, "b", 2, 0, True, False),
+            GrammarMasked(1, {"a": (12,)}, 320),
+            TokenEmitted(1, "a", 7, "{", 1),
+            TokenEmitted(1, "b", 9, "x", 1),
+            summary(1),
+        ],
+    )
+    a, b = s.requests["a"], s.requests["b"]
+    assert (a.grammar_allowed, a.vocab_size) == ((12,), 320)
+    assert b.grammar_allowed is None
+    texts = [n.text for n in s.last_step.notes]
+    assert "masked: a grammar allowed 12 of 320 tokens" in texts
+    # With proposals to verify, one count per row; the next mask replaces the last.
+    s = reduce(s, GrammarMasked(2, {"a": (3, 1, 5), "b": (2,)}, 320))
+    assert s.requests["a"].grammar_allowed == (3, 1, 5)
+    assert s.requests["b"].grammar_allowed == (2,)
+    assert s.draft.notes[-1].text == (
+        "masked: a grammar allowed 3/1/5, b grammar allowed 2 of 320 tokens"
+    )
+
+
 def test_children_of_one_parent_are_a_family():
     s = initial_state(started(num_blocks=8))
     s = reduce_all(
@@ -382,7 +416,9 @@ def test_children_of_one_parent_are_a_family():
 
 def test_trace_shows_every_effect(trace_events):
     kinds = {e.kind for e in trace_events}
-    expected = set(EVENT_TYPES) - {"engine_snapshot"}  # only a late subscriber gets one
+    # Only a late subscriber gets a snapshot; the trace has no structured-output request (its
+    # masks are checked by hand below, `test_a_masked_step_...`).
+    expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked"}
     assert kinds == expected, expected - kinds
     hits = [e for e in trace_events if isinstance(e, CacheHit)]
     assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)
@@ -487,6 +523,12 @@ any_event = st.one_of(
         ids,
         st.lists(st.integers(0, 9), max_size=4).map(tuple),
         st.integers(0, 4),
+    ),
+    st.builds(
+        GrammarMasked,
+        st.integers(0, 9),
+        st.dictionaries(ids, st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple)),
+        st.integers(1, 9),
     ),
     st.integers(0, 9).map(lambda step: summary(step)),
 )

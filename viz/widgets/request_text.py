@@ -38,6 +38,9 @@ class RequestTextView(StateView):
         head.append(f" · {info.num_output_tokens}/{info.max_tokens} tokens", DIM)
         if info.num_preemptions:
             head.append(f" · preempted {info.num_preemptions}×", "bold red")
+        if info.grammar_allowed is not None:  # structured outputs: its last mask
+            allowed = "/".join(map(str, info.grammar_allowed))
+            head.append(f" · grammar allowed {allowed} of {info.vocab_size} tokens", DIM)
         body = Text()
         if info.prompt is not None:
             body.append(info.prompt, DIM)
