@@ -49,6 +49,8 @@ class OutputProcessor:
         self.parent_requests: dict[str, ParentRequest] = {}  # requests with n > 1, by caller id
         # Every request not yet forgotten; None for those with detokenize=False.
         self._detok: dict[str, DetokenizerState | None] = {}
+        # Requests that asked for logprobs: the sum of their sampled tokens' logprobs so far.
+        self._cumulative_logprob: dict[str, float] = {}
 
     def add_request(self, request: Request, parent: ParentRequest | None = None) -> None:
         """Start following `request` (with n > 1, a child of `parent`)."""
@@ -58,6 +60,8 @@ class OutputProcessor:
             if params.detokenize
             else None
         )
+        if params.logprobs is not None:
+            self._cumulative_logprob[request.request_id] = 0.0
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
 
@@ -73,7 +77,7 @@ class OutputProcessor:
         self,
         step: int,
         updated: list[tuple[Request, int]],
-        logprobs: dict[str, list[dict[int, float]]],
+        logprobs: dict[str, list[dict[int, tuple[float, int]]]],
         finish_request: Callable[[Request, FinishReason], None],
     ) -> list[Progress]:
         """Detokenize each request's `num_new` newest tokens and check them for a stop, in
@@ -91,6 +95,7 @@ class OutputProcessor:
                 num_output = first + j + 1
                 if entries is not None:
                     request.logprobs.append(entries[j])
+                    self._cumulative_logprob[request.request_id] += entries[j][token][0]
                 token_ids = request.all_token_ids
                 if j < num_new - 1:  # the detokenizer must not see the tokens after this one
                     token_ids = token_ids[: request.num_prompt_tokens + num_output]
@@ -118,7 +123,14 @@ class OutputProcessor:
         stop = None
         if state is not None:
             self.detokenizer.step(state, token_ids)
-            stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
+            # min_tokens: no stop string is looked for in the text of the first min_tokens tokens
+            # (vLLM's rule; the sampler keeps the stop tokens out until then).
+            if num_output > params.min_tokens:
+                stop = find_stop_string(
+                    state, params.stop_strings, params.include_stop_str_in_output
+                )
+            else:
+                state.stop_checked_upto = len(state.text)
         finished: FinishReason | None = None
         if stop is not None:
             finished, request.stop_reason = FinishReason.STOP, stop
@@ -170,6 +182,7 @@ class OutputProcessor:
                 parents[parent.request_id] = parent
             if request.is_finished:
                 self._detok.pop(request.request_id, None)
+                self._cumulative_logprob.pop(request.request_id, None)
         for parent in parents.values():
             if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
                 continue
@@ -190,14 +203,25 @@ class OutputProcessor:
             entries = request.logprobs
         logprobs = None
         if params.logprobs is not None:
-            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in entries]
+            logprobs = [
+                {
+                    t: Logprob(lp, rank, self._decoded(t, params.detokenize))
+                    for t, (lp, rank) in e.items()
+                }
+                for e in entries
+            ]
         return CompletionOutput(
             index=request.index,
             text=text,
             token_ids=token_ids,
+            cumulative_logprob=self._cumulative_logprob.get(request.request_id),
             logprobs=logprobs,
             finish_reason=str(request.finish_reason) if request.finish_reason else None,
             stop_reason=request.stop_reason,
             delta_text=delta,
             delta_token_ids=delta_ids,
         )
+
+    def _decoded(self, token: int, detokenize: bool) -> str | None:
+        """A logprob entry's token as text (vLLM's `decoded_token`), None without detokenizing."""
+        return self.detokenizer.tokenizer.decode([token]) if detokenize else None

@@ -36,7 +36,7 @@ class ModelRunnerOutput:
     """One step's results, by request id."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # 1 to k + 1 each
-    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)  # one per token
+    logprobs: dict[str, list[dict[int, tuple[float, int]]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
 
 
