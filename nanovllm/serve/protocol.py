@@ -10,11 +10,13 @@ engine needs are declared here, where they show up in the schema:
   OpenAI does, rather than silently ignored;
 - `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
   the engine, and one HTTP request must not be able to fill it;
-- OpenAI fields the engine does not implement (penalties, `logit_bias`, `best_of`, `suffix`)
-  are accepted at their neutral value and refused with a 400 otherwise.
+- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them;
+- OpenAI fields the engine does not implement (`best_of`, `suffix`) are accepted at their
+  neutral value and refused with a 400 otherwise.
 
 The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
-`skip_special_tokens`, `include_stop_str_in_output`.
+`skip_special_tokens`, `include_stop_str_in_output`, `repetition_penalty`, `min_tokens`,
+`bad_words`, `allowed_token_ids`.
 """
 
 from __future__ import annotations
@@ -69,9 +71,13 @@ class _GenerationRequest(_Strict):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -93,19 +99,6 @@ class _GenerationRequest(_Strict):
 
     def to_sampling_params(self) -> SamplingParams:
         """The engine's view of this request; a 400 naming the field when a value is refused."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(
-                    f"{name} is not supported by nanovllm (it must be 0)",
-                    param=name,
-                    code="unsupported_parameter",
-                )
-        if self.logit_bias:
-            raise APIError(
-                "logit_bias is not supported by nanovllm",
-                param="logit_bias",
-                code="unsupported_parameter",
-            )
         values = dict(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -120,6 +113,13 @@ class _GenerationRequest(_Strict):
             logprobs=self._logprobs(),
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens,
+            bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids,
         )
         try:
             return SamplingParams(**values)

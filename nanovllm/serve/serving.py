@@ -45,7 +45,7 @@ from nanovllm.serve.async_engine import (
     EngineError,
     RequestStream,
 )
-from nanovllm.serve.errors import APIError, error_body
+from nanovllm.serve.errors import APIError, error_body, param_from_message
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.sse import DONE, ClosingStreamingResponse, sse_data
 
@@ -268,6 +268,7 @@ class OpenAIServing:
         except ValueError as exc:
             message = str(exc)
             param = "max_tokens" if "max_tokens=" in message else prompt_param
+            param = param_from_message(message, set(SamplingParams.__dataclass_fields__)) or param
             raise APIError(message, param=param) from exc
 
     async def _collect(self, stream: RequestStream, raw: Request) -> RequestOutput:
