@@ -651,4 +651,28 @@ PLANTED_BUGS = [
         ("tests/test_sampling_params_parity.py", "-k", "min_tokens"),
         "min_tokens tokens come out before a stop token may: the next one may stop.",
     ),
+    PlantedBug(
+        "prompt-logprob-rows-forget-the-chunk-start",
+        "nanovllm/executor/prompt_logprobs.py",
+        (
+            (
+                "            rows.extend((request, offset + p - start, p) for p in range(start, end))",
+                "            rows.extend((request, offset + p, p) for p in range(start, end))",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "prompt_logprobs_match"),
+        "A later chunk's rows start at its own first token, not at the prompt's.",
+    ),
+    PlantedBug(
+        "prompt-logprobs-read-the-prefix-cache",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:",
+                "        if not self.enable_prefix_caching:",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "prefix_cache"),
+        "A cached token is never computed, so its prompt logprob would be missing.",
+    ),
 ]

@@ -447,3 +447,69 @@ def test_out_of_vocabulary_ids_are_refused_and_the_engine_keeps_serving(
     assert "bad" not in final and len(final["before"].outputs[0].token_ids) == MAX_TOKENS
     assert engine.kv_cache_manager.num_used_blocks == 0, "a block leaked"
     assert not engine.scheduler.requests
+
+
+# ---- prompt logprobs ----
+
+
+def hf_prompt_logprobs(hf_model, prompt: list[int]) -> torch.Tensor:
+    """[len(prompt) - 1, vocab]: row i is log_softmax of the logits that score prompt[i + 1]."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)
+
+
+def check_prompt_logprobs(output, hf_model, n: int) -> None:
+    prompt = output.prompt_token_ids
+    want = hf_prompt_logprobs(hf_model, prompt)
+    got = output.prompt_logprobs
+    assert len(got) == len(prompt) and got[0] is None
+    for i in range(1, len(prompt)):
+        row, entry = want[i - 1], got[i]
+        order = row.argsort(descending=True).tolist()
+        top = set(order[: VOCAB if n == -1 else n])
+        assert set(entry) == top | {prompt[i]}
+        for t, lp in entry.items():
+            assert lp.logprob == pytest.approx(row[t].item(), abs=1e-4)
+            assert lp.rank == order.index(t) + 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(block_size=4, max_num_batched_tokens=7),  # chunked prefill
+        dict(block_size=4, num_kv_blocks=14, max_num_batched_tokens=9),  # preemption
+    ],
+    ids=["one-step", "chunked", "preempted"],
+)
+def test_prompt_logprobs_match_transformers(model_path, hf_model, cases, options) -> None:
+    """Prompt logprobs in a batch with every other setting, under chunking and preemption;
+    the other requests' tokens are still transformers'."""
+    llm = LLM(str(model_path), **options)
+    ps = prompts(7, 3)
+    asks = [greedy(prompt_logprobs=n) for n in (0, 3, -1)]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in ps] + [{"prompt_token_ids": c[0]} for c in cases],
+        asks + [c[1] for c in cases],
+        use_tqdm=False,
+    )
+    for out, params in zip(outs, asks):
+        check_prompt_logprobs(out, hf_model, params.prompt_logprobs)
+    assert [o.outputs[0].token_ids for o in outs[3:]] == [c[2] for c in cases]
+    assert all(o.prompt_logprobs is None for o in outs[3:])
+    assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
+    if "num_kv_blocks" in options:
+        assert llm.llm_engine.scheduler.num_preemptions > 0
+
+
+def test_prompt_logprobs_read_nothing_from_the_prefix_cache(model_path, hf_model) -> None:
+    """vLLM's rule: a request asking for prompt logprobs computes its whole prompt, even when
+    the prefix cache holds it; its blocks still serve the requests after it."""
+    llm = LLM(str(model_path), block_size=4)
+    prompt = {"prompt_token_ids": prompts(8, 1)[0] * 2}
+    llm.generate([prompt], greedy(), use_tqdm=False)
+    asked = llm.generate([prompt], greedy(prompt_logprobs=2), use_tqdm=False)[0]
+    assert asked.num_cached_tokens == 0
+    check_prompt_logprobs(asked, hf_model, 2)
+    again = llm.generate([prompt], greedy(), use_tqdm=False)[0]
+    assert again.num_cached_tokens > 0

@@ -22,10 +22,6 @@ def check_token_ids_in_vocab(params: SamplingParams, tokenizer, vocab_size: int)
             raise ValueError(
                 f"{name} token id(s) {bad} are outside the vocabulary [0, {vocab_size})"
             )
-    if params.prompt_logprobs is not None:
-        raise ValueError(
-            f"prompt_logprobs={params.prompt_logprobs!r} is not supported by nanovllm yet"
-        )
     if params.prompt_logprobs is not None and params.prompt_logprobs > vocab_size:
         raise ValueError(
             f"prompt_logprobs={params.prompt_logprobs} exceeds the vocabulary size {vocab_size}"

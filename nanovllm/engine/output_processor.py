@@ -34,6 +34,7 @@ from nanovllm.engine.detokenizer import (
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.engine.parallel_sampling import ParentRequest
 from nanovllm.events import EventBus, TokenEmitted
+from nanovllm.executor.prompt_logprobs import PromptLogprobs
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import RequestOutputKind
 
@@ -51,6 +52,8 @@ class OutputProcessor:
         self._detok: dict[str, DetokenizerState | None] = {}
         # Requests that asked for logprobs: the sum of their sampled tokens' logprobs so far.
         self._cumulative_logprob: dict[str, float] = {}
+        # Requests that asked for prompt logprobs: an entry per prompt token (None until known).
+        self._prompt_logprobs: dict[str, list[dict[int, tuple[float, int]] | None]] = {}
 
     def add_request(self, request: Request, parent: ParentRequest | None = None) -> None:
         """Start following `request` (with n > 1, a child of `parent`)."""
@@ -62,6 +65,8 @@ class OutputProcessor:
         )
         if params.logprobs is not None:
             self._cumulative_logprob[request.request_id] = 0.0
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request.request_id] = [None] * request.num_prompt_tokens
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
 
@@ -72,6 +77,14 @@ class OutputProcessor:
         """A request's output text so far ("" when it is not detokenized or not followed)."""
         state = self._detok.get(request_id)
         return state.text if state is not None else ""
+
+    def add_prompt_logprobs(self, entries: PromptLogprobs) -> None:
+        """Keep a step's prompt logprob entries, each at its prompt token's index (a chunk
+        computed again after a preemption puts the same entries in the same places)."""
+        for request_id, new in entries.items():
+            kept = self._prompt_logprobs.get(request_id)
+            for index, entry in new if kept is not None else ():
+                kept[index] = entry
 
     def process_new_tokens(
         self,
@@ -171,6 +184,7 @@ class OutputProcessor:
                         outputs=[completion],
                         finished=request.is_finished,
                         num_cached_tokens=request.num_cached_tokens,
+                        prompt_logprobs=self._prompt_logprobs_of(request),
                         delta_text=delta,
                         delta_token_ids=delta_ids,
                         error=request.error,
@@ -183,6 +197,7 @@ class OutputProcessor:
             if request.is_finished:
                 self._detok.pop(request.request_id, None)
                 self._cumulative_logprob.pop(request.request_id, None)
+                self._prompt_logprobs.pop(request.request_id, None)
         for parent in parents.values():
             if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
                 continue
@@ -221,6 +236,22 @@ class OutputProcessor:
             delta_text=delta,
             delta_token_ids=delta_ids,
         )
+
+    def _prompt_logprobs_of(self, request: Request) -> list[dict[int, Logprob] | None] | None:
+        """The request's prompt logprobs as the caller sees them, when it asked for them."""
+        kept = self._prompt_logprobs.get(request.request_id)
+        if kept is None:
+            return None
+        detokenize = request.sampling_params.detokenize
+        return [
+            None
+            if entry is None
+            else {
+                t: Logprob(lp, rank, self._decoded(t, detokenize))
+                for t, (lp, rank) in entry.items()
+            }
+            for entry in kept
+        ]
 
     def _decoded(self, token: int, detokenize: bool) -> str | None:
         """A logprob entry's token as text (vLLM's `decoded_token`), None without detokenizing."""

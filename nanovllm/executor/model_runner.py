@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.prompt_logprobs import (
+    PromptLogprobs,
+    split_prompt_logprobs,
+    with_prompt_rows,
+)
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
@@ -38,6 +43,7 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # 1 to k + 1 each
     logprobs: dict[str, list[dict[int, tuple[float, int]]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
+    prompt_logprobs: PromptLogprobs = field(default_factory=dict)  # `prompt_logprobs.py`
 
 
 class ModelRunner:
@@ -137,7 +143,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: build the inputs, forward pass, sample."""
         start = time.perf_counter()
-        inputs = self.prepare_inputs(out)
+        inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompt logprobs' rows)
         logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
@@ -148,6 +154,7 @@ class ModelRunner:
         """One token (1 to k + 1 when verifying proposals) for each request that samples."""
         start = time.perf_counter()
         result = ModelRunnerOutput()
+        logits, result.prompt_logprobs = split_prompt_logprobs(logits, out)
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
             sampled = self.sampler(
