@@ -7,7 +7,7 @@ Each step, for the requests the scheduler chose, the ModelRunner:
 2. runs the forward pass over the flat batch, with paged attention against the KV cache it owns
    (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
    head_dim]);
-3. computes logits only for the rows that produce a token;
+3. computes logits only for the rows that produce a token (and prompt logprobs' rows);
 4. samples one token per such request (1 to k + 1 when it verifies k proposals).
 
 This is the plain runner, the one a learner reads. A backend (`nanovllm/backends/`) may give a

@@ -16,7 +16,8 @@ engine needs are declared here, where they show up in the schema:
 
 The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
 `skip_special_tokens`, `include_stop_str_in_output`, `repetition_penalty`, `min_tokens`,
-`bad_words`, `allowed_token_ids`.
+`bad_words`, `allowed_token_ids`, `prompt_logprobs` (answered in the response, as vLLM does:
+in each completion choice, or beside the chat choices; not with `stream`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class _GenerationRequest(_Strict):
     min_tokens: int = 0
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -99,6 +101,12 @@ class _GenerationRequest(_Strict):
 
     def to_sampling_params(self) -> SamplingParams:
         """The engine's view of this request; a 400 naming the field when a value is refused."""
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(
+                "prompt_logprobs is not supported with stream=true",
+                param="prompt_logprobs",
+                code="unsupported_parameter",
+            )
         values = dict(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -120,6 +128,7 @@ class _GenerationRequest(_Strict):
             min_tokens=self.min_tokens,
             bad_words=self.bad_words,
             allowed_token_ids=self.allowed_token_ids,
+            prompt_logprobs=self.prompt_logprobs,
         )
         try:
             return SamplingParams(**values)
@@ -164,7 +173,7 @@ class CompletionRequest(_GenerationRequest):
             )
         if self.echo and self.logprobs is not None:
             raise APIError(
-                "echo with logprobs is not supported (prompt logprobs are not computed)",
+                "echo with logprobs is not supported (prompt_logprobs gives the prompt's)",
                 param="echo",
                 code="unsupported_parameter",
             )

@@ -27,6 +27,7 @@ tokenizer instance: the engine's belongs to the engine thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -94,6 +95,7 @@ class OpenAIServing:
                     "logprobs": logprobs,
                     "finish_reason": out.finish_reason,
                     "stop_reason": out.stop_reason,
+                    "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
                 }
             )
         return JSONResponse(
@@ -175,6 +177,7 @@ class OpenAIServing:
                 "model": self.model_name,
                 "choices": choices,
                 "usage": _usage(final),
+                "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
             }
         )
 
@@ -380,6 +383,16 @@ def _finish_once(completion: CompletionOutput, finished: set[int]) -> str | None
 
 def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
+    """vLLM's `prompt_logprobs` in a response: per prompt token, None or {token id: Logprob}."""
+    if entries is None:
+        return None
+    return [
+        None if entry is None else {str(t): dataclasses.asdict(lp) for t, lp in entry.items()}
+        for entry in entries
+    ]
 
 
 def _usage(output: RequestOutput) -> dict[str, int]:

@@ -61,3 +61,30 @@ def test_chat_completions_take_the_fields(chat_server, async_engine, offline_llm
         assert response.status_code == 200, response.text
         text = response.json()["choices"][0]["message"]["content"]
     assert text == offline_llm.llm_engine.tokenizer.decode([40] * 12)
+
+
+def test_prompt_logprobs_in_the_response(server, async_engine, offline_llm) -> None:
+    wait_idle(async_engine)
+    prompt = PROMPTS[5]
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        body = dict(
+            model=async_engine.model_name,
+            prompt=prompt,
+            max_tokens=2,
+            temperature=0,
+            prompt_logprobs=2,
+        )
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        got = response.json()["choices"][0]["prompt_logprobs"]
+        refused = client.post("/v1/completions", json={**body, "stream": True})
+        assert refused.status_code == 400 and "prompt_logprobs" in refused.text
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2)
+    want = offline_llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    assert got[0] is None and len(got) == len(prompt)
+    for entry, expected in zip(got[1:], want.prompt_logprobs[1:]):
+        assert {int(t) for t in entry} == set(expected)
+        for t, lp in expected.items():
+            assert entry[str(t)]["logprob"] == lp.logprob
+            assert entry[str(t)]["rank"] == lp.rank
+            assert entry[str(t)]["decoded_token"] == lp.decoded_token
