@@ -513,3 +513,21 @@ def test_prompt_logprobs_read_nothing_from_the_prefix_cache(model_path, hf_model
     check_prompt_logprobs(asked, hf_model, 2)
     again = llm.generate([prompt], greedy(), use_tqdm=False)[0]
     assert again.num_cached_tokens > 0
+
+
+def test_two_tensor_parallel_ranks_apply_them_too(model_path, hf_model, cases) -> None:
+    """Under tensor parallelism (2 processes) the same settings give transformers' tokens, and
+    the prompt logprobs' rows come back from the ranks with the sampling rows."""
+    llm = LLM(str(model_path), tensor_parallel_size=2, block_size=4, max_num_batched_tokens=9)
+    try:
+        ps = prompts(9, 2)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in ps] + [{"prompt_token_ids": c[0]} for c in cases],
+            [greedy(prompt_logprobs=2), greedy(prompt_logprobs=0)] + [c[1] for c in cases],
+            use_tqdm=False,
+        )
+        check_prompt_logprobs(outs[0], hf_model, 2)
+        check_prompt_logprobs(outs[1], hf_model, 0)
+        assert [o.outputs[0].token_ids for o in outs[2:]] == [c[2] for c in cases]
+    finally:
+        llm.llm_engine.shutdown()
