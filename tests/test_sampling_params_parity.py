@@ -531,3 +531,11 @@ def test_two_tensor_parallel_ranks_apply_them_too(model_path, hf_model, cases) -
         assert [o.outputs[0].token_ids for o in outs[2:]] == [c[2] for c in cases]
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_parallel_sampling_reports_the_prompt_logprobs_once(model_path, hf_model) -> None:
+    llm = LLM(str(model_path))
+    params = SamplingParams(n=3, temperature=0.8, seed=1, max_tokens=3, prompt_logprobs=1)
+    out = llm.generate([{"prompt_token_ids": prompts(4, 1)[0]}], params, use_tqdm=False)[0]
+    assert len(out.outputs) == 3
+    check_prompt_logprobs(out, hf_model, 1)

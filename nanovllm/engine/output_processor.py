@@ -193,6 +193,8 @@ class OutputProcessor:
             else:
                 parent = self.parent_requests[request.parent_id]
                 parent.completions[request.index] = completion
+                if parent.prompt_logprobs is None:  # (a child that produced a token has them)
+                    parent.prompt_logprobs = self._prompt_logprobs_of(request)
                 parents[parent.request_id] = parent
             if request.is_finished:
                 self._detok.pop(request.request_id, None)
