@@ -44,6 +44,7 @@ Progress = tuple[Request, str, list[int]]
 
 class OutputProcessor:
     def __init__(self, tokenizer, events: EventBus) -> None:
+        self.tokenizer = tokenizer
         # The incremental detokenizer every request's text goes through (lesson 10 swaps it).
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.events = events
@@ -52,6 +53,7 @@ class OutputProcessor:
         self._detok: dict[str, DetokenizerState | None] = {}
         # Requests that asked for logprobs: the sum of their sampled tokens' logprobs so far.
         self._cumulative_logprob: dict[str, float] = {}
+        self._token_texts: dict[int, str] = {}  # each token's own text (`decoded_token`)
         # Requests that asked for prompt logprobs: an entry per prompt token (None until known).
         self._prompt_logprobs: dict[str, list[dict[int, tuple[float, int]] | None]] = {}
 
@@ -257,4 +259,9 @@ class OutputProcessor:
 
     def _decoded(self, token: int, detokenize: bool) -> str | None:
         """A logprob entry's token as text (vLLM's `decoded_token`), None without detokenizing."""
-        return self.detokenizer.tokenizer.decode([token]) if detokenize else None
+        if not detokenize:
+            return None
+        text = self._token_texts.get(token)
+        if text is None:  # (logprobs=-1 asks for every token's text, every step: decode once)
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
