@@ -84,7 +84,7 @@ class _GenerationRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
-    @field_validator("stop")
+    @field_validator("stop", "bad_words")
     @classmethod
     def _stop_is_text(cls, value: object) -> object:
         return _check_utf8(value)

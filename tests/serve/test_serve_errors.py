@@ -36,6 +36,7 @@ BAD_BODIES = [
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [1000000]}, "allowed_token_ids"),
     ({"bad_words": [""]}, "bad_words"),
+    ({"bad_words": ["\ud800"]}, "bad_words"),
     ({"no_such_field": 1}, "no_such_field"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
