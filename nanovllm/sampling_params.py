@@ -16,6 +16,22 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
   partially); `stop_token_ids` and, unless `ignore_eos`, the model's EOS token end it too.
 - `logprobs`: for each generated token, the log-probabilities of the `logprobs` most likely
   tokens (plus the sampled one).
+- Logits processing, before temperature (vLLM v1's order, `executor/logits_processors.py`):
+  `allowed_token_ids` masks every other token; `bad_words` (strings) bans the last token of a
+  bad word where the output so far ends with the ones before it; `min_tokens` bans the stop
+  tokens (EOS unless `ignore_eos`, and `stop_token_ids`) until that many tokens are out, and
+  stop strings are not looked for until then; `logit_bias` (token id -> bias, clamped to
+  [-100, 100]) is added to the logits; `repetition_penalty` (> 0; 1 = off) divides a positive
+  logit, and multiplies a negative one, of every token in the prompt or the output;
+  `frequency_penalty` and `presence_penalty` (in [-2, 2]; 0 = off) subtract `count x
+  frequency_penalty + (count > 0) x presence_penalty`, counting the output tokens only. Greedy
+  requests get them too: the argmax is taken after them.
+- `logprobs=-1` asks for the whole vocabulary; logprobs are those of the raw distribution, and
+  with them `cumulative_logprob` (their sum over the sampled tokens), each entry's `rank`
+  (1-based) and `decoded_token`.
+- `prompt_logprobs`: for every prompt token after the first, its logprob given the tokens before
+  it, plus the top `prompt_logprobs` (-1: all); such a request reads nothing from the prefix
+  cache (as in vLLM), so every prompt token is computed.
 - `detokenize=False` skips turning tokens into text: outputs carry token ids and empty text
   (stop strings need the text, so they are refused then).
 - `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
@@ -153,7 +169,17 @@ class SamplingParams:
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
+    uses_logits_processors: bool = field(init=False, repr=False, default=False)
+    _bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -172,8 +198,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an int in [0, 2**63) or None, got {self.seed!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < -1):
+                raise ValueError(f"{name} must be an int >= 0, -1 (all) or None, got {value!r}")
         stop = self.stop
         if stop is None:
             stop = []
@@ -207,6 +235,83 @@ class SamplingParams:
             raise ValueError(
                 f"structured_outputs must be a StructuredOutputsParams or None, got {so!r}"
             )
+        self._check_logits_processing()
+
+    def _check_logits_processing(self) -> None:
+        """The fields of `executor/logits_processors.py` (vLLM's ranges). Token ids are checked
+        against the vocabulary later, by the engine (`input_processor.py`)."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(
+                f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}"
+            )
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens!r} must be <= max_tokens={self.max_tokens!r}"
+            )
+        bias = self.logit_bias or {}
+        if not isinstance(bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+        clamped = {}
+        for token, value in bias.items():
+            try:  # (OpenAI's clients send the ids as strings)
+                token_id = int(token)
+            except (TypeError, ValueError):
+                token_id = -1
+            if isinstance(token, bool | float) or token_id < 0:
+                raise ValueError(f"logit_bias key {token!r} is not a token id (an int >= 0)")
+            if not _is_number(value):
+                raise ValueError(f"logit_bias[{token!r}] must be a finite number, got {value!r}")
+            clamped[token_id] = min(100.0, max(-100.0, float(value)))
+        self.logit_bias = clamped or None
+        allowed = self.allowed_token_ids
+        if allowed is not None and (
+            not isinstance(allowed, list | tuple)
+            or not allowed
+            or not all(_is_int(t) and t >= 0 for t in allowed)
+        ):
+            raise ValueError(
+                f"allowed_token_ids must be a non-empty list of ints >= 0, got {allowed!r}"
+            )
+        words = self.bad_words
+        if words is not None and (
+            not isinstance(words, list | tuple) or not all(isinstance(w, str) and w for w in words)
+        ):
+            raise ValueError(f"bad_words must be a list of non-empty strings, got {words!r}")
+        self.bad_words = list(dict.fromkeys(words)) if words else None
+        # Whether the sampler has anything to do before temperature (checked every step).
+        self.uses_logits_processors = bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or self.min_tokens
+            or self.logit_bias
+            or self.allowed_token_ids is not None
+            or self.bad_words
+        )
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenize `bad_words` as vLLM does: each word alone, and with one leading space when
+        that gives a different first token and as many tokens (a word inside a sentence)."""
+        self._bad_words_token_ids = []
+        for word in self.bad_words or ():
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if not plain:
+                raise ValueError(f"bad_words entry {word!r} tokenizes to no tokens")
+            self._bad_words_token_ids.append(plain)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                self._bad_words_token_ids.append(spaced)
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """The token sequences `bad_words` bans (set by the engine, `update_from_tokenizer`)."""
+        return self._bad_words_token_ids
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -664,5 +664,77 @@ PLANTED_BUGS = [
         ),
         ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
         "vLLM verifies only proposals the grammar allows; the others cost a row each for nothing.",
+        "presence-and-frequency-count-the-prompt",
+        "nanovllm/executor/logits_processors.py",
+        (
+            (
+                "    counts = output_token_counts([rows[i][1] for i in using], vocab, device)",
+                "    counts = output_token_counts(\n"
+                "        [rows[i][0].prompt_token_ids + rows[i][1] for i in using], vocab, device\n"
+                "    )",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "definitions or alone"),
+        "OpenAI's presence and frequency penalties count the output only; repetition's the prompt.",
+    ),
+    PlantedBug(
+        "logit-bias-on-every-row",
+        "nanovllm/executor/logits_processors.py",
+        (
+            (
+                "        logits[row_ids, token_ids] += bias_t",
+                "        logits[:, token_ids] += bias_t",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "mixed_batch"),
+        "One request's logit_bias must never touch another request's row of the batch.",
+    ),
+    PlantedBug(
+        "verified-rows-forget-the-proposals-before-them",
+        "nanovllm/executor/logits_processors.py",
+        (
+            (
+                "            rows.append((request, request.output_token_ids + proposed[:j]))",
+                "            rows.append((request, list(request.output_token_ids)))",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "definitions or speculative"),
+        "Row j of a verifying request scores the token after its first j proposals.",
+    ),
+    PlantedBug(
+        "min-tokens-one-too-many",
+        "nanovllm/executor/logits_processors.py",
+        (
+            (
+                "        if len(output) < request.sampling_params.min_tokens:",
+                "        if len(output) <= request.sampling_params.min_tokens:",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "min_tokens"),
+        "min_tokens tokens come out before a stop token may: the next one may stop.",
+    ),
+    PlantedBug(
+        "prompt-logprob-rows-forget-the-chunk-start",
+        "nanovllm/executor/prompt_logprobs.py",
+        (
+            (
+                "            rows.extend((request, offset + p - start, p) for p in range(start, end))",
+                "            rows.extend((request, offset + p, p) for p in range(start, end))",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "prompt_logprobs_match"),
+        "A later chunk's rows start at its own first token, not at the prompt's.",
+    ),
+    PlantedBug(
+        "prompt-logprobs-read-the-prefix-cache",
+        "nanovllm/core/kv_cache_manager.py",
+        (
+            (
+                "        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:",
+                "        if not self.enable_prefix_caching:",
+            ),
+        ),
+        ("tests/test_sampling_params_parity.py", "-k", "prefix_cache"),
+        "A cached token is never computed, so its prompt logprob would be missing.",
     ),
 ]

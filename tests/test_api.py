@@ -28,7 +28,7 @@ def llm(tiny_llama) -> LLM:
         (dict(max_tokens=-3), "max_tokens"),
         (dict(stop=[1, 2]), "stop"),
         (dict(stop=""), "stop"),
-        (dict(logprobs=-1), "logprobs"),
+        (dict(logprobs=-2), "logprobs"),  # (-1, as in vLLM: the whole vocabulary)
         (dict(seed="x"), "seed"),
         (dict(seed=2**64), "seed"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),

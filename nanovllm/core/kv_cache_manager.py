@@ -123,9 +123,10 @@ class KVCacheManager:
 
         Returns the blocks and how many tokens they cover. At least one token is always left
         to compute: the step must end on a real forward pass that produces the next logits.
-        Nothing is allocated or referenced here; `allocate_slots` does that.
+        Nothing is allocated or referenced here; `allocate_slots` does that. A request that
+        asks for prompt logprobs reads nothing: each prompt token's logits must be computed.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.num_tokens)

@@ -9,8 +9,9 @@
 It is the engine's door. Everything that can make a request fail before it runs is checked here,
 before the request takes a block or a place in a queue, so a bad request can never disturb the
 ones already running: an empty prompt, a token id outside the vocabulary, a prompt that leaves
-no room under `max_model_len`, a request longer than the whole KV cache, too many logprobs, an
-id already in use. The error names the bad value, and a `RequestRejected` event says the same.
+no room under `max_model_len`, a request longer than the whole KV cache, too many logprobs, a
+`logit_bias`, `allowed_token_ids` or `bad_words` token outside the vocabulary, an id already in
+use. The error names the bad value, and a `RequestRejected` event says the same.
 
 Seeds: a sampled request without a seed gets one drawn from the engine's seed, so that a run of
 an engine built with the same seed draws the same tokens again.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from nanovllm.engine.logits_checks import check_token_ids_in_vocab
 from nanovllm.engine.parallel_sampling import ParentRequest, child_params, child_request_id
 from nanovllm.events import EventBus, RequestRejected
 from nanovllm.request import Request
@@ -132,6 +134,7 @@ class InputProcessor:
             raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}")
+        check_token_ids_in_vocab(params, self.tokenizer, vocab)
         n = len(token_ids)
         if n >= self.max_model_len:
             raise ValueError(

@@ -197,6 +197,7 @@ class LLMEngine:
         if self.proposer is not None:
             self.spec_stats.record_step(sched, result.sampled_token_ids, self.events)
         updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
+        self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progress += self.output_processor.process_new_tokens(
             sched.step, updated, result.logprobs, self.scheduler.finish_request
         )

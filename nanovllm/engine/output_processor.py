@@ -34,6 +34,7 @@ from nanovllm.engine.detokenizer import (
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.engine.parallel_sampling import ParentRequest
 from nanovllm.events import EventBus, TokenEmitted
+from nanovllm.executor.prompt_logprobs import PromptLogprobs
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import RequestOutputKind
 from nanovllm.structured_output.manager import grammar_finish
@@ -44,12 +45,18 @@ Progress = tuple[Request, str, list[int]]
 
 class OutputProcessor:
     def __init__(self, tokenizer, events: EventBus) -> None:
+        self.tokenizer = tokenizer
         # The incremental detokenizer every request's text goes through (lesson 10 swaps it).
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.events = events
         self.parent_requests: dict[str, ParentRequest] = {}  # requests with n > 1, by caller id
         # Every request not yet forgotten; None for those with detokenize=False.
         self._detok: dict[str, DetokenizerState | None] = {}
+        # Requests that asked for logprobs: the sum of their sampled tokens' logprobs so far.
+        self._cumulative_logprob: dict[str, float] = {}
+        self._token_texts: dict[int, str] = {}  # each token's own text (`decoded_token`)
+        # Requests that asked for prompt logprobs: an entry per prompt token (None until known).
+        self._prompt_logprobs: dict[str, list[dict[int, tuple[float, int]] | None]] = {}
 
     def add_request(self, request: Request, parent: ParentRequest | None = None) -> None:
         """Start following `request` (with n > 1, a child of `parent`)."""
@@ -59,6 +66,10 @@ class OutputProcessor:
             if params.detokenize
             else None
         )
+        if params.logprobs is not None:
+            self._cumulative_logprob[request.request_id] = 0.0
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request.request_id] = [None] * request.num_prompt_tokens
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
 
@@ -70,11 +81,19 @@ class OutputProcessor:
         state = self._detok.get(request_id)
         return state.text if state is not None else ""
 
+    def add_prompt_logprobs(self, entries: PromptLogprobs) -> None:
+        """Keep a step's prompt logprob entries, each at its prompt token's index (a chunk
+        computed again after a preemption puts the same entries in the same places)."""
+        for request_id, new in entries.items():
+            kept = self._prompt_logprobs.get(request_id)
+            for index, entry in new if kept is not None else ():
+                kept[index] = entry
+
     def process_new_tokens(
         self,
         step: int,
         updated: list[tuple[Request, int]],
-        logprobs: dict[str, list[dict[int, float]]],
+        logprobs: dict[str, list[dict[int, tuple[float, int]]]],
         finish_request: Callable[[Request, FinishReason], None],
     ) -> list[Progress]:
         """Detokenize each request's `num_new` newest tokens and check them for a stop, in
@@ -92,6 +111,7 @@ class OutputProcessor:
                 num_output = first + j + 1
                 if entries is not None:
                     request.logprobs.append(entries[j])
+                    self._cumulative_logprob[request.request_id] += entries[j][token][0]
                 token_ids = request.all_token_ids
                 if j < num_new - 1:  # the detokenizer must not see the tokens after this one
                     token_ids = token_ids[: request.num_prompt_tokens + num_output]
@@ -119,7 +139,14 @@ class OutputProcessor:
         stop = None
         if state is not None:
             self.detokenizer.step(state, token_ids)
-            stop = find_stop_string(state, params.stop_strings, params.include_stop_str_in_output)
+            # min_tokens: no stop string is looked for in the text of the first min_tokens tokens
+            # (vLLM's rule; the sampler keeps the stop tokens out until then).
+            if num_output > params.min_tokens:
+                stop = find_stop_string(
+                    state, params.stop_strings, params.include_stop_str_in_output
+                )
+            else:
+                state.stop_checked_upto = len(state.text)
         finished: FinishReason | None = None
         if stop is not None:
             finished, request.stop_reason = FinishReason.STOP, stop
@@ -162,6 +189,7 @@ class OutputProcessor:
                         outputs=[completion],
                         finished=request.is_finished,
                         num_cached_tokens=request.num_cached_tokens,
+                        prompt_logprobs=self._prompt_logprobs_of(request),
                         delta_text=delta,
                         delta_token_ids=delta_ids,
                         error=request.error,
@@ -170,9 +198,13 @@ class OutputProcessor:
             else:
                 parent = self.parent_requests[request.parent_id]
                 parent.completions[request.index] = completion
+                if parent.prompt_logprobs is None:  # (a child that produced a token has them)
+                    parent.prompt_logprobs = self._prompt_logprobs_of(request)
                 parents[parent.request_id] = parent
             if request.is_finished:
                 self._detok.pop(request.request_id, None)
+                self._cumulative_logprob.pop(request.request_id, None)
+                self._prompt_logprobs.pop(request.request_id, None)
         for parent in parents.values():
             if parent.output_kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
                 continue
@@ -193,14 +225,46 @@ class OutputProcessor:
             entries = request.logprobs
         logprobs = None
         if params.logprobs is not None:
-            logprobs = [{t: Logprob(lp) for t, lp in entry.items()} for entry in entries]
+            logprobs = [
+                {
+                    t: Logprob(lp, rank, self._decoded(t, params.detokenize))
+                    for t, (lp, rank) in e.items()
+                }
+                for e in entries
+            ]
         return CompletionOutput(
             index=request.index,
             text=text,
             token_ids=token_ids,
+            cumulative_logprob=self._cumulative_logprob.get(request.request_id),
             logprobs=logprobs,
             finish_reason=str(request.finish_reason) if request.finish_reason else None,
             stop_reason=request.stop_reason,
             delta_text=delta,
             delta_token_ids=delta_ids,
         )
+
+    def _prompt_logprobs_of(self, request: Request) -> list[dict[int, Logprob] | None] | None:
+        """The request's prompt logprobs as the caller sees them, when it asked for them."""
+        kept = self._prompt_logprobs.get(request.request_id)
+        if kept is None:
+            return None
+        detokenize = request.sampling_params.detokenize
+        return [
+            None
+            if entry is None
+            else {
+                t: Logprob(lp, rank, self._decoded(t, detokenize))
+                for t, (lp, rank) in entry.items()
+            }
+            for entry in kept
+        ]
+
+    def _decoded(self, token: int, detokenize: bool) -> str | None:
+        """A logprob entry's token as text (vLLM's `decoded_token`), None without detokenizing."""
+        if not detokenize:
+            return None
+        text = self._token_texts.get(token)
+        if text is None:  # (logprobs=-1 asks for every token's text, every step: decode once)
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text

@@ -43,6 +43,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    # With `prompt_logprobs`: per prompt token, its entry (None for the first), as in vLLM.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     # New text since the previous output of this request (what a stream prints next).
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)

@@ -50,6 +50,8 @@ class ParentRequest:
     children: list[Request]
     # The latest completion of each child, in index order (empty until it produces output).
     completions: list[CompletionOutput] = field(default_factory=list)
+    # With `prompt_logprobs`: the prompt's entries (the children's are the same), once known.
+    prompt_logprobs: list | None = None
 
     def __post_init__(self) -> None:
         self.completions = [
@@ -84,6 +86,7 @@ class ParentRequest:
             outputs=list(self.completions),
             finished=self.finished,
             num_cached_tokens=self.children[0].num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs,
             error="; ".join(errors) if errors else None,
         )
         moved = {"delta_text": "", "delta_token_ids": []}

@@ -39,6 +39,7 @@ from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.models.loader import load_model
 
 
@@ -88,7 +89,7 @@ class TensorParallelExecutor:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         start = time.perf_counter()
-        inputs = self.runner.prepare_inputs(out)
+        inputs = with_prompt_rows(self.runner.prepare_inputs(out), out)
         logits = self.group.run("forward_logits", *inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens

@@ -7,7 +7,7 @@ Each step, for the requests the scheduler chose, the ModelRunner:
 2. runs the forward pass over the flat batch, with paged attention against the KV cache it owns
    (one key and one value tensor per layer, shaped [num_blocks, block_size, num_kv_heads,
    head_dim]);
-3. computes logits only for the rows that produce a token;
+3. computes logits only for the rows that produce a token (and prompt logprobs' rows);
 4. samples one token per such request (1 to k + 1 when it verifies k proposals).
 
 This is the plain runner, the one a learner reads. A backend (`nanovllm/backends/`) may give a
@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.prompt_logprobs import (
+    PromptLogprobs,
+    split_prompt_logprobs,
+    with_prompt_rows,
+)
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
@@ -37,8 +42,9 @@ class ModelRunnerOutput:
     """One step's results, by request id."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # 1 to k + 1 each
-    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)  # one per token
+    logprobs: dict[str, list[dict[int, tuple[float, int]]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
+    prompt_logprobs: PromptLogprobs = field(default_factory=dict)  # `prompt_logprobs.py`
 
 
 class ModelRunner:
@@ -138,7 +144,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: build the inputs, forward pass, sample."""
         start = time.perf_counter()
-        inputs = self.prepare_inputs(out)
+        inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompt logprobs' rows)
         logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
@@ -149,6 +155,7 @@ class ModelRunner:
         """One token (1 to k + 1 when verifying proposals) for each request that samples."""
         start = time.perf_counter()
         result = ModelRunnerOutput()
+        logits, result.prompt_logprobs = split_prompt_logprobs(logits, out)
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
             logits = apply_grammar_bitmask(logits, out.grammar_bitmask)

@@ -29,8 +29,8 @@ A row whose distribution is not finite (NaN logits from a broken model, or an ov
 alone: the sampler reports it in `errors` and the engine finishes that request with an error;
 the other rows of the batch are sampled as usual.
 
-Log-probabilities, when asked for, are those of the model's raw distribution (before temperature
-and filters), as vLLM reports them by default.
+Before all this, `logits_processors.py` applies what a request's params ask of its logits
+(penalties, bias, banned and allowed tokens); logprobs are those of the raw logits (`logprobs.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from nanovllm.executor.logits_processors import apply_logits_processors
+from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
 from nanovllm.executor.rejection_sampler import verify_greedy, verify_random
 from nanovllm.request import Request
 
@@ -48,7 +50,7 @@ from nanovllm.request import Request
 @dataclass
 class SamplerOutput:
     token_ids: list[list[int]]  # per request: its new tokens (1, or 1 to k + 1 when verifying)
-    logprobs: list[list[dict[int, float]] | None]  # per request and new token, when asked for
+    logprobs: SampleLogprobs  # per request and new token, when asked for
     errors: dict[int, str] = field(default_factory=dict)  # request -> why it could not sample
 
 
@@ -126,6 +128,7 @@ class Sampler:
         """logits: [num_rows, vocab] fp32. Each request has one row, or with speculative
         decoding 1 + k rows: its last own token's, then one per proposed token (the proposals
         are verified by `executor/rejection_sampler.py`)."""
+        raw, logits = logits, apply_logits_processors(logits, requests, spec_token_ids)
         # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
         argmax, bad = greedy_tokens(logits)  # [num_rows] each
         if _plain_greedy(requests, spec_token_ids) and not bad.any():
@@ -184,25 +187,4 @@ class Sampler:
             noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # an exact 0 would make 0 / 0
             for i, token in zip(plain_random, (batch / noise).argmax(dim=-1).tolist()):
                 token_ids[i] = [token]
-        return SamplerOutput(token_ids, self._logprobs(logits, requests, starts, token_ids), errors)
-
-    @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, requests: list[Request], starts: list[int], token_ids: list[list[int]]
-    ) -> list[list[dict[int, float]] | None]:
-        """For each new token of the requests that asked: the top `logprobs` of its row's raw
-        distribution, and the token's own."""
-        out: list[list[dict[int, float]] | None] = [None] * len(requests)
-        for i, request in enumerate(requests):
-            n = request.sampling_params.logprobs
-            if n is None or not token_ids[i]:
-                continue
-            rows = logits[starts[i] : starts[i] + len(token_ids[i])].log_softmax(dim=-1)
-            entries = []
-            for row, token in zip(rows, token_ids[i]):
-                top = row.topk(n) if n else None
-                entry = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
-                entry[token] = row[token].item()
-                entries.append(entry)
-            out[i] = entries
-        return out
+        return SamplerOutput(token_ids, sampled_logprobs(raw, requests, starts, token_ids), errors)

@@ -10,12 +10,15 @@ engine needs are declared here, where they show up in the schema:
   OpenAI does, rather than silently ignored;
 - `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
   the engine, and one HTTP request must not be able to fill it;
-- OpenAI fields the engine does not implement (penalties, `logit_bias`, `best_of`, `suffix`)
-  are accepted at their neutral value and refused with a 400 otherwise.
+- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them;
+- OpenAI fields the engine does not implement (`best_of`, `suffix`) are accepted at their
+  neutral value and refused with a 400 otherwise.
 
 The extensions are vLLM's: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`,
-`skip_special_tokens`, `include_stop_str_in_output`, `structured_outputs` (with OpenAI's
-`response_format`, `response_format.py`).
+`skip_special_tokens`, `include_stop_str_in_output`, `repetition_penalty`, `min_tokens`,
+`bad_words`, `allowed_token_ids`, `prompt_logprobs` (answered in the response, as vLLM does:
+in each completion choice, or beside the chat choices; not with `stream`), `structured_outputs`
+(with OpenAI's `response_format`, `response_format.py`).
 """
 
 from __future__ import annotations
@@ -75,16 +78,21 @@ class _GenerationRequest(_Strict):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None  # structured outputs (`response_format.py`)
     structured_outputs: StructuredOutputs | None = None
 
-    @field_validator("stop")
+    @field_validator("stop", "bad_words")
     @classmethod
     def _stop_is_text(cls, value: object) -> object:
         return _check_utf8(value)
@@ -101,17 +109,10 @@ class _GenerationRequest(_Strict):
 
     def to_sampling_params(self) -> SamplingParams:
         """The engine's view of this request; a 400 naming the field when a value is refused."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(
-                    f"{name} is not supported by nanovllm (it must be 0)",
-                    param=name,
-                    code="unsupported_parameter",
-                )
-        if self.logit_bias:
+        if self.prompt_logprobs is not None and self.stream:
             raise APIError(
-                "logit_bias is not supported by nanovllm",
-                param="logit_bias",
+                "prompt_logprobs is not supported with stream=true",
+                param="prompt_logprobs",
                 code="unsupported_parameter",
             )
         values = dict(
@@ -131,6 +132,14 @@ class _GenerationRequest(_Strict):
             structured_outputs=structured_outputs_params(
                 self.response_format, self.structured_outputs
             ),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens,
+            bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids,
+            prompt_logprobs=self.prompt_logprobs,
         )
         try:
             return SamplingParams(**values)
@@ -175,7 +184,7 @@ class CompletionRequest(_GenerationRequest):
             )
         if self.echo and self.logprobs is not None:
             raise APIError(
-                "echo with logprobs is not supported (prompt logprobs are not computed)",
+                "echo with logprobs is not supported (prompt_logprobs gives the prompt's)",
                 param="echo",
                 code="unsupported_parameter",
             )

@@ -30,6 +30,7 @@ tokenizer instance: the engine's belongs to the engine thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -48,7 +49,7 @@ from nanovllm.serve.async_engine import (
     EngineError,
     RequestStream,
 )
-from nanovllm.serve.errors import APIError, error_body
+from nanovllm.serve.errors import APIError, error_body, param_from_message
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.sse import DONE, ClosingStreamingResponse, sse_data
 
@@ -97,6 +98,7 @@ class OpenAIServing:
                     "logprobs": logprobs,
                     "finish_reason": out.finish_reason,
                     "stop_reason": out.stop_reason,
+                    "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
                 }
             )
         return JSONResponse(
@@ -179,6 +181,7 @@ class OpenAIServing:
                 "model": self.model_name,
                 "choices": choices,
                 "usage": _usage(final),
+                "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
             }
         )
 
@@ -279,6 +282,7 @@ class OpenAIServing:
         except ValueError as exc:
             message = str(exc)
             param = "max_tokens" if "max_tokens=" in message else prompt_param
+            param = param_from_message(message, set(SamplingParams.__dataclass_fields__)) or param
             if message.startswith("structured_outputs"):  # a constraint that does not compile
                 param = "response_format"
             raise APIError(message, param=param) from exc
@@ -423,6 +427,16 @@ def _finish_once(completion: CompletionOutput, finished: set[int]) -> str | None
 
 def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
+    """vLLM's `prompt_logprobs` in a response: per prompt token, None or {token id: Logprob}."""
+    if entries is None:
+        return None
+    return [
+        None if entry is None else {str(t): dataclasses.asdict(lp) for t, lp in entry.items()}
+        for entry in entries
+    ]
 
 
 def _usage(output: RequestOutput) -> dict[str, int]:
