@@ -449,6 +449,31 @@ def test_out_of_vocabulary_ids_are_refused_and_the_engine_keeps_serving(
     assert not engine.scheduler.requests
 
 
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "random"])
+def test_a_request_that_masks_every_token_finishes_alone_with_an_error(
+    model_path, temperature: float
+) -> None:
+    """`allowed_token_ids=[s]` with `stop_token_ids=[s]` and `min_tokens=1` leaves no token for
+    the first step: the request finishes with an error naming it (a greedy argmax over a row of
+    -inf would hand out token 0, which it never allowed); the other request is untouched."""
+    engine = LLMEngine(EngineConfig(model=str(model_path), block_size=4, num_kv_blocks=32))
+    prompt = {"prompt_token_ids": prompts(2, 1)[0]}
+    engine.add_request("before", prompt, greedy())
+    alone = LLMEngine(EngineConfig(model=str(model_path), block_size=4, num_kv_blocks=32))
+    alone.add_request("before", prompt, greedy())
+    blocked = dict(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=1)
+    params = SamplingParams(temperature=temperature, max_tokens=4, seed=0, **blocked)
+    engine.add_request("masked", prompt, params)
+    final = engine.run_until_done()
+    masked = final["masked"]
+    assert masked.outputs[0].finish_reason == "error" and masked.outputs[0].token_ids == []
+    assert "'masked'" in masked.error and "every token masked" in masked.error
+    want = alone.run_until_done()["before"].outputs[0].token_ids
+    assert final["before"].outputs[0].token_ids == want
+    assert engine.kv_cache_manager.num_used_blocks == 0, "a block leaked"
+
+
 # ---- prompt logprobs ----
 
 

@@ -25,8 +25,8 @@ does not depend on what else shares the batch. Its logits can: a matmul over a d
 shape rounds differently (here about 4e-6 apart), so a draw that lands that close to the
 boundary between two tokens can pick the other one. Same seed and same batch, same tokens.
 
-A row whose distribution is not finite (NaN logits from a broken model, or an overflow) fails
-alone: the sampler reports it in `errors` and the engine finishes that request with an error;
+A row with no token to draw (NaN logits from a broken model or an overflow, or every token
+masked by the request's own params) fails alone: the sampler reports it in `errors` and the engine finishes that request with an error;
 the other rows of the batch are sampled as usual.
 
 Before all this, `logits_processors.py` applies what a request's params ask of its logits
@@ -78,21 +78,21 @@ def apply_filters(
 
 
 def greedy_tokens(logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """Each row's argmax (the first index of a tied maximum) and whether the row holds a NaN:
-    ([num_rows] ints, [num_rows] bool).
+    """Each row's argmax (the first index of a tied maximum) and whether the row has no token
+    to give, a NaN or every token masked to -inf: ([num_rows] ints, [num_rows] bool).
 
     The reference is `logits.max(dim=-1)`: it propagates NaN, so a row's maximum is NaN exactly
     when the row holds one. On a CPU, numpy's `argmax` gives the same indices (it too stops at
     the first NaN, which it ranks above everything) faster than torch's `max` with indices
-    (nanovllm/bench/README.md), and the row's value at that index says whether it is NaN.
+    (nanovllm/bench/README.md), and the row's value at that index says whether it is bad.
     """
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         rows = logits.numpy()  # [num_rows, vocab], the same memory
         argmax = rows.argmax(axis=1)  # [num_rows]
-        bad = np.isnan(rows[np.arange(len(argmax)), argmax])  # [num_rows]
-        return argmax.tolist(), torch.from_numpy(bad)
+        best = torch.from_numpy(rows[np.arange(len(argmax)), argmax])  # [num_rows]
+        return argmax.tolist(), torch.isnan(best) | (best == float("-inf"))
     best, argmax_t = logits.max(dim=-1)  # [num_rows] each
-    return argmax_t.tolist(), torch.isnan(best)
+    return argmax_t.tolist(), torch.isnan(best) | (best == float("-inf"))
 
 
 def generator_for(request: Request, device: torch.device) -> torch.Generator:
@@ -166,9 +166,9 @@ class Sampler:
         for i, request in enumerate(requests):
             if bad_rows and bad_rows.intersection(range(starts[i], starts[i] + counts[i])):
                 errors[i] = (
-                    f"request {request.request_id!r}: the next-token distribution is not "
-                    f"finite (NaN in the logits or probabilities at temperature="
-                    f"{request.sampling_params.temperature!r}); the request was stopped"
+                    f"request {request.request_id!r}: no next token can be drawn (NaN in the "
+                    f"logits or probabilities at temperature={request.sampling_params.temperature!r}"
+                    ", or every token masked); the request was stopped"
                 )
             elif i not in probs:
                 rows = argmax[starts[i] : starts[i] + counts[i]]
