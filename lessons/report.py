@@ -203,7 +203,7 @@ def _load_error(exc: BaseException, path: Path) -> str:
     else:
         found = last_line_in(exc, path)
         where = f" ({found})" if found else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{plain_message(exc)}{where}"
 
 
 # --- rendering ----------------------------------------------------------------------------------

@@ -135,13 +135,20 @@ def test_the_engine_walks_your_free_list_boundedly():
 
 
 def _check_in_a_process(
-    home: Path, number: int, deadline: float | None = None, *options: str
+    home: Path,
+    number: int,
+    deadline: float | None = None,
+    *options: str,
+    load_deadline: float | None = None,
 ) -> str:
     """`nanovllm lesson N --check [options]` in a process of its own, which must end within
-    120 s (with each example's deadline set to `deadline`, if given)."""
+    120 s (with each example's deadline set to `deadline`, and loading's to `load_deadline`,
+    if given)."""
     code = "from nanovllm.lessons import harness\n"
     if deadline is not None:
         code += f"harness.EXAMPLE_DEADLINE_S = {deadline}\n"
+    if load_deadline is not None:
+        code += f"harness.LOAD_DEADLINE_S = {load_deadline}\n"
     argv = [str(number), "--check", *options]
     code += f"from nanovllm.lessons.cli import main\nraise SystemExit(main({argv!r}))\n"
     env = {**os.environ, "NANOVLLM_HOME": str(home), "COLUMNS": "200"}
@@ -179,6 +186,20 @@ def test_a_loop_that_never_ends_is_stopped_at_the_deadline(home):
     assert time.monotonic() - start < 60
 
 
+def test_a_loop_at_the_top_of_the_file_is_stopped_while_it_loads(home):
+    """A `while True` outside any function runs as the file is loaded: loading has a deadline
+    too, and the report names the file's line."""
+    path = solve(get_lesson(2), home / "lessons")
+    source = path.read_text()
+    path.write_text(source + "\nwhile True:\n    pass\n")
+    start = time.monotonic()
+    out = _check_in_a_process(home, 2, load_deadline=1.0)
+    assert "exercise.py does not load: TimeoutError: loading it ran past its deadline of 1 s" in out
+    loop = source.count("\n") + 2  # the `while` line; `pass` is the next
+    assert any(f"(exercise.py, line {n}, in <module>)" in out for n in (loop, loop + 1)), out
+    assert time.monotonic() - start < 60
+
+
 def test_the_full_check_has_the_deadline_too(home):
     """`--check --full` (through pytest) stops the same loop at the same deadline."""
     _wrong(
@@ -203,6 +224,14 @@ def test_a_huge_allocation_gets_a_plain_message(allocation, home, capsys):
     assert _cli("2", "--check") == 1
     out = _flat(capsys.readouterr().out)
     assert "your code asked for more memory than this machine has" in out, out
+
+
+def test_a_huge_allocation_as_the_file_loads_gets_a_plain_message(home, capsys):
+    path = solve(get_lesson(2), home / "lessons")
+    path.write_text(path.read_text() + "\nBUFFER = bytearray(1 << 60)\n")
+    assert _cli("2", "--check") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "does not load: MemoryError: your code asked for more memory than this" in out, out
 
 
 def test_a_deadline_stops_the_block_and_puts_an_earlier_timer_back():
