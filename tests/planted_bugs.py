@@ -601,4 +601,11 @@ PLANTED_BUGS = [
         ("tests/test_backends.py", "-k", "cpu_backend"),
         "The CPU backend's numba norms and RoPE are chosen once, at build time.",
     ),
+    PlantedBug(
+        "lesson-run-compares-who-ran-not-how-much",
+        "lessons/compare.py",
+        (("        if want == got:\n", "        if (want is None) == (got is None):\n"),),
+        ("tests/lessons/test_lesson_safety.py", "-k", "first_step_that_differs"),
+        "--run compares each request's tokens per step: one token where it has five is a fault.",
+    ),
 ]
