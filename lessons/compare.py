@@ -118,7 +118,8 @@ def _schedule(a: Step, b: Step) -> list[str]:
     return lines
 
 
-def _block_changes(a: Step, b: Step, kinds: tuple[str, ...]) -> list[str]:
+def _block_changes(a: Step, b: Step, kinds: tuple[str, ...], held: bool = False) -> list[str]:
+    """Each request's blocks of `kinds` that differ, and with `held`, how many it then held."""
     words = {"handed": "was handed", "hit": "hit in the prefix cache", "freed": "gave back"}
     lines = []
     requests = [*a.handed, *a.hit, *a.freed, *a.held, *b.handed, *b.hit, *b.freed, *b.held]
@@ -129,11 +130,10 @@ def _block_changes(a: Step, b: Step, kinds: tuple[str, ...]) -> list[str]:
                 lines.append(
                     f"{rid} {words[kind]} {_blocks(want)} in the stock engine, {_blocks(got)} in yours"
                 )
-        if "freed" in kinds and a.held.get(rid, 0) != b.held.get(rid, 0):
+        if held and a.held.get(rid, 0) != b.held.get(rid, 0):
             tokens = a.tokens.get(rid)
-            has = (
-                f" (it had {_tokens(tokens)} after the step)" if tokens == b.tokens.get(rid) else ""
-            )
+            same = tokens is not None and tokens == b.tokens.get(rid)
+            has = f" (it had {_tokens(tokens)} after the step)" if same else ""
             lines.append(
                 f"{rid} then held {_count(a.held.get(rid, 0), 'block')} in the stock engine, "
                 f"{b.held.get(rid, 0)} in yours{has}"
@@ -142,7 +142,7 @@ def _block_changes(a: Step, b: Step, kinds: tuple[str, ...]) -> list[str]:
 
 
 def _blocks_and_queue(a: Step, b: Step) -> list[str]:
-    lines = _block_changes(a, b, ("handed", "hit", "freed"))
+    lines = _block_changes(a, b, ("handed", "hit", "freed"), held=True)
     if a.free_blocks != b.free_blocks:
         lines.append(
             f"the free block queue then counted {a.free_blocks} free blocks in the stock engine, "
