@@ -13,7 +13,8 @@ digit is not an importable module, and the folders are loaded by path instead):
                       solution the properties must accept
     mutants.py        planted bugs: variants of the reference the properties must reject
     run.py            (lessons 01-10, 13, 14) how `--run` plugs the learner's code into the real
-                      engine, with which engine options and workload, and the `--viz` moment
+                      engine, with which engine options and workload, what it compares besides
+                      the completions (`COMPARE`), and the `--viz` moment
 
 Because every property receives the implementation as a parameter, the *same* properties check
 three things: the learner's copy of exercise.py (`nanovllm lesson N --check`), the engine
@@ -39,6 +40,8 @@ Package modules (importable):
                    before the model is built
     workload       the requests `--run` and `--viz` send
     your_engine    `--run`: the learner's engine against the stock one, token for token
+    compare        `--run`: the two runs' steps from their events, and the first step where the
+                   learner's engine decided otherwise, in words
     moments        where each lesson's idea shows in a run's events (`--viz`)
     viz_adapter    the lessons' one way into the visualizer: its command line
     demo_support   helpers for the demos: a console, a small model, a quick engine

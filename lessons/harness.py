@@ -17,7 +17,8 @@ runs). Three occasions:
 Every example has a deadline (`EXAMPLE_DEADLINE_S`; a property that is not a hypothesis one, as
 lesson 12's drive hypothesis themselves, has `CALL_DEADLINE_S` for the whole call): past it, the
 example is stopped where it is (`deadline`) and the property fails with `ExampleTimeout`, so a
-learner's loop that never ends cannot hang a check.
+learner's loop that never ends cannot hang a check. Loading a learner's file has one too
+(`LOAD_DEADLINE_S`): a loop at its top level is a `TimeoutError` of the file.
 
 `testing.MODE` holds the occasion for the duration, so a property that drives hypothesis itself
 (lesson 12) runs the same way.
@@ -48,6 +49,7 @@ from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_fi
 from nanovllm.lessons.testing import MODE, Mutant, RunMode, shown_inputs
 
 EXAMPLE_DEADLINE_S = 30.0  # one example of a property (a first one may compile a kernel)
+LOAD_DEADLINE_S = 60.0  # loading a learner's file (its top level runs, imports torch's parts)
 CALL_DEADLINE_S = 300.0  # one call of a property that is not a hypothesis one
 
 
@@ -118,7 +120,15 @@ def implementation(lesson: Lesson, choice: str | Path) -> Any:
     untouched stub) or the path of a Python file (the learner's copy), loaded afresh."""
     if str(choice) in ("reference", "exercise"):
         return lesson_module(lesson, str(choice))
-    return load_file(Path(choice))
+    try:
+        with deadline(LOAD_DEADLINE_S):
+            return load_file(Path(choice))
+    except ExampleTimeout as exc:  # said as an error of the file, where it was stopped
+        stopped = TimeoutError(
+            f"loading it ran past its deadline of {LOAD_DEADLINE_S:g} s and was stopped: does "
+            "a loop at the top level of your file never end?"
+        )
+        raise stopped.with_traceback(exc.__traceback__) from None
 
 
 def public_names(lesson: Lesson) -> list[str]:

@@ -6,7 +6,8 @@ swap sets an attribute on an engine object, which the engine then calls as its o
 
     free block queue       kv_cache_manager.free_block_queue = YourQueue(its blocks),    lesson 03
                            its walks bounded (BoundedFreeBlockQueue)
-    slots, block tables    runner.prepare_inputs = your slot mapping around the stock    lesson 02
+    blocks, slots          kv_cache_manager.allocate_slots takes your blocks_needed,     lesson 02
+                           runner.prepare_inputs your slot mapping around the stock
     flat step inputs       runner.prepare_inputs = your prepare_inputs                   lesson 09
     scheduler step         scheduler.schedule = your schedule_step, applied              06, 07, 09
     prefix-cache lookup    kv_cache_manager.get_computed_blocks, allocate_slots          lesson 08
@@ -103,15 +104,87 @@ class BoundedFreeBlockQueue:
         return [block.block_id for block in self.get_all_free_blocks()[:n]]
 
 
+def misuse_free_block_queue(engine) -> list[str]:
+    """What the engine's free block queue does with the two calls a buggy engine could make,
+    tried once every request has finished (every block free): freeing a block that is already
+    free (a double free), then taking out a block that is not in the queue. The engine itself
+    never makes them; the stock queue refuses both with a ValueError and stays as it was, and
+    so must yours, or one bug elsewhere would corrupt the list. Returns what happened, in
+    words, with the queue's count and list after each call; the second is not tried once the
+    first has corrupted the queue."""
+    queue = engine.kv_cache_manager.free_block_queue
+
+    def listed() -> list | str:
+        try:
+            return queue.get_all_free_blocks()
+        except LessonRunError as exc:
+            return str(exc)
+
+    def after() -> str:
+        blocks = listed()
+        if isinstance(blocks, str):
+            return f"it counts {queue.num_free_blocks} free blocks, and {blocks}"
+        return f"it counts {queue.num_free_blocks} free blocks and lists {len(blocks)}"
+
+    def attempt(words: str, call: Callable[[], Any]) -> bool:
+        """Whether `call` was refused with a ValueError; what happened goes in `outcomes`."""
+        try:
+            call()
+        except ValueError:
+            outcomes.append(f"{words}: refused with a ValueError; then {after()}")
+            return True
+        except Exception as exc:  # noqa: BLE001 - the learner's code can fail in any way
+            outcomes.append(f"{words}: {type(exc).__name__}, not a ValueError; then {after()}")
+            return False
+        outcomes.append(f"{words}: done, not refused; then {after()}")
+        return False
+
+    outcomes: list[str] = []
+    blocks = listed()
+    if isinstance(blocks, str) or not blocks:
+        return [f"after the run, {after()}"]
+    last = blocks[-1]
+    if attempt(f"freeing block {last.block_id} again (a double free)", lambda: queue.append(last)):
+        taken = queue.popleft()
+        words = f"taking out block {taken.block_id}, which was just handed out"
+        if attempt(words, lambda: queue.remove(taken)):
+            queue.append(taken)
+    return outcomes
+
+
 # --- the model runner's inputs (lessons 02 and 09) ---------------------------------------------
 
 
 def swap_slot_mapping(engine, impl) -> None:
-    """Lesson 02: every block table is cut to `impl.blocks_needed` blocks, and every step's slot
-    mapping is `impl.slot_mapping` of each request's new positions."""
-    runner = engine.runner
+    """Lesson 02: every request is given `impl.blocks_needed` blocks for its tokens, its block
+    table is cut to that many, and every step's slot mapping is `impl.slot_mapping` of each
+    request's new positions.
+
+    The KV cache manager takes ceil((tokens + lookahead) / block_size) blocks for a request's
+    tokens and the lookahead slots reserved after them (`allocate_slots`). Asked to reserve
+    `yours * block_size - tokens` slots more than it was (fewer, when that is negative), it
+    takes exactly `yours = blocks_needed(tokens)` blocks: a count one too high shows as a
+    block handed out that the stock engine does not hand out, one too low as a slot with no
+    block.
+    """
+    kv, runner = engine.kv_cache_manager, engine.runner
+    stock_allocate = kv.allocate_slots
     stock = runner.prepare_inputs
     block_size = runner.block_size
+
+    def allocate_slots(request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0):
+        hits = len(new_computed_blocks or [])
+        computed = request.num_computed_tokens + hits * block_size
+        tokens = computed + num_new_tokens + num_lookahead_tokens
+        yours = impl.blocks_needed(tokens, block_size)
+        if not isinstance(yours, int) or yours < 0:
+            raise LessonRunError(
+                f"blocks_needed({tokens}, {block_size}) returned {yours!r}, not a count of blocks"
+            )
+        extra = yours * block_size - tokens
+        return stock_allocate(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens + extra
+        )
 
     def prepare_inputs(out: SchedulerOutput):
         scheduled = []
@@ -129,6 +202,7 @@ def swap_slot_mapping(engine, impl) -> None:
         meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runner.device)
         return input_ids, positions, meta, logits_rows
 
+    kv.allocate_slots = allocate_slots
     runner.prepare_inputs = prepare_inputs
 
 
@@ -222,6 +296,7 @@ class YourScheduleStep:
         s = self.scheduler
         start = time.perf_counter()
         s.step_count += 1
+        s.kv.begin_step()
         out = SchedulerOutput(step=s.step_count)
         live_waiting = [r for r in s.waiting if r.status != RequestStatus.FINISHED]
         engine_of = {r.request_id: r for r in s.running + live_waiting}
@@ -258,7 +333,7 @@ class YourScheduleStep:
             request = engine_of.get(rid)
             if request is None or rid not in running_ids:
                 raise LessonRunError(f"{where}: {rid} was scheduled but is not running")
-            left = request.num_tokens - request.num_computed_tokens
+            left = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
             if not 1 <= n <= left:
                 raise LessonRunError(
                     f"{where}: {rid} was given {n} tokens; it has {left} left to compute"
@@ -274,13 +349,15 @@ class YourScheduleStep:
 
 
 def _view(request) -> Req:
-    """The scheduler's view of an engine request (see `sim.Req`)."""
+    """The scheduler's view of an engine request (see `sim.Req`): its proposed tokens, if any,
+    are tokens to compute as its own are."""
     return Req(
         request.request_id,
         request.num_prompt_tokens,
         max_output=request.max_tokens,
         num_output=request.num_output_tokens,
         num_computed=request.num_computed_tokens,
+        num_proposed=len(request.spec_token_ids),
     )
 
 
@@ -476,6 +553,12 @@ class YourVerification:
     the engine sees it: a list of 1 to s + 1 vocabulary ids, the proposals it was given unchanged
     (the engine reads them again afterwards), and for `verify_random` the probabilities too
     (`LessonRunError` otherwise, naming the proposals and what came back).
+
+    The engine's proposers are certain (the n-gram lookup, a draft model's greedy tokens), so
+    it passes no `draft_probs`; your `verify_random` is given them spelled out, 1 at each
+    proposal, which the rule treats exactly alike. Your draws are not the engine's, so a
+    sampled request's tokens cannot be compared one for one: instead every sampled
+    verification is checked against what the rule can emit (`_rule_broken`).
     """
 
     def __init__(self, sampler, verify_greedy, verify_random) -> None:
@@ -494,10 +577,19 @@ class YourVerification:
 
         def random(target_probs, draft_token_ids, generator, draft_probs=None) -> list[int]:
             given, probs = list(draft_token_ids), target_probs.clone()
+            if draft_probs is None:  # a certain proposer: q is 1 at each proposal, 0 elsewhere
+                ids = torch.tensor(given, dtype=torch.int64, device=target_probs.device)
+                draft_probs = F.one_hot(ids, vocab).to(target_probs.dtype)  # [s, vocab]
             out = self.verify_random(target_probs, draft_token_ids, generator, draft_probs)
             if not torch.equal(probs, target_probs):
                 raise LessonRunError("your verify_random changed the target_probs it was given")
-            return _checked("verify_random", out, given, draft_token_ids, vocab)
+            tokens = _checked("verify_random", out, given, draft_token_ids, vocab)
+            broken = _rule_broken(tokens, given, probs)
+            if broken is not None:
+                raise LessonRunError(
+                    f"your verify_random emitted {tokens} for the proposals {given}: {broken}"
+                )
+            return tokens
 
         stock = module.verify_greedy, module.verify_random
         module.verify_greedy, module.verify_random = greedy, random
@@ -505,6 +597,36 @@ class YourVerification:
             return self.sampler(logits, requests, spec_token_ids)
         finally:
             module.verify_greedy, module.verify_random = stock
+
+
+def _rule_broken(tokens: list[int], proposals: list[int], target_probs: torch.Tensor) -> str | None:
+    """What in `tokens`, emitted by rejection sampling for certain `proposals`, no draw of the
+    rule could give, in words (None: nothing). The rule emits the accepted proposals, then one
+    token: the bonus from the target's row after the last proposal, or, at a rejected
+    proposal, a draw from the residual max(0, p - q), which is 0 at that proposal. So every
+    token but the last is its proposal, no token has probability 0 in its row of the target,
+    and a step that stops early does not end with the very proposal it rejected."""
+    last = len(tokens) - 1
+    for i, (token, proposal) in enumerate(zip(tokens[:last], proposals)):
+        if token != proposal:
+            return (
+                f"its token {i + 1} is {token}, but every token before the last is an accepted "
+                f"proposal, and proposal {i + 1} is {proposal}"
+            )
+    token = tokens[last]
+    if float(target_probs[last][token]) == 0.0:
+        where = "the bonus" if last == len(proposals) else f"at proposal {last + 1}'s place"
+        return (
+            f"its last token, {token} ({where}), has probability 0 in row {last} of "
+            "target_probs, the target's distribution at that place"
+        )
+    if last < len(proposals) and token == proposals[last]:
+        return (
+            f"it stopped at proposal {last + 1} ({token}) yet emitted that very token there: "
+            "after a rejection the token is drawn from the residual max(0, p - q), which is 0 "
+            "at a certain proposal"
+        )
+    return None
 
 
 def _checked(name: str, out: Any, given: list[int], after: list[int], vocab: int) -> list[int]:

@@ -120,7 +120,7 @@ def describe_failure(
         if match:
             number, label, value = match.groups()
             inputs.append((label or f"draw {number}", value))
-    message = _message(exc) if exc is not None else "failed"
+    message = plain_message(exc) if exc is not None else "failed"
     return Failure(name, meaning(prop), inputs, message, last_line_in(exc, path) if exc else None)
 
 
@@ -161,7 +161,7 @@ def _innermost(exc: BaseException) -> BaseException:
 ALLOCATION = re.compile(r"(?:can't allocate memory|not enough memory).*?(\d+) bytes", re.DOTALL)
 
 
-def _message(exc: BaseException) -> str:
+def plain_message(exc: BaseException) -> str:
     """ "ExceptionType: message", without the notes (the input is shown on its own). An
     example stopped at its deadline, and an allocation that failed, are said in words."""
     from nanovllm.lessons.harness import ExampleTimeout
@@ -203,7 +203,7 @@ def _load_error(exc: BaseException, path: Path) -> str:
     else:
         found = last_line_in(exc, path)
         where = f" ({found})" if found else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{plain_message(exc)}{where}"
 
 
 # --- rendering ----------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The engine's `Request` carries token ids, sampling parameters, a random generator, logprobs...
 but the scheduler reads only two numbers from it:
 
-    num_tokens     tokens the request has: its prompt plus what it has generated so far
+    num_tokens     tokens the request has: its prompt plus what it has generated so far (plus,
+                   with speculative decoding, lesson 13, the tokens proposed to follow them)
     num_computed   how many of those already have their K and V in the cache
 
 Each step a request is given up to `num_tokens - num_computed` tokens to compute. When a step
@@ -36,10 +37,13 @@ class Req:
     num_output: int = 0  # generated so far
     num_computed: int = 0  # tokens (prompt first, then output) whose K/V are in the cache
     arrival: int = 0  # the step at which it joins the waiting queue (for `simulate`)
+    # Speculative decoding (lesson 13): tokens proposed after its last one, computed with it in
+    # its next step to be verified. Only a running request has any; `simulate` proposes none.
+    num_proposed: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return self.prompt_len + self.num_output
+        return self.prompt_len + self.num_output + self.num_proposed
 
     @property
     def remaining(self) -> int:
@@ -220,6 +224,7 @@ def schedule_with_engine(
         request = Request(r.id, [0] * r.prompt_len, SamplingParams(), arrival_index=i)
         for _ in range(r.num_output):
             request.append_output_token(0)
+        request.spec_token_ids = [0] * r.num_proposed
         sim_of[r.id], engine_of[r.id] = r, request
     for r in running:
         request = engine_of[r.id]

@@ -19,6 +19,8 @@ completions look like something.
     short    8 requests of 6 tokens after 14-16: for a slow path (Triton's interpreter on a CPU)
     repeats  8 requests of 96 tokens each, after one of the lines below: long greedy outputs, in
              which the model repeats itself (speculative decoding finds n-grams to propose)
+    speculate  `repeats`, then the same 8 prompts sampled, with a seed each (s0-s7): proposals
+             verified greedily and by rejection sampling
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Arrival:
     seed: int | None = None  # set: sampled with this seed; None: greedy
 
 
-WORKLOADS = ("batch", "waves", "long", "sampled", "short", "repeats")
+WORKLOADS = ("batch", "waves", "long", "sampled", "short", "repeats", "speculate")
 
 
 def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
@@ -97,6 +99,9 @@ def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
         return [Arrival(f"r{i}", LINES[i], 6) for i in range(8)]
     if kind == "repeats":
         return [Arrival(f"r{i}", LINES[i], 96) for i in range(8)]
+    if kind == "speculate":
+        sampled = [Arrival(f"s{i}", LINES[i], 96, seed=i) for i in range(8)]
+        return make_workload("repeats") + sampled
     raise ValueError(f"no workload {kind!r}; the workloads are {', '.join(WORKLOADS)}")
 
 

@@ -11,10 +11,23 @@ shut down before the learner's starts. Both serve the same requests (`workload.p
   pick different tokens where the two most likely are all but tied. So the stock engine also
   reports each position's two best log-probabilities: a divergence where they are within
   `NEAR_TIE` is a floating-point near-tie, reported as such; any other is a bug.
-- what the lesson is about is compared too, where it is visible in the engine's events
-  (`COMPARE` in `run.py`): every step's decisions for a scheduler, every block handed out and
-  hit for the free block queue, every prefix-cache hit for the hashes, every verification
-  (its proposals and how many were accepted) for speculative decoding.
+- what the lesson is about is compared too, step by step, from the engine's events
+  (`COMPARE` in `run.py`, `compare.py`): each step's scheduling decisions for a scheduler,
+  every block handed out, hit and given back (and the free queue's count) for block tables and
+  the free block queue, every prefix-cache hit for the hashes, every verification (its
+  proposals and how many were accepted) for speculative decoding. The report names the first
+  step where your engine decided otherwise, and what it decided.
+- where the lesson's code guards against a mistake the engine never makes (a double free),
+  `run.py`'s `after_serving` tries that mistake on both engines once they are idle, and what
+  each did is compared.
+
+Where the learner's code draws its own random numbers (lesson 13's `verify_random`), a sampled
+request's tokens cannot be compared one for one (`YOUR_DRAWS` in `run.py`): the plug checks
+each of its verifications against what the rule can emit instead, and the greedy requests are
+compared as usual.
+
+Your engine's run has a deadline (`RUN_DEADLINE_S`): a loop in your code that never ends is
+stopped, and said to be.
 
 The learner's engine's events can also be recorded (`record`), which is how `--run --viz` shows
 your engine in the visualizer.
@@ -39,6 +52,7 @@ from nanovllm.lessons.workload import Arrival, make_workload
 # difference in the computation moves them by far more.
 NEAR_TIE = 1e-3
 MAX_NEAR_TIES = 3  # more divergences than this, tied or not, are a bug
+RUN_DEADLINE_S = 600.0  # your engine's whole run (building it, serving, `after_serving`)
 
 
 @dataclass
@@ -59,8 +73,9 @@ class RunReport:
     divergences: list[Divergence] = field(default_factory=list)  # real ones
     near_ties: list[Divergence] = field(default_factory=list)
     texts_differ: list[str] = field(default_factory=list)  # request ids
-    decisions: str | None = None  # what was compared besides the tokens, in words
-    decisions_differ: str | None = None  # the first difference, in words
+    decisions: list[str] = field(default_factory=list)  # compared besides tokens, in words
+    differences: list[str] = field(default_factory=list)  # the first of each, in words
+    num_rule_checked: int = 0  # sampled requests checked by the rule, not token for token
     stats: Counter = field(default_factory=Counter)  # events of your engine by kind
     seconds: float = 0.0  # your engine's run
     stock_seconds: float = 0.0
@@ -73,8 +88,13 @@ class RunReport:
             self.error is None
             and not self.divergences
             and not self.texts_differ
-            and self.decisions_differ is None
+            and not self.differences
         )
+
+    @property
+    def decisions_differ(self) -> str | None:
+        """The first difference in what was compared besides the tokens (None: none)."""
+        return self.differences[0] if self.differences else None
 
 
 def has_run(lesson: Lesson) -> bool:
@@ -84,12 +104,21 @@ def has_run(lesson: Lesson) -> bool:
 def run_lesson(
     lesson: Lesson, impl: Any, *, record: Path | None = None, workload: str | None = None
 ) -> RunReport:
-    """Serve the lesson's workload with the stock engine and with `impl` plugged in; compare."""
+    """Serve the lesson's workload with the stock engine and with `impl` plugged in; compare.
+
+    Nothing here checks `impl` first: `nanovllm lesson N --run` does, before it calls this."""
+    from nanovllm.lessons import compare
     from nanovllm.lessons.demo_support import make_engine
+    from nanovllm.lessons.harness import ExampleTimeout, deadline
 
     spec = lesson_module(lesson, "run")
     arrivals = make_workload(workload or spec.WORKLOAD)
-    compare = getattr(spec, "COMPARE", None)
+    aspects = _aspects(getattr(spec, "COMPARE", None))
+    after_serving = getattr(spec, "after_serving", None)
+    # Requests whose tokens are compared one for one: all, unless your code draws its own.
+    compared = {a.request_id for a in arrivals}
+    if getattr(spec, "YOUR_DRAWS", False):
+        compared = {a.request_id for a in arrivals if a.seed is None}
 
     stock = make_engine(**spec.ENGINE)
     stock_events: list = []
@@ -98,6 +127,7 @@ def run_lesson(
     try:
         stock_out = serve(stock, arrivals, logprobs=2)
         stock_seconds = time.perf_counter() - start
+        stock_after = after_serving(stock) if after_serving is not None else []
     finally:
         # Its tensor-parallel workers, if any, go first: a process leads one group at a time.
         stock.shutdown()
@@ -109,13 +139,21 @@ def run_lesson(
     your_events: list = []
     yours = None
     try:
-        with building(impl) if building is not None else nullcontext():
-            yours = make_engine(**spec.ENGINE)
-        report.swapped = list(spec.plug_in(yours, impl))
-        yours.subscribe(your_events.append)
-        start = time.perf_counter()
-        your_out = serve(yours, arrivals)
-        report.seconds = time.perf_counter() - start
+        with deadline(RUN_DEADLINE_S):
+            with building(impl) if building is not None else nullcontext():
+                yours = make_engine(**spec.ENGINE)
+            report.swapped = list(spec.plug_in(yours, impl))
+            yours.subscribe(your_events.append)
+            start = time.perf_counter()
+            your_out = serve(yours, arrivals)
+            report.seconds = time.perf_counter() - start
+            your_after = after_serving(yours) if after_serving is not None else []
+    except ExampleTimeout as exc:
+        report.error = (
+            f"your engine ran past its deadline of {RUN_DEADLINE_S:g} s and was stopped: "
+            "does a loop in your code never end?" + _in_your_file(exc, impl)
+        )
+        return report
     except Exception as exc:  # noqa: BLE001 - the learner's code can fail in any way
         report.error = describe_error(exc, impl)
         return report
@@ -126,14 +164,27 @@ def run_lesson(
             write_events(record, your_events)
     report.events = your_events
     report.stats = Counter(type(e).__name__ for e in your_events)
-    _compare_completions(report, stock_out, your_out, text=compare == "text")
-    if compare == "text":
-        report.decisions = "every completion's text"
-    elif compare in DECISIONS:
-        what, extract = DECISIONS[compare]
-        report.decisions = what
-        report.decisions_differ = first_difference(extract(stock_events), extract(your_events))
+    stock_out = {rid: out for rid, out in stock_out.items() if rid in compared}
+    report.num_rule_checked = len(arrivals) - len(compared)
+    _compare_completions(report, stock_out, your_out, text="text" in aspects)
+    report.decisions = [compare.described(aspect) for aspect in aspects]
+    for aspect in (aspect for aspect in aspects if aspect != "text"):
+        found = compare.first_difference(aspect, stock_events, your_events, compared)
+        if found is not None:
+            report.differences.append(f"{compare.described(aspect)} differ, first {found}")
+    if after_serving is not None:
+        report.decisions.append(spec.AFTER_SERVING)
+        found = compare.first_listed_difference(stock_after, your_after, "after the run")
+        if found is not None:
+            report.differences.append(f"{spec.AFTER_SERVING} differs, {found}")
     return report
+
+
+def _aspects(compare: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """`COMPARE` of a run.py (None, one aspect, or several) as a tuple."""
+    if compare is None:
+        return ()
+    return (compare,) if isinstance(compare, str) else tuple(compare)
 
 
 def record_stock(lesson: Lesson, path: Path) -> list:
@@ -225,48 +276,7 @@ def _gap(logprobs: list | None, pos: int) -> float | None:
     return values[0] - values[1] if len(values) > 1 else None
 
 
-# --- what else is compared -------------------------------------------------------------------
-
-
-def _schedule(events: list) -> list:
-    out = []
-    for e in events:
-        name = type(e).__name__
-        if name == "StepSummary":
-            out.append((f"step {e.step}", "scheduled", tuple(e.scheduled.items())))
-        elif name == "RequestPreempted":
-            out.append((f"step {e.step}", "preempted", e.request_id))
-    return out
-
-
-def _blocks(events: list) -> list:
-    kinds = {"BlockAllocated": "took", "BlockFreed": "freed", "CacheHit": "hit"}
-    return [
-        (e.request_id, kinds[type(e).__name__], f"block {e.block_id}")
-        for e in events
-        if type(e).__name__ in kinds
-    ]
-
-
-def _cache_hits(events: list) -> list:
-    return [
-        (e.request_id, "hit", f"block {e.block_id} as its block {e.logical_index}")
-        for e in events
-        if type(e).__name__ == "CacheHit"
-    ]
-
-
-def _verifications(events: list) -> list:
-    return [
-        (
-            f"step {e.step}",
-            e.request_id,
-            f"proposed {list(e.proposed)}",
-            f"accepted {e.num_accepted}",
-        )
-        for e in events
-        if type(e).__name__ == "SpecTokensVerified"
-    ]
+# --- what the report says besides the comparison ------------------------------------------
 
 
 def acceptance(events: list) -> tuple[int, int, int]:
@@ -292,43 +302,29 @@ def rank_forward_means(events: list) -> tuple[float, ...]:
     return tuple(sum(column) / len(times) for column in zip(*times))
 
 
-DECISIONS = {
-    "schedule": ("every step's scheduling decisions", _schedule),
-    "blocks": ("every block handed out, freed and hit", _blocks),
-    "cache_hits": ("every prefix-cache hit", _cache_hits),
-    "verifications": ("every verification (its proposals, how many accepted)", _verifications),
-}
-
-
-def first_difference(stock: list, yours: list) -> str | None:
-    """The first entry where the two lists differ, in words (None: they are equal)."""
-    for i, (a, b) in enumerate(zip(stock, yours)):
-        if a != b:
-            return f"#{i + 1}: the stock engine: {' '.join(map(str, a))}; yours: {' '.join(map(str, b))}"
-    if len(stock) != len(yours):
-        longer, who = (stock, "the stock engine") if len(stock) > len(yours) else (yours, "yours")
-        extra = longer[min(len(stock), len(yours))]
-        return f"#{min(len(stock), len(yours)) + 1}: only {who} has {' '.join(map(str, extra))}"
-    return None
-
-
 def describe_error(exc: BaseException, impl: Any) -> str:
-    """The error, and the last line of the learner's file it came through, if any. A worker
-    process of tensor parallelism that failed is described by the last line of its traceback."""
-    import traceback
-
+    """The error (a failed allocation in words), and the last line of the learner's file it came
+    through, if any. A worker process of tensor parallelism that failed is described by the
+    last line of its traceback."""
     from nanovllm.distributed import WorkerDiedError
-    from nanovllm.lessons.report import last_line_in
+    from nanovllm.lessons.report import plain_message
 
     if isinstance(exc, WorkerDiedError):
         lines = [line.strip() for line in exc.reason.splitlines() if line.strip()]
         last = lines[-1] if lines else exc.reason
         last = re.sub(r"^(?:\w+\.)+(?=\w+: )", "", last)  # the exception's name, without modules
         return f"tensor-parallel rank {exc.rank} failed: {last}"
+    return plain_message(exc).splitlines()[0] + _in_your_file(exc, impl)
+
+
+def _in_your_file(exc: BaseException, impl: Any) -> str:
+    """ " (in your FILE, line N, in FUNCTION)": the last line of the learner's file that `exc`
+    came through, or "" when it came through none."""
+    from nanovllm.lessons.report import last_line_in
+
     path = getattr(impl, "__file__", None)
     where = last_line_in(exc, Path(path)) if path else None
-    message = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[0]
-    return message + (f" (in your {where})" if where else "")
+    return f" (in your {where})" if where else ""
 
 
 def write_events(path: Path, events: list) -> None:
@@ -373,8 +369,11 @@ def render(console, report: RunReport) -> None:
         )
     n, total = report.num_completions, report.num_tokens
     same = n - len(report.divergences) - len(report.near_ties) - len(report.texts_differ)
+    checked = report.num_rule_checked
+    if checked:
+        facts.append(f"{checked} sampled requests' verifications checked against the rule")
     if report.passed:
-        also = f", and {report.decisions} matched" if report.decisions else ""
+        also = f", and {' and '.join(report.decisions)} matched" if report.decisions else ""
         console.print(
             f"[green]✓ Your engine produced the same {same} completions as the stock engine[/] "
             f"({total} tokens{also}; {', '.join(facts)}; {report.seconds:.1f} s)"
@@ -386,7 +385,8 @@ def render(console, report: RunReport) -> None:
                 "floating-point near-tie (your arithmetic rounds differently), not a bug"
             )
         return
-    console.print(f"[red]✗ {same} of {n} completions are the same as the stock engine's[/]")
+    colour = "red" if same < n else "green"
+    console.print(f"[{colour}]{same} of {n} completions are the same as the stock engine's[/]")
     for d in report.divergences[:5]:
         gap = f" (its two best were {d.gap:.2g} apart)" if d.gap is not None else ""
         console.print(
@@ -397,5 +397,5 @@ def render(console, report: RunReport) -> None:
         console.print(f"  ... and {len(report.divergences) - 5} more")
     for rid in report.texts_differ[:5]:
         console.print(f"  {rid}: the same tokens, but a different text")
-    if report.decisions_differ:
-        console.print(f"  {report.decisions} differ, first at {escape(report.decisions_differ)}")
+    for difference in report.differences:
+        console.print(f"[red]✗ Your engine decided otherwise:[/] {escape(difference)}")

@@ -736,5 +736,10 @@ PLANTED_BUGS = [
         ),
         ("tests/test_sampling_params_parity.py", "-k", "prefix_cache"),
         "A cached token is never computed, so its prompt logprob would be missing.",
+        "lesson-run-compares-who-ran-not-how-much",
+        "lessons/compare.py",
+        (("        if want == got:\n", "        if (want is None) == (got is None):\n"),),
+        ("tests/lessons/test_lesson_safety.py", "-k", "first_step_that_differs"),
+        "--run compares each request's tokens per step: one token where it has five is a fault.",
     ),
 ]

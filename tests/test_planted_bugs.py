@@ -18,7 +18,12 @@ from planted_bugs import PLANTED_BUGS, PlantedBug
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
-INSTALLED = {"nanovllm": "nanovllm", "kernels": "nanovllm/kernels", "viz": "nanovllm/viz"}
+INSTALLED = {
+    "nanovllm": "nanovllm",
+    "kernels": "nanovllm/kernels",
+    "viz": "nanovllm/viz",
+    "lessons": "nanovllm/lessons",
+}
 
 
 def mirror(dest: Path) -> None:

@@ -449,7 +449,6 @@ def test_out_of_vocabulary_ids_are_refused_and_the_engine_keeps_serving(
     assert not engine.scheduler.requests
 
 
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "random"])
 def test_a_request_that_masks_every_token_finishes_alone_with_an_error(
     model_path, temperature: float

@@ -1,9 +1,13 @@
-"""Lesson 02 in the real engine: your slot mapping decides where every token's K and V go.
+"""Lesson 02 in the real engine: your block count decides how many blocks every request holds,
+your slot mapping where every token's K and V go.
 
-`nanovllm lesson 2 --run` wraps the model runner's `prepare_inputs`: each step, every request's
-block table is cut to `blocks_needed(tokens after the step)` blocks, and the step's slot mapping
-(where `store_kv` writes each new token's K/V) is your `slot_mapping` of its new positions. A
-wrong slot overwrites another token's K/V, or one of another request's: the completions show it.
+`nanovllm lesson 2 --run` makes the KV cache manager give each request `blocks_needed(its
+tokens)` blocks (see `swap_slot_mapping` in `lessons/plug.py`), cuts every block table to that,
+and writes every step's new K/V to your `slot_mapping` of their positions. Many of the prompts
+and outputs end exactly at a block's end (16, 32, 48 tokens), where a count one too high or too
+low shows. Besides the completions, the run compares every block handed out and given back
+with the stock engine's, step by step: a wrong slot overwrites another token's K/V, a wrong
+count takes a block too many (or leaves a token without one).
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ from nanovllm.lessons.plug import swap_slot_mapping
 
 ENGINE: dict = {}
 WORKLOAD = "batch"
-COMPARE = None
+COMPARE = "blocks"
 MOMENT = "new_block"  # a decoding request's block fills and it takes a new one
 
 
 def plug_in(engine, impl) -> list[str]:
     swap_slot_mapping(engine, impl)
-    return ["block tables cut by your `blocks_needed`", "every slot by your `slot_mapping`"]
+    return [
+        "blocks per request: your `blocks_needed`",
+        "block tables cut by your `blocks_needed`",
+        "every slot by your `slot_mapping`",
+    ]

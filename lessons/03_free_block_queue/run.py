@@ -3,21 +3,30 @@
 `nanovllm lesson 3 --run` replaces the KV cache manager's free block queue with yours, over the
 same blocks, before the first request. Prefix caching is on and requests arrive in waves that
 start alike, so freed blocks keep their cached prefixes and later requests pull them back out
-of the middle of your queue (`remove`). Besides the completions, the run compares every block
-handed out, freed and hit with the stock engine's: LRU order decides which cached prefix is
-evicted first.
+of the middle of your queue (`remove`). Besides the completions, the run compares, step by
+step, every block handed out, given back and hit, and how many free blocks your queue counts
+(the engine admits a request only when the count says its blocks are there), with the stock
+engine's: LRU order decides which cached prefix is evicted first. Once every request is done,
+both queues are handed a double free and asked for a block they do not hold
+(`misuse_free_block_queue`): the engine never does either, but a bug could, and the stock queue
+refuses both.
 """
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import swap_free_block_queue
+from nanovllm.lessons.plug import misuse_free_block_queue, swap_free_block_queue
 
 ENGINE = dict(enable_prefix_caching=True, num_kv_blocks=48)
 WORKLOAD = "waves"
 COMPARE = "blocks"
 MOMENT = "hit_from_the_middle"  # a new request pulls a cached block out of the middle
+AFTER_SERVING = "what the queue does with a double free and with a block it does not hold"
 
 
 def plug_in(engine, impl) -> list[str]:
     swap_free_block_queue(engine, impl.FreeBlockQueue)
     return ["the free block queue: your `FreeBlockQueue`"]
+
+
+def after_serving(engine) -> list[str]:
+    return misuse_free_block_queue(engine)

@@ -1,13 +1,16 @@
-"""Lesson 13 in the real engine: your verification rule decides which proposals are kept.
+"""Lesson 13 in the real engine: your verification rules decide which proposals are kept.
 
 `nanovllm lesson 13 --run` turns on n-gram speculation (up to 4 proposals per request and step,
 looked up with 2- to 5-token matches) in both engines, and in yours every proposal is verified
-by your `verify_greedy`. The requests are greedy and long (8 lines of Shakespeare, 96 tokens
-each): the model's own output repeats, so the lookup finds proposals. Greedy verification
-must leave the completions exactly as the stock engine's, and every verification the same (the
-same proposals, as many accepted); the run reports the acceptance rate. Your `verify_random` is
-plugged in too, but greedy requests never call it: sampled tokens cannot be compared one for
-one (your draws are not the engine's), which is why the properties test it statistically.
+by your `verify_greedy` or `verify_random`. The requests are long (8 lines of Shakespeare, 96
+tokens each, so the model's own output repeats and the lookup finds proposals), first greedy,
+then the same 8 sampled with a seed each. Greedy verification must leave the completions exactly
+as the stock engine's, with every verification the same (the same proposals, as many
+accepted). A sampled request's tokens cannot be compared one for one (your draws are not the
+engine's: `YOUR_DRAWS`), so every sampled verification is checked against what rejection
+sampling can emit: the accepted proposals, then a token the target allows at its place, and
+never the very proposal it rejected (`plug.YourVerification`). The run reports the acceptance
+rate.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ SPECULATIVE_CONFIG = {
     "prompt_lookup_min": 2,
     "prompt_lookup_max": 5,
 }
-ENGINE = dict(speculative_config=SPECULATIVE_CONFIG)
-WORKLOAD = "repeats"
+ENGINE = dict(speculative_config=SPECULATIVE_CONFIG, num_kv_blocks=160)  # no preemption
+WORKLOAD = "speculate"
+YOUR_DRAWS = True
 COMPARE = "verifications"
 MOMENT = "rejected_block_freed"
 
 
 def plug_in(engine, impl) -> list[str]:
     swap_verification(engine, impl)
-    return ["every proposal's verification: your `verify_greedy` (and `verify_random`)"]
+    return ["every proposal's verification: your `verify_greedy` and `verify_random`"]

@@ -8,20 +8,24 @@ the wrong one (`_wrong`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+import torch
+from budget import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
-from nanovllm.lessons import harness
+from nanovllm.lessons import compare, harness, testing, your_engine
 from nanovllm.lessons.catalog import all_lessons, get_lesson
 from nanovllm.lessons.testing import walk_free_list
 
@@ -131,13 +135,20 @@ def test_the_engine_walks_your_free_list_boundedly():
 
 
 def _check_in_a_process(
-    home: Path, number: int, deadline: float | None = None, *options: str
+    home: Path,
+    number: int,
+    deadline: float | None = None,
+    *options: str,
+    load_deadline: float | None = None,
 ) -> str:
     """`nanovllm lesson N --check [options]` in a process of its own, which must end within
-    120 s (with each example's deadline set to `deadline`, if given)."""
+    120 s (with each example's deadline set to `deadline`, and loading's to `load_deadline`,
+    if given)."""
     code = "from nanovllm.lessons import harness\n"
     if deadline is not None:
         code += f"harness.EXAMPLE_DEADLINE_S = {deadline}\n"
+    if load_deadline is not None:
+        code += f"harness.LOAD_DEADLINE_S = {load_deadline}\n"
     argv = [str(number), "--check", *options]
     code += f"from nanovllm.lessons.cli import main\nraise SystemExit(main({argv!r}))\n"
     env = {**os.environ, "NANOVLLM_HOME": str(home), "COLUMNS": "200"}
@@ -175,6 +186,20 @@ def test_a_loop_that_never_ends_is_stopped_at_the_deadline(home):
     assert time.monotonic() - start < 60
 
 
+def test_a_loop_at_the_top_of_the_file_is_stopped_while_it_loads(home):
+    """A `while True` outside any function runs as the file is loaded: loading has a deadline
+    too, and the report names the file's line."""
+    path = solve(get_lesson(2), home / "lessons")
+    source = path.read_text()
+    path.write_text(source + "\nwhile True:\n    pass\n")
+    start = time.monotonic()
+    out = _check_in_a_process(home, 2, load_deadline=1.0)
+    assert "exercise.py does not load: TimeoutError: loading it ran past its deadline of 1 s" in out
+    loop = source.count("\n") + 2  # the `while` line; `pass` is the next
+    assert any(f"(exercise.py, line {n}, in <module>)" in out for n in (loop, loop + 1)), out
+    assert time.monotonic() - start < 60
+
+
 def test_the_full_check_has_the_deadline_too(home):
     """`--check --full` (through pytest) stops the same loop at the same deadline."""
     _wrong(
@@ -199,6 +224,14 @@ def test_a_huge_allocation_gets_a_plain_message(allocation, home, capsys):
     assert _cli("2", "--check") == 1
     out = _flat(capsys.readouterr().out)
     assert "your code asked for more memory than this machine has" in out, out
+
+
+def test_a_huge_allocation_as_the_file_loads_gets_a_plain_message(home, capsys):
+    path = solve(get_lesson(2), home / "lessons")
+    path.write_text(path.read_text() + "\nBUFFER = bytearray(1 << 60)\n")
+    assert _cli("2", "--check") == 1
+    out = _flat(capsys.readouterr().out)
+    assert "does not load: MemoryError: your code asked for more memory than this" in out, out
 
 
 def test_a_deadline_stops_the_block_and_puts_an_earlier_timer_back():
@@ -307,6 +340,213 @@ def test_a_lesson_that_fails_its_check_again_is_no_longer_listed_as_passed(home,
         assert _cli() == 0 and f"0/{total} passed" in capsys.readouterr().out
         solve(lesson, home / "lessons")
         assert _cli("2", "--check") == 0
+
+
+# --- `--run` shows what the engine can, even unchecked -----------------------------------------
+
+# What `nanovllm lesson N --run` says of each wrong solution when it is not checked first
+# (`--unchecked`, the course's own option): the first step at which the learner's engine decides
+# otherwise, in words, or the verification that rejection sampling could not have emitted.
+SHOWN_BY_THE_ENGINE = {
+    "shorter-ahead-of-the-head": (
+        "every step's scheduling decisions differ, first at step 1:",
+        "r0: the stock scheduler gave it 19 tokens; yours did not run it",
+        "the stock scheduler ran 10 requests, 246 tokens (r0, r1, r2, r3, r4, r5, r6, r7, ...); "
+        "yours ran 16 requests, 243 tokens (r24, r11, r13, r3,",
+    ),
+    "one-token-each": (
+        "every step's scheduling decisions differ, first at step 2:",
+        "r4: the stock scheduler gave it 5 tokens, yours 1 token",
+    ),
+    "no-double-free-check": (
+        "what the queue does with a double free and with a block it does not hold differs, after the run:",
+        "the stock engine: freeing block 0 again (a double free): refused with a ValueError",
+        "yours: freeing block 0 again (a double free): done, not refused; then it counts 49",
+    ),
+    "popleft-not-counting": (
+        "differ, first at step 1:",
+        "the free block queue then counted 32 free blocks in the stock engine, 48 in yours",
+    ),
+    "n-over-bs-plus-one": (
+        "differ, first at step 1:",
+        "r1 was handed blocks 2, 3 in the stock engine, blocks 2, 3, 4 in yours",
+        "r1 then held 2 blocks in the stock engine, 3 in yours (it had 32 tokens after the step)",
+    ),
+    "residual-is-p": ("Your engine stopped", "yet emitted that very token there"),
+    "bonus-from-the-last-proposal": ("Your engine stopped", "(the bonus), has probability 0"),
+}
+# The engine's proposers are certain (q is 1 at the proposal), where u * q(x) < p(x) and
+# u < p(x) are the same test: no run of this engine can show that wrong rule, only the check.
+NOT_SHOWN_BY_THE_ENGINE = {"accepts-without-q"}
+
+
+def _command(home: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`nanovllm lesson ARGV` in a process of its own, with `home` as NANOVLLM_HOME."""
+    env = {**os.environ, "NANOVLLM_HOME": str(home), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "nanovllm", "lesson", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_every_wrong_solution_is_either_shown_by_the_engine_or_named_as_not():
+    assert {name for _, name, _ in WRONG_FOR_RUN} == set(
+        SHOWN_BY_THE_ENGINE
+    ) | NOT_SHOWN_BY_THE_ENGINE
+
+
+SHOWN = [case for case in WRONG_FOR_RUN if case[1] in SHOWN_BY_THE_ENGINE]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "number,name,changes", SHOWN, ids=[f"{n:02d}-{name}" for n, name, _ in SHOWN]
+)
+def test_the_engine_itself_shows_each_wrong_solution(number, name, changes, tmp_path):
+    """Through the command, with the check skipped: the run's workload makes the engine show
+    the fault (a queue whose head does not fit, proposals to verify, prompts that end at a
+    block's end, a double free once idle, seeded sampled requests), and the report names the
+    first step where the learner's engine decided otherwise."""
+    _wrong(number, tmp_path / "lessons", *changes)
+    done = _command(tmp_path, str(number), "--run", "--unchecked")
+    out = _flat(done.stdout)
+    assert done.returncode == 1, out + done.stderr
+    assert "Your engine produced the same" not in out
+    assert "Checking lesson" not in out, "the check was skipped"
+    for words in SHOWN_BY_THE_ENGINE[name]:
+        assert words in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "lesson",
+    [lesson for lesson in all_lessons() if your_engine.has_run(lesson)],
+    ids=lambda lesson: lesson.name,
+)
+def test_the_reference_passes_run_through_the_command(lesson, tmp_path):
+    """`nanovllm lesson N --run --against reference`: checked, then the same completions and the
+    same decisions as the stock engine, in every lesson that has a `--run`."""
+    if lesson.name == "05_triton_kernel":
+        pytest.importorskip("triton")
+    done = _command(tmp_path, str(lesson.number), "--run", "--against", "reference")
+    out = _flat(done.stdout)
+    assert done.returncode == 0, out + done.stderr[-2000:]
+    assert "Your engine produced the same" in out, out
+
+
+@functools.cache
+def _verification_rules() -> tuple:
+    """Lesson 13's worked solution, and the same with the acceptance test ignoring q."""
+    folder = Path(tempfile.mkdtemp())
+    lesson = get_lesson(13)
+    right = harness.implementation(lesson, solve(lesson, folder / "right"))
+    changes = dict((name, c) for _, name, c in WRONG_FOR_RUN)["accepts-without-q"]
+    wrong = harness.implementation(lesson, _wrong(13, folder / "wrong", *changes))
+    return right, wrong
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    vocab=st.integers(2, 6),
+    s=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+    spelled_out=st.booleans(),
+    data=st.data(),
+)
+def test_ignoring_q_changes_nothing_for_a_certain_proposer(vocab, s, seed, spelled_out, data):
+    """Why `--run` cannot show the acceptance test without q: for the engine's proposers (q is 1
+    at each proposal, given as None or spelled out, as `--run` does) it emits exactly what the
+    right rule emits, draw for draw. Oracle: the worked solution, on the same generator seed."""
+    right, wrong = _verification_rules()
+    weights = data.draw(
+        st.lists(
+            st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0]), min_size=vocab, max_size=vocab).filter(
+                any
+            ),
+            min_size=s + 1,
+            max_size=s + 1,
+        )
+    )
+    probs = torch.tensor(weights)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    proposals = data.draw(st.lists(st.integers(0, vocab - 1), min_size=s, max_size=s))
+    q = torch.nn.functional.one_hot(torch.tensor(proposals, dtype=torch.int64), vocab).float()
+    q = q if spelled_out else None
+    emitted = [
+        rules.verify_random(probs, proposals, torch.Generator().manual_seed(seed), q)
+        for rules in (right, wrong)
+    ]
+    assert emitted[0] == emitted[1]
+
+
+def test_a_run_that_never_ends_is_stopped_at_its_deadline(monkeypatch, home):
+    """A schedule_step that loops for ever in the engine (it passed no check: called directly)
+    is stopped at the run's deadline, and the report says so."""
+    lesson = get_lesson(6)
+
+    def forever(running, waiting, max_num_seqs, token_budget):
+        while True:
+            pass
+
+    monkeypatch.setattr(your_engine, "RUN_DEADLINE_S", 2.0)
+    impl = testing.variant(harness.implementation(lesson, "reference"), schedule_step=forever)
+    start = time.monotonic()
+    report = your_engine.run_lesson(lesson, impl, workload="short")
+    assert time.monotonic() - start < 60
+    assert report.error is not None and "ran past its deadline of 2 s" in report.error
+
+
+def test_a_huge_allocation_in_the_engine_gets_a_plain_message(home):
+    lesson = get_lesson(2)
+
+    def blocks_needed(num_tokens, block_size):
+        return len(bytearray(1 << 60))
+
+    impl = testing.variant(harness.implementation(lesson, "reference"), blocks_needed=blocks_needed)
+    report = your_engine.run_lesson(lesson, impl, workload="short")
+    assert report.error is not None
+    assert "your code asked for more memory than this machine has" in report.error, report.error
+
+
+# --- the comparison, on made-up runs --------------------------------------------------------------
+
+
+def _events_of(steps: list[dict[str, int]]) -> list:
+    from nanovllm.events import BlockAllocated, StepSummary
+
+    events = []
+    for number, scheduled in enumerate(steps, start=1):
+        for rid, n in scheduled.items():
+            events.extend(BlockAllocated(rid, 100 * number + i, i) for i in range(n))
+        events.append(StepSummary(number, dict(scheduled), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0))
+    return events
+
+
+schedules = st.lists(
+    st.dictionaries(st.sampled_from(["r0", "r1", "r2"]), st.integers(1, 3), max_size=3),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(stock=schedules, data=st.data())
+def test_the_first_step_that_differs_is_named(stock, data):
+    """Oracle: the made-up runs themselves. Another run equal to the stock one up to a step and
+    different there is reported at that step, for the scheduling decisions and for the blocks
+    (one block per token here); an identical run is reported as no difference."""
+    assert compare.first_difference("schedule", _events_of(stock), _events_of(stock)) is None
+    at = data.draw(st.integers(0, len(stock) - 1))
+    changed = dict(stock[at])
+    rid = data.draw(st.sampled_from(["r0", "r1", "r2"]))
+    changed[rid] = changed.get(rid, 0) + 1
+    yours = [*stock[:at], changed, *stock[at + 1 :]]
+    for aspect in ("schedule", "blocks"):
+        found = compare.first_difference(aspect, _events_of(stock), _events_of(yours))
+        assert found is not None and found.startswith(f"at step {at + 1}:"), found
+        assert rid in found
 
 
 # --- reports that point at the right code -------------------------------------------------------
