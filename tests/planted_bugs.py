@@ -664,6 +664,8 @@ PLANTED_BUGS = [
         ),
         ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
         "vLLM verifies only proposals the grammar allows; the others cost a row each for nothing.",
+    ),
+    PlantedBug(
         "presence-and-frequency-count-the-prompt",
         "nanovllm/executor/logits_processors.py",
         (
@@ -736,6 +738,8 @@ PLANTED_BUGS = [
         ),
         ("tests/test_sampling_params_parity.py", "-k", "prefix_cache"),
         "A cached token is never computed, so its prompt logprob would be missing.",
+    ),
+    PlantedBug(
         "lesson-run-compares-who-ran-not-how-much",
         "lessons/compare.py",
         (("        if want == got:\n", "        if (want is None) == (got is None):\n"),),
