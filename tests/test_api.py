@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,7 +122,7 @@ def test_eos_ends_a_request_unless_ignored(tiny_llama) -> None:
         assert out.finish_reason == "length"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(text=st.text(min_size=1, max_size=40))
 def test_incremental_detokenizer_equals_full_decode(tiny_llama, text: str) -> None:
     """Token by token, the streamed pieces concatenate to the full decode (multi-byte too)."""
