@@ -164,7 +164,7 @@ class KVCacheMachine(RuleBasedStateMachine):
 KVCacheMachine.TestCase.settings = settings(
     max_examples=examples(150), stateful_step_count=steps(30), deadline=None
 )
-TestKVCacheManager = KVCacheMachine.TestCase
+TestKVCacheManager = pytest.mark.quick(KVCacheMachine.TestCase)
 
 
 def test_free_block_queue_is_lru_and_o1_removable() -> None:

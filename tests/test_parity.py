@@ -96,7 +96,13 @@ engine_configs = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# The quick tier's parity: one configuration per architecture.
+QUICK_MODELS = ("llama-gqa2", "qwen2-bias", "qwen3-qknorm-hd32")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.quick) if n in QUICK_MODELS else n for n in MODELS]
+)
 @settings(max_examples=examples(6), deadline=None)
 @given(config=engine_configs)
 def test_greedy_matches_transformers(checkpoints, name: str, config: dict) -> None:

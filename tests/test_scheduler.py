@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from budget import examples, steps
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -304,7 +305,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(
     max_examples=examples(120), stateful_step_count=steps(25), deadline=None
 )
-TestScheduler = SchedulerMachine.TestCase
+TestScheduler = pytest.mark.quick(SchedulerMachine.TestCase)
 
 
 def test_preemption_happens_and_resumed_requests_finish_correctly() -> None:

@@ -51,6 +51,7 @@ CHUNK_AND_DECODES = BatchSpec(
 )
 
 
+@pytest.mark.quick
 @settings(max_examples=examples(40), deadline=None)
 @given(
     spec=batch_specs(

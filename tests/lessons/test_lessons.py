@@ -82,6 +82,7 @@ def test_lesson_is_complete(lesson):
     assert harness.mutants(lesson), "no planted bugs"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)
 def test_properties_pass_on_the_engine_with_fresh_examples(lesson):
     """Soundness: a property must never fail correct code. Derandomized runs always try the
