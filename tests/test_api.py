@@ -41,6 +41,7 @@ def test_bad_sampling_params_name_the_field(kwargs: dict, name: str) -> None:
         SamplingParams(**kwargs)
 
 
+@pytest.mark.quick
 def test_outputs_are_vllm_shaped_and_in_prompt_order(llm: LLM) -> None:
     prompts = ["ROMEO:", "JULIET:\nO", "But soft"]
     outs = llm.generate(

@@ -42,6 +42,7 @@ def stream(tokenizer, prompt_ids: list[int], output_ids: list[int], skip: bool) 
     return state.text
 
 
+@pytest.mark.quick
 @settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), skip=st.booleans())
 def test_streamed_text_is_what_the_output_adds(tokenizer, data, skip) -> None:

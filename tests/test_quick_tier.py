@@ -42,6 +42,16 @@ def components() -> dict[str, str]:
         "a kernel against its reference": r"tests/kernels/test_kernel_cpu_paged_attention\.py::test_matches_reference",
         "the server, through the openai client": r"tests/serve/test_serve_openai\.py::",
         "the tiers themselves": r"tests/test_quick_tier\.py::",
+        "the offline API (LLM.generate)": r"tests/test_api\.py::",
+        "bad input rejected, the others running": r"tests/test_robustness\.py::test_bad_request",
+        "the sampler's filters against vLLM's": r"tests/test_sampler\.py::",
+        "the incremental detokenizer": r"tests/test_detokenizer\.py::",
+        "speculative decoding": r"tests/test_spec_decode\.py::",
+        "tensor parallelism (two ranks)": r"tests/test_tensor_parallel\.py::",
+        "the visualizer's reducer against the engine": r"tests/viz/test_viz_state\.py::",
+        "the benchmark": r"tests/bench/test_bench_quick\.py::",
+        "the lesson command (--check)": r"tests/lessons/test_lesson_tools\.py::",
+        "a planted bug, caught": r"tests/test_planted_bugs\.py::",
     }
     for arch in sorted({options["arch"] for options in MODELS.values()}):
         wanted[f"greedy parity with transformers, {arch}"] = rf"{re.escape(PARITY)}\[{arch}"

@@ -56,6 +56,7 @@ def reference_kept(logits: list[float], top_k: int, top_p: float, min_p: float) 
     return kept
 
 
+@pytest.mark.quick
 @settings(max_examples=examples(80), deadline=None)
 # min-p drops the two 0.1 tokens; renormalised, the top token alone reaches top_p = 0.6.
 @example(logits=[math.log(p) for p in (0.5, 0.3, 0.1, 0.1 + 1e-3)], top_k=4, top_p=0.6, min_p=0.3)

@@ -122,6 +122,7 @@ def baseline(tiny_llama):
     return prompts, params, [o.outputs[0].token_ids for o in outs]
 
 
+@pytest.mark.quick
 @settings(max_examples=examples(10), deadline=None)
 @given(config=speculative_engine_configs)
 def test_greedy_output_is_identical_with_speculation(tiny_llama, baseline, config) -> None:

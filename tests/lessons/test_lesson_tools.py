@@ -125,6 +125,7 @@ def test_check_reports_the_first_failure_compactly(home, tmp_path, capsys, monke
     )
 
 
+@pytest.mark.quick
 def test_check_records_progress_and_next_carries_on(home, capsys):
     assert _cli("2", "--check") == 1, "the untouched exercise must fail"
     assert "NotImplementedError: write blocks_needed" in capsys.readouterr().out

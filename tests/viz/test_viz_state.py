@@ -591,6 +591,7 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
         )
 
 
+@pytest.mark.quick
 @settings(max_examples=examples(25))
 @given(run=engine_runs())
 def test_reducer_agrees_with_engine(tiny_llama: Path, run):
