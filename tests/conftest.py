@@ -1,21 +1,25 @@
-"""Shared test setup: a deterministic hypothesis profile and tiny checkpoints.
+"""Shared test setup: hypothesis profiles, a cache of tiny checkpoints, tiny checkpoints.
 
-CI runs with `HYPOTHESIS_PROFILE=ci` (set by .ci/run): derandomized, so a run is reproducible,
-with no deadline (a 2-core CI machine has noisy timing). Locally the default profile explores
-with fresh random examples each run.
+CI runs the full tier with `HYPOTHESIS_PROFILE=ci` (set by .ci/run): derandomized, so a run is
+reproducible, with no deadline (a 2-core CI machine has noisy timing), and a budget of 100
+examples (tests/budget.py scales each property's count by it). The quick tier (README, quick
+start) runs `-m quick` with `HYPOTHESIS_PROFILE=quick`: the same, at a tenth of the examples.
+Locally the default profile (`dev`) explores with fresh random examples each run.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_models`
+sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_models`, `budget`
+from tiny_models import CACHE_ENV  # noqa: E402
 
 settings.register_profile(
     "ci",
@@ -24,6 +28,8 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# The quick tier: every component touched once, each property at a tenth of its examples.
+settings.register_profile("quick", parent=settings.get_profile("ci"), max_examples=10)
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # The planted-bug check (test_planted_bugs.py): CI's examples, without shrinking the failure
 # (only *that* it fails matters there, and shrinking can take longer than finding).
@@ -38,6 +44,21 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tiny_models_made_once_per_run(tmp_path_factory) -> Iterator[None]:
+    """tiny_models' cache folder for this run: each checkpoint and transformers reference is
+    made once, whichever module asks. A process a test starts inherits it (a planted-bug run's
+    pytest, say), so it is the run's, not only this process's."""
+    if CACHE_ENV in os.environ:  # a pytest started by a test (or the caller's own folder)
+        yield
+        return
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("tiny_models_cache"))
+    try:
+        yield
+    finally:
+        del os.environ[CACHE_ENV]
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,7 @@ def test_bad_sampling_params_name_the_field(kwargs: dict, name: str) -> None:
         SamplingParams(**kwargs)
 
 
+@pytest.mark.quick
 def test_outputs_are_vllm_shaped_and_in_prompt_order(llm: LLM) -> None:
     prompts = ["ROMEO:", "JULIET:\nO", "But soft"]
     outs = llm.generate(
@@ -121,7 +123,7 @@ def test_eos_ends_a_request_unless_ignored(tiny_llama) -> None:
         assert out.finish_reason == "length"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(text=st.text(min_size=1, max_size=40))
 def test_incremental_detokenizer_equals_full_decode(tiny_llama, text: str) -> None:
     """Token by token, the streamed pieces concatenate to the full decode (multi-byte too)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick  # the code's shape is a component of its own
+
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {
     "nanovllm": "nanovllm",

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import hf_greedy, make_model
@@ -71,7 +72,7 @@ def generate(path: Path, prompts, **options):
 
 @pytest.mark.skipif(not cpu_fast_path_available(), reason="numba is not installed")
 @pytest.mark.parametrize("name", list(MODELS))
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     config=st.fixed_dictionaries(
         {

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tiny_models import make_model, make_tokenizer_files
@@ -41,7 +42,8 @@ def stream(tokenizer, prompt_ids: list[int], output_ids: list[int], skip: bool) 
     return state.text
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.quick
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), skip=st.booleans())
 def test_streamed_text_is_what_the_output_adds(tokenizer, data, skip) -> None:
     vocab = len(tokenizer)
@@ -56,7 +58,7 @@ def test_streamed_text_is_what_the_output_adds(tokenizer, data, skip) -> None:
     assert stream(tokenizer, prompt_ids, output_ids, skip) == full_text[len(prompt_text) :]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data(), skip=st.booleans())
 def test_the_rust_decode_is_transformers_decode(tokenizer, data, skip) -> None:
     # The detokenizer calls the Rust tokenizer directly where that changes nothing.

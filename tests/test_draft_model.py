@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from scheduling_configs import speculative_engine_configs
 from tiny_models import hf_greedy, make_draft, make_model
@@ -58,7 +59,7 @@ def generate(llm: LLM, params: SamplingParams | None = None) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(config=speculative_engine_configs)
 def test_greedy_output_with_a_draft_model_equals_transformers(models, expected, config) -> None:
     options, k = config

@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,7 +83,7 @@ def scheduled_request(draw, request_id: str, table: list[int], block_size: int):
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 16]))
 def test_persistent_batch_equals_building_from_scratch(data, block_size) -> None:
     # A small batch to start with, so that rows and columns grow during the run.

@@ -10,6 +10,7 @@ and the parent's seed + i.
 from __future__ import annotations
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,7 +73,7 @@ def test_an_id_in_use_is_refused_for_the_request_and_for_its_children() -> None:
         processor({"1_r"}).process_inputs("r", [1], SamplingParams(n=2))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     num_prompt=st.integers(1, 40),
     max_tokens=st.integers(1, 40),
@@ -102,7 +103,7 @@ def test_max_tokens_is_capped_by_max_model_len(max_tokens) -> None:
     assert request.max_tokens == 32 - 20
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(n=st.integers(2, 5), seed=st.none() | st.integers(0, 2**63 - 1))
 def test_n_fans_out_into_children_with_vllms_ids_and_seeds(n, seed) -> None:
     inputs = processor()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from budget import examples, steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -160,8 +161,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert self.kv.num_free_blocks == self.kv.num_blocks, "a block leaked"
 
 
-KVCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
-TestKVCacheManager = KVCacheMachine.TestCase
+KVCacheMachine.TestCase.settings = settings(
+    max_examples=examples(150), stateful_step_count=steps(30), deadline=None
+)
+TestKVCacheManager = pytest.mark.quick(KVCacheMachine.TestCase)
 
 
 def test_free_block_queue_is_lru_and_o1_removable() -> None:

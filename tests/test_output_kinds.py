@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +84,7 @@ requests_strategy = st.lists(
 )
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(requests=requests_strategy, stop_chars=st.integers(1, 2))
 def test_delta_and_final_only_outputs_add_up_to_the_cumulative_ones(
     engine: LLMEngine, requests, stop_chars: int
@@ -123,7 +124,7 @@ def test_delta_and_final_only_outputs_add_up_to_the_cumulative_ones(
                 assert logprobs == last.outputs[i].logprobs
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(requests=requests_strategy)
 def test_detokenize_false_gives_the_same_tokens_and_no_text(engine: LLMEngine, requests) -> None:
     with_text = run(engine, requests)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import make_tokenizer_files
@@ -100,7 +101,7 @@ def params_for(tokenizer, tokens, stop_token_ids, data, kind) -> SamplingParams:
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(stream=streams())
 def test_delta_and_final_only_are_views_of_the_cumulative_output(tokenizer, stream) -> None:
     tokens, chunks, stop_token_ids, data = stream
@@ -121,7 +122,7 @@ def test_delta_and_final_only_are_views_of_the_cumulative_output(tokenizer, stre
     assert [o.delta_text for o in final[CUMULATIVE]] == [c.text for c in deltas]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(stream=streams())
 def test_several_tokens_in_a_step_stop_where_one_at_a_time_would(tokenizer, stream) -> None:
     tokens, chunks, stop_token_ids, data = stream
@@ -152,7 +153,7 @@ def test_every_token_checked_is_an_event_with_its_text(tokenizer) -> None:
     assert "".join(e.text_delta for e in emitted) == output.outputs[0].text
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     n=st.integers(2, 4),
     kind=st.sampled_from([CUMULATIVE, DELTA, FINAL_ONLY]),

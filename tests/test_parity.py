@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import hf_greedy, make_model
@@ -95,8 +96,14 @@ engine_configs = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-@settings(max_examples=6, deadline=None)
+# The quick tier's parity: one configuration per architecture.
+QUICK_MODELS = ("llama-gqa2", "qwen2-bias", "qwen3-qknorm-hd32")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.quick) if n in QUICK_MODELS else n for n in MODELS]
+)
+@settings(max_examples=examples(6), deadline=None)
 @given(config=engine_configs)
 def test_greedy_matches_transformers(checkpoints, name: str, config: dict) -> None:
     path, prompts, expected = checkpoints[name]

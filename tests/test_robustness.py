@@ -43,6 +43,7 @@ def assert_still_serves(engine: LLMEngine, clean_output: list[int]) -> None:
     assert not engine.scheduler.requests
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "prompt, params, needle",
     [

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +56,8 @@ def reference_kept(logits: list[float], top_k: int, top_p: float, min_p: float) 
     return kept
 
 
-@settings(max_examples=80, deadline=None)
+@pytest.mark.quick
+@settings(max_examples=examples(80), deadline=None)
 # min-p drops the two 0.1 tokens; renormalised, the top token alone reaches top_p = 0.6.
 @example(logits=[math.log(p) for p in (0.5, 0.3, 0.1, 0.1 + 1e-3)], top_k=4, top_p=0.6, min_p=0.3)
 @given(
@@ -75,7 +77,7 @@ def test_filters_keep_exactly_what_vllm_keeps(logits, top_k, top_p, min_p) -> No
     assert torch.equal(out[0][list(kept)], torch.tensor(logits)[list(kept)]), "kept logits changed"
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     logits=st.lists(st.integers(-3, 3).map(float), min_size=1, max_size=10),
     top_k=st.integers(1, 12),

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+from budget import examples, steps
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -301,9 +303,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=25, deadline=None
+    max_examples=examples(120), stateful_step_count=steps(25), deadline=None
 )
-TestScheduler = SchedulerMachine.TestCase
+TestScheduler = pytest.mark.quick(SchedulerMachine.TestCase)
 
 
 def test_preemption_happens_and_resumed_requests_finish_correctly() -> None:

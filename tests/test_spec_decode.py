@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduling_configs import speculative_engine_configs
@@ -52,7 +53,7 @@ def brute_force_propose(tokens: list[int], k: int, low: int, high: int) -> list[
     return []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     tokens=st.lists(st.integers(0, 3), min_size=1, max_size=30),
     k=st.integers(1, 5),
@@ -64,7 +65,7 @@ def test_ngram_proposals_follow_the_latest_longest_match(tokens, k, low, extra) 
     assert proposer.propose(tokens) == brute_force_propose(tokens, k, low, low + extra)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     target=st.lists(st.integers(0, 3), min_size=1, max_size=6), data=st.data()
 )  # fmt: skip
@@ -121,7 +122,8 @@ def baseline(tiny_llama):
     return prompts, params, [o.outputs[0].token_ids for o in outs]
 
 
-@settings(max_examples=10, deadline=None)
+@pytest.mark.quick
+@settings(max_examples=examples(10), deadline=None)
 @given(config=speculative_engine_configs)
 def test_greedy_output_is_identical_with_speculation(tiny_llama, baseline, config) -> None:
     prompts, params, expected = baseline

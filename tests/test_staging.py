@@ -10,6 +10,7 @@ copy itself is checked on a GPU (tests/gpu/test_gpu_engine.py).
 from __future__ import annotations
 
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +34,7 @@ def steps(draw) -> list[torch.Tensor]:
     return tensors
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(calls=st.lists(steps(), min_size=1, max_size=5))
 def test_every_tensor_comes_back_whole_and_earlier_calls_stay_valid(calls) -> None:
     staging = InputStaging(torch.device("cpu"))

@@ -51,6 +51,7 @@ def no_workers_left() -> bool:
     return not multiprocessing.active_children()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", list(MODELS))
 def test_two_ranks_give_the_tokens_of_one_and_of_transformers(tmp_path, name) -> None:
     path = make_model(tmp_path / name, vocab_size=300, **MODELS[name])

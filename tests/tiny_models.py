@@ -12,16 +12,32 @@ exactly 0, and with those values whole classes of bugs are invisible: a norm app
 wrong place (Qwen3's q/k norm after RoPE instead of before: RoPE is a rotation, and a norm with
 unit weights commutes with it), a bias added twice or never. So norm weights are drawn around 1
 and biases around 0, never exactly.
+
+Within a test run both are made once: `make_model` copies a checkpoint it built before with the
+same arguments, and `hf_greedy` returns the outputs it computed before for the same checkpoint
+files, prompts and length. The cache is a folder of the run's (`CACHE_ENV`, set by conftest.py
+and inherited by the processes a test starts, the planted-bug runs among them); without it
+nothing is cached. Both are transformers' work alone, never nanovllm's, so a cached one is
+exactly what a fresh one would be.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 VOCAB_SIZE = 256
+# The environment variable naming the run's cache folder (see the module docstring).
+CACHE_ENV = "NANOVLLM_TEST_CACHE"
 
 
 TRAINING_TEXT = (
@@ -71,6 +87,46 @@ def make_tokenizer_files(path: Path, kind: str = "bytelevel") -> None:
     ).save_pretrained(path)
 
 
+def _cache() -> Path | None:
+    folder = os.environ.get(CACHE_ENV)
+    return Path(folder) if folder else None
+
+
+def _cached_checkpoint(build: Callable[..., Path]) -> Callable[..., Path]:
+    """`build(path, ...)`, which saves a checkpoint in `path`, made once per run: a later call
+    with the same arguments (but `path`) copies the folder the first one saved."""
+
+    @functools.wraps(build)
+    def make(path: Path, *args: Any, **kwargs: Any) -> Path:
+        cache = _cache()
+        if cache is None:
+            return build(path, *args, **kwargs)
+        bound = inspect.signature(build).bind(path, *args, **kwargs)
+        bound.apply_defaults()
+        options = {k: v for k, v in bound.arguments.items() if k != "path"}
+        key = json.dumps(options, sort_keys=True, default=repr)
+        saved = cache / "checkpoints" / hashlib.sha256(key.encode()).hexdigest()
+        if not saved.is_dir():
+            build(path, *args, **kwargs)
+            _save(path, saved)
+        else:
+            shutil.copytree(saved, path, dirs_exist_ok=True)
+        return path
+
+    return make
+
+
+def _save(folder: Path, saved: Path) -> None:
+    """A copy of `folder` at `saved`, which appears whole or not at all."""
+    partial = saved.with_name(f"{saved.name}.{os.getpid()}.tmp")
+    shutil.copytree(folder, partial)
+    try:
+        partial.rename(saved)
+    except OSError:  # another process saved it first
+        shutil.rmtree(partial)
+
+
+@_cached_checkpoint
 def make_model(
     path: Path,
     arch: str = "llama",
@@ -137,6 +193,25 @@ def randomize_defaults(model: torch.nn.Module) -> None:
 
 def hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """The oracle: transformers' own greedy generation, one prompt at a time, EOS ignored."""
+    cache = _cache()
+    if cache is None:
+        return _hf_greedy(path, prompts, max_new_tokens)
+    digest = hashlib.sha256(json.dumps([prompts, max_new_tokens]).encode())
+    for file in sorted(Path(path).iterdir()):  # the checkpoint itself: config and weights
+        if file.suffix in (".json", ".safetensors"):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    saved = cache / "hf_greedy" / f"{digest.hexdigest()}.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    outs = _hf_greedy(path, prompts, max_new_tokens)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(outs))
+    partial.replace(saved)
+    return outs
+
+
+def _hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -24,6 +24,7 @@ def quick(tmp_path_factory):
     return argv, out
 
 
+@pytest.mark.quick
 def test_quick_run(quick, capsys) -> None:
     argv, out = quick
     assert main(argv) == 0

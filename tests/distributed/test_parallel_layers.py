@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_checks import RankChecks, write_checkpoint
@@ -20,7 +21,7 @@ from nanovllm.models.embedding import VocabParallelEmbedding
 from nanovllm.models.linear import QKVParallelLinear
 
 TOL = 1e-4
-EXAMPLES = settings(max_examples=12, deadline=None)
+EXAMPLES = settings(max_examples=examples(12), deadline=None)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,7 @@ def test_parallel_lm_head_gathers_and_trims(tp2, tp1, seed, n, vocab, dim, tied)
     assert max(on_every_rank(tp2, tp1, "lm_head", seed, n, vocab, dim, tied)) < TOL
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(seed=seeds)
 def test_collectives_and_broadcasts(tp2, tp1, seed):
     for result in on_every_rank(tp2, tp1, "collectives", seed):

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kernel_testing import BatchSpec, assert_close, batch_specs, build_batch
@@ -50,7 +51,8 @@ CHUNK_AND_DECODES = BatchSpec(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.quick
+@settings(max_examples=examples(40), deadline=None)
 @given(
     spec=batch_specs(
         dtypes=(torch.float32,),

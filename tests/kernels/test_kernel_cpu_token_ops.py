@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,7 @@ def reference(module: torch.nn.Module, *args):
     return plain.forward(module, *args)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     num_tokens=st.integers(1, 70),
     hidden=st.sampled_from([1, 7, 64, 256, 300]),
@@ -66,7 +67,7 @@ def test_rms_norm_of_a_strided_view_runs_the_torch_code(monkeypatch) -> None:
     assert len(calls) == 1
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     num_tokens=st.integers(1, 40),
     heads=st.sampled_from([(1, 1), (4, 2), (12, 4), (3, 1)]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from decode_steps import decode_step
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -53,7 +54,7 @@ def test_batch_sizes() -> None:
     assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(
     steps=st.lists(
         st.tuples(

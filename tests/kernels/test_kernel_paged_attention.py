@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kernel_testing import BatchSpec, assert_close, batch_specs, build_batch
@@ -45,7 +46,7 @@ PREFILL = BatchSpec(
 )
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(spec=batch_specs(), kw=knobs)
 @example(spec=D128, kw={"num_splits": None, "block_m": None, "block_n": None})
 @example(spec=D128, kw={"num_splits": 2, "block_m": 16, "block_n": 16})
@@ -59,7 +60,7 @@ def test_paged_attention_matches_reference(spec: BatchSpec, kw: dict) -> None:
     assert_close(out, expected)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(spec=batch_specs(groups=(3,), dtypes=(torch.float32,)))
 def test_paged_attention_group_not_a_power_of_two(spec: BatchSpec) -> None:
     # GQA groups of 3 (or 7, ...) are padded to 4 rows per token inside the tile.

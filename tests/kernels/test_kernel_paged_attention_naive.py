@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import example, given, settings
 from kernel_testing import BatchSpec, assert_close, batch_specs, build_batch
 
@@ -13,7 +14,7 @@ from nanovllm.kernels.paged_attention_naive import paged_attention_naive  # noqa
 from nanovllm.kernels.reference import paged_attention_ref  # noqa: E402
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(spec=batch_specs(modes=("decode",)))
 @example(
     spec=BatchSpec(

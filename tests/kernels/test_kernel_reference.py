@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from budget import examples
 from hypothesis import given, settings
 from kernel_testing import BatchSpec, batch_specs, build_batch
 
@@ -23,7 +24,7 @@ def _contiguous_context(cache: torch.Tensor, table: torch.Tensor, seq_len: int) 
     return torch.stack(rows)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(spec=batch_specs(dtypes=(torch.float32,), head_dims=(16, 32, 64, 128)))
 def test_reference_matches_sdpa(spec: BatchSpec) -> None:
     b = build_batch(spec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_testing import DTYPES
@@ -37,7 +38,7 @@ def store_cases(draw):
     )
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(case=store_cases())
 def test_store_kvcache_matches_reference(case: dict) -> None:
     g = torch.Generator().manual_seed(case["seed"])

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from budget import examples, scale
 
 from nanovllm.lessons import harness
 from nanovllm.lessons.catalog import all_lessons, get_lesson, lesson_module
@@ -81,20 +82,21 @@ def test_lesson_is_complete(lesson):
     assert harness.mutants(lesson), "no planted bugs"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)
 def test_properties_pass_on_the_engine_with_fresh_examples(lesson):
     """Soundness: a property must never fail correct code. Derandomized runs always try the
     same examples and can hide a property that fails on some inputs, so here every property
     runs on new random examples, 1.5 times its own count, every time the suite runs."""
     reference = harness.implementation(lesson, "reference")
-    assert not _failed(harness.check(lesson, reference, fresh=True, scale=1.5))
+    assert not _failed(harness.check(lesson, reference, fresh=True, scale=scale(1.5)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)
 def test_properties_pass_on_the_engine_with_many_fresh_examples(lesson):
     reference = harness.implementation(lesson, "reference")
-    assert not _failed(harness.check(lesson, reference, fresh=True, scale=25))
+    assert not _failed(harness.check(lesson, reference, fresh=True, scale=scale(25)))
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)
@@ -102,7 +104,7 @@ def test_untouched_exercise_fails_every_property(lesson):
     exercise = harness.implementation(lesson, "exercise")
     names = harness.public_names(lesson)
     assert all(hasattr(exercise, name) for name in names), f"the exercise must define {names}"
-    results = harness.check(lesson, exercise, max_examples=harness.QUICK_EXAMPLES)
+    results = harness.check(lesson, exercise, max_examples=examples(harness.QUICK_EXAMPLES))
     passed = [r.name for r in results if r.passed]
     assert not passed, f"these properties pass on the untouched exercise: {passed}"
     assert all("NotImplementedError" in (r.error or "") for r in results)
@@ -115,7 +117,7 @@ def test_every_exercise_function_is_needed(lesson):
     for name in harness.public_names(lesson):
         impl = variant(reference, **{name: getattr(exercise, name)})
         results = harness.check(
-            lesson, impl, stop_at_first_failure=True, max_examples=harness.QUICK_EXAMPLES
+            lesson, impl, stop_at_first_failure=True, max_examples=examples(harness.QUICK_EXAMPLES)
         )
         assert _failed(results), f"no property notices that {name} is not implemented"
 
@@ -125,7 +127,7 @@ def test_a_learner_style_solution_passes(lesson, tmp_path):
     assert lesson.name in SOLUTIONS, "every exercise has a worked solution in solutions.py"
     solution = harness.implementation(lesson, solve(lesson, tmp_path))
     # A solution need not be explored as deeply as the reference: a few examples each.
-    assert not _failed(harness.check(lesson, solution, max_examples=10))
+    assert not _failed(harness.check(lesson, solution, max_examples=examples(10)))
 
 
 @pytest.mark.parametrize(

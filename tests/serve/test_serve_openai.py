@@ -37,6 +37,7 @@ def test_completion_matches_offline_greedy(server, async_engine, offline_texts):
     assert result.object == "text_completion"
 
 
+@pytest.mark.quick
 def test_streamed_completion_matches_offline_greedy(server, async_engine, offline_texts):
     stream = client(server).completions.create(
         model=async_engine.model_name,

@@ -7,6 +7,7 @@ Bounded for CI: a short-context engine (every generation is short) and a fixed e
 from __future__ import annotations
 
 import pytest
+from budget import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_support import wait_idle
@@ -40,7 +41,7 @@ def test_no_request_from_the_schema_gets_a_server_error(small_server):
     seen: list[int] = []
 
     @settings(
-        max_examples=60,
+        max_examples=examples(60),
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),

@@ -9,6 +9,7 @@ twice must be the same object (history keeps states, it does not recompute them)
 from __future__ import annotations
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +42,7 @@ moves = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(moves=moves, max_history=st.sampled_from([2, 5, 300]))
 def test_cursor_state_is_the_reduction_up_to_the_cursor(
     trace_events, prefix_states, moves, max_history

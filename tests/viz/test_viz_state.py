@@ -14,6 +14,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import event as note
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -534,7 +535,7 @@ any_event = st.one_of(
 )
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(st.lists(any_event, max_size=40), st.booleans())
 def test_reduce_never_raises(events, with_start):
     """A visualizer draws whatever it gets: a cut or odd trace must not crash the reducer."""
@@ -632,7 +633,8 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
         )
 
 
-@settings(max_examples=25)
+@pytest.mark.quick
+@settings(max_examples=examples(25))
 @given(run=engine_runs())
 def test_reducer_agrees_with_engine(tiny_llama: Path, run):
     from nanovllm.config import EngineConfig

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from viz_helpers import wait_until
@@ -159,7 +160,7 @@ def engine_started(num_blocks: int = 8) -> EngineStarted:
     return EngineStarted("m", num_blocks, 4, 8, 64, 64, True, True, "torch")
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=st.integers(0, 10**6), n=st.integers(30, 120))
 def test_live_requests_have_distinct_letters(seed: int, n: int):
     """Requests arrive and finish at random: as long as at most `NUM_SLOTS` live at once, no
