@@ -19,6 +19,10 @@ because compiling costs seconds at every start-up (a test suite builds hundreds 
 did not raise the bench's CPU throughput (figures: nanovllm/bench/README.md, "Compiling the
 model").
 
+`kv_transfer_config` is vLLM's: a KV connector (`nanovllm/kv_transfer/`), e.g.
+`{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+"kv_connector_extra_config": {"num_cpu_blocks": 256}}`.
+
 `dtype="auto"` (the default, as in vLLM) runs the checkpoint's own half precision on a GPU and
 float32 on a CPU, where half-precision matmuls are slow (`models/loader.py`, `resolve_dtype`).
 
@@ -53,6 +57,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # True: no torch.compile, no CUDA graphs (vLLM's meaning; the default here, see above)
     enforce_eager: bool = True
+    # A KV connector, vLLM's shape: {"kv_connector": NAME, "kv_role": ..., ...} (`kv_transfer/`)
+    kv_transfer_config: dict | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,8 +100,26 @@ class EngineConfig:
             from nanovllm.speculative_config import SpeculativeConfig
 
             SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
+        if self.kv_transfer_config is not None:
+            self.check_kv_transfer_config()
         if self.attention_backend not in (None, "torch", "cpu", "triton"):
             raise ValueError(
                 "attention_backend must be 'torch', 'cpu' or 'triton', got "
                 f"{self.attention_backend!r}"
+            )
+
+    def check_kv_transfer_config(self) -> None:
+        """The connector's own checks, then what it needs of the engine."""
+        from nanovllm.kv_transfer.config import KVTransferConfig
+
+        kv = KVTransferConfig.from_dict(self.kv_transfer_config)
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"kv_transfer_config with tensor_parallel_size={self.tensor_parallel_size} is "
+                "not supported: the connector moves rank 0's KV cache only"
+            )
+        if kv.kv_connector == "OffloadingConnector" and not self.enable_prefix_caching:
+            raise ValueError(
+                "OffloadingConnector needs enable_prefix_caching=True: its tier holds the "
+                "blocks the prefix cache evicts, found again by their hashes"
             )

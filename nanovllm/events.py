@@ -59,6 +59,11 @@ class EngineStarted(Event):
     tensor_parallel_size: int = 1
     speculative_method: str | None = None  # e.g. "ngram", None: no speculative decoding
     num_speculative_tokens: int = 0
+    # KV connector (`nanovllm/kv_transfer/`): its name, its role, and the blocks of its host tier
+    # (OffloadingConnector's `num_cpu_blocks`; 0 without a tier).
+    kv_connector: str | None = None
+    kv_role: str | None = None
+    num_tier_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,58 @@ class BlockEvicted(Event):
     block_hash: str
 
 
+# --- the KV connector: a second tier and KV across engines (`nanovllm/kv_transfer/`) ----------
+
+
+@dataclass(frozen=True)
+class KVBlockSaved(Event):
+    """A device block's KV was copied out: into the host tier's slot `tier_slot`
+    (OffloadingConnector, when the device pool evicts the block), or to shared storage
+    (SharedStorageConnector, `tier_slot` -1, for `request_id`). Keyed by the block's hash."""
+
+    kind: ClassVar[str] = "kv_block_saved"
+    step: int
+    block_id: int
+    block_hash: str
+    tier_slot: int = -1
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class KVBlockLoaded(Event):
+    """KV found outside the device pool (host tier slot `tier_slot`, or shared storage: -1) was
+    copied into device block `block_id` of `request_id`, instead of being computed."""
+
+    kind: ClassVar[str] = "kv_block_loaded"
+    step: int
+    request_id: str
+    block_id: int
+    block_hash: str
+    tier_slot: int = -1
+
+
+@dataclass(frozen=True)
+class KVTierEvicted(Event):
+    """The host tier was full: its least recently used block (`block_hash`, in `tier_slot`) was
+    dropped to make room for a new one."""
+
+    kind: ClassVar[str] = "kv_tier_evicted"
+    step: int
+    block_hash: str
+    tier_slot: int
+
+
+@dataclass(frozen=True)
+class KVLoadFailed(Event):
+    """Loading a request's external KV failed (`error` says how): its tokens are computed
+    instead, from the step after this one."""
+
+    kind: ClassVar[str] = "kv_load_failed"
+    step: int
+    request_id: str
+    error: str
+
+
 # --- once per step ------------------------------------------------------------------------------
 
 
@@ -324,6 +381,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BlockFreed,
         BlockCached,
         BlockEvicted,
+        KVBlockSaved,
+        KVBlockLoaded,
+        KVTierEvicted,
+        KVLoadFailed,
         SpecTokensVerified,
         GrammarMasked,
         StepSummary,

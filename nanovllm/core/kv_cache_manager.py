@@ -79,6 +79,10 @@ class KVCacheManager:
         # their KV is written only by this step's forward pass, so if that pass fails, exactly
         # these must leave the cache (`uncache_step_blocks`). Cleared by `begin_step`.
         self.step_cached_blocks: list[tuple[KVCacheBlock, bytes]] = []
+        # The cached blocks this step took from the free queue to hand out again, as (block id,
+        # hash): their KV is still intact until this step's forward pass overwrites it, so a KV
+        # connector may copy it elsewhere first (`kv_transfer/offloading.py`).
+        self.step_evicted_blocks: list[tuple[int, bytes]] = []
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class KVCacheManager:
         for _ in range(num_new_blocks):
             block = self.free_block_queue.popleft()
             if block.block_hash is not None:
+                self.step_evicted_blocks.append((block.block_id, block.block_hash))
                 self._evict(block)
             block.ref_cnt = 1
             blocks.append(block)
@@ -252,8 +257,9 @@ class KVCacheManager:
         self.req_num_filled_slots[req_id] = num_tokens
 
     def begin_step(self) -> None:
-        """A new step starts: forget which blocks the previous one registered."""
+        """A new step starts: forget which blocks the previous one registered and evicted."""
         self.step_cached_blocks.clear()
+        self.step_evicted_blocks.clear()
 
     def uncache_step_blocks(self) -> None:
         """Drop from the prefix cache every block this step registered (its forward pass failed).

@@ -31,12 +31,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.structured_output.bitmask import GrammarBitmask
+
+if TYPE_CHECKING:
+    from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata
 
 
 @dataclass(slots=True)
@@ -66,6 +70,10 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
     grammar_bitmask: GrammarBitmask | None = None  # structured outputs: the rows' masks
+    # KV connector: the cached blocks this step hands out again, (block id, hash), and what
+    # the connector's worker side moves this step (`kv_transfer/`).
+    evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
+    kv_connector_metadata: KVConnectorMetadata | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -83,6 +91,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         events: EventBus,
         num_lookahead_tokens: int = 0,
+        connector: KVConnectorBase | None = None,
     ):
         self.config = config
         self.kv = kv_cache_manager
@@ -92,6 +101,9 @@ class Scheduler:
         # With a draft model, every request holds this many KV slots past the tokens it
         # computes, where the draft writes the KV of its proposals (`allocate_slots`).
         self.num_lookahead_tokens = num_lookahead_tokens
+        # A KV connector's scheduler side (`kv_transfer/`): more computed tokens from outside
+        # the device pool, loaded before the step's forward pass.
+        self.connector = connector
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -101,6 +113,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.external_prefix_cache_hits = 0  # tokens the KV connector supplied
 
     # --- queue management ---------------------------------------------------------------------
 
@@ -122,6 +135,9 @@ class Scheduler:
             self.running.remove(request)  # O(max_num_seqs), not O(waiting)
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
+        if self.connector is not None:
+            # (Its saves finish within their step, so the blocks are freed now.)
+            self.connector.request_finished(request, self.kv.block_ids(request.request_id))
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -174,27 +190,39 @@ class Scheduler:
             request = self._peek_waiting()
             if request is None:
                 break
-            computed_blocks, num_cached = [], 0
+            computed_blocks, num_cached, num_external = [], 0, 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_cached
+                if self.connector is not None:  # the blocks right after them, from outside
+                    num_external, _ = self.connector.get_num_new_matched_tokens(request, num_cached)
+            num_new = request.num_tokens - num_cached - num_external
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break  # without chunking a prompt must fit in one step's budget
                 num_new = budget
-            if self.kv.allocate_slots(request, num_new, computed_blocks, lookahead) is None:
+            # The external tokens need new blocks (their KV is copied in) but no compute.
+            num_slots = num_new + num_external
+            if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
                 break  # not enough free blocks: wait for running requests to finish
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request, self.kv.block_ids(request.request_id), num_external
+                )
             self.waiting.popleft()
             self.num_waiting -= 1
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_cached
-            request.num_cached_tokens = num_cached
+            request.num_computed_tokens = num_cached + num_external
+            request.num_cached_tokens = num_cached + num_external
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached
+            self.external_prefix_cache_hits += num_external
             self.add_to_step(out, request, num_new)
             budget -= num_new
 
+        if self.connector is not None:
+            out.evicted_blocks = list(self.kv.step_evicted_blocks)
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         out.schedule_time = time.perf_counter() - start
         return out
 

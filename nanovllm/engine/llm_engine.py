@@ -33,7 +33,8 @@ from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
 from nanovllm.engine.snapshot import token_texts
-from nanovllm.events import Event, EventBus, RequestAdded, StepSummary
+from nanovllm.events import Event, EventBus, KVLoadFailed, RequestAdded, StepSummary
+from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.metrics import SpecDecodingStats
@@ -66,7 +67,13 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
-        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead)
+        # A KV connector's scheduler side (its worker side runs around the step: `setup.py`).
+        self.kv_connector = None
+        if setup.kv_transfer_config is not None:
+            self.kv_connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
+        self.scheduler = Scheduler(
+            config, self.kv_cache_manager, self.events, lookahead, self.kv_connector
+        )
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -166,7 +173,11 @@ class LLMEngine:
         Refused (returns False, with a warning) while any block is in use: a running request's
         blocks would otherwise keep serving KV computed before the reset.
         """
-        return self.kv_cache_manager.reset_prefix_cache()
+        if not self.kv_cache_manager.reset_prefix_cache():
+            return False
+        if self.kv_connector is not None:
+            self.kv_connector.reset_cache()  # (the host tier too)
+        return True
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.running) + self.scheduler.num_waiting
@@ -186,6 +197,10 @@ class LLMEngine:
         sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
         try:
             result = self.executor.execute(sched)
+        except KVLoadError as exc:  # before the forward pass: those requests compute instead
+            self.scheduler.rollback_step(sched)
+            self._load_failed(sched, exc)
+            return outputs
         except Exception as exc:
             self.scheduler.rollback_step(sched)
             self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
@@ -213,6 +228,17 @@ class LLMEngine:
         self.last_schedule_time = sched.schedule_time
         self.last_forward_time = forward_time
         return outputs
+
+    def _load_failed(self, sched: SchedulerOutput, exc: KVLoadError) -> None:
+        """The step was undone (its requests are back in the waiting queue, nothing they had
+        is lost); the requests whose KV failed to load will compute it."""
+        for request_id, error in exc.errors.items():
+            logger.warning(
+                "nanovllm: request %r: %s; computing those tokens instead", request_id, error
+            )
+            self.kv_connector.load_failed(request_id)
+            if self.events.active:
+                self.events.emit(KVLoadFailed(sched.step, request_id, error))
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""

@@ -11,7 +11,8 @@ Everything the step loop (`llm_engine.py`) runs on is made here, once, in this o
 5. the KV budget: as many blocks as every rank can hold (a fixed budget on a CPU, measured on a
    GPU, `executor/memory.py`), no more than every sequence could use at full length;
 6. the KV cache allocated on every rank (and the draft's, with the same block ids), then, on a
-   GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs.
+   GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs;
+7. with a KV connector (`kv_transfer/`), its worker side given the KV cache, around the step.
 
 The result is plain data, `EngineSetup`; nothing here runs a step.
 """
@@ -37,6 +38,10 @@ from nanovllm.engine.tensor_parallel import (
 from nanovllm.events import EngineStarted
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
+from nanovllm.kv_transfer.config import KVTransferConfig
+from nanovllm.kv_transfer.executor import KVConnectorExecutor
+from nanovllm.kv_transfer.factory import create_connector
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
@@ -68,8 +73,10 @@ class EngineSetup:
     proposer: NgramProposer | DraftModelProposer | None
     runner: ModelRunner  # rank 0's
     group: WorkerGroup | None  # every rank, with tensor parallelism
-    executor: ModelRunner | TensorParallelExecutor  # what runs a step: `execute(sched)`
+    executor: ModelRunner | TensorParallelExecutor | KVConnectorExecutor  # `execute(sched)`
     num_kv_blocks: int
+    kv_transfer_config: KVTransferConfig | None = None
+    kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -100,7 +107,21 @@ class EngineSetup:
             tensor_parallel_size=config.tensor_parallel_size,
             speculative_method=spec and spec.method,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            kv_connector=self.kv_transfer_config and self.kv_transfer_config.kv_connector,
+            kv_role=self.kv_transfer_config and self.kv_transfer_config.kv_role,
+            num_tier_blocks=getattr(self.kv_connector_worker, "num_cpu_blocks", 0),
         )
+
+    @property
+    def model_tag(self) -> str:
+        """Names this model's KV outside the engine: the checkpoint folder and the dtype."""
+        return f"{self.model_path.name}-{str(self.dtype).removeprefix('torch.')}"
+
+    def connector(self, role: KVConnectorRole, events=None) -> KVConnectorBase:
+        """One side of the configured KV connector."""
+        assert self.kv_transfer_config is not None
+        config, block_size = self.kv_transfer_config, self.runner.block_size
+        return create_connector(config, role, block_size, self.model_tag, events)
 
 
 def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
@@ -164,6 +185,12 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
     if graphs:
         capture_decode_graphs(config, setup)
+    if config.kv_transfer_config is not None:
+        setup.kv_transfer_config = KVTransferConfig.from_dict(config.kv_transfer_config)
+        worker = setup.kv_connector_worker = setup.connector(KVConnectorRole.WORKER)
+        draft_caches = draft.kv_caches if draft is not None else []
+        worker.register_kv_caches(runner.kv_caches + draft_caches)  # (the draft's KV moves too)
+        setup.executor = KVConnectorExecutor(setup.executor, worker)
     capacity = setup.num_kv_blocks * config.block_size
     logger.info(
         "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "

@@ -1,0 +1,35 @@
+"""The KV connectors by name, as `kv_transfer_config["kv_connector"]` names them."""
+
+from __future__ import annotations
+
+from nanovllm.events import EventBus
+from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
+from nanovllm.kv_transfer.config import KVTransferConfig
+from nanovllm.kv_transfer.offloading import OffloadingConnector
+from nanovllm.kv_transfer.shared_storage import SharedStorageConnector
+
+CONNECTORS: dict[str, type[KVConnectorBase]] = {
+    cls.name: cls for cls in (OffloadingConnector, SharedStorageConnector)
+}
+
+
+def check_connector(config: KVTransferConfig) -> None:
+    """ValueError naming an unknown connector, a role it cannot play, or a bad extra config."""
+    cls = CONNECTORS.get(config.kv_connector)
+    if cls is None:
+        raise ValueError(
+            f"unknown kv_connector {config.kv_connector!r}; nanovllm has {sorted(CONNECTORS)}"
+        )
+    cls.check_config(config)
+
+
+def create_connector(
+    config: KVTransferConfig,
+    role: KVConnectorRole,
+    block_size: int,
+    model_tag: str,
+    events: EventBus | None = None,
+) -> KVConnectorBase:
+    """One side (`role`) of the configured connector."""
+    check_connector(config)
+    return CONNECTORS[config.kv_connector](config, role, block_size, model_tag, events)
