@@ -43,6 +43,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         'draft model {"model": "path/to/draft", "num_speculative_tokens": 4} (default: none)',
     )
     g.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        metavar="JSON",
+        help='a KV connector, as a JSON object: {"kv_connector": "OffloadingConnector", '
+        '"kv_connector_extra_config": {"num_cpu_blocks": 256}}, or {"kv_connector": '
+        '"SharedStorageConnector", "kv_role": "kv_producer", "kv_connector_extra_config": '
+        '{"shared_storage_path": "FOLDER"}} (default: none; nanovllm/kv_transfer/)',
+    )
+    g.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -52,16 +61,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """EngineConfig's arguments from the flags (ValueError for a --speculative-config that is
-    not JSON)."""
-    speculative_config = None
-    if args.speculative_config is not None:
-        try:
-            speculative_config = json.loads(args.speculative_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"--speculative-config is not valid JSON ({exc}): {args.speculative_config!r}"
-            ) from None
+    """EngineConfig's arguments from the flags (ValueError for a --speculative-config or a
+    --kv-transfer-config that is not JSON)."""
     return dict(
         model=args.model,
         block_size=args.block_size,
@@ -76,8 +77,19 @@ def engine_options(args: argparse.Namespace) -> dict:
         enforce_eager=args.enforce_eager,
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
-        speculative_config=speculative_config,
+        speculative_config=json_flag("--speculative-config", args.speculative_config),
+        kv_transfer_config=json_flag("--kv-transfer-config", args.kv_transfer_config),
     )
+
+
+def json_flag(flag: str, text: str | None):
+    """A flag's JSON value (None when the flag is not given); ValueError when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not valid JSON ({exc}): {text!r}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
