@@ -110,7 +110,7 @@ class EngineConfig:
 
     def check_kv_transfer_config(self) -> None:
         """The connector's own checks, then what it needs of the engine."""
-        from nanovllm.kv_transfer.config import KVTransferConfig
+        from nanovllm.kv_transfer_config import KVTransferConfig
 
         kv = KVTransferConfig.from_dict(self.kv_transfer_config)
         if self.tensor_parallel_size > 1:

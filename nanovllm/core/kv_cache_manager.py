@@ -15,12 +15,10 @@ with the model executor; here we only decide which physical block holds which re
   until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
   freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
 
-Taking, returning and cache-hitting a block cost O(1) each (no list scans, no `list.remove`), so
-`allocate_slots` and `free` cost O(blocks they take or return). The scheduler reads every
-scheduled request's block table every step (`block_ids`), but most steps change no table: each
-request's ids are kept as a tuple, dropped when its blocks change and rebuilt (O(its blocks)) at
-the next read, so an unchanged table costs one dict lookup and is the very same object as last
-step's (the model runner's persistent batch checks that identity first).
+Taking, returning and cache-hitting a block cost O(1) each (no list scans), so `allocate_slots`
+and `free` cost O(blocks they take or return). Each request's block ids are kept as a tuple
+(`block_ids`), rebuilt only after its blocks change: an unchanged table costs one dict lookup
+and is the very same object as last step's (the persistent batch checks that identity first).
 """
 
 from __future__ import annotations
@@ -79,9 +77,8 @@ class KVCacheManager:
         # their KV is written only by this step's forward pass, so if that pass fails, exactly
         # these must leave the cache (`uncache_step_blocks`). Cleared by `begin_step`.
         self.step_cached_blocks: list[tuple[KVCacheBlock, bytes]] = []
-        # The cached blocks this step took from the free queue to hand out again, as (block id,
-        # hash): their KV is still intact until this step's forward pass overwrites it, so a KV
-        # connector may copy it elsewhere first (`kv_transfer/offloading.py`).
+        # The cached blocks this step handed out again, (block id, hash): their KV is intact
+        # until this step's forward pass, so a KV connector may copy it out first.
         self.step_evicted_blocks: list[tuple[int, bytes]] = []
 
     # --- queries ----------------------------------------------------------------------------

@@ -22,6 +22,9 @@ tokens it had already produced. The recomputed KV equals the first up to float r
 batch it is computed in differs), so its greedy output matches in practice
 what it would have been without preemption.
 
+A KV connector (`kv_transfer/`) is one more source of computed tokens: at admission, the blocks
+after the prefix-cache hit that it can load into the request's new blocks before the step runs.
+
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
 length of the waiting queue; aborted waiting requests are dropped lazily when they reach its head.
 """
@@ -70,8 +73,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
     grammar_bitmask: GrammarBitmask | None = None  # structured outputs: the rows' masks
-    # KV connector: the cached blocks this step hands out again, (block id, hash), and what
-    # the connector's worker side moves this step (`kv_transfer/`).
+    # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: KVConnectorMetadata | None = None
 
@@ -101,8 +103,7 @@ class Scheduler:
         # With a draft model, every request holds this many KV slots past the tokens it
         # computes, where the draft writes the KV of its proposals (`allocate_slots`).
         self.num_lookahead_tokens = num_lookahead_tokens
-        # A KV connector's scheduler side (`kv_transfer/`): more computed tokens from outside
-        # the device pool, loaded before the step's forward pass.
+        # A KV connector's scheduler side: more computed tokens, from outside the device pool.
         self.connector = connector
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
@@ -136,7 +137,6 @@ class Scheduler:
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
         if self.connector is not None:
-            # (Its saves finish within their step, so the blocks are freed now.)
             self.connector.request_finished(request, self.kv.block_ids(request.request_id))
         self.kv.free(request)
         request.status = RequestStatus.FINISHED

@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.core.scheduler import Scheduler
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
 from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
-from nanovllm.engine.snapshot import token_texts
-from nanovllm.events import Event, EventBus, KVLoadFailed, RequestAdded, StepSummary
+from nanovllm.engine.snapshot import step_summary, token_texts
+from nanovllm.events import Event, EventBus, RequestAdded
 from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
@@ -67,13 +67,9 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
-        # A KV connector's scheduler side (its worker side runs around the step: `setup.py`).
-        self.kv_connector = None
-        if setup.kv_transfer_config is not None:
-            self.kv_connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
-        self.scheduler = Scheduler(
-            config, self.kv_cache_manager, self.events, lookahead, self.kv_connector
-        )
+        # A KV connector's scheduler side, or None (its worker side runs around the step).
+        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -173,11 +169,10 @@ class LLMEngine:
         Refused (returns False, with a warning) while any block is in use: a running request's
         blocks would otherwise keep serving KV computed before the reset.
         """
-        if not self.kv_cache_manager.reset_prefix_cache():
-            return False
-        if self.kv_connector is not None:
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if reset and self.kv_connector is not None:
             self.kv_connector.reset_cache()  # (the host tier too)
-        return True
+        return reset
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.running) + self.scheduler.num_waiting
@@ -199,7 +194,7 @@ class LLMEngine:
             result = self.executor.execute(sched)
         except KVLoadError as exc:  # before the forward pass: those requests compute instead
             self.scheduler.rollback_step(sched)
-            self._load_failed(sched, exc)
+            self.kv_connector.load_failed(sched.step, exc.errors)
             return outputs
         except Exception as exc:
             self.scheduler.rollback_step(sched)
@@ -224,21 +219,10 @@ class LLMEngine:
             )
             self.last_propose_time = time.perf_counter() - start
         if self.events.active:
-            self.events.emit(self._summary(sched, forward_time))
+            self.events.emit(step_summary(self, sched, forward_time))
         self.last_schedule_time = sched.schedule_time
         self.last_forward_time = forward_time
         return outputs
-
-    def _load_failed(self, sched: SchedulerOutput, exc: KVLoadError) -> None:
-        """The step was undone (its requests are back in the waiting queue, nothing they had
-        is lost); the requests whose KV failed to load will compute it."""
-        for request_id, error in exc.errors.items():
-            logger.warning(
-                "nanovllm: request %r: %s; computing those tokens instead", request_id, error
-            )
-            self.kv_connector.load_failed(request_id)
-            if self.events.active:
-                self.events.emit(KVLoadFailed(sched.step, request_id, error))
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""
@@ -246,31 +230,6 @@ class LLMEngine:
         logger.warning("nanovllm: %s", error)
         request.error = error
         return self._finish(request, FinishReason.ERROR)
-
-    def _summary(self, sched: SchedulerOutput, forward_time: float) -> StepSummary:
-        kv = self.kv_cache_manager
-        scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
-        num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
-        return StepSummary(
-            step=sched.step,
-            scheduled=scheduled,
-            num_prefill_tokens=sched.num_scheduled_tokens - num_decode,
-            num_decode_tokens=num_decode,
-            num_running=len(self.scheduler.running),
-            num_waiting=self.scheduler.num_waiting,
-            num_used_blocks=kv.num_used_blocks,
-            num_cached_free_blocks=kv.num_cached_free_blocks,
-            num_free_blocks=kv.num_free_blocks,
-            num_allocated_slots=kv.num_allocated_slots(),
-            num_filled_slots=kv.num_filled_slots(),
-            schedule_time=sched.schedule_time,
-            forward_time=forward_time,
-            num_preempted=len(sched.preempted),
-            token_budget=self.config.max_num_batched_tokens,
-            free_queue_head=tuple(kv.free_block_queue.peek(8)),
-            # (a round trip to every rank: only asked when someone listens to events)
-            rank_forward_times=tuple(self.setup.on_every_rank("rank_forward_time", all=True)),
-        )
 
     # --- streaming ------------------------------------------------------------------------------
 

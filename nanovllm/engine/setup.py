@@ -39,9 +39,9 @@ from nanovllm.events import EngineStarted
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
-from nanovllm.kv_transfer.config import KVTransferConfig
 from nanovllm.kv_transfer.executor import KVConnectorExecutor
-from nanovllm.kv_transfer.factory import create_connector
+from nanovllm.kv_transfer.factory import check_connector, create_connector
+from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
@@ -117,9 +117,10 @@ class EngineSetup:
         """Names this model's KV outside the engine: the checkpoint folder and the dtype."""
         return f"{self.model_path.name}-{str(self.dtype).removeprefix('torch.')}"
 
-    def connector(self, role: KVConnectorRole, events=None) -> KVConnectorBase:
-        """One side of the configured KV connector."""
-        assert self.kv_transfer_config is not None
+    def connector(self, role: KVConnectorRole, events=None) -> KVConnectorBase | None:
+        """One side of the configured KV connector (None without one)."""
+        if self.kv_transfer_config is None:
+            return None
         config, block_size = self.kv_transfer_config, self.runner.block_size
         return create_connector(config, role, block_size, self.model_tag, events)
 
@@ -143,6 +144,8 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
 
 def set_up_engine(config: EngineConfig) -> EngineSetup:
     """Steps 1-6 of the module docstring."""
+    if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
+        check_connector(KVTransferConfig.from_dict(config.kv_transfer_config))
     path = Path(config.model) if config.model else default_model_path()
     hf_config, args = load_model_args(path)
     max_model_len = check_max_model_len(config, args)

@@ -9,6 +9,8 @@ equal to the engine's, and the events that follow apply on top of it.
 
 It must run where the engine runs (the server's engine thread), between two operations, so that
 no event falls between the snapshot and the subscription.
+
+`step_summary` is the same idea once per step: the state after a step, as a `StepSummary`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
-from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot
+from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot, StepSummary
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from nanovllm.core.scheduler import SchedulerOutput
     from nanovllm.engine.llm_engine import LLMEngine
 
 
@@ -68,4 +71,32 @@ def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,
         tokens=token_texts(engine.tokenizer, request.all_token_ids),
+    )
+
+
+def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float) -> StepSummary:
+    """The `StepSummary` event of a step that ran: what it scheduled, the queues and the KV
+    cache's block counts after it, and its times."""
+    kv = engine.kv_cache_manager
+    scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
+    num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
+    return StepSummary(
+        step=sched.step,
+        scheduled=scheduled,
+        num_prefill_tokens=sched.num_scheduled_tokens - num_decode,
+        num_decode_tokens=num_decode,
+        num_running=len(engine.scheduler.running),
+        num_waiting=engine.scheduler.num_waiting,
+        num_used_blocks=kv.num_used_blocks,
+        num_cached_free_blocks=kv.num_cached_free_blocks,
+        num_free_blocks=kv.num_free_blocks,
+        num_allocated_slots=kv.num_allocated_slots(),
+        num_filled_slots=kv.num_filled_slots(),
+        schedule_time=sched.schedule_time,
+        forward_time=forward_time,
+        num_preempted=len(sched.preempted),
+        token_budget=engine.config.max_num_batched_tokens,
+        free_queue_head=tuple(kv.free_block_queue.peek(8)),
+        # (a round trip to every rank: only asked when someone listens to events)
+        rank_forward_times=tuple(engine.setup.on_every_rank("rank_forward_time", all=True)),
     )

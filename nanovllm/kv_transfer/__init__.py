@@ -1,6 +1,7 @@
 """Where the KV lives: KV connectors, vLLM's way to keep KV outside the device pool.
 
-- `config.py`: `KVTransferConfig`, the `kv_transfer_config` dict checked;
+- `nanovllm/kv_transfer_config.py` (beside this package, as `speculative_config.py` is):
+  `KVTransferConfig`, the `kv_transfer_config` dict's shape checked;
 - `base.py`: `KVConnectorBase`, the scheduler-side and worker-side methods, and what passes
   between them each step (`KVConnectorMetadata`);
 - `host_tier.py`: `HostBlockTier`, the LRU bookkeeping of a host-memory tier;

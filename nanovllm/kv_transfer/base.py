@@ -36,6 +36,7 @@ pass, which keeps the model's code free of connector calls.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, ClassVar
@@ -43,12 +44,14 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from nanovllm.core.block_hash import extend_block_hashes
-from nanovllm.events import EventBus
-from nanovllm.kv_transfer.config import KVTransferConfig
+from nanovllm.events import EventBus, KVLoadFailed
+from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
 if TYPE_CHECKING:
     from nanovllm.core.scheduler import SchedulerOutput
+
+logger = logging.getLogger("nanovllm")
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V, [num_blocks, ...]
 
@@ -188,9 +191,17 @@ class KVConnectorBase:
         self.failed_requests.discard(request.request_id)
         return False, None
 
-    def load_failed(self, request_id: str) -> None:
-        """The request's external KV could not be loaded: from now on it computes it."""
-        self.failed_requests.add(request_id)
+    def load_failed(self, step: int, errors: dict[str, str]) -> None:
+        """These requests' external KV could not be loaded (request id -> what happened): the
+        engine undid the step (they wait again, nothing they had is lost), and from now on
+        they compute those tokens."""
+        for request_id, error in errors.items():
+            logger.warning(
+                "nanovllm: request %r: %s; computing those tokens instead", request_id, error
+            )
+            self.failed_requests.add(request_id)
+            if self.events.active:
+                self.events.emit(KVLoadFailed(step, request_id, error))
 
     def reset_cache(self) -> None:
         """Forget stored KV that the engine's prefix-cache reset makes stale (nothing here)."""

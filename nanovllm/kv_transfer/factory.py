@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from nanovllm.events import EventBus
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
-from nanovllm.kv_transfer.config import KVTransferConfig
 from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.kv_transfer.shared_storage import SharedStorageConnector
+from nanovllm.kv_transfer_config import KVTransferConfig
 
 CONNECTORS: dict[str, type[KVConnectorBase]] = {
     cls.name: cls for cls in (OffloadingConnector, SharedStorageConnector)

@@ -37,8 +37,8 @@ from nanovllm.kv_transfer.base import (
     KVConnectorBase,
     KVConnectorMetadata,
 )
-from nanovllm.kv_transfer.config import KVTransferConfig
 from nanovllm.kv_transfer.host_tier import HostBlockTier
+from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from nanovllm.kv_transfer.base import (
     KVConnectorMetadata,
     KVLoadError,
 )
-from nanovllm.kv_transfer.config import KVTransferConfig
+from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
 if TYPE_CHECKING:

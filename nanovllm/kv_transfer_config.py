@@ -9,8 +9,9 @@ vLLM's shape, so the same dict works there:
     })
 
 A producer saves KV for others, a consumer loads KV that others saved, `kv_both` does both.
-Each connector says which roles it can play and checks its own extra config (`factory.py`);
-a bad value is a ValueError that names it.
+This module checks the dict's shape; each connector then says which roles it can play and
+checks its own extra config (`kv_transfer/factory.py`, when the engine is set up). A bad value
+is a ValueError that names it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,7 @@ class KVTransferConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVTransferConfig:
-        """Check a `kv_transfer_config` dict (its keys, the role, the connector's name and its
-        extra config) and build the config."""
-        from nanovllm.kv_transfer.factory import check_connector
-
+        """Check a `kv_transfer_config` dict's keys and role, and build the config."""
         if not isinstance(data, dict):
             raise ValueError(f"kv_transfer_config must be a dict, got {data!r}")
         known = {"kv_connector", "kv_role", "kv_connector_extra_config"}
@@ -60,6 +58,4 @@ class KVTransferConfig:
         extra = data.get("kv_connector_extra_config") or {}
         if not isinstance(extra, dict):
             raise ValueError(f"kv_connector_extra_config must be a dict, got {extra!r}")
-        config = cls(name, role, dict(extra))
-        check_connector(config)
-        return config
+        return cls(name, role, dict(extra))
