@@ -219,7 +219,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(self.scheduler.running) <= self.config.max_num_seqs
         if self.scheduler.has_unfinished_requests():
             assert not out.is_empty, "work is waiting but nothing was scheduled: a stall"
-        sampled = self.runner.execute(out)
+        sampled = self.execute(out)
+        if sampled is None:
+            return  # the step was undone
         for req, _ in self.scheduler.update_from_output(out, sampled):
             if req.num_output_tokens >= req.max_tokens:
                 req.drop_output_tokens_after(req.max_tokens)
@@ -227,6 +229,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.finished[req.request_id] = req
             else:
                 self._check_lookahead(req)
+
+    def execute(self, out: SchedulerOutput) -> dict[str, list[int]] | None:
+        """Run the step on the fake runner: each sampling request's new tokens (None: the step
+        was undone, in subclasses that make it fail)."""
+        return self.runner.execute(out)
 
     def _check_lookahead(self, request: Request) -> None:
         """The draft can write its KV at the request's next `lookahead` positions: they are in
