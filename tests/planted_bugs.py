@@ -746,4 +746,40 @@ PLANTED_BUGS = [
         ("tests/lessons/test_lesson_safety.py", "-k", "first_step_that_differs"),
         "--run compares each request's tokens per step: one token where it has five is a fault.",
     ),
+    PlantedBug(
+        "tier-loads-before-it-saves",
+        "nanovllm/kv_transfer/offloading.py",
+        (
+            (
+                "((meta.saves_before, True), (meta.loads, False))",
+                "((meta.loads, False), (meta.saves_before, True))",
+            ),
+        ),
+        ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit or full_tier"),
+        "A block evicted this step may be the block a load fills: its old KV must leave first.",
+    ),
+    PlantedBug(
+        "external-tokens-get-no-slots",
+        "nanovllm/core/scheduler.py",
+        (
+            (
+                "            num_slots = num_new + num_external\n",
+                "            num_slots = num_new\n",
+            ),
+        ),
+        ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit"),
+        "Loaded tokens are not computed, but their KV still needs blocks to be copied into.",
+    ),
+    PlantedBug(
+        "storage-load-trusts-the-file-name",
+        "nanovllm/kv_transfer/shared_storage.py",
+        (
+            (
+                "        if tokens is None or tuple(tokens.tolist()) != t.token_ids:",
+                "        if tokens is None:",
+            ),
+        ),
+        ("tests/test_kv_connector.py", "-k", "failed_load"),
+        "A file renamed, or written for other tokens, would serve the wrong KV without the check.",
+    ),
 ]
