@@ -289,6 +289,16 @@ def acceptance(events: list) -> tuple[int, int, int]:
     )
 
 
+def tier_use(events: list) -> tuple[int, int, int, int]:
+    """The host tier in a run's events: (blocks saved, loaded back, dropped, and the tokens
+    those loads spared computing)."""
+    kinds = Counter(type(e).__name__ for e in events)
+    started = next((e for e in events if type(e).__name__ == "EngineStarted"), None)
+    block_size = started.block_size if started is not None else 0
+    loaded = kinds["KVBlockLoaded"]
+    return kinds["KVBlockSaved"], loaded, kinds["KVTierEvicted"], loaded * block_size
+
+
 def rank_forward_means(events: list) -> tuple[float, ...]:
     """Each tensor-parallel rank's mean forward time per step (seconds, in rank order), from
     the step summaries; () when the engine ran on one rank."""
@@ -357,6 +367,12 @@ def render(console, report: RunReport) -> None:
     ):
         if s[kind]:
             facts.append(f"{s[kind]} {words}")
+    saved, loaded, dropped, tokens = tier_use(report.events)
+    if saved or loaded:
+        facts.append(
+            f"{saved} blocks saved to the host tier, {dropped} dropped from it, {loaded} loaded "
+            f"back: {tokens} prompt tokens not computed"
+        )
     ranks = rank_forward_means(report.events)
     if ranks:
         each = " / ".join(f"{t * 1e3:.1f}" for t in ranks)
