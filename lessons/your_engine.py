@@ -15,7 +15,8 @@ shut down before the learner's starts. Both serve the same requests (`workload.p
   (`COMPARE` in `run.py`, `compare.py`): each step's scheduling decisions for a scheduler,
   every block handed out, hit and given back (and the free queue's count) for block tables and
   the free block queue, every prefix-cache hit for the hashes, every verification (its
-  proposals and how many were accepted) for speculative decoding. The report names the first
+  proposals and how many were accepted) for speculative decoding, every block saved to the host
+  tier, dropped from it and loaded back for the tier. The report names the first
   step where your engine decided otherwise, and what it decided.
 - where the lesson's code guards against a mistake the engine never makes (a double free),
   `run.py`'s `after_serving` tries that mistake on both engines once they are idle, and what
