@@ -1,4 +1,4 @@
-"""The nanovllm course: fourteen short lessons that rebuild the engine's ideas one at a time.
+"""The nanovllm course: fifteen short lessons that rebuild the engine's ideas one at a time.
 
 Each lesson is a folder `NN_topic/` shipped inside the package (as data: a name that starts with a
 digit is not an importable module, and the folders are loaded by path instead):
@@ -12,7 +12,7 @@ digit is not an importable module, and the folders are loaded by path instead):
     reference.py      the same names as exercise.py, backed by the engine's own code: the reference
                       solution the properties must accept
     mutants.py        planted bugs: variants of the reference the properties must reject
-    run.py            (lessons 01-10, 13, 14) how `--run` plugs the learner's code into the real
+    run.py            (lessons 01-10, 13-15) how `--run` plugs the learner's code into the real
                       engine, with which engine options and workload, what it compares besides
                       the completions (`COMPARE`), and the `--viz` moment
 
@@ -37,7 +37,8 @@ Package modules (importable):
     scripts        operation scripts for the block allocator and their driver (lesson 12)
     plug           swaps a learner's component into a built engine (`--run`)
     plug_tensor_parallel  lesson 14's `--run`: the learner's sharding in every rank's process,
-                   before the model is built
+                   before the model is built (lesson 15's host tier is swapped around the
+                   engine's build too: `plug.your_host_tier`)
     workload       the requests `--run` and `--viz` send
     your_engine    `--run`: the learner's engine against the stock one, token for token
     compare        `--run`: the two runs' steps from their events, and the first step where the
@@ -47,6 +48,6 @@ Package modules (importable):
     demo_support   helpers for the demos: a console, a small model, a quick engine
     cli            `nanovllm lesson ...`
 
-Counting planted bugs: 124 across the fourteen lessons' `mutants.py` (`nanovllm lesson --mutants`),
+Counting planted bugs: 136 across the fifteen lessons' `mutants.py` (`nanovllm lesson --mutants`),
 and lesson 12 plants 7 more in the engine's structures for the learner's own properties to catch.
 """

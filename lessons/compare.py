@@ -11,6 +11,8 @@ code decides (`ASPECTS`, named by `COMPARE` in the lesson's `run.py`):
     blocks         the blocks each request was handed, hit in the prefix cache and gave back,
                    how many it then held, and how many blocks the free queue counted
     cache_hits     the prefix-cache hits alone
+    tier           every block saved to the host tier, dropped from it and loaded back, by hash
+                   (not by slot: which free slot a tier takes is its own business)
     verifications  every verification of a request's proposed tokens, and how many it accepted
 
 The events of one step are those after the previous `StepSummary` up to its own. `first_difference`
@@ -38,6 +40,7 @@ class Step:
     held: dict[str, int] = field(default_factory=dict)  # blocks held after the step
     tokens: dict[str, int] = field(default_factory=dict)  # tokens computed after the step
     free_blocks: int = 0  # what the free block queue counted after the step
+    tier: list[str] = field(default_factory=list)  # the host tier's saves, drops, loads
 
 
 def steps_of(events: list) -> list[Step]:
@@ -55,6 +58,12 @@ def steps_of(events: list) -> list[Step]:
             kind = {"BlockAllocated": step.handed, "CacheHit": step.hit, "BlockFreed": step.freed}
             kind[name].setdefault(e.request_id, []).append(e.block_id)
             held[e.request_id] = held.get(e.request_id, 0) + (-1 if name == "BlockFreed" else 1)
+        elif name == "KVBlockSaved":
+            step.tier.append(f"block {e.block_id} saved as {e.block_hash}")
+        elif name == "KVTierEvicted":
+            step.tier.append(f"{e.block_hash} dropped from the tier")
+        elif name == "KVBlockLoaded":
+            step.tier.append(f"{e.request_id} loaded {e.block_hash} into block {e.block_id}")
         elif name == "StepSummary":
             step.number, step.scheduled = e.step, dict(e.scheduled)
             step.free_blocks = e.num_free_blocks
@@ -155,6 +164,20 @@ def _cache_hits(a: Step, b: Step) -> list[str]:
     return _block_changes(a, b, ("hit",))
 
 
+def _tier(a: Step, b: Step) -> list[str]:
+    if a.tier == b.tier:
+        return []
+    lines = [f"only in the stock engine: {x}" for x in a.tier if x not in b.tier]
+    lines += [f"only in yours: {x}" for x in b.tier if x not in a.tier]
+    if not lines:  # the same saves, drops and loads, in another order
+        i = next(i for i, (x, y) in enumerate(zip(a.tier, b.tier)) if x != y)
+        lines = [
+            f"the same, in another order: the stock engine's tier did {i + 1}. {a.tier[i]}, "
+            f"yours {i + 1}. {b.tier[i]}"
+        ]
+    return lines
+
+
 ASPECTS: dict[str, tuple[str, Callable[[Step, Step], list[str]]]] = {
     "schedule": ("every step's scheduling decisions", _schedule),
     "blocks": (
@@ -162,6 +185,7 @@ ASPECTS: dict[str, tuple[str, Callable[[Step, Step], list[str]]]] = {
         _blocks_and_queue,
     ),
     "cache_hits": ("every prefix-cache hit", _cache_hits),
+    "tier": ("every block saved to the host tier, dropped from it and loaded back", _tier),
 }
 VERIFICATIONS = "every verification (its proposals, how many accepted)"
 

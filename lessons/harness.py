@@ -237,7 +237,7 @@ def run_property(
     database: where failing examples are saved and replayed first (used only when fresh).
     """
     start = time.perf_counter()
-    mode = RunMode(max_examples=max_examples, fresh=fresh, shrink=shrink)
+    mode = RunMode(max_examples=max_examples, fresh=fresh, shrink=shrink, scale=scale)
     token = MODE.set(mode)
     try:
         with _run_settings(prop, mode, scale, database):

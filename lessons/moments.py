@@ -15,6 +15,7 @@ asked of a recorded run, step by step (a step's events end with its `StepSummary
                          their slots goes back to the free queue (13)
     busiest_step         the step that computed the most tokens, with each tensor-parallel
                          rank's forward time (14)
+    first_tier_hit       the first KV loaded back from the host tier instead of computed (15)
 
 The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
 them (blocks leave when handed out or hit, and join the tail when freed).
@@ -142,6 +143,10 @@ MOMENTS: dict[str, Moment] = {
     ),
     "busiest_step": Moment(
         "the step with the most tokens, and each rank's forward time for it", _busiest_step
+    ),
+    "first_tier_hit": Moment(
+        "the first KV block loaded back from the host tier",
+        lambda events: _first(events, lambda e: _kind(e) == "KVBlockLoaded"),
     ),
     "chunk": Moment(
         "the first prefill chunk",

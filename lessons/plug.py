@@ -14,6 +14,7 @@ swap sets an attribute on an engine object, which the engine then calls as its o
     attention              every layer's attention backend = PerSequenceAttention        01, 04, 05
     sampling, detokenizing runner.sampler, output_processor.detokenizer                  lesson 10
     verifying proposals    runner.sampler, calling your verification rules               lesson 13
+    the host tier          OffloadingConnector.tier_class, while the engine is built     lesson 15
 
 Lesson 14 cannot swap anything into a built engine: its code cuts the weights as every rank's
 model is built, in every rank's process. `plug_tensor_parallel.py` does that one.
@@ -30,13 +31,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from nanovllm.core.block_hash import short
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.sampler import Sampler
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepPlan
@@ -657,3 +660,136 @@ def swap_verification(engine, impl) -> None:
     engine.runner.sampler = YourVerification(
         engine.runner.sampler, impl.verify_greedy, impl.verify_random
     )
+
+
+# --- the host tier (lesson 15) -------------------------------------------------------------------
+
+
+class CheckedHostTier:
+    """A learner's `HostBlockTier` as the OffloadingConnector uses it: every call is the
+    learner's, and what comes back is checked before the engine acts on it, since a wrong slot
+    would not fail: it would copy one block's KV over another's, or load the wrong KV, and show
+    only as different tokens later. The check keeps which hash each slot was given (`owner`):
+
+    - `insert` returns None only when every entry is pinned, else (slot, evicted): a slot in
+      range that holds no other entry, or the slot of the entry it evicted, which is not pinned
+      and is gone from the tier;
+    - `num_matched` counts hashes the tier holds (`in`), and `lookup` then gives each the slot
+      it was put in (the engine looks up only what `num_matched` counted).
+
+    `LessonRunError` otherwise, naming the hash (its first 12 hex digits) and the slot.
+    """
+
+    yours: ClassVar[type]  # the learner's class (`your_host_tier` sets it)
+
+    def __init__(self, num_blocks: int) -> None:
+        self.tier = self.yours(num_blocks)
+        self.num_blocks = num_blocks
+        self.owner: dict[int, bytes] = {}  # slot -> the hash your insert put there
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.tier
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        slot = self.tier.lookup(block_hash)
+        if slot is None or self.owner.get(slot) != block_hash:
+            where = next((s for s, h in self.owner.items() if h == block_hash), None)
+            raise LessonRunError(
+                f"your lookup({short(block_hash)}) gave {slot!r}, but your insert put that "
+                f"hash in slot {where} (and your num_matched counted it as in the tier)"
+            )
+        return slot
+
+    def touch(self, block_hash: bytes) -> None:
+        self.tier.touch(block_hash)
+
+    def num_matched(self, block_hashes: Sequence[bytes]) -> int:
+        n = self.tier.num_matched(block_hashes)
+        if not isinstance(n, int) or not 0 <= n <= len(block_hashes):
+            raise LessonRunError(
+                f"your num_matched of {len(block_hashes)} hashes returned {n!r}, not a count "
+                f"from 0 to {len(block_hashes)}"
+            )
+        missing = next((h for h in block_hashes[:n] if h not in self.tier), None)
+        if missing is not None:
+            raise LessonRunError(
+                f"your num_matched counted the first {n} of {len(block_hashes)} hashes, but "
+                f"{short(missing)}, one of them, is not in your tier"
+            )
+        return n
+
+    def insert(self, block_hash: bytes, pinned=()) -> tuple[int, bytes | None] | None:
+        placed = self.tier.insert(block_hash, pinned)
+        said = f"your insert({short(block_hash)})"
+        if placed is None:
+            spare = next((h for h in self.owner.values() if h not in pinned), None)
+            if spare is not None and len(self.owner) == self.num_blocks:
+                raise LessonRunError(f"{said} returned None, but {short(spare)} is not pinned")
+            if len(self.owner) < self.num_blocks:
+                raise LessonRunError(f"{said} returned None, but the tier has a free slot")
+            return None
+        if not (isinstance(placed, tuple) and len(placed) == 2):
+            raise LessonRunError(f"{said} returned {placed!r}, not (slot, evicted) or None")
+        slot, evicted = placed
+        if not isinstance(slot, int) or not 0 <= slot < self.num_blocks:
+            raise LessonRunError(
+                f"{said} gave slot {slot!r}; the tier's slots are 0 to {self.num_blocks - 1}"
+            )
+        held = self.owner.get(slot)
+        if evicted is None and held is not None:
+            raise LessonRunError(
+                f"{said} gave slot {slot}, which holds {short(held)}, and evicted nothing: "
+                "its KV would be overwritten"
+            )
+        if evicted is not None:
+            if held != evicted or evicted in self.tier:
+                raise LessonRunError(
+                    f"{said} evicted {short(evicted)} and gave its slot {slot}, but that slot "
+                    f"held {short(held) if held else 'nothing'}"
+                    + (
+                        ", and the evicted hash is still in your tier"
+                        if evicted in self.tier
+                        else ""
+                    )
+                )
+            if evicted in pinned:
+                raise LessonRunError(f"{said} evicted {short(evicted)}, which is pinned")
+        self.owner[slot] = block_hash
+        return slot, evicted
+
+    def remove(self, block_hash: bytes) -> None:
+        self.tier.remove(block_hash)
+        self.owner = {s: h for s, h in self.owner.items() if h != block_hash}
+
+    def clear(self) -> None:
+        self.tier.clear()
+        self.owner.clear()
+
+
+@contextmanager
+def your_host_tier(tier_class: type) -> Iterator[None]:
+    """Lesson 15: the engines built inside this context keep their host tier in `tier_class`
+    (checked: `CheckedHostTier`). The OffloadingConnector builds its tier from its class
+    attribute `tier_class` when the engine is built, so the swap is done around the build and
+    undone afterwards: the stock engine, built before or after, keeps the engine's own."""
+    from nanovllm.kv_transfer.offloading import OffloadingConnector
+
+    stock = OffloadingConnector.tier_class
+    OffloadingConnector.tier_class = type(
+        "YourHostBlockTier", (CheckedHostTier,), {"yours": tier_class}
+    )
+    try:
+        yield
+    finally:
+        OffloadingConnector.tier_class = stock
+
+
+def host_tier_of(engine) -> Any:
+    """The host tier of the engine's OffloadingConnector (LessonRunError if it has none)."""
+    tier = getattr(engine.kv_connector, "tier", None)
+    if tier is None:
+        raise LessonRunError("the engine has no host tier: give it an OffloadingConnector")
+    return tier

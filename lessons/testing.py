@@ -36,6 +36,7 @@ class RunMode:
     max_examples: int | None = None  # a cap on examples per property (None: its own count)
     fresh: bool = False  # fresh random examples; False: derandomized, the same every run
     shrink: bool = False  # look for the smallest failing example (a learner wants it; CI not)
+    scale: float = 1.0  # multiplies each property's own count (before the cap)
 
 
 # Set by `harness` for the duration of a run; None under plain pytest.

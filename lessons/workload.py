@@ -21,6 +21,9 @@ completions look like something.
              which the model repeats itself (speculative decoding finds n-grams to propose)
     speculate  `repeats`, then the same 8 prompts sampled, with a seed each (s0-s7): proposals
              verified greedily and by rejection sampling
+    revisits 48 requests in 8 waves of 6, each a question (one line) about one of 10
+             "documents" (4 lines each, 50-75 tokens): a document comes back waves later,
+             after a small KV cache has handed its blocks to others (a second tier finds them)
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class Arrival:
     seed: int | None = None  # set: sampled with this seed; None: greedy
 
 
-WORKLOADS = ("batch", "waves", "long", "sampled", "short", "repeats", "speculate")
+WORKLOADS = ("batch", "waves", "long", "sampled", "short", "repeats", "speculate", "revisits")
 
 
 def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
@@ -102,6 +105,17 @@ def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
     if kind == "speculate":
         sampled = [Arrival(f"s{i}", LINES[i], 96, seed=i) for i in range(8)]
         return make_workload("repeats") + sampled
+    if kind == "revisits":
+        documents = ["\n".join(rng.sample(LINES, 4)) for _ in range(10)]
+        return [
+            Arrival(
+                f"r{i}",
+                rng.choice(documents) + "\n" + rng.choice(LINES),
+                8,
+                step=(i // 6) * 12,  # a wave every 12 steps: the one before has finished
+            )
+            for i in range(48)
+        ]
     raise ValueError(f"no workload {kind!r}; the workloads are {', '.join(WORKLOADS)}")
 
 

@@ -15,7 +15,8 @@ shut down before the learner's starts. Both serve the same requests (`workload.p
   (`COMPARE` in `run.py`, `compare.py`): each step's scheduling decisions for a scheduler,
   every block handed out, hit and given back (and the free queue's count) for block tables and
   the free block queue, every prefix-cache hit for the hashes, every verification (its
-  proposals and how many were accepted) for speculative decoding. The report names the first
+  proposals and how many were accepted) for speculative decoding, every block saved to the host
+  tier, dropped from it and loaded back for the tier. The report names the first
   step where your engine decided otherwise, and what it decided.
 - where the lesson's code guards against a mistake the engine never makes (a double free),
   `run.py`'s `after_serving` tries that mistake on both engines once they are idle, and what
@@ -289,6 +290,16 @@ def acceptance(events: list) -> tuple[int, int, int]:
     )
 
 
+def tier_use(events: list) -> tuple[int, int, int, int]:
+    """The host tier in a run's events: (blocks saved, loaded back, dropped, and the tokens
+    those loads spared computing)."""
+    kinds = Counter(type(e).__name__ for e in events)
+    started = next((e for e in events if type(e).__name__ == "EngineStarted"), None)
+    block_size = started.block_size if started is not None else 0
+    loaded = kinds["KVBlockLoaded"]
+    return kinds["KVBlockSaved"], loaded, kinds["KVTierEvicted"], loaded * block_size
+
+
 def rank_forward_means(events: list) -> tuple[float, ...]:
     """Each tensor-parallel rank's mean forward time per step (seconds, in rank order), from
     the step summaries; () when the engine ran on one rank."""
@@ -357,6 +368,12 @@ def render(console, report: RunReport) -> None:
     ):
         if s[kind]:
             facts.append(f"{s[kind]} {words}")
+    saved, loaded, dropped, tokens = tier_use(report.events)
+    if saved or loaded:
+        facts.append(
+            f"{saved} blocks saved to the host tier, {dropped} dropped from it, {loaded} loaded "
+            f"back: {tokens} prompt tokens not computed"
+        )
     ranks = rank_forward_means(report.events)
     if ranks:
         each = " / ".join(f"{t * 1e3:.1f}" for t in ranks)

@@ -406,3 +406,39 @@ SOLUTIONS["14_tensor_parallelism"] = {
         return q_heads, list(range(rank * kv_per_rank, (rank + 1) * kv_per_rank))
     """,
 }
+
+SOLUTIONS["15_where_the_kv_lives"] = {
+    'raise NotImplementedError("write HostBlockTier.lookup': """
+        return self.slot_of.get(block_hash)
+    """,
+    'raise NotImplementedError("write HostBlockTier.touch': """
+        self.slot_of.move_to_end(block_hash)
+    """,
+    'raise NotImplementedError("write HostBlockTier.num_matched': """
+        count = 0
+        for h in block_hashes:
+            if h not in self.slot_of:
+                break
+            count += 1
+        return count
+    """,
+    'raise NotImplementedError("write HostBlockTier.insert': """
+        if self.free_slots:
+            slot = self.free_slots.pop()
+            self.slot_of[block_hash] = slot
+            return slot, None
+        for old in self.slot_of:  # least recently used first
+            if old not in pinned:
+                slot = self.slot_of.pop(old)
+                self.slot_of[block_hash] = slot
+                return slot, old
+        return None
+    """,
+    'raise NotImplementedError("write HostBlockTier.remove': """
+        self.free_slots.append(self.slot_of.pop(block_hash))
+    """,
+    'raise NotImplementedError("write HostBlockTier.clear': """
+        self.slot_of.clear()
+        self.free_slots = list(range(self.num_blocks))
+    """,
+}

@@ -288,6 +288,8 @@ WRONG_FOR_RUN = [
     ),
     # lesson 2: one block too many
     (2, "n-over-bs-plus-one", ONE_BLOCK_TOO_MANY),
+    # lesson 15: the host tier evicts its most recently used entry
+    (15, "evicts-mru", (("for old in self.slot_of:", "for old in reversed(self.slot_of):"),)),
     # lesson 13: three rules of sampled verification
     (13, "accepts-without-q", (("if u * q_x < float(p[x]):", "if u < float(p[x]):"),)),
     (
@@ -371,6 +373,11 @@ SHOWN_BY_THE_ENGINE = {
         "differ, first at step 1:",
         "r1 was handed blocks 2, 3 in the stock engine, blocks 2, 3, 4 in yours",
         "r1 then held 2 blocks in the stock engine, 3 in yours (it had 32 tokens after the step)",
+    ),
+    "evicts-mru": (
+        "every block saved to the host tier, dropped from it and loaded back differ, first at "
+        "step 30:",
+        "only in the stock engine: a0e3fee831c9 dropped from the tier",
     ),
     "residual-is-p": ("Your engine stopped", "yet emitted that very token there"),
     "bonus-from-the-last-proposal": ("Your engine stopped", "(the bonus), has probability 0"),

@@ -264,6 +264,23 @@ def test_run_names_a_verification_the_engine_cannot_use(home):
     assert report.error is not None and "changed the proposals it was given" in report.error
 
 
+def test_run_names_a_tier_that_gives_a_slot_twice_and_shows_one_that_evicts_wrongly(home):
+    """Lesson 15: a host tier that gives a new hash a slot another hash still holds is stopped,
+    by name, before the engine copies one block's KV over another's (`plug.CheckedHostTier`);
+    one that evicts its most recently used entry runs, and the report names the first step
+    where it dropped another block than the stock engine's tier."""
+    lesson = get_lesson(15)
+    reference = harness.implementation(lesson, "reference")
+    built = {m.name: m.build(reference) for m in harness.mutants(lesson)}
+    report = your_engine.run_lesson(lesson, built["slot-from-the-count"])
+    assert report.error is not None and "evicted nothing: its KV would be overwritten" in (
+        report.error
+    )
+    report = your_engine.run_lesson(lesson, built["evicts-mru"])
+    assert report.error is None and not report.passed
+    assert "dropped from the tier" in (report.decisions_differ or "")
+
+
 def test_run_catches_what_the_properties_would(home):
     """A slot mapping that ignores where the step starts writes K/V over earlier tokens'; the
     run's completions show it (8 short requests keep this quick)."""

@@ -1,0 +1,43 @@
+"""Lesson 15 in the real engine: your HostBlockTier keeps the KV the device pool evicts.
+
+`nanovllm lesson 15 --run` builds both engines with an OffloadingConnector: a device pool of 40
+blocks of 16 tokens (too few to keep ten documents' prefixes) over a host tier of 24 blocks
+(too few to keep them all either), and in yours the tier's bookkeeping is your `HostBlockTier`
+(`OffloadingConnector.tier_class`, swapped while your engine is built: `plug.your_host_tier`;
+every answer of yours is checked before the engine acts on it: `plug.CheckedHostTier`). The
+workload asks questions about ten documents in waves, so a document's blocks come back after
+the device pool has handed them to others. Besides the greedy completions, the run compares
+every block saved to the tier, dropped from it and loaded back with the stock engine's, by
+hash (which free slot your tier takes is up to you), and reports how many prompt tokens the
+tier's hits spared computing.
+"""
+
+from __future__ import annotations
+
+from nanovllm.lessons.plug import CheckedHostTier, LessonRunError, host_tier_of, your_host_tier
+
+NUM_CPU_BLOCKS = 24
+KV_TRANSFER_CONFIG = {
+    "kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"num_cpu_blocks": NUM_CPU_BLOCKS},
+}
+ENGINE = dict(enable_prefix_caching=True, num_kv_blocks=40, kv_transfer_config=KV_TRANSFER_CONFIG)
+WORKLOAD = "revisits"
+COMPARE = "tier"
+MOMENT = "first_tier_hit"
+
+
+def building(impl):
+    """The engine built inside this context keeps its host tier in your `HostBlockTier`."""
+    return your_host_tier(impl.HostBlockTier)
+
+
+def plug_in(engine, impl) -> list[str]:
+    tier = host_tier_of(engine)
+    if not isinstance(tier, CheckedHostTier) or tier.yours is not impl.HostBlockTier:
+        raise LessonRunError("the engine was built without your HostBlockTier")
+    return [
+        f"the host tier's bookkeeping ({NUM_CPU_BLOCKS} slots): your `HostBlockTier` "
+        "(num_matched, lookup, touch and insert, every step)"
+    ]
