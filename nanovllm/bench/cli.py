@@ -50,21 +50,33 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _speculative_config(text: str) -> dict:
-    """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
+def _json_config(text: str, check) -> dict:
+    """A JSON object, checked by `check` (which raises a ValueError naming the bad value)."""
     import json
-
-    from nanovllm.speculative_config import SpeculativeConfig
 
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
     try:
-        SpeculativeConfig.from_dict(config)
+        check(config)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return config
+
+
+def _speculative_config(text: str) -> dict:
+    """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
+    from nanovllm.speculative_config import SpeculativeConfig
+
+    return _json_config(text, SpeculativeConfig.from_dict)
+
+
+def _kv_transfer_config(text: str) -> dict:
+    """vLLM's `--kv-transfer-config`: a JSON object, checked as the engine checks it."""
+    from nanovllm.kv_transfer.config import KVTransferConfig
+
+    return _json_config(text, KVTransferConfig.from_dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nanovllm-no-spec",
     )
     add(
+        "--kv-transfer-config",
+        metavar="JSON",
+        type=_kv_transfer_config,
+        help='nanovllm runs a KV connector, e.g. \'{"kv_connector": "OffloadingConnector", '
+        '"kv_connector_extra_config": {"num_cpu_blocks": 512}}\', and is compared with '
+        "nanovllm-no-kv-transfer (nanovllm/kv_transfer/)",
+    )
+    add(
         "--tensor-parallel-size",
         type=_positive,
         help="nanovllm runs over this many processes, and is compared with nanovllm-tp1",
@@ -115,6 +135,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only measure what the grammar mask adds per step: the same requests unconstrained "
         "and with a JSON schema, interleaved (nanovllm/bench/structured.py)",
+    )
+    add(
+        "--multi-turn",
+        action="store_true",
+        help="only nanovllm without and with --kv-transfer-config, on multi-turn chats: each "
+        "turn resends the conversation so far (nanovllm/bench/kv_offload.py); --prompt-len is "
+        "a user message's length (default 32:64), --output-len an answer's (32:64)",
+    )
+    add("--num-conversations", type=_positive, help="--multi-turn: conversations (default 8)")
+    add("--num-turns", type=_positive, help="--multi-turn: turns per conversation (default 4)")
+    add(
+        "--concurrency",
+        type=_positive,
+        help="--multi-turn: turns in flight at once (default 2); without --num-kv-blocks the "
+        "device pool holds this many conversations at their longest",
     )
     add("--plot", metavar="PNG", help="write the figure here")
     add("--json", metavar="FILE", help="write the JSON document ('-': stdout)")
@@ -161,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.structured_outputs:
         return _structured_outputs(args)
+    if args.multi_turn:
+        return _multi_turn(args)
     fields = {f.name for f in dataclasses.fields(suite.BenchConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None and k in fields}
     cfg = suite.BenchConfig(**{**(QUICK if args.quick else {}), **given})
@@ -188,6 +225,60 @@ def run(args: argparse.Namespace) -> int:
 
         plot(result, args.plot)
         console.print(f"plot written to {args.plot}")
+    return 0
+
+
+def _multi_turn(args: argparse.Namespace) -> int:
+    """`--multi-turn`: nanovllm alone, without and with `--kv-transfer-config`."""
+    import torch
+    from rich.console import Console
+
+    from nanovllm.bench import kv_offload, report
+    from nanovllm.bench.engines import EngineLimits
+
+    if args.kv_transfer_config is None:
+        print(
+            "error: --multi-turn compares nanovllm without and with a KV connector: give "
+            '--kv-transfer-config, e.g. \'{"kv_connector": "OffloadingConnector", '
+            '"kv_connector_extra_config": {"num_cpu_blocks": 512}}\'',
+            file=sys.stderr,
+        )
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    limits = EngineLimits(threads=args.threads, seed=args.seed or 0)
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+        if getattr(args, name) is not None:
+            setattr(limits, name, getattr(args, name))
+    if args.max_model_len is not None:
+        limits.max_model_len = args.max_model_len
+    else:
+        limits.max_model_len = 1 << 30  # the model's (kv_offload.run takes the smaller)
+    console = Console(stderr=args.json == "-")
+    if not console.is_terminal:
+        console.width = max(console.width, 140)
+    progress = RichProgress(Console(stderr=True))
+    try:
+        with progress.bars:
+            result = kv_offload.run(
+                args.kv_transfer_config,
+                limits,
+                model=(args.models or ["embedded"])[0],
+                num_conversations=args.num_conversations or 8,
+                num_turns=args.num_turns or 4,
+                user_len=args.prompt_len or (32, 64),
+                answer_len=args.output_len or (32, 64),
+                concurrency=args.concurrency or 2,
+                repeats=args.repeats or 3,
+                seed=args.seed or 0,
+                progress=progress,
+            )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    kv_offload.print_report(result, console)
+    if args.json:
+        report.write_json(result, args.json)
     return 0
 
 

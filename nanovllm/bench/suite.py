@@ -66,6 +66,7 @@ class BenchConfig:
     max_model_len: int | None = None
     speculative_config: dict | None = None  # nanovllm speculates; compared with nanovllm-no-spec
     tensor_parallel_size: int = 1  # nanovllm's ranks; above 1, compared with nanovllm-tp1
+    kv_transfer_config: dict | None = None  # nanovllm's KV connector; compared without it
 
 
 class Progress:
@@ -161,6 +162,9 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
                 "model": resolve(spec.model).path,
             }
         first.append(speculation.WITHOUT)
+    if cfg.kv_transfer_config is not None:
+        limits.kv_transfer_config = cfg.kv_transfer_config
+        first.append("nanovllm-no-kv-transfer")
     if cfg.tensor_parallel_size > 1:
         limits.tensor_parallel_size = cfg.tensor_parallel_size
         first.append("nanovllm-tp1")
