@@ -3,6 +3,8 @@
 Every flag fills the `BenchConfig` field of the same name (`--num-requests` -> `num_requests`);
 `--quick` starts from a seconds-long configuration instead of the defaults. Progress goes to
 stderr, tables to stdout (to stderr with `--json -`, which prints the JSON alone on stdout).
+Two flags start a measurement of their own instead, which reads the flags it uses:
+`--structured-outputs` (structured.py) and `--multi-turn` (kv_offload.py).
 """
 
 from __future__ import annotations
@@ -189,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import warnings
 
-    from rich.console import Console
     from transformers.utils import logging as hf_logging
 
     from nanovllm.bench import report, suite
@@ -207,33 +208,46 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
+    code, result, console = _measure_and_report(
+        args, lambda progress: suite.run(cfg, progress), report.print_report
+    )
+    if code == 0 and args.plot:
+        from nanovllm.bench.plot import plot
+
+        plot(result, args.plot)
+        console.print(f"plot written to {args.plot}")
+    return code
+
+
+def _measure_and_report(args: argparse.Namespace, measure, print_report) -> tuple:
+    """`measure(progress)` under progress bars, then `print_report(result, console)` and the
+    JSON (`--json`). A ValueError is an error line and exit code 2. Returns the exit code, the
+    result (None on an error) and the console the report went to."""
+    from rich.console import Console
+
+    from nanovllm.bench import report
+
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:
         console.width = max(console.width, 140)  # a log file: wide tables rather than wrapped
     progress = RichProgress(Console(stderr=True))
     try:
         with progress.bars:
-            result = suite.run(cfg, progress)
+            result = measure(progress)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    report.print_report(result, console)
+        return 2, None, console
+    print_report(result, console)
     if args.json:
         report.write_json(result, args.json)
-    if args.plot:
-        from nanovllm.bench.plot import plot
-
-        plot(result, args.plot)
-        console.print(f"plot written to {args.plot}")
-    return 0
+    return 0, result, console
 
 
 def _multi_turn(args: argparse.Namespace) -> int:
     """`--multi-turn`: nanovllm alone, without and with `--kv-transfer-config`."""
     import torch
-    from rich.console import Console
 
-    from nanovllm.bench import kv_offload, report
+    from nanovllm.bench import kv_offload
     from nanovllm.bench.engines import EngineLimits
 
     if args.kv_transfer_config is None:
@@ -250,36 +264,24 @@ def _multi_turn(args: argparse.Namespace) -> int:
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
         if getattr(args, name) is not None:
             setattr(limits, name, getattr(args, name))
-    if args.max_model_len is not None:
-        limits.max_model_len = args.max_model_len
-    else:
-        limits.max_model_len = 1 << 30  # the model's (kv_offload.run takes the smaller)
-    console = Console(stderr=args.json == "-")
-    if not console.is_terminal:
-        console.width = max(console.width, 140)
-    progress = RichProgress(Console(stderr=True))
-    try:
-        with progress.bars:
-            result = kv_offload.run(
-                args.kv_transfer_config,
-                limits,
-                model=(args.models or ["embedded"])[0],
-                num_conversations=args.num_conversations or 8,
-                num_turns=args.num_turns or 4,
-                user_len=args.prompt_len or (32, 64),
-                answer_len=args.output_len or (32, 64),
-                concurrency=args.concurrency or 2,
-                repeats=args.repeats or 3,
-                seed=args.seed or 0,
-                progress=progress,
-            )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    kv_offload.print_report(result, console)
-    if args.json:
-        report.write_json(result, args.json)
-    return 0
+
+    def measure(progress: RichProgress) -> dict:
+        return kv_offload.run(
+            args.kv_transfer_config,
+            limits,
+            model=(args.models or ["embedded"])[0],
+            max_model_len=args.max_model_len,
+            num_conversations=args.num_conversations or 8,
+            num_turns=args.num_turns or 4,
+            user_len=args.prompt_len or (32, 64),
+            answer_len=args.output_len or (32, 64),
+            concurrency=args.concurrency or 2,
+            repeats=args.repeats or 3,
+            seed=args.seed or 0,
+            progress=progress,
+        )
+
+    return _measure_and_report(args, measure, kv_offload.print_report)[0]
 
 
 def _structured_outputs(args: argparse.Namespace) -> int:

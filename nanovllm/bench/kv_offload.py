@@ -12,7 +12,8 @@ run on an idle machine (quiet.py) and with empty caches, tier included. Per side
   `RequestOutput.num_cached_tokens` summed over the requests, local and external together;
 - TTFT p50/p99 (from when a turn was sent to its first token), pooled over the repeats, and
   output tok/s, the median over the repeats (with min-max);
-- with / without, for each.
+- with / without, for each, and for output tok/s also repeat by repeat (the median of the
+  pairs' ratios: a slow spell of a shared machine slows both runs of a pair).
 
 Token counts are the first repeat's: the driver sends the same prompts in the same order in
 every run (it never looks at the clock), so the counts repeat exactly. Greedy decoding is the
@@ -48,6 +49,7 @@ def run(
     kv_transfer_config: dict,
     limits: EngineLimits,
     model: str = "embedded",
+    max_model_len: int | None = None,
     num_conversations: int = 8,
     num_turns: int = 4,
     user_len: tuple[int, int] = (32, 64),
@@ -58,13 +60,14 @@ def run(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Both sides, `repeats` times each, interleaved; the figures as a dict (module docstring).
-    `limits.num_kv_blocks` None: room for `concurrency` conversations at their longest."""
+    `limits.num_kv_blocks` None: room for `concurrency` conversations at their longest;
+    `max_model_len` None: the model's."""
     progress = progress or Progress()
     info = resolve(model)
     workload = multi_turn_workload(
         num_conversations, num_turns, user_len, answer_len, info.vocab_size, seed, concurrency
     )
-    limits.max_model_len = min(limits.max_model_len, info.max_position)
+    limits.max_model_len = min(max_model_len or info.max_position, info.max_position)
     if workload.max_seq_len > limits.max_model_len:
         raise ValueError(
             f"the conversations reach {workload.max_seq_len} tokens, more than "
@@ -132,6 +135,14 @@ def run(
             "ttft_p50": ratio("ttft", "p50"),
             "ttft_p99": ratio("ttft", "p99"),
             "tok_s": ratio("tok_s", "median"),
+            # The same ratio repeat by repeat: the two runs of a repeat ran back to back, so a
+            # slow spell of a shared machine slows both sides of a pair.
+            "paired_tok_s": stats.summary(
+                [
+                    a.output_tokens_per_s / b.output_tokens_per_s
+                    for a, b in zip(runs[WITH], runs[WITHOUT])
+                ]
+            ),
         },
         "outputs_identical": all(same_outputs(reference, r) for r in every_run),
         "prompts_identical": all(
@@ -215,6 +226,11 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     ]  # fmt: skip
     title = "KV connector: the same conversations without and with it, interleaved"
     _table(console, title, ["figure", "without", "with", "with / without"], rows)
+    paired = r["paired_tok_s"]
+    console.print(
+        f"output tok/s with / without, repeat by repeat: median {x(paired['median'])} "
+        f"({x(paired['min'])}-{x(paired['max'])})"
+    )
     runs = 2 * result["repeats"]
     if result["outputs_identical"] and result["prompts_identical"]:
         console.print(f"greedy outputs and prompts identical in all {runs} runs")

@@ -183,3 +183,5 @@ def test_embedded_model_without_and_with_the_offloading_tier(tmp_path, capsys, m
     # A tier that holds every evicted block loses nothing: every reusable token is found.
     assert on["external_hits"] > 0 and on["local_hits"] + on["external_hits"] == reusable
     assert r["ratios"]["computed"] == on["computed"] / off["computed"]
+    tok_s = on["tok_s"]["median"] / off["tok_s"]["median"]  # one repeat: one pair
+    assert r["ratios"]["tok_s"] == r["ratios"]["paired_tok_s"]["median"] == pytest.approx(tok_s)
