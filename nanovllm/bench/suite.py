@@ -10,7 +10,8 @@ Per model, in order (README.md says why each step is there):
 5. per engine: tok/s, nanovllm / engine, share of the ceiling, latency, greedy agreement;
 6. nanovllm's own figures: step overhead and KV memory (from the timed runs), speculative
    decoding against none (`--speculative-config`: speculation.py), prefix caching on against
-   off, `--profile`, `--serve URL`.
+   off, `--profile`, `--serve URL`. (`--kv-transfer-config` adds nanovllm without its KV
+   connector as an engine of its own, `nanovllm-no-kv-transfer`.)
 
 Everything lands in one JSON-ready dict; report.py prints it and plot.py draws it.
 """

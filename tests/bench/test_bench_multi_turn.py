@@ -6,7 +6,8 @@ go out round-robin, at most `concurrency` at a time, each after its previous tur
 with a fake engine that answers in an order hypothesis chooses. One short real run on the
 embedded model checks the report's counts against independent ones: the prompt tokens and the
 reusable prefix computed here from the lengths alone, hits only from the tier's side, the
-identity sent = found + computed, and equal greedy outputs.
+identity sent = found + computed, and equal greedy outputs. One short main run checks that
+`--kv-transfer-config` reaches `nanovllm` and not `nanovllm-no-kv-transfer`.
 """
 
 from __future__ import annotations
@@ -185,3 +186,19 @@ def test_embedded_model_without_and_with_the_offloading_tier(tmp_path, capsys, m
     assert r["ratios"]["computed"] == on["computed"] / off["computed"]
     tok_s = on["tok_s"]["median"] / off["tok_s"]["median"]  # one repeat: one pair
     assert r["ratios"]["tok_s"] == r["ratios"]["paired_tok_s"]["median"] == pytest.approx(tok_s)
+
+
+def test_main_run_compares_nanovllm_with_and_without_the_connector(tmp_path, monkeypatch):
+    """Without --multi-turn: `nanovllm` runs the connector, `nanovllm-no-kv-transfer` does not,
+    and the prefix-caching runs (their other side has no prefix cache, which the
+    OffloadingConnector needs) still run."""
+    monkeypatch.setattr(quiet, "wait_until_idle", lambda: 0.0)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--engines", "nanovllm", "--threads", "1", "--json", str(out)]
+    assert main([*argv, "--kv-transfer-config", json.dumps(OFFLOAD)]) == 0
+    (m,) = json.loads(out.read_text())["models"]
+    engines = m["engines"]
+    assert engines["nanovllm"]["load"]["kv_transfer_config"] == OFFLOAD
+    assert engines["nanovllm-no-kv-transfer"]["load"]["kv_transfer_config"] is None
+    assert engines["nanovllm-no-kv-transfer"]["agreement"]["tokens_pct"] == 100.0
+    assert m["prefix"]["agreement"]["tokens_pct"] == 100.0
