@@ -141,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--multi-turn",
         action="store_true",
-        help="only nanovllm without and with --kv-transfer-config, on multi-turn chats: each "
+        help="only nanovllm without and with --kv-transfer-config (an OffloadingConnector), "
+        "on multi-turn chats: each "
         "turn resends the conversation so far (nanovllm/bench/kv_offload.py); --prompt-len is "
         "a user message's length (default 32:64), --output-len an answer's (32:64)",
     )

@@ -21,6 +21,9 @@ same with and without a connector (it only supplies KV the model would otherwise
 every run's outputs, and with them the prompts built from them, are compared with the first
 run without it, request by request.
 
+Only the OffloadingConnector is measured: its tier is emptied with the prefix cache before every
+run, while a SharedStorageConnector's files would serve a repeat the previous repeat's KV.
+
 Unless `--num-kv-blocks` is given, the device pool holds `concurrency` conversations at their
 longest and no more: the turns in flight fit, and the other conversations' blocks are evicted
 while they wait for their next turn.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -41,6 +44,9 @@ from nanovllm.bench.multi_turn import MultiTurnWorkload, multi_turn_workload
 from nanovllm.bench.records import EngineRun
 from nanovllm.bench.report import _f, _table
 from nanovllm.bench.suite import Progress
+
+if TYPE_CHECKING:
+    from nanovllm.bench.engine_nanovllm import NanovllmEngine
 
 WITHOUT, WITH = "nanovllm-no-kv-transfer", "nanovllm"
 
@@ -63,6 +69,13 @@ def run(
     `limits.num_kv_blocks` None: room for `concurrency` conversations at their longest;
     `max_model_len` None: the model's."""
     progress = progress or Progress()
+    if kv_transfer_config.get("kv_connector") != "OffloadingConnector":
+        raise ValueError(
+            "--multi-turn measures a store that every run starts empty: the "
+            f"OffloadingConnector's host tier, not {kv_transfer_config.get('kv_connector')!r} "
+            "(a SharedStorageConnector's files outlive the runs, so a repeat would find the "
+            "previous one's KV)"
+        )
     info = resolve(model)
     workload = multi_turn_workload(
         num_conversations, num_turns, user_len, answer_len, info.vocab_size, seed, concurrency
@@ -152,7 +165,9 @@ def run(
     }
 
 
-def _timed(engine, workload: MultiTurnWorkload, progress: Progress, label: str) -> EngineRun:
+def _timed(
+    engine: NanovllmEngine, workload: MultiTurnWorkload, progress: Progress, label: str
+) -> EngineRun:
     quiet.wait_until_idle()  # (suite.py's _timed, for the conversations' driver)
     progress.start(label, workload.num_output_tokens)
     try:

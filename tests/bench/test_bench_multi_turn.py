@@ -138,12 +138,16 @@ def test_bad_kv_transfer_configs_are_named(value, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def test_multi_turn_needs_a_connector_and_room(capsys) -> None:
+def test_multi_turn_needs_the_offloading_connector_and_room(tmp_path, capsys) -> None:
     assert main(["bench", "--multi-turn"]) == 2
     assert "--kv-transfer-config" in capsys.readouterr().err
     argv = ["bench", "--multi-turn", "--kv-transfer-config", json.dumps(OFFLOAD)]
     assert main([*argv, "--num-turns", "9", "--prompt-len", "64", "--output-len", "64"]) == 2
     assert "max_model_len=1024" in capsys.readouterr().err
+    storage = {"kv_connector": "SharedStorageConnector", "kv_connector_extra_config": {}}
+    storage["kv_connector_extra_config"]["shared_storage_path"] = str(tmp_path)
+    assert main(["bench", "--multi-turn", "--kv-transfer-config", json.dumps(storage)]) == 2
+    assert "'SharedStorageConnector'" in capsys.readouterr().err
 
 
 def test_embedded_model_without_and_with_the_offloading_tier(tmp_path, capsys, monkeypatch):
