@@ -3,6 +3,8 @@
 Every flag fills the `BenchConfig` field of the same name (`--num-requests` -> `num_requests`);
 `--quick` starts from a seconds-long configuration instead of the defaults. Progress goes to
 stderr, tables to stdout (to stderr with `--json -`, which prints the JSON alone on stdout).
+Two flags start a measurement of their own instead, which reads the flags it uses:
+`--structured-outputs` (structured.py) and `--multi-turn` (kv_offload.py).
 """
 
 from __future__ import annotations
@@ -50,21 +52,33 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _speculative_config(text: str) -> dict:
-    """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
+def _json_config(text: str, check) -> dict:
+    """A JSON object, checked by `check` (which raises a ValueError naming the bad value)."""
     import json
-
-    from nanovllm.speculative_config import SpeculativeConfig
 
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
     try:
-        SpeculativeConfig.from_dict(config)
+        check(config)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return config
+
+
+def _speculative_config(text: str) -> dict:
+    """vLLM's `--speculative-config`: a JSON object, checked as the engine checks it."""
+    from nanovllm.speculative_config import SpeculativeConfig
+
+    return _json_config(text, SpeculativeConfig.from_dict)
+
+
+def _kv_transfer_config(text: str) -> dict:
+    """vLLM's `--kv-transfer-config`: a JSON object, checked as the engine checks it."""
+    from nanovllm.kv_transfer.config import KVTransferConfig
+
+    return _json_config(text, KVTransferConfig.from_dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +120,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nanovllm-no-spec",
     )
     add(
+        "--kv-transfer-config",
+        metavar="JSON",
+        type=_kv_transfer_config,
+        help='nanovllm runs a KV connector, e.g. \'{"kv_connector": "OffloadingConnector", '
+        '"kv_connector_extra_config": {"num_cpu_blocks": 512}}\', and is compared with '
+        "nanovllm-no-kv-transfer (nanovllm/kv_transfer/)",
+    )
+    add(
         "--tensor-parallel-size",
         type=_positive,
         help="nanovllm runs over this many processes, and is compared with nanovllm-tp1",
@@ -115,6 +137,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only measure what the grammar mask adds per step: the same requests unconstrained "
         "and with a JSON schema, interleaved (nanovllm/bench/structured.py)",
+    )
+    add(
+        "--multi-turn",
+        action="store_true",
+        help="only nanovllm without and with --kv-transfer-config (an OffloadingConnector), "
+        "on multi-turn chats: each "
+        "turn resends the conversation so far (nanovllm/bench/kv_offload.py); --prompt-len is "
+        "a user message's length (default 32:64), --output-len an answer's (32:64)",
+    )
+    add("--num-conversations", type=_positive, help="--multi-turn: conversations (default 8)")
+    add("--num-turns", type=_positive, help="--multi-turn: turns per conversation (default 4)")
+    add(
+        "--concurrency",
+        type=_positive,
+        help="--multi-turn: turns in flight at once (default 2); without --num-kv-blocks the "
+        "device pool holds this many conversations at their longest",
     )
     add("--plot", metavar="PNG", help="write the figure here")
     add("--json", metavar="FILE", help="write the JSON document ('-': stdout)")
@@ -154,13 +192,14 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import warnings
 
-    from rich.console import Console
     from transformers.utils import logging as hf_logging
 
     from nanovllm.bench import report, suite
 
     if args.structured_outputs:
         return _structured_outputs(args)
+    if args.multi_turn:
+        return _multi_turn(args)
     fields = {f.name for f in dataclasses.fields(suite.BenchConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None and k in fields}
     cfg = suite.BenchConfig(**{**(QUICK if args.quick else {}), **given})
@@ -170,25 +209,80 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
+    code, result, console = _measure_and_report(
+        args, lambda progress: suite.run(cfg, progress), report.print_report
+    )
+    if code == 0 and args.plot:
+        from nanovllm.bench.plot import plot
+
+        plot(result, args.plot)
+        console.print(f"plot written to {args.plot}")
+    return code
+
+
+def _measure_and_report(args: argparse.Namespace, measure, print_report) -> tuple:
+    """`measure(progress)` under progress bars, then `print_report(result, console)` and the
+    JSON (`--json`). A ValueError is an error line and exit code 2. Returns the exit code, the
+    result (None on an error) and the console the report went to."""
+    from rich.console import Console
+
+    from nanovllm.bench import report
+
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:
         console.width = max(console.width, 140)  # a log file: wide tables rather than wrapped
     progress = RichProgress(Console(stderr=True))
     try:
         with progress.bars:
-            result = suite.run(cfg, progress)
+            result = measure(progress)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    report.print_report(result, console)
+        return 2, None, console
+    print_report(result, console)
     if args.json:
         report.write_json(result, args.json)
-    if args.plot:
-        from nanovllm.bench.plot import plot
+    return 0, result, console
 
-        plot(result, args.plot)
-        console.print(f"plot written to {args.plot}")
-    return 0
+
+def _multi_turn(args: argparse.Namespace) -> int:
+    """`--multi-turn`: nanovllm alone, without and with `--kv-transfer-config`."""
+    import torch
+
+    from nanovllm.bench import kv_offload
+    from nanovllm.bench.engines import EngineLimits
+
+    if args.kv_transfer_config is None:
+        print(
+            "error: --multi-turn compares nanovllm without and with a KV connector: give "
+            '--kv-transfer-config, e.g. \'{"kv_connector": "OffloadingConnector", '
+            '"kv_connector_extra_config": {"num_cpu_blocks": 512}}\'',
+            file=sys.stderr,
+        )
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    limits = EngineLimits(threads=args.threads, seed=args.seed or 0)
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+        if getattr(args, name) is not None:
+            setattr(limits, name, getattr(args, name))
+
+    def measure(progress: RichProgress) -> dict:
+        return kv_offload.run(
+            args.kv_transfer_config,
+            limits,
+            model=(args.models or ["embedded"])[0],
+            max_model_len=args.max_model_len,
+            num_conversations=args.num_conversations or 8,
+            num_turns=args.num_turns or 4,
+            user_len=args.prompt_len or (32, 64),
+            answer_len=args.output_len or (32, 64),
+            concurrency=args.concurrency or 2,
+            repeats=args.repeats or 3,
+            seed=args.seed or 0,
+            progress=progress,
+        )
+
+    return _measure_and_report(args, measure, kv_offload.print_report)[0]
 
 
 def _structured_outputs(args: argparse.Namespace) -> int:

@@ -12,11 +12,19 @@ the time to build the step's input tensors (by wrapping `runner.prepare_inputs` 
 (analysis.py). The plug-in does not subscribe to the event bus: with a subscriber the engine
 builds an event for every block operation, which would inflate the very overhead measured.
 
-Between runs the prefix cache is emptied, so a repeat never finds the previous repeat's prompts.
+Between runs the prefix cache is emptied (and a KV connector's store with it:
+`LLMEngine.reset_prefix_cache`), so a repeat never finds the previous repeat's prompts. Each run
+keeps the prompt tokens found cached: in the device pool (`Scheduler.prefix_cache_hits`), from a
+KV connector (`external_prefix_cache_hits`), and per request (`RequestOutput.num_cached_tokens`).
 
 With `--speculative-config` the engine speculates (`EngineLimits.speculative_config`), and each
 run also keeps its speculative decoding counts (`LLMEngine.spec_stats`, over that run alone);
 `nanovllm-no-spec` is the same engine without speculation, the other side of the comparison.
+
+With `--kv-transfer-config` the engine runs a KV connector (`EngineLimits.kv_transfer_config`,
+`nanovllm/kv_transfer/`); `nanovllm-no-kv-transfer` is the same engine without it.
+`run_conversations` serves the multi-turn workload (multi_turn.py), whose prompts are built from
+the answers as they come.
 
 `nanovllm-compiled` is the engine with `enforce_eager=False` (its layers compiled by
 torch.compile at load, `backends/compilation.py`); its load info keeps the compile time, and the
@@ -28,6 +36,7 @@ from __future__ import annotations
 import time
 
 from nanovllm.bench.engines import Engine, TokenCallback
+from nanovllm.bench.multi_turn import MultiTurnWorkload, drive_conversations
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
@@ -39,6 +48,7 @@ class NanovllmEngine(Engine):
     speculate = True  # with the limits' speculative_config, if one is given
     parallel = True  # with the limits' tensor_parallel_size
     enforce_eager = True  # False: compile the model's layers at load
+    kv_transfer = True  # with the limits' kv_transfer_config, if one is given
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
@@ -52,6 +62,7 @@ class NanovllmEngine(Engine):
             num_kv_blocks=self.limits.num_kv_blocks,
             enable_prefix_caching=self.enable_prefix_caching,
             speculative_config=self.limits.speculative_config if self.speculate else None,
+            kv_transfer_config=self.limits.kv_transfer_config if self.kv_transfer else None,
             tensor_parallel_size=tp,
             enforce_eager=self.enforce_eager,
             dtype="float32",
@@ -68,6 +79,7 @@ class NanovllmEngine(Engine):
             "max_model_len": engine.max_model_len,
             "enable_prefix_caching": config.enable_prefix_caching,
             "speculative_config": config.speculative_config,
+            "kv_transfer_config": config.kv_transfer_config,
             "tensor_parallel_size": config.tensor_parallel_size,
             "attention_backend": engine.attention_backend,
             "device": str(engine.device),
@@ -118,55 +130,106 @@ class NanovllmEngine(Engine):
             "filled_slots": kv.num_filled_slots(),
         }
 
-    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
+    def _params(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None):
         from nanovllm.sampling_params import RequestOutputKind, SamplingParams
 
-        engine, scheduler = self.engine, self.engine.scheduler
-        engine.kv_cache_manager.reset_prefix_cache()
-        hits, preemptions = scheduler.prefix_cache_hits, scheduler.num_preemptions
-        spec_before = _spec_counts(engine)
+        return SamplingParams(
+            temperature=temperature,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            seed=seed,
+            # As the vLLM worker asks of vLLM: token ids only, each step's new ones.
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def _begin(self) -> tuple[str, list[dict], dict[str, int]]:
+        """Empty the prefix cache (and a connector's store: `LLMEngine.reset_prefix_cache`);
+        the run's request id prefix, its step records, and the counters at its start."""
+        self.engine.reset_prefix_cache()
         self._runs += 1
-        prefix = f"r{self._runs}-"  # request ids stay unique across repeats
+        self._num_cached: dict[int, int] = {}  # request index -> RequestOutput.num_cached_tokens
+        return f"r{self._runs}-", [], self._counters()
+
+    def _counters(self) -> dict[str, int]:
+        scheduler = self.engine.scheduler
+        return {
+            "prefix_cache_hits": scheduler.prefix_cache_hits,
+            "external_prefix_cache_hits": scheduler.external_prefix_cache_hits,
+            "num_preemptions": scheduler.num_preemptions,
+        }
+
+    def _step(self, prefix: str, steps: list[dict]) -> list[tuple[int, list[int]]]:
+        """One engine step, recorded; (request index, new token ids) per request."""
+        self._scheduled, self._prepare_s = None, 0.0
+        start = time.perf_counter()
+        outputs = self.engine.step()
+        wall = time.perf_counter() - start
+        if self._scheduled is not None and not self._scheduled.is_empty:
+            steps.append(self._step_record(wall))
+        produced = []
+        for o in outputs:
+            i = int(o.request_id[len(prefix) :])
+            self._num_cached[i] = o.num_cached_tokens
+            produced.append((i, o.outputs[0].token_ids))
+        return produced
+
+    def _extra(self, steps: list[dict], before: dict[str, int]) -> dict:
+        return {
+            "steps": steps,
+            **{k: v - before[k] for k, v in self._counters().items()},
+            # Per request (by index): prompt tokens it found cached at admission, local and
+            # external together (`RequestOutput.num_cached_tokens`).
+            "num_cached_tokens": [self._num_cached[i] for i in sorted(self._num_cached)],
+        }
+
+    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
+        engine = self.engine
+        prefix, steps, before = self._begin()
+        spec_before = _spec_counts(engine)
         requests = workload.requests
-        steps: list[dict] = []
 
         def add(i: int) -> None:
             r = requests[i]
-            params = SamplingParams(
-                temperature=workload.temperature,
-                max_tokens=r.max_tokens,
-                ignore_eos=True,
-                seed=r.seed,
-                # As the vLLM worker asks of vLLM: token ids only, each step's new ones.
-                detokenize=False,
-                output_kind=RequestOutputKind.DELTA,
-            )
+            params = self._params(r.max_tokens, workload.temperature, r.seed)
             engine.add_request(f"{prefix}{i}", r.prompt_token_ids, params)
-
-        def step() -> list[tuple[int, list[int]]]:
-            self._scheduled, self._prepare_s = None, 0.0
-            start = time.perf_counter()
-            outputs = engine.step()
-            wall = time.perf_counter() - start
-            if self._scheduled is not None and not self._scheduled.is_empty:
-                steps.append(self._step_record(wall))
-            return [(int(o.request_id[len(prefix) :]), o.outputs[0].token_ids) for o in outputs]
 
         arrivals = [r.arrival_s for r in requests]
         _, wall, tokens, times = drive(
-            arrivals, add, step, engine.has_unfinished_requests, on_tokens
+            arrivals,
+            add,
+            lambda: self._step(prefix, steps),
+            engine.has_unfinished_requests,
+            on_tokens,
         )
         records = [
             RequestRecord(tokens[i][: r.max_tokens], times[i][: r.max_tokens], r.arrival_s)
             for i, r in enumerate(requests)
         ]
         extra = {
-            "steps": steps,
-            "prefix_cache_hits": scheduler.prefix_cache_hits - hits,
-            "num_preemptions": scheduler.num_preemptions - preemptions,
+            **self._extra(steps, before),
             "spec": {k: v - spec_before[k] for k, v in _spec_counts(engine).items()},
         }
         return EngineRun(self.name, wall, records, extra)
+
+    def run_conversations(
+        self, workload: MultiTurnWorkload, on_tokens: TokenCallback | None = None
+    ) -> EngineRun:
+        """The multi-turn workload (multi_turn.py), greedy: each turn sent once the previous
+        one is answered. A record's arrival is when its turn was sent; `extra["prompts"]` holds
+        the prompts that were built."""
+        prefix, steps, before = self._begin()
+
+        def add(i: int, prompt: list[int], max_tokens: int) -> None:
+            self.engine.add_request(f"{prefix}{i}", prompt, self._params(max_tokens))
+
+        served = drive_conversations(workload, add, lambda: self._step(prefix, steps), on_tokens)
+        records = [
+            RequestRecord(tokens, times, sent)
+            for tokens, times, sent in zip(served.tokens, served.times, served.sent)
+        ]
+        extra = {**self._extra(steps, before), "prompts": served.prompts}
+        return EngineRun(self.name, served.wall_s, records, extra)
 
     def close(self) -> None:
         self.engine = None
@@ -187,6 +250,7 @@ class NanovllmNoPrefixEngine(NanovllmEngine):
 
     name = "nanovllm-no-prefix"
     enable_prefix_caching = False
+    kv_transfer = False  # the OffloadingConnector needs the prefix cache
 
 
 class NanovllmNoSpecEngine(NanovllmEngine):
@@ -195,6 +259,14 @@ class NanovllmNoSpecEngine(NanovllmEngine):
 
     name = "nanovllm-no-spec"
     speculate = False
+
+
+class NanovllmNoKVTransferEngine(NanovllmEngine):
+    """nanovllm without the KV connector: the other half of `--kv-transfer-config`'s
+    comparison."""
+
+    name = "nanovllm-no-kv-transfer"
+    kv_transfer = False
 
 
 class NanovllmOneRankEngine(NanovllmEngine):

@@ -33,6 +33,7 @@ ENGINES: dict[str, str | type] = {
     "nanovllm": "nanovllm.bench.engine_nanovllm:NanovllmEngine",
     "nanovllm-no-prefix": "nanovllm.bench.engine_nanovllm:NanovllmNoPrefixEngine",
     "nanovllm-no-spec": "nanovllm.bench.engine_nanovllm:NanovllmNoSpecEngine",
+    "nanovllm-no-kv-transfer": "nanovllm.bench.engine_nanovllm:NanovllmNoKVTransferEngine",
     "nanovllm-tp1": "nanovllm.bench.engine_nanovllm:NanovllmOneRankEngine",
     "nanovllm-compiled": "nanovllm.bench.engine_nanovllm:NanovllmCompiledEngine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
@@ -59,6 +60,8 @@ class EngineLimits:
     vllm_python: str | None = None  # the interpreter of vLLM's own virtualenv
     # nanovllm's speculative decoding (`--speculative-config`); the peers do not speculate
     speculative_config: dict | None = None
+    # nanovllm's KV connector (`--kv-transfer-config`), compared with nanovllm-no-kv-transfer
+    kv_transfer_config: dict | None = None
     # nanovllm's tensor parallelism (`--tensor-parallel-size`), compared with nanovllm-tp1
     tensor_parallel_size: int = 1
 

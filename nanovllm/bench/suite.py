@@ -10,7 +10,8 @@ Per model, in order (README.md says why each step is there):
 5. per engine: tok/s, nanovllm / engine, share of the ceiling, latency, greedy agreement;
 6. nanovllm's own figures: step overhead and KV memory (from the timed runs), speculative
    decoding against none (`--speculative-config`: speculation.py), prefix caching on against
-   off, `--profile`, `--serve URL`.
+   off, `--profile`, `--serve URL`. (`--kv-transfer-config` adds nanovllm without its KV
+   connector as an engine of its own, `nanovllm-no-kv-transfer`.)
 
 Everything lands in one JSON-ready dict; report.py prints it and plot.py draws it.
 """
@@ -66,6 +67,7 @@ class BenchConfig:
     max_model_len: int | None = None
     speculative_config: dict | None = None  # nanovllm speculates; compared with nanovllm-no-spec
     tensor_parallel_size: int = 1  # nanovllm's ranks; above 1, compared with nanovllm-tp1
+    kv_transfer_config: dict | None = None  # nanovllm's KV connector; compared without it
 
 
 class Progress:
@@ -161,6 +163,9 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
                 "model": resolve(spec.model).path,
             }
         first.append(speculation.WITHOUT)
+    if cfg.kv_transfer_config is not None:
+        limits.kv_transfer_config = cfg.kv_transfer_config
+        first.append("nanovllm-no-kv-transfer")
     if cfg.tensor_parallel_size > 1:
         limits.tensor_parallel_size = cfg.tensor_parallel_size
         first.append("nanovllm-tp1")
