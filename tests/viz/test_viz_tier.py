@@ -1,0 +1,266 @@
+"""The KV connector's tier in the visualizer (`viz/tier.py`): the reducer against a real engine.
+
+A real engine with the OffloadingConnector, a device pool of a few blocks (so cached prefixes are
+evicted) and a host tier of a few slots (so the tier drops entries too), runs workloads whose
+requests come back to earlier prefixes. After every step the reduced tier must equal
+
+- an independent oracle that replays only the saved / dropped events, naively (slot -> hash);
+- the engine's own tier: which hash each slot holds and the LRU order (`HostBlockTier`);
+- the engine's counters: loads * block_size == `scheduler.external_prefix_cache_hits`, and
+  saves - drops == the entries the tier holds;
+
+and the rest of the state must still agree with the engine (`check_against_engine`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from budget import examples
+from hypothesis import event as note
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_viz_state import check_against_engine
+
+from nanovllm.core.block_hash import short
+from nanovllm.events import (
+    BlockAllocated,
+    BlockEvicted,
+    EngineStarted,
+    KVBlockLoaded,
+    KVBlockSaved,
+    KVLoadFailed,
+    KVTierEvicted,
+    RequestAdded,
+    StepSummary,
+)
+from nanovllm.viz.state import VizState, reduce, reduce_all
+
+
+def started(num_tier_blocks: int = 3, connector: str = "OffloadingConnector") -> EngineStarted:
+    return EngineStarted(
+        "m", 8, 4, 4, 16, 64, True, True, "torch",
+        kv_connector=connector, kv_role="kv_both", num_tier_blocks=num_tier_blocks,
+    )  # fmt: skip
+
+
+def summary(step: int) -> StepSummary:
+    return StepSummary(step, {}, 0, 0, 0, 0, 0, 0, 8, 0, 0, 1e-4, 1e-3)
+
+
+def pool_eviction(block: int, block_hash: str, rid: str = "x") -> list:
+    """The device pool hands out `block`, which cached `block_hash`."""
+    return [BlockEvicted(block, block_hash), BlockAllocated(rid, block, 0)]
+
+
+# --- hand-written sequences ---------------------------------------------------------------------
+
+
+def test_no_connector_no_tier():
+    state = reduce(VizState(), EngineStarted("m", 8, 4, 4, 16, 64, True, True, "torch"))
+    assert state.tier.connector is None and not state.tier.has_slots
+    state = reduce_all(state, pool_eviction(0, "h0"))
+    assert state.tier.pending == ()
+
+
+def test_saves_fill_slots_and_a_full_tier_drops_its_least_recently_used():
+    s = reduce_all(
+        reduce(VizState(), started(num_tier_blocks=2)),
+        [RequestAdded("x", None, 4, 4)]
+        + pool_eviction(0, "a")
+        + pool_eviction(1, "b")
+        + [KVBlockSaved(1, 0, "a", 0), KVBlockSaved(1, 1, "b", 1), summary(1)],
+    )
+    assert s.tier.slots == ("a", "b") and s.tier.lru == ("a", "b")
+    assert s.last_step.saved == ((0, 0), (1, 1)) and s.tier.next_dropped() == 0
+    s = reduce_all(
+        s,
+        pool_eviction(2, "c") + [KVTierEvicted(2, "a", 0), KVBlockSaved(2, 2, "c", 0), summary(2)],
+    )
+    assert s.tier.slots == ("c", "b") and s.tier.lru == ("b", "c")
+    assert s.last_step.dropped == (0,) and s.last_step.saved == ((2, 0),)
+    assert (s.tier.num_saved, s.tier.num_dropped) == (3, 1)
+
+
+def test_lru_order_follows_the_engine_not_the_event_order():
+    """Step 3: a hit on `a` (touched while scheduling), then the pool evicts `d` (new: saved)
+    and `b` (in the tier: touched, no event). The engine's order is c, a, d, b; the events come
+    as save d, load a."""
+    s = reduce_all(
+        reduce(VizState(), started(num_tier_blocks=4)),
+        [RequestAdded("x", None, 4, 4)]
+        + pool_eviction(0, "a")
+        + pool_eviction(1, "b")
+        + pool_eviction(2, "c")
+        + [KVBlockSaved(1, 0, "a", 0), KVBlockSaved(1, 1, "b", 1), KVBlockSaved(1, 2, "c", 2)]
+        + [summary(1)],
+    )
+    assert s.tier.lru == ("a", "b", "c")
+    s = reduce_all(
+        s,
+        pool_eviction(3, "d")
+        + pool_eviction(4, "b")
+        + [KVBlockSaved(2, 3, "d", 3), KVBlockLoaded(2, "x", 5, "a", 0)],
+    )
+    assert s.tier.lru == ("c", "a", "d", "b")
+    assert s.draft.loaded == ((0, 5),)
+    s = reduce(s, summary(2))
+    assert s.tier.lru == ("c", "a", "d", "b") and s.tier.pending == ()
+
+
+def test_shared_storage_counts_without_slots():
+    s = reduce_all(
+        reduce(VizState(), started(num_tier_blocks=0, connector="SharedStorageConnector")),
+        [
+            KVBlockSaved(1, 3, "a", request_id="x"),
+            KVBlockLoaded(1, "y", 5, "a"),
+            KVLoadFailed(1, "y", "cannot load a.pt"),
+        ],
+    )
+    t = s.tier
+    assert not t.has_slots and (t.num_saved, t.num_loaded, t.num_failed) == (1, 1, 1)
+    assert s.draft.saved == ((3, -1),) and s.draft.loaded == ((-1, 5),)
+    assert t.failures == (("y", "cannot load a.pt"),) and s.draft.load_failed == ("y",)
+
+
+# --- against the real engine ---------------------------------------------------------------------
+
+
+@st.composite
+def offload_runs(draw):
+    """A tiny device pool and tier, and requests made of a few shared "documents" (whole
+    blocks) and a suffix; documents come back later, after the pool has evicted them."""
+    block_size = draw(st.sampled_from([2, 4]))
+    config = dict(
+        block_size=block_size,
+        num_kv_blocks=draw(st.integers(5, 10)),
+        max_num_seqs=draw(st.integers(1, 3)),
+        max_num_batched_tokens=draw(st.sampled_from([8, 16, 32])),
+    )
+    num_cpu_blocks = draw(st.integers(1, 8))
+    docs = draw(
+        st.lists(
+            st.lists(st.integers(3, 200), min_size=block_size, max_size=3 * block_size).map(
+                lambda d: d[: len(d) // block_size * block_size]
+            ),
+            min_size=2,
+            max_size=4,
+        )
+    )
+    requests = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 30),  # arrival tick
+                st.integers(0, len(docs) - 1),  # which document it starts with
+                st.lists(st.integers(3, 200), min_size=1, max_size=5),  # its own suffix
+                st.integers(1, 8),  # max_tokens
+            ),
+            min_size=4,
+            max_size=12,
+        )
+    )
+    return config, num_cpu_blocks, docs, requests
+
+
+def naive_slots(events: list, num_slots: int) -> dict[int, str]:
+    """Slot -> hash, from the saved and dropped events alone."""
+    slots: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, KVTierEvicted):
+            assert slots.pop(e.tier_slot) == e.block_hash
+        elif isinstance(e, KVBlockSaved):
+            assert e.tier_slot not in slots and 0 <= e.tier_slot < num_slots
+            slots[e.tier_slot] = e.block_hash
+    return slots
+
+
+def check_tier(state: VizState, engine, events: list) -> None:
+    tier, mine = engine.kv_connector.tier, state.tier
+    engine_slots = {slot: short(h) for h, slot in tier.slot_of.items()}
+    assert dict(enumerate(mine.slots)) == {i: engine_slots.get(i) for i in range(tier.num_blocks)}
+    assert {i: h for i, h in enumerate(mine.slots) if h} == naive_slots(events, tier.num_blocks)
+    assert list(mine.lru) == [short(h) for h in tier.slot_of]  # least recently used first
+    assert mine.num_loaded * state.block_size == engine.scheduler.external_prefix_cache_hits
+    assert mine.num_saved - mine.num_dropped == len(tier)
+    assert mine.num_loaded == sum(isinstance(e, KVBlockLoaded) for e in events)
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(run=offload_runs())
+def test_tier_agrees_with_engine(tiny_llama: Path, run):
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.sampling_params import SamplingParams
+
+    config, num_cpu_blocks, docs, requests = run
+    kv_transfer_config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {"num_cpu_blocks": num_cpu_blocks},
+    }
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(tiny_llama), num_threads=1, kv_transfer_config=kv_transfer_config, **config
+        )
+    )
+    events: list = []
+    box = [VizState()]
+
+    def on_event(event) -> None:
+        events.append(event)
+        box[0] = reduce(box[0], event)
+
+    engine.subscribe(on_event)
+    for tick in range(300):  # (it stops once every request is done)
+        for i, (arrival, doc, suffix, max_tokens) in enumerate(requests):
+            if arrival == tick:
+                params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+                try:
+                    engine.add_request(f"q{i}", docs[doc] + suffix, params)
+                except ValueError:
+                    pass  # too big for this KV cache: a RequestRejected event
+        if engine.has_unfinished_requests():
+            engine.step()
+            check_against_engine(box[0], engine)
+            check_tier(box[0], engine, events)
+        elif tick > 12:
+            break
+    state = box[0]
+    note(f"tier hits: {state.tier.num_loaded > 0}")
+    note(f"tier drops: {state.tier.num_dropped > 0}")
+    assert state.tier.connector == "OffloadingConnector"
+    assert state.tier.num_blocks == num_cpu_blocks
+    assert state.tier.num_failed == 0 and not any(isinstance(e, KVLoadFailed) for e in events)
+
+
+def test_offload_scenario_fills_the_tier_and_serves_hits():
+    """The `offload` scenario's engine and workload on the embedded model (the scenario is sized
+    for its tokenizer): within 60 steps the tier fills, drops entries and serves hits, and the
+    reduced tier matches the engine's."""
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.sampling_params import SamplingParams
+    from nanovllm.viz.scenarios import SCENARIOS
+
+    scenario = SCENARIOS["offload"]
+    engine = LLMEngine(EngineConfig(num_threads=1, **scenario.engine))
+    events: list = []
+    box = [VizState()]
+
+    def on_event(event) -> None:
+        events.append(event)
+        box[0] = reduce(box[0], event)
+
+    engine.subscribe(on_event)
+    workload = scenario.workload(0)
+    n = 0
+    for tick in range(60):
+        for a in workload.arrivals(tick, engine.has_unfinished_requests(), len(box[0].waiting)):
+            params = SamplingParams(temperature=a.temperature, max_tokens=a.max_tokens, seed=a.seed)
+            engine.add_request(f"r{n}", a.prompt, params)
+            n += 1
+        if engine.has_unfinished_requests():
+            engine.step()
+    check_tier(box[0], engine, events)
+    tier = box[0].tier
+    assert tier.num_filled == tier.num_blocks, "the tier fills"
+    assert tier.num_loaded > 0 and tier.num_dropped > 0, (tier.num_loaded, tier.num_dropped)
