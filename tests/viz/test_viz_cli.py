@@ -53,8 +53,25 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys):
         (["--size", "big", "--measure", "1"], "--size"),
         (["--steps", "0", "--screenshot", "x.svg"], "--steps"),
         (["--screenshot", "x.svg", "--measure", "1"], "do not go together"),
+        (["--kv-transfer-config", "{x", "--screenshot", "x.svg"], "--kv-transfer-config is not"),
         ([], "interactive terminal"),  # pytest's stdout is not a terminal
     ]
     for args, message in cases:
         assert main(["viz", *args]) == 2, args
         assert message in capsys.readouterr().err, args
+
+
+def test_a_kv_connector_from_the_command_line_shows_its_tier(tiny_llama: Path, tmp_path: Path):
+    """`--kv-transfer-config JSON` reaches the engine, and the screen gains the tier's panel."""
+    import json
+
+    out = tmp_path / "tier.txt"
+    config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {"num_cpu_blocks": 24},
+    }
+    args = ["viz", "--model", str(tiny_llama), "--scenario", "prefix"]
+    args += ["--kv-transfer-config", json.dumps(config), "--screenshot", str(out), "--steps", "3"]
+    assert main(args) == 0
+    text = out.read_text()
+    assert "OffloadingConnector" in text and "0/24" in text and "step 3: " in text

@@ -34,7 +34,8 @@ from nanovllm.events import (
     RequestAdded,
     StepSummary,
 )
-from nanovllm.viz.state import VizState, reduce, reduce_all
+from nanovllm.viz.state import StepRecord, VizState, reduce, reduce_all
+from nanovllm.viz.widgets.tier import traffic_line
 
 
 def started(num_tier_blocks: int = 3, connector: str = "OffloadingConnector") -> EngineStarted:
@@ -108,6 +109,30 @@ def test_lru_order_follows_the_engine_not_the_event_order():
     assert s.tier.lru == ("c", "a", "d", "b") and s.tier.pending == ()
 
 
+def test_the_story_and_the_traffic_line_tell_saves_drops_and_loads():
+    s = reduce_all(
+        reduce(VizState(), started(num_tier_blocks=1)),
+        [RequestAdded("x", None, 4, 4)]
+        + pool_eviction(0, "a")
+        + [KVBlockSaved(1, 0, "a", 0), summary(1)]
+        + pool_eviction(3, "b")
+        + [KVTierEvicted(2, "a", 0), KVBlockSaved(2, 3, "b", 0)]
+        + [KVBlockLoaded(2, "x", 5, "b", 0), KVBlockLoaded(2, "x", 6, "b", 0)],
+    )
+    texts = [n.text for n in s.draft.notes]
+    assert texts[-2] == (
+        "host tier saves blocks the device pool hands out again: block 3 -> slot 0; the tier "
+        "was full, so it dropped its least recently used: slot 0 (a)"
+    )
+    assert texts[-1] == (
+        "x host tier hit: slot 0 -> block 5, slot 0 -> block 6 (KV copied in before the "
+        "forward pass, not computed)"
+    )
+    assert s.draft.notes[-1].blocks == (5, 6) and s.draft.notes[-2].blocks == (3,)
+    assert traffic_line(s.draft) == "step 2: loaded t0→b5, t0→b6; saved b3→t0; dropped t0"
+    assert traffic_line(StepRecord(step=4)) == "step 4: no transfers"
+
+
 def test_shared_storage_counts_without_slots():
     s = reduce_all(
         reduce(VizState(), started(num_tier_blocks=0, connector="SharedStorageConnector")),
@@ -121,6 +146,13 @@ def test_shared_storage_counts_without_slots():
     assert not t.has_slots and (t.num_saved, t.num_loaded, t.num_failed) == (1, 1, 1)
     assert s.draft.saved == ((3, -1),) and s.draft.loaded == ((-1, 5),)
     assert t.failures == (("y", "cannot load a.pt"),) and s.draft.load_failed == ("y",)
+    assert traffic_line(s.draft) == "step 0: loaded b5; saved b3; load failed: y"
+    assert [n.text for n in s.draft.notes] == [
+        "x saves blocks 3 to shared storage (another engine can load them)",
+        "y loads blocks 5 from shared storage instead of computing them",
+        "y: loading its KV failed (cannot load a.pt); the step is undone and it computes "
+        "those tokens instead",
+    ]
 
 
 # --- against the real engine ---------------------------------------------------------------------
@@ -264,3 +296,52 @@ def test_offload_scenario_fills_the_tier_and_serves_hits():
     tier = box[0].tier
     assert tier.num_filled == tier.num_blocks, "the tier fills"
     assert tier.num_loaded > 0 and tier.num_dropped > 0, (tier.num_loaded, tier.num_dropped)
+
+
+def test_offload_scenario_panel_in_the_app():
+    """The live app on the `offload` scenario (embedded model): the tier's panel sits beside
+    the free queue with its slots and counts, and a step that loaded from the tier shows its
+    traffic line and its story. Without a connector the panel is hidden."""
+    import asyncio
+
+    from viz_helpers import wait_until
+
+    from nanovllm.viz.app import VizApp, screen_text
+    from nanovllm.viz.driver import EngineDriver
+
+    steps = 60
+
+    def make(publish, notify):
+        return EngineDriver(
+            publish,
+            notify=notify,
+            scenario="offload",
+            overrides=dict(num_threads=1),
+            speed=0,
+            max_steps=steps,
+        )
+
+    async def go():
+        app = VizApp(make)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(
+                pilot, lambda: app.state.step == steps and app.status.paused, timeout=120
+            )
+            tier = app.state.tier
+            assert tier.num_loaded > 0 and tier.num_filled == tier.num_blocks
+            assert app.screen.has_class("-tier") and app.query_one("#tier").display
+            text = screen_text(app)
+            assert "OffloadingConnector" in text and "Free block queue" in text
+            assert f"{tier.num_filled}/{tier.num_blocks}" in text and "t0  " in text
+            # Back through the history to the last step that loaded from the tier.
+            while not app.state.last_step.loaded:
+                step = app.state.step
+                await pilot.press("left")
+                await wait_until(pilot, lambda step=step: app.state.step == step - 1)
+            await pilot.pause(0.1)
+            slot, block = app.state.last_step.loaded[0]
+            text = screen_text(app)
+            assert f"loaded t{slot}→b{block}" in text, text
+            assert "host tier hit" in text
+
+    asyncio.run(go())
