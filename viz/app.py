@@ -188,7 +188,7 @@ class VizApp(App[object]):
             StepView: ("Step composition", "upper case: prompt tokens · lower case: decode"),
             KVCacheView: ("Physical KV cache", "A owned · A² shared · a or # cached-free · · free"),
             FreeQueueView: ("Free block queue", "head: next out · tail: last freed"),
-            TierView: ("KV connector", "tier slots · this step's saves and loads"),
+            TierView: ("KV connector", ""),  # named by the view itself, once it knows
             BlockTablesView: ("Block tables", "logical → physical · last block fill"),
             PagingView: (
                 "Paging: the selected request",

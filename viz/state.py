@@ -23,7 +23,9 @@ Speculative decoding: a decoding request with proposals is scheduled for 1 + k t
 over the rejected ones (as the scheduler does), and the `BlockFreed` events that follow, for
 blocks that held only rejected slots, take those blocks out of the request's block table while
 it keeps running. Parallel sampling: children of one parent are grouped as a family
-(`families.py`).
+(`families.py`). A KV connector's tier (`tier.py`): the slots, their LRU order and the
+counts live in `VizState.tier`, each step's saves and loads in its `StepRecord`; tokens loaded
+from the connector are taken out of the prefix-cache hits (the scheduler counts them apart).
 """
 
 from __future__ import annotations

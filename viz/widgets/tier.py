@@ -75,9 +75,11 @@ class TierView(StateView):
 
     def show(self, state: VizState, selected: str | None, status: DriverStatus | None) -> None:
         super().show(state, selected, status)
-        title = state.tier.connector or "KV connector"
-        if self.border_title != title:
-            self.border_title = title
+        tier = state.tier
+        title = tier.connector or "KV connector"
+        subtitle = "t: tier slot · b: device block" if tier.has_slots else "b: device block"
+        if (self.border_title, self.border_subtitle) != (title, subtitle):
+            self.border_title, self.border_subtitle = title, subtitle
 
     def _record(self) -> StepRecord | None:
         state = self.state
@@ -155,7 +157,7 @@ class TierView(StateView):
                 f"{NEXT_DROPPED} dropped next · {EMPTY} empty · {DROPPED} dropped"
             )
         else:
-            legend = "b3: device block 3, saved to or loaded from files"
+            legend = "saved: KV written to files · loaded: read back, not computed"
         lines.append(traffic)
         if height >= 4 or not tier.has_slots:
             lines.append(Text(legend, DIM))
