@@ -35,7 +35,7 @@ from nanovllm.events import (
     StepSummary,
 )
 from nanovllm.viz.state import StepRecord, VizState, reduce, reduce_all
-from nanovllm.viz.widgets.tier import traffic_line
+from nanovllm.viz.widgets.tier import slot_rows, traffic_line
 
 
 def started(num_tier_blocks: int = 3, connector: str = "OffloadingConnector") -> EngineStarted:
@@ -131,6 +131,30 @@ def test_the_story_and_the_traffic_line_tell_saves_drops_and_loads():
     assert s.draft.notes[-1].blocks == (5, 6) and s.draft.notes[-2].blocks == (3,)
     assert traffic_line(s.draft) == "step 2: loaded t0→b5, t0→b6; saved b3→t0; dropped t0"
     assert traffic_line(StepRecord(step=4)) == "step 4: no transfers"
+
+
+@settings(max_examples=examples(60))
+@given(st.integers(1, 300), st.integers(8, 120), st.integers(1, 4))
+def test_slot_rows_keep_slot_order_in_groups_of_eight(num_slots: int, width: int, lines: int):
+    """Every row fits the width, starts with the label of its first slot, and the rows hold
+    the slots in order (all of them, unless `…` says the rows ran out)."""
+    from rich.style import Style
+
+    chars = "abcdefghijklmnopqrstuvwxyz"
+    cells = [(chars[i % 26], Style()) for i in range(num_slots)]
+    rows = slot_rows(cells, width, lines)
+    assert 1 <= len(rows) <= lines
+    shown, label = "", len(f"t{num_slots - 1} ")
+    for row in rows:
+        text = row.plain
+        assert len(text) <= max(width, label + 2), (text, width)
+        assert text.startswith(f"t{len(shown)}".ljust(label))
+        body = text[label:].removesuffix("…")
+        groups = body.split(" ")
+        assert all(len(g) == 8 for g in groups[:-1]) and 1 <= len(groups[-1]) <= 8
+        shown += "".join(groups)
+    assert shown == "".join(c for c, _ in cells[: len(shown)])
+    assert (len(shown) < num_slots) == rows[-1].plain.endswith("…")
 
 
 def test_shared_storage_counts_without_slots():

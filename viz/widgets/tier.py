@@ -65,7 +65,10 @@ def slot_rows(cells: list[tuple[str, Style]], width: int, max_lines: int) -> lis
         rows.append(row)
     if len(rows) > max_lines:
         rows = rows[:max_lines]
-        rows[-1].append("…", DIM)
+        last = rows[-1]
+        if len(last) + 1 > width:
+            last.right_crop(len(last) + 1 - width)
+        last.append("…", DIM)
     return rows
 
 
