@@ -345,6 +345,48 @@ def test_a_touch_after_a_save_keeps_the_engines_lru_order(tiny_llama: Path):
     assert touched_after_a_save(run.events) and run.state.tier.num_loaded > 0
 
 
+def test_shared_storage_saves_loads_and_a_failed_load_against_engines(
+    tiny_llama: Path, tmp_path: Path
+):
+    """SharedStorageConnector, two engines: a producer saves a prompt's blocks to files, a
+    consumer loads them for the same prompt, a second consumer finds one file spoiled (its load
+    fails, the step is undone and the request computes). The reduced counts equal the files
+    written, the engines' external hits and the failures."""
+    from nanovllm.sampling_params import SamplingParams
+
+    def engine(role: str) -> Watched:
+        config = {
+            "kv_connector": "SharedStorageConnector",
+            "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+        }
+        return Watched(model=str(tiny_llama), block_size=4, kv_transfer_config=config)
+
+    def finish(run: Watched, prompt: list[int]) -> VizState:
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        run.engine.add_request("r", prompt, params)
+        while run.engine.has_unfinished_requests():
+            run.engine.step()
+            check_against_engine(run.state, run.engine)
+        hits = run.engine.scheduler.external_prefix_cache_hits
+        assert run.state.tier.num_loaded * 4 == hits
+        assert not run.state.tier.has_slots and run.state.tier.connector == "SharedStorageConnector"
+        return run.state
+
+    prompt = list(range(10, 31))  # 21 tokens: blocks 0-4 loadable, the last token computed
+    loadable = (len(prompt) - 1) // 4
+    producer = finish(engine("kv_producer"), prompt)
+    files = list(tmp_path.rglob("*.pt"))
+    assert producer.tier.num_saved == len(files) >= loadable and producer.tier.num_loaded == 0
+    consumer = finish(engine("kv_consumer"), prompt).tier
+    assert (consumer.num_saved, consumer.num_loaded, consumer.num_failed) == (0, loadable, 0)
+    for file in files:
+        file.write_bytes(b"not a tensor file")
+    spoiled = finish(engine("kv_consumer"), prompt).tier
+    assert spoiled.num_failed == 1 and spoiled.failures[0][0] == "r"
+    assert spoiled.num_loaded == loadable  # announced, then undone: the engine counts them too
+
+
 def test_offload_scenario_fills_the_tier_and_serves_hits():
     """The `offload` scenario's engine and workload on the embedded model (the scenario is sized
     for its tokenizer): within 60 steps the tier fills, drops entries and serves hits, and the
