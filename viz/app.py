@@ -61,6 +61,7 @@ from nanovllm.viz.widgets import (
     StateView,
     StatusBar,
     StepView,
+    TierView,
     TimelineView,
 )
 
@@ -163,7 +164,9 @@ class VizApp(App[object]):
                 yield TimelineView(id="timeline")
                 yield StepView(id="step")
                 yield KVCacheView(id="kv")
-                yield FreeQueueView(id="free")
+                with Horizontal(id="free-row"):
+                    yield FreeQueueView(id="free")
+                    yield TierView(id="tier")  # shown only with a KV connector
                 with Horizontal(id="pages"):
                     yield BlockTablesView(id="tables-center", classes="tables")
                     yield PagingView(id="paging-center", classes="paging")
@@ -185,6 +188,7 @@ class VizApp(App[object]):
             StepView: ("Step composition", "upper case: prompt tokens · lower case: decode"),
             KVCacheView: ("Physical KV cache", "A owned · A² shared · a or # cached-free · · free"),
             FreeQueueView: ("Free block queue", "head: next out · tail: last freed"),
+            TierView: ("KV connector", ""),  # named by the view itself, once it knows
             BlockTablesView: ("Block tables", "logical → physical · last block fill"),
             PagingView: (
                 "Paging: the selected request",
@@ -244,6 +248,7 @@ class VizApp(App[object]):
             return
         self._last_frame = time.monotonic()
         self.state, self.status = self._latest
+        self.screen.set_class(self.state.tier.connector is not None, "-tier")
         self._follow_selection()
         self._redraw()
         self._check_goals()

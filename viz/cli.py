@@ -2,7 +2,8 @@
 
     nanovllm viz                                  the embedded model on the steady workload
     nanovllm viz --scenario burst                 preemption (also: prefix, chunked,
-                                                  speculative, parallel)
+                                                  speculative, parallel, offload)
+    nanovllm viz --kv-transfer-config JSON        a KV connector: its tier beside the free queue
     nanovllm viz --record run.jsonl               ... and write every event to a trace
     nanovllm viz --replay run.jsonl               play a trace back, no model needed
     nanovllm viz --connect http://127.0.0.1:8000  watch a running `nanovllm serve`
@@ -177,12 +178,16 @@ def run(args: argparse.Namespace) -> int:
         missing = _model_missing(args.model)
         if missing:
             return fail(missing)
+        try:
+            overrides = engine_overrides(args)  # (a --kv-transfer-config that is not JSON)
+        except ValueError as exc:
+            return fail(str(exc))
         make_driver = partial(
             _engine_driver,
             EngineDriver,
             dict(
                 scenario=args.scenario,
-                overrides=engine_overrides(args),
+                overrides=overrides,
                 record=args.record,
                 workload_seed=args.workload_seed,
                 **common,

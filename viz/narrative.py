@@ -12,6 +12,11 @@ its sampled tokens) become one note, so a step reads as a short list:
     r11 logical block 2 <- block 24 (head of the free queue; evicts r3's cached prefix)
     r15 prefix hit: logical 0-2 <- blocks 0 1 2 (pulled from the middle of the free queue)
     r3: proposed 4, accepted 1, rejected 3 (+1 token of its own); block 17 to the tail
+    host tier saves blocks the device pool hands out again: block 5 -> slot 0, block 2 -> slot 1
+    r16 host tier hit: slot 0 -> block 9 (KV copied in before the forward pass, not computed)
+
+With a KV connector (`tier.py`) the saves of a step are one note (a full tier's drop told with
+the save that takes its slot), and each request's loads another.
 
 A verification's note takes in the `BlockFreed` events of its request that follow it (the
 blocks that held only rejected proposals), even when other requests' verifications come in
@@ -36,6 +41,10 @@ from nanovllm.events import (
     EngineSnapshot,
     Event,
     GrammarMasked,
+    KVBlockLoaded,
+    KVBlockSaved,
+    KVLoadFailed,
+    KVTierEvicted,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -55,6 +64,7 @@ ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
 TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
 SPEC, GRAMMAR = "spec", "grammar"
+SAVE, DROP, LOAD, LOAD_FAILED = "save", "drop", "load", "load_failed"  # the KV connector
 
 MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
 
@@ -78,9 +88,9 @@ class Note:
     @property
     def blocks(self) -> tuple[int, ...]:
         """The physical blocks the note is about."""
-        if self.kind in (TAKE, HIT):
+        if self.kind in (TAKE, HIT, LOAD):
             return tuple(item[1] for item in self.items)
-        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH):
+        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH, SAVE):
             return tuple(item[0] for item in self.items)
         if self.kind == SPEC:  # items[0] is the verification; the rest are freed blocks
             return tuple(item[0] for item in self.items[1:])
@@ -131,6 +141,16 @@ def narrate(state: VizState, event: Event) -> Note | None:
     if isinstance(event, RequestFinished):
         detail = f"{event.finish_reason}, {event.num_output_tokens} tokens"
         return Note(FINISH, event.request_id, i, i, detail=detail, count=0)
+    if isinstance(event, KVBlockSaved):
+        item = (event.block_id, event.tier_slot, event.block_hash, None)
+        return Note(SAVE, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, KVTierEvicted):
+        return Note(DROP, None, i, i, ((event.tier_slot, event.block_hash),), count=1)
+    if isinstance(event, KVBlockLoaded):
+        item = (event.tier_slot, event.block_id)
+        return Note(LOAD, event.request_id, i, i, (item,), count=1)
+    if isinstance(event, KVLoadFailed):
+        return Note(LOAD_FAILED, event.request_id, i, i, detail=event.error, count=0)
     if isinstance(event, SpecTokensVerified):
         item = (len(event.proposed), event.num_accepted)
         return Note(SPEC, event.request_id, i, i, (item,), count=1)
@@ -180,8 +200,12 @@ def merge(a: Note, b: Note) -> Note | None:
     same = a.request_id == b.request_id
     if a.kind == b.kind and a.kind in (DECODE, TOKENS):
         return _join(a, b)
-    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE):
+    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, SAVE, LOAD):
         return _join(a, b)
+    if a.kind == DROP and b.kind == SAVE and b.items[0][1] == a.items[0][0]:
+        # The full tier dropped its least recently used entry to make room: one note says both.
+        block, slot, block_hash, _ = b.items[0]
+        return replace(b, first=a.first, items=((block, slot, block_hash, a.items[0][1]),))
     if a.kind == EVICT and b.kind == TAKE and len(a.items) == 1 and b.items[0][1] == a.items[0][0]:
         # The block came off the head still holding a cached prefix: one note says both.
         logical, block, _, fresh = b.items[0]
@@ -372,6 +396,41 @@ def _grammar(n: Note) -> str:
     return "masked: " + ", ".join(told) + f" of {n.detail} tokens" + _more(n)
 
 
+def _save(n: Note) -> str:
+    if n.items[0][1] < 0:  # no tier: shared storage, for another engine (or a later run)
+        blocks = _ids(item[0] for item in n.items) + _more(n)
+        return (
+            f"{n.request_id} saves blocks {blocks} to shared storage (another engine can load them)"
+        )
+    moves = ", ".join(f"block {block} -> slot {slot}" for block, slot, _, _ in n.items)
+    text = f"host tier saves blocks the device pool hands out again: {moves}{_more(n)}"
+    drops = [(slot, gone) for _, slot, _, gone in n.items if gone is not None]
+    if drops:
+        told = ", ".join(f"slot {slot} ({gone})" for slot, gone in drops)
+        text += f"; the tier was full, so it dropped its least recently used: {told}"
+    return text
+
+
+def _drop(n: Note) -> str:
+    slot, gone = n.items[0]
+    return f"host tier full: slot {slot} drops its least recently used block ({gone})"
+
+
+def _load(n: Note) -> str:
+    if n.items[0][0] < 0:
+        blocks = _ids(item[1] for item in n.items) + _more(n)
+        return f"{n.request_id} loads blocks {blocks} from shared storage instead of computing them"
+    moves = ", ".join(f"slot {slot} -> block {block}" for slot, block in n.items) + _more(n)
+    return f"{n.request_id} host tier hit: {moves} (KV copied in before the forward pass, not computed)"
+
+
+def _load_failed(n: Note) -> str:
+    return (
+        f"{n.request_id}: loading its KV failed ({n.detail}); the step is undone and it "
+        "computes those tokens instead"
+    )
+
+
 def _reject(n: Note) -> str:
     return f"{n.request_id} rejected: {n.detail}"
 
@@ -395,6 +454,10 @@ _TEXT = {
     TOKENS: _tokens,
     SPEC: _spec,
     GRAMMAR: _grammar,
+    SAVE: _save,
+    DROP: _drop,
+    LOAD: _load,
+    LOAD_FAILED: _load_failed,
     SUMMARY: _plain,
     SNAPSHOT: _plain,
 }

@@ -11,6 +11,8 @@ nothing to run). Workloads are seeded, so a scenario plays the same way every ti
     chunked  prompts of several hundred tokens and a small token budget: chunked prefill
     speculative  greedy decoding with n-gram speculation: proposals accepted and rejected
     parallel     every request asks for several completions (n > 1): blocks with n owners
+    offload      a tiny device pool over a host tier (OffloadingConnector): evicted prefixes
+                 are saved to the tier, and copied back when a request returns to them
 """
 
 from __future__ import annotations
@@ -115,6 +117,18 @@ class Workload:
             return [
                 replace(self._opening(rng.randint(16, 40)), n=rng.randint(2, 4)) for _ in range(n)
             ]
+        if self.kind == "offload":
+            # Requests keep coming back to a few passages, but the device pool holds only two
+            # requests' blocks: a passage's cached blocks are evicted in between, so its next
+            # request finds them in the host tier.
+            n = 2 if tick == 0 else int(rng.random() < 0.3)
+            out = []
+            for _ in range(n):
+                passage = rng.choice(PASSAGES)
+                out.append(
+                    self._arrival(passage + rng.choice(prompts.QUESTIONS), rng.randint(16, 32))
+                )
+            return out
         raise ValueError(f"unknown workload {self.kind!r}")
 
     def _opening(self, max_tokens: int) -> Arrival:
@@ -130,6 +144,16 @@ SPECULATIVE = {
     "num_speculative_tokens": 4,
     "prompt_lookup_min": 2,
     "prompt_lookup_max": 5,
+}
+
+# The offload scenario's passages: the first lines of each speech (a few blocks each).
+PASSAGES = tuple("".join(speech.splitlines(keepends=True)[:4]) for speech in prompts.SPEECHES)
+
+# The offload scenario's connector: a host tier of 16 blocks under a device pool of 18.
+OFFLOAD = {
+    "kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"num_cpu_blocks": 16},
 }
 
 SCENARIOS: dict[str, Scenario] = {
@@ -192,6 +216,23 @@ SCENARIOS: dict[str, Scenario] = {
             "the prefix cache, so those blocks have k owners (A³ in the grid), and each child "
             "owns only its own last block and output.",
             dict(block_size=8, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=256),
+        ),
+        Scenario(
+            "offload",
+            "a host tier under the device pool: KV offloading",
+            "Requests keep coming back to five passages, but the device pool (18 blocks) holds "
+            "little more than two requests. A cached block the pool hands out again is first "
+            "saved into the host tier (OffloadingConnector, 16 slots); a request that returns "
+            "to its passage gets those blocks copied back instead of computing them. The tier "
+            "panel beside the free queue shows its slots and each step's saves and loads; a "
+            "full tier drops its least recently used block.",
+            dict(
+                block_size=8,
+                num_kv_blocks=18,
+                max_num_seqs=2,
+                max_num_batched_tokens=256,
+                kv_transfer_config=OFFLOAD,
+            ),
         ),
     )
 }

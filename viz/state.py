@@ -23,7 +23,9 @@ Speculative decoding: a decoding request with proposals is scheduled for 1 + k t
 over the rejected ones (as the scheduler does), and the `BlockFreed` events that follow, for
 blocks that held only rejected slots, take those blocks out of the request's block table while
 it keeps running. Parallel sampling: children of one parent are grouped as a family
-(`families.py`).
+(`families.py`). A KV connector's tier (`tier.py`): the slots, their LRU order and the
+counts live in `VizState.tier`, each step's saves and loads in its `StepRecord`; tokens loaded
+from the connector are taken out of the prefix-cache hits (the scheduler counts them apart).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ from nanovllm.events import (
     EngineStarted,
     Event,
     GrammarMasked,
+    KVBlockLoaded,
+    KVBlockSaved,
+    KVLoadFailed,
+    KVTierEvicted,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -51,8 +57,10 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz import tier as tiers
 from nanovllm.viz.families import follows, group_children, parse_child_id
 from nanovllm.viz.narrative import Note, add_note, narrate
+from nanovllm.viz.tier import TierState, tier_from
 
 # Request status, as the visualizer tells it.
 WAITING = "waiting"
@@ -168,6 +176,13 @@ class StepRecord:
     gaps: tuple[tuple[int | None, int], ...] = ()
     # Speculative decoding: (request id, tokens proposed, tokens accepted) per verification.
     verified: tuple[tuple[str, int, int], ...] = ()
+    # KV connector traffic (`tier.py`): saves (device block, tier slot), loads (tier slot,
+    # device block), slots the full tier emptied, requests whose load failed. Slot -1: the
+    # connector has no tier (shared storage).
+    saved: tuple[tuple[int, int], ...] = ()
+    loaded: tuple[tuple[int, int], ...] = ()
+    dropped: tuple[int, ...] = ()
+    load_failed: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()  # the step's events in engine order
     notes: tuple[Note, ...] = ()  # the step told in words (see `narrative.py`)
     summary: StepSummary | None = None
@@ -195,7 +210,7 @@ class Metrics:
     num_rejected: int = 0
     engine_time: float = 0.0  # schedule + forward, summed over steps
     prefix_queries: int = 0  # tokens of requests at admission (the scheduler's definition)
-    prefix_hits: int = 0  # of those, tokens served by the prefix cache
+    prefix_hits: int = 0  # of those, tokens served by the prefix cache (not a KV connector)
     # Speculative decoding, as the engine's `spec_stats` counts it: verifications (`drafts`),
     # tokens proposed, tokens accepted.
     num_drafts: int = 0
@@ -256,6 +271,7 @@ class VizState:
     # Parallel sampling: parent id -> its children's ids by index (families of two or more).
     families: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
     last_added: str | None = None  # the latest RequestAdded's id (children arrive in a row)
+    tier: TierState = field(default_factory=TierState)  # the KV connector's (`tier.py`)
 
     @property
     def step(self) -> int:
@@ -281,7 +297,12 @@ def initial_state(started: EngineStarted | None = None) -> VizState:
     if started is None:
         return VizState()
     n = started.num_kv_blocks
-    return VizState(engine=started, blocks=(BlockInfo(),) * n, free_queue=tuple(range(n)))
+    return VizState(
+        engine=started,
+        blocks=(BlockInfo(),) * n,
+        free_queue=tuple(range(n)),
+        tier=tier_from(started),
+    )
 
 
 # --- figures derived from a state (the same ones the engine reports) --------------------------
@@ -654,6 +675,11 @@ def _on_block_allocated(state: VizState, e: BlockAllocated) -> VizState:
     draft = state.draft
     if e.from_free_queue:  # off the head of the free queue, when events are consistent
         draft = replace(draft, taken=draft.taken + (e.block_id,))
+        before = draft.events[-2] if len(draft.events) >= 2 else None
+        if isinstance(before, BlockEvicted) and before.block_id == e.block_id:
+            # The pool hands out a block still caching a prefix: the tier saves it at the end
+            # of scheduling (only these evictions; a failed step's uncaching is not one).
+            state = replace(state, tier=tiers.pool_evicted(state.tier, before.block_hash))
     ref_count = state.blocks[e.block_id].ref_count + 1
     return _give_block(
         state, e.request_id, e.block_id, e.logical_index, ref_count, e.from_free_queue, draft
@@ -778,6 +804,35 @@ def _on_grammar_masked(state: VizState, e: GrammarMasked) -> VizState:
     return state
 
 
+def _on_kv_block_saved(state: VizState, e: KVBlockSaved) -> VizState:
+    draft = replace(state.draft, saved=state.draft.saved + ((e.block_id, e.tier_slot),))
+    return replace(state, tier=tiers.saved(state.tier, e.block_hash, e.tier_slot), draft=draft)
+
+
+def _on_kv_tier_evicted(state: VizState, e: KVTierEvicted) -> VizState:
+    draft = replace(state.draft, dropped=state.draft.dropped + (e.tier_slot,))
+    return replace(state, tier=tiers.dropped(state.tier, e.block_hash, e.tier_slot), draft=draft)
+
+
+def _on_kv_block_loaded(state: VizState, e: KVBlockLoaded) -> VizState:
+    draft = replace(state.draft, loaded=state.draft.loaded + ((e.tier_slot, e.block_id),))
+    # The request's admission counted these tokens as computed (`RequestScheduled`); they are
+    # the connector's hits, not the prefix cache's (the scheduler counts them apart too).
+    m = state.metrics
+    metrics = replace(m, prefix_hits=m.prefix_hits - state.block_size)
+    return replace(
+        state,
+        tier=tiers.loaded(state.tier, e.block_hash, e.tier_slot),
+        draft=draft,
+        metrics=metrics,
+    )
+
+
+def _on_kv_load_failed(state: VizState, e: KVLoadFailed) -> VizState:
+    draft = replace(state.draft, load_failed=state.draft.load_failed + (e.request_id,))
+    return replace(state, tier=tiers.load_failed(state.tier, e.request_id, e.error), draft=draft)
+
+
 def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
     record = replace(state.draft, step=e.step, summary=e)
     cells: dict[str, str] = {}
@@ -803,6 +858,7 @@ def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
         draft=StepRecord(step=e.step + 1),
         timeline=(state.timeline + (column,))[-MAX_TIMELINE:],
         metrics=metrics,
+        tier=tiers.end_step(state.tier),
     )
 
 
@@ -879,5 +935,9 @@ _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
     BlockEvicted: _on_block_evicted,
     SpecTokensVerified: _on_spec_tokens_verified,
     GrammarMasked: _on_grammar_masked,
+    KVBlockSaved: _on_kv_block_saved,
+    KVTierEvicted: _on_kv_tier_evicted,
+    KVBlockLoaded: _on_kv_block_loaded,
+    KVLoadFailed: _on_kv_load_failed,
     StepSummary: _on_step_summary,
 }

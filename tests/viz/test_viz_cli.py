@@ -53,8 +53,30 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys):
         (["--size", "big", "--measure", "1"], "--size"),
         (["--steps", "0", "--screenshot", "x.svg"], "--steps"),
         (["--screenshot", "x.svg", "--measure", "1"], "do not go together"),
+        (["--kv-transfer-config", "{x", "--screenshot", "x.svg"], "--kv-transfer-config is not"),
         ([], "interactive terminal"),  # pytest's stdout is not a terminal
     ]
     for args, message in cases:
         assert main(["viz", *args]) == 2, args
         assert message in capsys.readouterr().err, args
+
+
+def test_a_kv_connector_from_the_command_line_shows_its_tier(tiny_llama: Path, tmp_path: Path):
+    """`--kv-transfer-config JSON` reaches the engine, the screen gains the tier's panel, and
+    a recorded run with saves to the tier replays to the same screen."""
+    import json
+
+    trace, live, replay = tmp_path / "t.jsonl", tmp_path / "live.txt", tmp_path / "replay.txt"
+    config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {"num_cpu_blocks": 24},
+    }
+    common = ["--steps", "12", "--size", "160x48"]
+    engine = ["--model", str(tiny_llama), "--scenario", "steady", "--num-kv-blocks", "16"]
+    engine += ["--kv-transfer-config", json.dumps(config)]
+    assert main(["viz", *engine, "--record", str(trace), "--screenshot", str(live), *common]) == 0
+    assert main(["viz", "--replay", str(trace), "--screenshot", str(replay), *common]) == 0
+    assert "kv_block_saved" in trace.read_text()  # the pool evicted, the tier saved
+    live_lines, replay_lines = live.read_text().splitlines(), replay.read_text().splitlines()
+    assert "OffloadingConnector" in live.read_text() and "step 12: " in live.read_text()
+    assert live_lines[1:-1] == replay_lines[1:-1]

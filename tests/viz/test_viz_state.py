@@ -28,6 +28,10 @@ from nanovllm.events import (
     CacheHit,
     EngineStarted,
     GrammarMasked,
+    KVBlockLoaded,
+    KVBlockSaved,
+    KVLoadFailed,
+    KVTierEvicted,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -418,8 +422,10 @@ def test_children_of_one_parent_are_a_family():
 def test_trace_shows_every_effect(trace_events):
     kinds = {e.kind for e in trace_events}
     # Only a late subscriber gets a snapshot; the trace has no structured-output request (its
-    # masks are checked by hand below, `test_a_masked_step_...`).
-    expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked"}
+    # masks are checked by hand below, `test_a_masked_step_...`) and no KV connector (its
+    # events are checked against an engine that has one, `test_viz_tier.py`).
+    kv_connector = {"kv_block_saved", "kv_block_loaded", "kv_tier_evicted", "kv_load_failed"}
+    expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked"} - kv_connector
     assert kinds == expected, expected - kinds
     hits = [e for e in trace_events if isinstance(e, CacheHit)]
     assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)
@@ -484,6 +490,7 @@ def test_reduce_is_pure(trace_events):
 
 ids = st.sampled_from(["a", "b", "c"])
 blocks = st.integers(-1, 6)
+hashes = st.sampled_from(["h", "g", "f"])
 any_event = st.one_of(
     st.builds(RequestAdded, ids, st.none(), st.integers(1, 9), st.integers(1, 9)),
     st.builds(RequestRejected, ids, st.just("no")),
@@ -517,7 +524,7 @@ any_event = st.one_of(
     st.builds(CacheHit, ids, blocks, st.integers(0, 4), st.booleans(), st.integers(0, 3)),
     st.builds(BlockFreed, ids, blocks, st.integers(0, 2), st.booleans()),
     st.builds(BlockCached, ids, blocks, st.just("h")),
-    st.builds(BlockEvicted, blocks, st.just("h")),
+    st.builds(BlockEvicted, blocks, hashes),
     st.builds(
         SpecTokensVerified,
         st.integers(0, 9),
@@ -531,18 +538,32 @@ any_event = st.one_of(
         st.dictionaries(ids, st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple)),
         st.integers(1, 9),
     ),
+    st.builds(KVBlockSaved, st.integers(0, 9), blocks, hashes, st.integers(-1, 3)),
+    st.builds(KVBlockLoaded, st.integers(0, 9), ids, blocks, hashes, st.integers(-1, 3)),
+    st.builds(KVTierEvicted, st.integers(0, 9), hashes, st.integers(-1, 3)),
+    st.builds(KVLoadFailed, st.integers(0, 9), ids, st.just("no file")),
     st.integers(0, 9).map(lambda step: summary(step)),
 )
 
 
 @settings(max_examples=examples(60))
-@given(st.lists(any_event, max_size=40), st.booleans())
-def test_reduce_never_raises(events, with_start):
+@given(st.lists(any_event, max_size=40), st.sampled_from([None, "plain", "tier"]))
+def test_reduce_never_raises(events, start):
     """A visualizer draws whatever it gets: a cut or odd trace must not crash the reducer."""
-    state = initial_state(started(num_blocks=5)) if with_start else VizState()
+    state = VizState()
+    if start == "plain":
+        state = initial_state(started(num_blocks=5))
+    elif start == "tier":  # a KV connector with a tier of 3 slots
+        state = initial_state(
+            dataclasses.replace(
+                started(num_blocks=5), kv_connector="OffloadingConnector", num_tier_blocks=3
+            )
+        )
     state = reduce_all(state, events)
     assert state.num_events == len(events)
     assert len(set(state.free_queue)) == len(state.free_queue)
+    tier = state.tier
+    assert len(set(tier.lru)) == len(tier.lru) and set(tier.lru) <= set(tier.slots)
 
 
 # --- against the real engine ---------------------------------------------------------------------

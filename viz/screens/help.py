@@ -24,7 +24,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `+` / `-` | faster / slower: 1 to 16 events/s (each event on screen as long as the next), then 16 and 32 steps/s, then as fast as possible |
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
-| `1`-`6`, `c` | switch scenario / next scenario (live runs) |
+| `1`-`7`, `c` | switch scenario / next scenario (live runs) |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 
@@ -49,6 +49,9 @@ What the latest event changed is drawn in white.
   selected request's blocks underlined.
 - **Free block queue**: head to tail, coloured by the cached prefix each block holds, `▾` the
   next eviction, `←n` taken at the head, `↑n` pulled out by a prefix hit.
+- **KV connector** (with one): the host tier's slots, `■` holds a prefix, `·` empty, `+`
+  saved this step, `⇡` loaded into a device block this step, `▾` dropped next when full; the
+  step's traffic, e.g. `loaded t7→b12; saved b12→t11` (t: tier slot, b: device block).
 - **What happened**: the step in words, in the engine's order.
 - **Metrics**: throughput in engine time, KV usage, internal fragmentation (and `contig.`:
   the same requests with a contiguous `max_model_len` reservation each), prefix-cache hit

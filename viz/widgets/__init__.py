@@ -16,6 +16,7 @@ from nanovllm.viz.widgets.queues import QueuesView
 from nanovllm.viz.widgets.request_text import RequestTextView
 from nanovllm.viz.widgets.status_bar import StatusBar
 from nanovllm.viz.widgets.step_view import StepView
+from nanovllm.viz.widgets.tier import TierView
 from nanovllm.viz.widgets.timeline import TimelineView
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     "StateView",
     "StatusBar",
     "StepView",
+    "TierView",
     "TimelineView",
 ]
