@@ -76,9 +76,9 @@ def _speculative_config(text: str) -> dict:
 
 def _kv_transfer_config(text: str) -> dict:
     """vLLM's `--kv-transfer-config`: a JSON object, checked as the engine checks it."""
-    from nanovllm.kv_transfer.config import KVTransferConfig
+    from nanovllm.kv_transfer.factory import checked_config
 
-    return _json_config(text, KVTransferConfig.from_dict)
+    return _json_config(text, checked_config)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

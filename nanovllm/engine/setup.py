@@ -40,7 +40,7 @@ from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.executor import KVConnectorExecutor
-from nanovllm.kv_transfer.factory import check_connector, create_connector
+from nanovllm.kv_transfer.factory import checked_config, create_connector
 from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
 from nanovllm.models.model_args import ModelArgs
@@ -145,7 +145,7 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
 def set_up_engine(config: EngineConfig) -> EngineSetup:
     """Steps 1-6 of the module docstring."""
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
-        check_connector(KVTransferConfig.from_dict(config.kv_transfer_config))
+        checked_config(config.kv_transfer_config)
     path = Path(config.model) if config.model else default_model_path()
     hf_config, args = load_model_args(path)
     max_model_len = check_max_model_len(config, args)

@@ -23,6 +23,13 @@ def check_connector(config: KVTransferConfig) -> None:
     cls.check_config(config)
 
 
+def checked_config(data: dict) -> KVTransferConfig:
+    """A `kv_transfer_config` dict checked through and through: its shape, then the connector."""
+    config = KVTransferConfig.from_dict(data)
+    check_connector(config)
+    return config
+
+
 def create_connector(
     config: KVTransferConfig,
     role: KVConnectorRole,
