@@ -285,7 +285,7 @@ def test_the_tier_behaves_like_a_list_in_lru_order(impl):
     when every entry is pinned; lookup and num_matched change no order, touch does."""
     with expect_raises(ValueError, "HostBlockTier(0)"):
         impl.HostBlockTier(0)
-    _run_machine(impl, max_examples=60, steps=30)
+    _run_machine(impl, max_examples=30, steps=20)
 
 
 # --- the same rules, one at a time -----------------------------------------------------------
