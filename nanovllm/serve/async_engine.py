@@ -77,6 +77,7 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # ... and found there
+    external_prefix_cache_hits: int = 0  # prompt tokens a KV connector supplied
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0
@@ -600,6 +601,7 @@ class AsyncLLMEngine:
             num_preemptions=scheduler.num_preemptions,
             prefix_cache_queries=scheduler.prefix_cache_queries,
             prefix_cache_hits=scheduler.prefix_cache_hits,
+            external_prefix_cache_hits=scheduler.external_prefix_cache_hits,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,

@@ -16,6 +16,8 @@ thread's `EngineStats` snapshot:
     nanovllm:num_preemptions_total             counter   requests that lost their KV blocks
     nanovllm:prefix_cache_queries_total        counter   prompt tokens looked up in the cache
     nanovllm:prefix_cache_hits_total           counter   ... and found there
+    nanovllm:external_prefix_cache_hits_total  counter   prompt tokens a KV connector supplied
+                                                         (`--kv-transfer-config`)
     nanovllm:request_success_total             counter   finished requests by finished_reason
     nanovllm:kv_cache_used_blocks              gauge     (ours)
     nanovllm:kv_cache_total_blocks             gauge     (ours)
@@ -250,6 +252,12 @@ class _EngineStateCollector:
             "prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
             stats.prefix_cache_hits,
+        )
+        yield counter(
+            "external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in "
+            "terms of number of cached tokens.",
+            stats.external_prefix_cache_hits,
         )
         success = CounterMetricFamily(
             PREFIX + "request_success",

@@ -325,3 +325,43 @@ def test_events_alias(server):
         with client.stream("GET", "/events") as stream:
             first = next(line for line in stream.iter_lines() if line.startswith("data:"))
     assert json.loads(first[5:])["kind"] == "engine_started"
+
+
+def test_metrics_count_the_tokens_a_kv_connector_supplied(model_path):
+    """A device pool too small for three prompts' prefixes and a host tier under it: the first
+    prompt, sent again after the other two evicted its blocks, is loaded from the tier; the
+    counter equals the scheduler's, and is 0 before that."""
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.serve.async_engine import AsyncLLMEngine
+
+    config = EngineConfig(
+        model=str(model_path),
+        block_size=4,
+        num_kv_blocks=8,
+        max_num_seqs=1,
+        kv_transfer_config={
+            "kv_connector": "OffloadingConnector",
+            "kv_connector_extra_config": {"num_cpu_blocks": 64},
+        },
+    )
+    engine = AsyncLLMEngine(LLMEngine(config))
+    try:
+        with ServerThread(build_app(engine)) as server:
+            counts = []
+            for i in (0, 1, 2, 0):
+                response = httpx.post(
+                    server.url + "/v1/completions",
+                    json={"prompt": PROMPTS[i] * 4, "max_tokens": 2, "temperature": 0},
+                    timeout=60,
+                )
+                assert response.status_code == 200
+                wait_idle(engine)
+                counts.append(
+                    scrape(server, engine.model_name)[M + "external_prefix_cache_hits_total"]
+                )
+            assert counts[:3] == [0, 0, 0]
+            assert counts[3] > 0
+            assert counts[3] == engine.engine.scheduler.external_prefix_cache_hits
+    finally:
+        engine.shutdown()
