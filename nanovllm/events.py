@@ -364,6 +364,9 @@ class EngineSnapshot(Event):
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    external_prefix_cache_hits: int = 0
+    # The OffloadingConnector's host tier: (short hash, slot) per entry, least recently used first.
+    tier: tuple[tuple[str, int], ...] = ()
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -421,6 +424,8 @@ def _from_fields(cls: type, data: dict[str, Any]) -> Any:
             nested = _NESTED.get(name) if cls is EngineSnapshot else None
             if nested is not None:
                 value = [_from_fields(nested, item) for item in value]
+            else:  # (a tuple of tuples: EngineSnapshot.tier)
+                value = [tuple(v) if isinstance(v, list) else v for v in value]
             kwargs[name] = tuple(value)
         elif isinstance(value, dict):  # (a dict of tuples: GrammarMasked.allowed)
             kwargs[name] = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}

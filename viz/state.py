@@ -917,6 +917,7 @@ def _on_engine_snapshot(state: VizState, e: EngineSnapshot) -> VizState:
         rejected=(),
         families=MappingProxyType(group_children(requests)),
         last_added=None,
+        tier=tiers.from_snapshot(state.tier, e.tier),
     )
 
 

@@ -88,6 +88,23 @@ def tier_from(started: EngineStarted) -> TierState:
     )
 
 
+def from_snapshot(tier: TierState, entries: tuple) -> TierState:
+    """A late viewer's start (`EngineSnapshot.tier`): the engine's entries, (short hash, slot)
+    least recently used first, fill the slots; the counts start from here."""
+    if not tier.has_slots:
+        return tier
+    slots: list[str | None] = [None] * len(tier.slots)
+    for block_hash, slot in entries:
+        slots[slot] = block_hash
+    return replace(
+        tier,
+        slots=tuple(slots),
+        lru=tuple(block_hash for block_hash, _ in entries),
+        pending=(),
+        touched=frozenset(),
+    )
+
+
 def pool_evicted(tier: TierState, block_hash: str) -> TierState:
     """The device pool handed out a block that cached `block_hash`: at the end of scheduling
     the tier saves or touches it."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
 from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot, StepSummary
+from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -53,7 +54,17 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
         num_preemptions=scheduler.num_preemptions,
         prefix_cache_queries=scheduler.prefix_cache_queries,
         prefix_cache_hits=scheduler.prefix_cache_hits,
+        external_prefix_cache_hits=scheduler.external_prefix_cache_hits,
+        tier=_tier(engine),
     )
+
+
+def _tier(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
+    """The host tier's entries, (short hash, slot), least recently used first (none without an
+    OffloadingConnector)."""
+    if not isinstance(engine.kv_connector, OffloadingConnector):
+        return ()
+    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier.slot_of.items())
 
 
 def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:

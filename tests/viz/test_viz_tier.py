@@ -459,3 +459,47 @@ def test_offload_scenario_panel_in_the_app():
             assert "host tier hit" in text
 
     asyncio.run(go())
+
+
+def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path):
+    """`EngineSnapshot.tier` (through JSON, as `viz --connect` receives it): a viewer that
+    joins once the tier holds entries shows the engine's slots and LRU order at once, and at
+    every step after, as the events apply on top."""
+    import json
+
+    from nanovllm.engine.snapshot import engine_snapshot
+    from nanovllm.events import event_from_dict, event_to_dict
+    from nanovllm.sampling_params import SamplingParams
+
+    offload = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {"num_cpu_blocks": 6},
+    }
+    run = Watched(
+        model=str(tiny_llama), block_size=2, num_kv_blocks=8, max_num_seqs=1,
+        max_num_batched_tokens=32, kv_transfer_config=offload,
+    )  # fmt: skip
+    engine, late, seen, checks = run.engine, None, 0, 0
+    doc = [5, 6, 7, 8]
+    plan = [(doc + [9], 2), (list(range(20, 34)), 1), (doc + [10], 5), (list(range(40, 54)), 1)]
+    plan += [(doc + [11], 5), (list(range(60, 74)), 1), (doc + [12], 3)]
+    for i, (prompt, max_tokens) in enumerate(plan):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(f"r{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+            if late is None and len(engine.kv_connector.tier) >= 3:
+                wire = json.loads(json.dumps(event_to_dict(engine_snapshot(engine))))
+                late = reduce(reduce(VizState(), engine.started_event), event_from_dict(wire))
+                seen = len(run.events)
+            elif late is not None:
+                for event in run.events[seen:]:
+                    late = reduce(late, event)
+                seen = len(run.events)
+            if late is not None:
+                tier = engine.kv_connector.tier
+                by_slot = {slot: short(h) for h, slot in tier.slot_of.items()}
+                assert late.tier.slots == tuple(by_slot.get(i) for i in range(tier.num_blocks))
+                assert list(late.tier.lru) == [short(h) for h in tier.slot_of]
+                checks += 1
+    assert checks > 5 and late.tier.num_loaded > 0
