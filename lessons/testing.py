@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,23 @@ def lesson_settings(max_examples: int = 30) -> settings:
         deadline=None,
         report_multiple_bugs=False,  # one failure per property: fix it, then see the next
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+def driven_settings(max_examples: int, *, fresh: bool, shrink: bool, **extra: Any) -> settings:
+    """Settings for a property that drives hypothesis by itself (lessons 12 and 15), as the
+    harness runs it (`run_mode()`): the same examples every run unless `fresh`, shrinking (and
+    reporting) only when `shrink`, no deadline, no example database; `extra` adds settings."""
+    return settings(
+        max_examples=max_examples,
+        derandomize=not fresh,
+        database=None,
+        deadline=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink)
+        if shrink
+        else (Phase.explicit, Phase.generate),
+        verbosity=Verbosity.normal if shrink else Verbosity.quiet,
+        **extra,
     )
 
 

@@ -751,8 +751,22 @@ PLANTED_BUGS = [
         "nanovllm/kv_transfer/offloading.py",
         (
             (
-                "((meta.saves_before, True), (meta.loads, False))",
-                "((meta.loads, False), (meta.saves_before, True))",
+                "        if meta.saves_before:  # first: a block saved here may be one a load fills\n"
+                "            blocks, slots = self._indices(meta.saves_before, device_tensors[0].device)\n"
+                "            for device, host in zip(device_tensors, host_tensors):\n"
+                '                host[slots] = device[blocks].to("cpu")\n'
+                "        if meta.loads:\n"
+                "            blocks, slots = self._indices(meta.loads, device_tensors[0].device)\n"
+                "            for device, host in zip(device_tensors, host_tensors):\n"
+                "                device[blocks] = host[slots].to(device.device)\n",
+                "        if meta.loads:\n"
+                "            blocks, slots = self._indices(meta.loads, device_tensors[0].device)\n"
+                "            for device, host in zip(device_tensors, host_tensors):\n"
+                "                device[blocks] = host[slots].to(device.device)\n"
+                "        if meta.saves_before:  # first: a block saved here may be one a load fills\n"
+                "            blocks, slots = self._indices(meta.saves_before, device_tensors[0].device)\n"
+                "            for device, host in zip(device_tensors, host_tensors):\n"
+                '                host[slots] = device[blocks].to("cpu")\n',
             ),
         ),
         ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit or full_tier"),

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 from test_parity import MAX_TOKENS, make_prompts
-from test_scheduler import SchedulerMachine
+from test_scheduler import SETUP_STRATEGIES, SchedulerMachine
 from tiny_models import VOCAB_SIZE, hf_greedy, make_model
 
 from nanovllm import LLM, SamplingParams
@@ -36,13 +36,10 @@ from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.events import EventBus, KVBlockLoaded, KVLoadFailed
 from nanovllm.kv_transfer.base import (
-    BlockTransfer,
     KVConnectorBase,
-    KVConnectorMetadata,
     KVConnectorRole,
 )
 from nanovllm.kv_transfer_config import KVTransferConfig
-from nanovllm.request import Request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
@@ -218,41 +215,14 @@ class RandomConnector(KVConnectorBase):
             KVTransferConfig("RandomConnector"), KVConnectorRole.SCHEDULER, block_size, "test"
         )
         self.rng = rng
-        self.match: dict[str, tuple[int, int]] = {}
-        self.loads: list[BlockTransfer] = []
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int):
-        if not self.may_load(request):
-            return 0, False
-        first = num_computed_tokens // self.block_size
-        last = (request.num_tokens - 1) // self.block_size
-        n = self.rng.randint(0, max(last - first, 0))
-        self.match[request.request_id] = (first, n)
-        return n * self.block_size, False
-
-    def update_state_after_alloc(self, request, block_ids, num_external_tokens) -> None:
-        first, n = self.match.pop(request.request_id, (0, 0))
-        assert num_external_tokens == n * self.block_size
-        hashes = self.block_hashes(request)
-        for i in range(first, first + n):
-            tokens = self.block_tokens(request, i)
-            self.loads.append(BlockTransfer(block_ids[i], hashes[i], tokens, request.request_id))
-
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = KVConnectorMetadata(scheduler_output.step, loads=self.loads)
-        self.loads = []
-        return meta
+    def num_held(self, block_hashes: list[bytes]) -> int:
+        return self.rng.randint(0, len(block_hashes))
 
 
 class ConnectorSchedulerMachine(SchedulerMachine):
     @initialize(
-        block_size=st.sampled_from([1, 2, 4]),
-        num_blocks=st.integers(4, 24),
-        budget=st.integers(1, 24),
-        max_num_seqs=st.integers(1, 6),
-        chunked=st.booleans(),
-        prefix_caching=st.booleans(),
-        lookahead=st.sampled_from([0, 0, 1, 3]),
+        **SETUP_STRATEGIES,
         seed=st.integers(0, 2**16),
         fail_rate=st.sampled_from([0.0, 0.1, 0.5]),
     )

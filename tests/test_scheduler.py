@@ -100,16 +100,20 @@ class FakeRunner:
         return sampled
 
 
+# The machine's engine: tiny block sizes and KV caches, token budgets, sequence limits.
+SETUP_STRATEGIES = dict(
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(4, 24),
+    budget=st.integers(1, 24),
+    max_num_seqs=st.integers(1, 6),
+    chunked=st.booleans(),
+    prefix_caching=st.booleans(),
+    lookahead=st.sampled_from([0, 0, 1, 3]),
+)
+
+
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(
-        block_size=st.sampled_from([1, 2, 4]),
-        num_blocks=st.integers(4, 24),
-        budget=st.integers(1, 24),
-        max_num_seqs=st.integers(1, 6),
-        chunked=st.booleans(),
-        prefix_caching=st.booleans(),
-        lookahead=st.sampled_from([0, 0, 1, 3]),
-    )
+    @initialize(**SETUP_STRATEGIES)
     def setup(
         self, block_size, num_blocks, budget, max_num_seqs, chunked, prefix_caching, lookahead
     ) -> None:

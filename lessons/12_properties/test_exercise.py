@@ -11,14 +11,14 @@ import random
 from functools import lru_cache
 from typing import NamedTuple
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from nanovllm.core.free_block_queue import FreeBlockQueue
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.lessons.catalog import get_lesson, lesson_module
 from nanovllm.lessons.scripts import AllocatorCase
-from nanovllm.lessons.testing import run_mode
+from nanovllm.lessons.testing import driven_settings, run_mode
 
 # --- inputs -----------------------------------------------------------------------------------
 
@@ -202,16 +202,8 @@ def _run(prop, system, inputs, *, max_examples: int, quiet: bool) -> None:
             # (Not when looking for a catch: fewer examples could miss a bug that is there.)
             max_examples = min(max_examples, mode.max_examples)
 
-    @settings(
-        max_examples=max_examples,
-        derandomize=not fresh,
-        database=None,
-        deadline=None,
-        phases=(Phase.explicit, Phase.generate, Phase.shrink)
-        if shrink
-        else (Phase.explicit, Phase.generate),
-        verbosity=Verbosity.normal if shrink else Verbosity.quiet,
-        suppress_health_check=[HealthCheck.too_slow],
+    @driven_settings(
+        max_examples, fresh=fresh, shrink=shrink, suppress_health_check=[HealthCheck.too_slow]
     )
     @given(args=inputs)
     def search(args):

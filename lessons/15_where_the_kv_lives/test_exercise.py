@@ -13,7 +13,7 @@ The hashes are real block hashes (`core/block_hash.py`) of a few one-token block
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -26,7 +26,13 @@ from hypothesis.stateful import (
 
 from nanovllm.core.block_hash import hash_block_tokens, short
 from nanovllm.lessons.harness import EXAMPLE_DEADLINE_S, deadline
-from nanovllm.lessons.testing import expect_raises, lesson_settings, run_mode, show_inputs
+from nanovllm.lessons.testing import (
+    driven_settings,
+    expect_raises,
+    lesson_settings,
+    run_mode,
+    show_inputs,
+)
 
 HASHES = tuple(hash_block_tokens(None, [i]) for i in range(8))
 NAMES = {h: f"h{i}" for i, h in enumerate(HASHES)}  # how a failure names them
@@ -260,16 +266,11 @@ def _run_machine(impl, max_examples: int, steps: int) -> None:
             max_examples = min(max_examples, mode.max_examples)
     run_state_machine_as_test(
         _machine(impl),
-        settings=settings(
-            max_examples=max_examples,
+        settings=driven_settings(
+            max_examples,
+            fresh=fresh,
+            shrink=shrink,
             stateful_step_count=steps,
-            derandomize=not fresh,
-            database=None,
-            deadline=None,
-            phases=(Phase.explicit, Phase.generate, Phase.shrink)
-            if shrink
-            else (Phase.explicit, Phase.generate),
-            verbosity=Verbosity.normal if shrink else Verbosity.quiet,
             report_multiple_bugs=False,
             print_blob=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

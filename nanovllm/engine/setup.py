@@ -144,8 +144,9 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
 
 def set_up_engine(config: EngineConfig) -> EngineSetup:
     """Steps 1-6 of the module docstring."""
+    kv_transfer_config = None
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
-        checked_config(config.kv_transfer_config)
+        kv_transfer_config = checked_config(config.kv_transfer_config)
     path = Path(config.model) if config.model else default_model_path()
     hf_config, args = load_model_args(path)
     max_model_len = check_max_model_len(config, args)
@@ -188,8 +189,8 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
     if graphs:
         capture_decode_graphs(config, setup)
-    if config.kv_transfer_config is not None:
-        setup.kv_transfer_config = KVTransferConfig.from_dict(config.kv_transfer_config)
+    if kv_transfer_config is not None:
+        setup.kv_transfer_config = kv_transfer_config
         worker = setup.kv_connector_worker = setup.connector(KVConnectorRole.WORKER)
         draft_caches = draft.kv_caches if draft is not None else []
         worker.register_kv_caches(runner.kv_caches + draft_caches)  # (the draft's KV moves too)

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from nanovllm.core.block_hash import extend_block_hashes
-from nanovllm.events import EventBus, KVLoadFailed
+from nanovllm.core.block_hash import extend_block_hashes, short
+from nanovllm.events import EventBus, KVBlockLoaded, KVLoadFailed
 from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
@@ -121,6 +121,10 @@ class KVConnectorBase:
         # manager does), and the requests whose external KV failed to load: they compute.
         self.req_block_hashes: dict[str, list[bytes]] = {}
         self.failed_requests: set[str] = set()
+        # Each request's last match, (first block, number of blocks), until it is admitted, and
+        # the loads planned for the step being scheduled.
+        self.req_match: dict[str, tuple[int, int]] = {}
+        self.step_loads: list[BlockTransfer] = []
         # Worker side: the KV cache, and this step's transfers.
         self.kv_caches: KVCaches = []
         self.metadata: KVConnectorMetadata | None = None
@@ -168,18 +172,50 @@ class KVConnectorBase:
         """How many tokens after the first `num_computed_tokens` (the local prefix-cache hit,
         whole blocks) the connector can load, and whether the load is asynchronous (never here).
         At least one prompt token is always left to compute."""
+        if not self.may_load(request):
+            return 0, False
+        hashes = self.block_hashes(request)
+        first = num_computed_tokens // self.block_size
+        last = (request.num_tokens - 1) // self.block_size  # leave a token to compute
+        n = self.num_held(hashes[first:last])
+        self.req_match[request.request_id] = (first, n)
+        return n * self.block_size, False
+
+    def num_held(self, block_hashes: list[bytes]) -> int:
+        """How many of `block_hashes`, from the first, the connector holds (a prefix hit)."""
         raise NotImplementedError
 
     def update_state_after_alloc(
         self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
     ) -> None:
         """The request was admitted with `num_external_tokens` from this connector; `block_ids`
-        is its whole block table, the external tokens' blocks among it."""
-        raise NotImplementedError
+        is its whole block table, the external tokens' blocks among it: plan their loads."""
+        first, n = self.req_match.pop(request.request_id, (0, 0))
+        assert num_external_tokens == n * self.block_size
+        hashes = self.block_hashes(request)
+        for i in range(first, first + n):
+            tokens = self.block_tokens(request, i)
+            slot = self.load_slot(hashes[i])
+            self.step_loads.append(
+                BlockTransfer(block_ids[i], hashes[i], tokens, request.request_id, slot)
+            )
+
+    def load_slot(self, block_hash: bytes) -> int:
+        """Where a planned load reads `block_hash` from: a tier slot, or -1 (no slots)."""
+        return -1
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        """This step's transfers, once the step is scheduled."""
-        raise NotImplementedError
+        """This step's transfers, once the step is scheduled: here its loads (`KVBlockLoaded`
+        each); subclasses add their saves."""
+        step = scheduler_output.step
+        meta = KVConnectorMetadata(step, loads=self.step_loads)
+        self.step_loads = []
+        if self.events.active:
+            for t in meta.loads:
+                self.events.emit(
+                    KVBlockLoaded(step, t.request_id, t.block_id, short(t.block_hash), t.tier_slot)
+                )
+        return meta
 
     def request_finished(
         self, request: Request, block_ids: tuple[int, ...]
@@ -188,6 +224,7 @@ class KVConnectorBase:
         connector has saved them (vLLM's delay-free; False here: every save finishes within its
         step) and parameters for a remote consumer (none here)."""
         self.req_block_hashes.pop(request.request_id, None)
+        self.req_match.pop(request.request_id, None)
         self.failed_requests.discard(request.request_id)
         return False, None
 

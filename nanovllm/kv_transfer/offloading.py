@@ -16,8 +16,8 @@ Each step, after scheduling (`build_connector_meta`):
 - the tier hits of the requests admitted this step are loaded into their new blocks.
 
 The worker does the saves first: an evicted block may be the very block a load (or the forward
-pass) writes this step. Both are one gather per layer (`tensor[indices]`), from the device's
-tensors into host tensors of the same per-block shape, and back.
+pass) writes this step. Each is one indexed copy per K and V tensor of every layer
+(`host[slots] = device[blocks]`, and back), between tensors of the same per-block shape.
 
 It needs the prefix cache (its blocks are found by their hashes) and plays only `kv_both`: the
 tier is this engine's own.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from nanovllm.core.block_hash import short
-from nanovllm.events import KVBlockLoaded, KVBlockSaved, KVTierEvicted
+from nanovllm.events import KVBlockSaved, KVTierEvicted
 from nanovllm.kv_transfer.base import (
     BlockTransfer,
     KVCaches,
@@ -39,7 +39,6 @@ from nanovllm.kv_transfer.base import (
 )
 from nanovllm.kv_transfer.host_tier import HostBlockTier
 from nanovllm.kv_transfer_config import KVTransferConfig
-from nanovllm.request import Request
 
 if TYPE_CHECKING:
     from nanovllm.core.scheduler import SchedulerOutput
@@ -57,11 +56,9 @@ class OffloadingConnector(KVConnectorBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.num_cpu_blocks: int = self.config.kv_connector_extra_config["num_cpu_blocks"]
-        # Scheduler side: the tier's bookkeeping, and this step's planned loads (their hashes
-        # are pinned: no save this step may take their slots).
+        # Scheduler side: the tier's bookkeeping (this step's loads pin their hashes: no save
+        # this step may take their slots).
         self.tier = self.tier_class(self.num_cpu_blocks)
-        self.req_match: dict[str, tuple[int, int]] = {}  # request -> (first block, num blocks)
-        self.step_loads: list[BlockTransfer] = []
         self.num_saves_dropped = 0  # evicted blocks not saved: every tier slot was pinned
         # Worker side: per layer, the tier's K and V, [num_cpu_blocks, block_size, heads, dim].
         self.host_caches: KVCaches = []
@@ -78,39 +75,19 @@ class OffloadingConnector(KVConnectorBase):
 
     # --- scheduler side -------------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
-    ) -> tuple[int, bool]:
-        if not self.may_load(request):
-            return 0, False
-        hashes = self.block_hashes(request)
-        first = num_computed_tokens // self.block_size
-        last = (request.num_tokens - 1) // self.block_size  # leave a token to compute
-        n = self.tier.num_matched(hashes[first:last])
-        self.req_match[request.request_id] = (first, n)
-        return n * self.block_size, False
+    def num_held(self, block_hashes: list[bytes]) -> int:
+        return self.tier.num_matched(block_hashes)
 
-    def update_state_after_alloc(
-        self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
-    ) -> None:
-        first, n = self.req_match.pop(request.request_id, (0, 0))
-        assert num_external_tokens == n * self.block_size
-        hashes = self.block_hashes(request)
-        for i in range(first, first + n):
-            slot = self.tier.lookup(hashes[i])
-            assert slot is not None, "a matched hash stays in the tier until the step's saves"
-            self.tier.touch(hashes[i])
-            self.step_loads.append(
-                BlockTransfer(
-                    block_ids[i], hashes[i], self.block_tokens(request, i), request.request_id, slot
-                )
-            )
+    def load_slot(self, block_hash: bytes) -> int:
+        """The slot holding `block_hash`, now the tier's most recently used entry."""
+        slot = self.tier.lookup(block_hash)
+        assert slot is not None, "a matched hash stays in the tier until the step's saves"
+        self.tier.touch(block_hash)
+        return slot
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        step = scheduler_output.step
-        meta = KVConnectorMetadata(step, loads=self.step_loads)
-        self.step_loads = []
-        pinned = {t.block_hash for t in meta.loads}
+        meta = super().build_connector_meta(scheduler_output)  # the loads
+        step, pinned = meta.step, {t.block_hash for t in meta.loads}
         emit = self.events.active
         for block_id, block_hash in scheduler_output.evicted_blocks:
             if block_hash in self.tier:
@@ -126,18 +103,7 @@ class OffloadingConnector(KVConnectorBase):
                 if dropped is not None:
                     self.events.emit(KVTierEvicted(step, short(dropped), slot))
                 self.events.emit(KVBlockSaved(step, block_id, short(block_hash), slot))
-        if emit:
-            for t in meta.loads:
-                self.events.emit(
-                    KVBlockLoaded(step, t.request_id, t.block_id, short(t.block_hash), t.tier_slot)
-                )
         return meta
-
-    def request_finished(
-        self, request: Request, block_ids: tuple[int, ...]
-    ) -> tuple[bool, dict | None]:
-        self.req_match.pop(request.request_id, None)
-        return super().request_finished(request, block_ids)
 
     def reset_cache(self) -> None:
         self.tier.clear()
@@ -146,7 +112,8 @@ class OffloadingConnector(KVConnectorBase):
 
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
         super().register_kv_caches(kv_caches)
-        # Page-locked host memory makes device <-> host copies faster on a GPU.
+        # Beside a GPU the tier is page-locked (pinned) host memory, which CUDA copies to and
+        # from directly.
         pin = kv_caches[0][0].device.type == "cuda"
         self.host_caches = [
             (
@@ -160,15 +127,19 @@ class OffloadingConnector(KVConnectorBase):
         meta = self.metadata
         if meta is None:
             return
-        for transfers, to_host in ((meta.saves_before, True), (meta.loads, False)):
-            if not transfers:
-                continue
-            blocks = torch.tensor([t.block_id for t in transfers])
-            slots = torch.tensor([t.tier_slot for t in transfers])
-            for (k, v), (host_k, host_v) in zip(self.kv_caches, self.host_caches):
-                if to_host:
-                    host_k[slots] = k[blocks.to(k.device)].to("cpu")
-                    host_v[slots] = v[blocks.to(v.device)].to("cpu")
-                else:
-                    k[blocks.to(k.device)] = host_k[slots].to(k.device)
-                    v[blocks.to(v.device)] = host_v[slots].to(v.device)
+        device_tensors = [t for kv in self.kv_caches for t in kv]  # K, V of every layer
+        host_tensors = [t for kv in self.host_caches for t in kv]
+        if meta.saves_before:  # first: a block saved here may be one a load fills
+            blocks, slots = self._indices(meta.saves_before, device_tensors[0].device)
+            for device, host in zip(device_tensors, host_tensors):
+                host[slots] = device[blocks].to("cpu")
+        if meta.loads:
+            blocks, slots = self._indices(meta.loads, device_tensors[0].device)
+            for device, host in zip(device_tensors, host_tensors):
+                device[blocks] = host[slots].to(device.device)
+
+    @staticmethod
+    def _indices(transfers: list[BlockTransfer], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transfers' device block ids (on `device`) and tier slots, as index tensors."""
+        blocks = torch.tensor([t.block_id for t in transfers], device=device)
+        return blocks, torch.tensor([t.tier_slot for t in transfers])

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from nanovllm.core.block_hash import short
-from nanovllm.events import KVBlockLoaded, KVBlockSaved
+from nanovllm.events import KVBlockSaved
 from nanovllm.kv_transfer.base import (
     BlockTransfer,
     KVConnectorBase,
@@ -57,11 +57,8 @@ class SharedStorageConnector(KVConnectorBase):
         self.folder = root / self.model_tag
         if self.config.is_producer:
             self.folder.mkdir(exist_ok=True)
-        # Scheduler side: per request, how many of its blocks were considered for saving, and
-        # where each admitted request's external hit starts (first block, number of blocks).
+        # Scheduler side: per request, how many of its blocks were considered for saving.
         self.req_num_saved_blocks: dict[str, int] = {}
-        self.req_match: dict[str, tuple[int, int]] = {}
-        self.step_loads: list[BlockTransfer] = []
         # Worker side: this step's saves, per layer, gathered by `save_kv_layer`.
         self.pending_saves: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.save_errors: list[str] = []  # failed writes (the KV is simply not there later)
@@ -83,42 +80,18 @@ class SharedStorageConnector(KVConnectorBase):
 
     # --- scheduler side -------------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
-    ) -> tuple[int, bool]:
-        if not self.may_load(request):
-            return 0, False
-        hashes = self.block_hashes(request)
-        first = num_computed_tokens // self.block_size
-        last = (request.num_tokens - 1) // self.block_size  # leave a token to compute
+    def num_held(self, block_hashes: list[bytes]) -> int:
         n = 0
-        while first + n < last and self.path_of(hashes[first + n]).exists():
+        while n < len(block_hashes) and self.path_of(block_hashes[n]).exists():
             n += 1
-        self.req_match[request.request_id] = (first, n)
-        return n * self.block_size, False
-
-    def update_state_after_alloc(
-        self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
-    ) -> None:
-        first, n = self.req_match.pop(request.request_id, (0, 0))
-        assert num_external_tokens == n * self.block_size
-        hashes = self.block_hashes(request)
-        for i in range(first, first + n):
-            self.step_loads.append(
-                BlockTransfer(
-                    block_ids[i], hashes[i], self.block_tokens(request, i), request.request_id
-                )
-            )
+        return n
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        step = scheduler_output.step
-        meta = KVConnectorMetadata(step, loads=self.step_loads)
-        self.step_loads = []
+        meta = super().build_connector_meta(scheduler_output)  # the loads
         if self.config.is_producer:
             meta.saves_after = self.new_full_blocks(scheduler_output)
         if self.events.active:
-            for t in meta.loads:
-                self.events.emit(KVBlockLoaded(step, t.request_id, t.block_id, short(t.block_hash)))
+            step = meta.step
             for t in meta.saves_after:
                 self.events.emit(
                     KVBlockSaved(step, t.block_id, short(t.block_hash), request_id=t.request_id)
@@ -152,7 +125,6 @@ class SharedStorageConnector(KVConnectorBase):
         self, request: Request, block_ids: tuple[int, ...]
     ) -> tuple[bool, dict | None]:
         self.req_num_saved_blocks.pop(request.request_id, None)
-        self.req_match.pop(request.request_id, None)
         return super().request_finished(request, block_ids)
 
     # --- worker side ----------------------------------------------------------------------------
