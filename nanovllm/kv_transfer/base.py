@@ -205,17 +205,22 @@ class KVConnectorBase:
         return -1
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        """This step's transfers, once the step is scheduled: here its loads (`KVBlockLoaded`
-        each); subclasses add their saves."""
+        """This step's transfers, once the step is scheduled: the loads planned at admission,
+        the saves (`plan_saves`), then a `KVBlockLoaded` event per load (after the saves'
+        events: the tier's saves come first in its LRU order, as the visualizer replays it)."""
         step = scheduler_output.step
         meta = KVConnectorMetadata(step, loads=self.step_loads)
         self.step_loads = []
+        self.plan_saves(meta, scheduler_output)
         if self.events.active:
             for t in meta.loads:
                 self.events.emit(
                     KVBlockLoaded(step, t.request_id, t.block_id, short(t.block_hash), t.tier_slot)
                 )
         return meta
+
+    def plan_saves(self, meta: KVConnectorMetadata, scheduler_output: SchedulerOutput) -> None:
+        """Add this step's saves to `meta` (and their events); none here."""
 
     def request_finished(
         self, request: Request, block_ids: tuple[int, ...]

@@ -85,8 +85,9 @@ class OffloadingConnector(KVConnectorBase):
         self.tier.touch(block_hash)
         return slot
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = super().build_connector_meta(scheduler_output)  # the loads
+    def plan_saves(self, meta: KVConnectorMetadata, scheduler_output: SchedulerOutput) -> None:
+        """The blocks the device pool evicted this step, into the tier (touched if it holds
+        them already)."""
         step, pinned = meta.step, {t.block_hash for t in meta.loads}
         emit = self.events.active
         for block_id, block_hash in scheduler_output.evicted_blocks:
@@ -103,7 +104,6 @@ class OffloadingConnector(KVConnectorBase):
                 if dropped is not None:
                     self.events.emit(KVTierEvicted(step, short(dropped), slot))
                 self.events.emit(KVBlockSaved(step, block_id, short(block_hash), slot))
-        return meta
 
     def reset_cache(self) -> None:
         self.tier.clear()

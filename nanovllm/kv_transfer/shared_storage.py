@@ -86,17 +86,18 @@ class SharedStorageConnector(KVConnectorBase):
             n += 1
         return n
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = super().build_connector_meta(scheduler_output)  # the loads
-        if self.config.is_producer:
-            meta.saves_after = self.new_full_blocks(scheduler_output)
+    def plan_saves(self, meta: KVConnectorMetadata, scheduler_output: SchedulerOutput) -> None:
+        """A producer's new full blocks, saved once the forward pass has written them."""
+        if not self.config.is_producer:
+            return
+        meta.saves_after = self.new_full_blocks(scheduler_output)
         if self.events.active:
-            step = meta.step
             for t in meta.saves_after:
                 self.events.emit(
-                    KVBlockSaved(step, t.block_id, short(t.block_hash), request_id=t.request_id)
+                    KVBlockSaved(
+                        meta.step, t.block_id, short(t.block_hash), request_id=t.request_id
+                    )
                 )
-        return meta
 
     def new_full_blocks(self, scheduler_output: SchedulerOutput) -> list[BlockTransfer]:
         """The blocks this step fills with the requests' own tokens (proposed tokens may be
