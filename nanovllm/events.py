@@ -208,8 +208,9 @@ class BlockEvicted(Event):
 @dataclass(frozen=True)
 class KVBlockSaved(Event):
     """A device block's KV was copied out: into the host tier's slot `tier_slot`
-    (OffloadingConnector, when the device pool evicts the block), or to shared storage
-    (SharedStorageConnector, `tier_slot` -1, for `request_id`). Keyed by the block's hash."""
+    (OffloadingConnector, when the device pool evicts the block), to shared storage
+    (SharedStorageConnector, `tier_slot` -1, for `request_id`), or onto the link to a consumer
+    engine (P2pConnector, the same). Keyed by the block's hash."""
 
     kind: ClassVar[str] = "kv_block_saved"
     step: int
@@ -230,6 +231,17 @@ class KVBlockLoaded(Event):
     block_id: int
     block_hash: str
     tier_slot: int = -1
+
+
+@dataclass(frozen=True)
+class KVBlockReceived(Event):
+    """A consumer engine received a block's KV from a producer engine (P2pConnector), sent for
+    the proxy's transfer `transfer_id`; it waits in host memory until a request loads it."""
+
+    kind: ClassVar[str] = "kv_block_received"
+    step: int
+    block_hash: str
+    transfer_id: str
 
 
 @dataclass(frozen=True)
@@ -388,6 +400,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         KVBlockLoaded,
         KVTierEvicted,
         KVLoadFailed,
+        KVBlockReceived,
         SpecTokensVerified,
         GrammarMasked,
         StepSummary,

@@ -177,6 +177,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    # vLLM's free-form extras, e.g. {"kv_transfer_params": {...}} for disaggregated prefill
+    # (`kv_transfer/p2p.py`). The engine passes them through untouched.
+    extra_args: dict[str, Any] | None = None
     _stop: tuple[str, ...] = field(init=False, repr=False, default=())
     uses_logits_processors: bool = field(init=False, repr=False, default=False)
     _bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)

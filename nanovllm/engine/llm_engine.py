@@ -91,9 +91,10 @@ class LLMEngine:
         return cls(EngineConfig(model=model, **kwargs))
 
     def shutdown(self) -> None:
-        """Stop the worker processes of tensor parallelism (also done at interpreter exit)."""
-        if self.group is not None:
-            self.group.close()
+        """Stop tensor parallelism's workers (also done at exit) and a KV connector's link."""
+        for part in (self.group, self.kv_connector):
+            if part is not None:
+                part.close()
 
     def __del__(self) -> None:
         group = getattr(self, "group", None)
@@ -164,11 +165,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix (e.g. after the weights change), as vLLM's does.
-
-        Refused (returns False, with a warning) while any block is in use: a running request's
-        blocks would otherwise keep serving KV computed before the reset.
-        """
+        """Forget every cached prefix (e.g. after the weights change), as vLLM's does. Refused
+        (returns False, with a warning) while any block is in use: a running request's blocks
+        would otherwise keep serving KV computed before the reset."""
         reset = self.kv_cache_manager.reset_prefix_cache()
         if reset and self.kv_connector is not None:
             self.kv_connector.reset_cache()  # (the host tier too)

@@ -29,9 +29,9 @@ Worker side (with the KV cache, around the forward pass):
     wait_for_save()                 before the step returns: every save is done
 
 In vLLM the layerwise calls run inside each attention layer, so a transfer can overlap the
-forward pass. Here every transfer is a synchronous copy: `start_load_kv` finishes the loads, and
-`KVConnectorExecutor` (`executor.py`) calls the layerwise methods around the whole forward
-pass, which keeps the model's code free of connector calls.
+forward pass. Here `start_load_kv` finishes the loads before the forward pass, and
+`KVConnectorExecutor` (`executor.py`) calls `save_kv_layer` from a hook after each decoder
+layer, which keeps the model's code free of connector calls.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -84,6 +84,8 @@ class KVConnectorMetadata:
     saves_before: list[BlockTransfer] = field(default_factory=list)
     loads: list[BlockTransfer] = field(default_factory=list)
     saves_after: list[BlockTransfer] = field(default_factory=list)
+    # What else the worker needs per request (P2pConnector: each sender's transfer id).
+    request_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class KVLoadError(RuntimeError):
@@ -245,6 +247,15 @@ class KVConnectorBase:
             if self.events.active:
                 self.events.emit(KVLoadFailed(step, request_id, error))
 
+    async def await_remote_kv(self, params: dict[str, Any]) -> str | None:
+        """A server's request carries `kv_transfer_params` (from a disaggregated proxy): wait
+        until the KV they name has arrived. Returns what went wrong, or None (nothing to wait
+        for here)."""
+        return None
+
+    def close(self) -> None:
+        """The engine shuts down: release what the connector holds (a network link)."""
+
     def reset_cache(self) -> None:
         """Forget stored KV that the engine's prefix-cache reset makes stale (nothing here)."""
 
@@ -268,7 +279,9 @@ class KVConnectorBase:
         synchronous, so they are)."""
 
     def save_kv_layer(self, layer: int, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """After layer `layer` wrote this step's KV: start saving its part of `saves_after`."""
+        """After layer `layer` wrote this step's KV: start saving its part of `saves_after`.
+        Called from a hook as the layer finishes, and again for every layer after the forward
+        pass (for layers whose hook did not run): save each layer once per step."""
 
     def wait_for_save(self) -> None:
         """Before the step returns: every save of this step is done."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 from nanovllm.events import EventBus
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.offloading import OffloadingConnector
+from nanovllm.kv_transfer.p2p import P2pConnector
 from nanovllm.kv_transfer.shared_storage import SharedStorageConnector
 from nanovllm.kv_transfer_config import KVTransferConfig
 
 CONNECTORS: dict[str, type[KVConnectorBase]] = {
-    cls.name: cls for cls in (OffloadingConnector, SharedStorageConnector)
+    cls.name: cls for cls in (OffloadingConnector, SharedStorageConnector, P2pConnector)
 }
 
 

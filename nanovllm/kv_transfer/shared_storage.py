@@ -167,8 +167,8 @@ class SharedStorageConnector(KVConnectorBase):
 
     def save_kv_layer(self, layer: int, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> None:
         meta = self.metadata
-        if meta is None or not meta.saves_after:
-            return
+        if meta is None or not meta.saves_after or layer in self.pending_saves:
+            return  # (nothing to save, or saved already: each layer once per step)
         blocks = torch.tensor([t.block_id for t in meta.saves_after], device=kv_cache[0].device)
         k, v = kv_cache
         self.pending_saves[layer] = (k[blocks].to("cpu"), v[blocks].to("cpu"))

@@ -23,7 +23,7 @@ in each completion choice, or beside the chat choices; not with `stream`), `stru
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -78,6 +78,8 @@ class _GenerationRequest(_Strict):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
+    # vLLM's: what a disaggregated proxy tells each engine (`kv_transfer/p2p.py`).
+    kv_transfer_params: dict[str, Any] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -140,6 +142,11 @@ class _GenerationRequest(_Strict):
             bad_words=self.bad_words,
             allowed_token_ids=self.allowed_token_ids,
             prompt_logprobs=self.prompt_logprobs,
+            extra_args=(
+                {"kv_transfer_params": self.kv_transfer_params}
+                if self.kv_transfer_params is not None
+                else None
+            ),
         )
         try:
             return SamplingParams(**values)

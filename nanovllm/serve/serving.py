@@ -275,6 +275,12 @@ class OpenAIServing:
     ) -> RequestStream:
         max_model_len = self.engine.engine.max_model_len
         check = context_length_check(params.max_tokens, max_model_len, max_tokens_param)
+        kv_params = (params.extra_args or {}).get("kv_transfer_params")
+        connector = self.engine.engine.kv_connector
+        if kv_params and connector is not None:
+            # Disaggregated decode: the prompt's KV is on its way from a producer engine; the
+            # request waits here, holding no KV block, until it arrived (or did not in time).
+            await connector.await_remote_kv(kv_params)
         try:
             return await self.engine.add_request(request_id, prompt, params, check)
         except EngineDeadError as exc:

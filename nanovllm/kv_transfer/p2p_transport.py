@@ -1,0 +1,346 @@
+"""P2pTransport: one engine's end of a point-to-point KV link between two engine processes.
+
+Disaggregated serving runs prompts on a *producer* engine and decodes on a *consumer* engine;
+the prompt's KV crosses between them (`p2p.py`). This module is the wire: torch.distributed
+point-to-point `send`/`recv` on a two-rank gloo process group (rank 0 the producer, rank 1 the
+consumer), the transport vLLM's P2pNcclConnector uses, with gloo's TCP in place of NCCL. KV
+kept on a GPU travels through host memory: it is copied to the CPU before it is sent.
+
+Who connects to whom. The consumer listens: it hosts a `TCPStore` at (`kv_ip`, `kv_port`), and
+each *session* (one producer's connection) rendezvouses under its own store prefix. The consumer
+publishes the session's number and waits in it; a producer reads the number and joins. When
+either side dies, the other sees the connection close: the consumer opens the next session and
+waits for a producer again, a producer reconnects whenever it has something to send. So either
+engine can be restarted, and one that is down costs the other nothing but the transfers.
+
+One message after another, in order, on one channel (tag 0):
+
+    BLOCKS  header  int64 [8]: BLOCKS, num_blocks, num_layers, dtype, block_size, heads, dim, len
+            names   uint8 [len]: the model tag, then each block's transfer id, one per line
+            hashes  uint8 [num_blocks, 32]             the blocks' prefix hashes
+            tokens  int64 [num_blocks, block_size]     the blocks' tokens (checked on load)
+            layer 0 K, then V: uint8 [num_blocks * block_size * heads * dim * itemsize]
+            layer 1 K, V ... (each queued as soon as its layer is saved)
+    DONE    header  int64 [8]: DONE, num_blocks_sent, 0, 0, 0, 0, 0, len
+            names   uint8 [len]: the model tag, then the transfer id
+
+KV is sent as raw bytes (gloo's send and recv do not take every dtype) and viewed back as the
+dtype the header names.
+
+Producer: `send_blocks` and `send_layer`, `send_done`, from the engine thread, only queue; a
+sender thread does the sending, so a step never waits on the network. A message queued while no
+consumer is connected is dropped (counted in `num_dropped`): its KV is computed on the other
+side instead.
+
+Consumer: a receiver thread takes each message into host memory (`inbox`) and records each
+transfer's state; the engine thread moves the inbox into its staging area (`p2p.py`) at its own
+pace. `wait_for_transfer` / `await_transfer` block until a transfer's DONE arrives, its
+connection breaks, or a timeout passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("nanovllm")
+
+BLOCKS, DONE = 1, 2
+HEADER_LEN = 8
+HASH_LEN = 32  # sha256 (`core/block_hash.py`)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PRODUCER, CONSUMER = 0, 1  # ranks
+RECONNECT_S = 0.5  # a producer's pause between failed connection attempts
+FOREVER = datetime.timedelta(days=365)  # a consumer waits for producers (and messages) unboundedly
+MAX_TRANSFERS = 4096  # finished transfers remembered (for a late waiter), oldest forgotten first
+
+
+@dataclass
+class ReceivedBlock:
+    """One block's KV, received: every layer's K and V, each [block_size, heads, dim]."""
+
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    transfer_id: str
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class TransferState:
+    """What the consumer knows of one transfer: blocks seen, and how it ended (`error` None and
+    `done` True: all arrived)."""
+
+    num_blocks: int = 0
+    done: bool = False
+    error: str | None = None
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = field(default_factory=list)
+
+
+class P2pTransport:
+    def __init__(self, ip: str, port: int, rank: int, model_tag: str) -> None:
+        self.ip, self.port, self.rank, self.model_tag = ip, port, rank, model_tag
+        self.closed = threading.Event()
+        self.connected = threading.Event()
+        self.group: dist.ProcessGroup | None = None
+        self.num_sessions = 0
+        # Producer: messages to send, each a list of tensors (None ends a message early).
+        self.outbox: queue.Queue = queue.Queue()
+        self.num_dropped = 0  # messages dropped while no consumer was connected
+        # Consumer: blocks received, not yet taken by the engine thread; each transfer's state.
+        self.lock = threading.Condition()
+        self.inbox: list[ReceivedBlock] = []
+        self.transfers: OrderedDict[str, TransferState] = OrderedDict()
+        # Consumer, the engine thread's alone: received blocks by hash, in LRU order, until a
+        # request loads them (`p2p.py` moves the inbox here and bounds it).
+        self.staged: OrderedDict[bytes, ReceivedBlock] = OrderedDict()
+        if rank == CONSUMER:
+            # Bind now, so a port in use is an error at start-up, not a silent thread's death.
+            self.store = dist.TCPStore(
+                ip, port, None, is_master=True, timeout=FOREVER, wait_for_workers=False
+            )
+            target = self._receive_loop
+        else:
+            target = self._send_loop
+        self.thread = threading.Thread(target=target, name=f"kv-p2p-{rank}", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop the thread's work (a thread blocked on the network stays until it returns)."""
+        self.closed.set()
+        self.outbox.put(None)
+        with self.lock:
+            for tid, state in self.transfers.items():
+                if not state.done:
+                    self._end(tid, state, "the engine shut down")
+
+    # --- producer ---------------------------------------------------------------------------
+
+    def send_blocks(
+        self,
+        transfer_ids: list[str],  # each block's
+        block_hashes: list[bytes],
+        token_ids: list[tuple[int, ...]],
+        block_shape: tuple[int, ...],  # (block_size, heads, dim)
+        dtype: torch.dtype,
+        num_layers: int,
+    ) -> None:
+        """Queue a BLOCKS message's head; its layers follow with `send_layer`, in order."""
+        n = len(block_hashes)
+        names = self._names(transfer_ids)
+        header = [BLOCKS, n, num_layers, DTYPES.index(dtype), *block_shape, len(names)]
+        hashes = torch.frombuffer(bytearray(b"".join(block_hashes)), dtype=torch.uint8)
+        tokens = torch.tensor(token_ids, dtype=torch.int64).view(n, -1)
+        self.outbox.put((True, [torch.tensor(header), names, hashes.view(n, HASH_LEN), tokens]))
+
+    def send_layer(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Queue one layer's K and V of the message being sent, each [num_blocks, block_size,
+        heads, dim] and a tensor of their own (gathered from the cache, which keeps changing)."""
+        self.outbox.put((False, [_as_bytes(k), _as_bytes(v)]))
+
+    def send_done(self, transfer_id: str, num_blocks: int) -> None:
+        """Queue a transfer's end: the consumer may stop waiting for it."""
+        names = self._names([transfer_id])
+        header = [DONE, num_blocks, 0, 0, 0, 0, 0, len(names)]
+        self.outbox.put((True, [torch.tensor(header), names]))
+
+    def _names(self, transfer_ids: list[str]) -> torch.Tensor:
+        data = "\n".join([self.model_tag, *transfer_ids]).encode()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _send_loop(self) -> None:
+        # Each item is (starts a message?, tensors). After a failure the rest of the message
+        # being sent is dropped: the consumer lost its start with the old connection.
+        skipping = False
+        next_attempt = 0.0
+        while True:
+            item = self.outbox.get()
+            if item is None or self.closed.is_set():
+                return
+            starts_message, tensors = item
+            if starts_message:
+                skipping = False
+            if skipping:
+                continue
+            if self.group is None:
+                if time.monotonic() < next_attempt or not self._connect_producer():
+                    next_attempt = max(next_attempt, time.monotonic() + RECONNECT_S)
+                    self.num_dropped += 1
+                    skipping = True
+                    continue
+            try:
+                for tensor in tensors:
+                    self.group.send([tensor], CONSUMER, 0).wait()
+            except RuntimeError as exc:
+                logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, exc)
+                self.group = None
+                self.connected.clear()
+                self.num_dropped += 1
+                skipping = True
+
+    def _connect_producer(self) -> bool:
+        """Join the consumer's current session; False if none is reachable now."""
+        try:
+            store = dist.TCPStore(
+                self.ip, self.port, None, is_master=False, timeout=datetime.timedelta(seconds=2)
+            )
+            session = int(store.get("session"))
+            prefixed = dist.PrefixStore(f"session{session}/", store)
+            self.group = dist.ProcessGroupGloo(
+                prefixed, PRODUCER, 2, datetime.timedelta(seconds=30)
+            )
+        except RuntimeError as exc:
+            logger.warning(
+                "nanovllm: no KV consumer at %s:%d (%s); transfers are dropped until one answers",
+                self.ip,
+                self.port,
+                str(exc).splitlines()[0][:120],
+            )
+            return False
+        self.num_sessions += 1
+        self.connected.set()
+        return True
+
+    # --- consumer ---------------------------------------------------------------------------
+
+    def _receive_loop(self) -> None:
+        while not self.closed.is_set():
+            session = self.num_sessions = self.num_sessions + 1
+            self.store.set("session", str(session))
+            try:
+                prefixed = dist.PrefixStore(f"session{session}/", self.store)
+                group = dist.ProcessGroupGloo(prefixed, CONSUMER, 2, FOREVER)
+            except RuntimeError as exc:
+                logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
+                continue
+            self.group = group
+            self.connected.set()
+            try:
+                while not self.closed.is_set():
+                    self._receive_message(group)
+            except RuntimeError as exc:
+                if self.closed.is_set():
+                    return
+                logger.warning(
+                    "nanovllm: KV producer disconnected (%s)", str(exc).splitlines()[0][:120]
+                )
+            self.connected.clear()
+            self.group = None
+            with self.lock:  # whatever was in flight will not arrive now
+                for tid, state in list(self.transfers.items()):
+                    self._end(tid, state, "the producer disconnected before the transfer ended")
+
+    def _receive_message(self, group: dist.ProcessGroup) -> None:
+        header = _recv(group, torch.empty(HEADER_LEN, dtype=torch.int64)).tolist()
+        kind, n, num_layers, dtype_code, bs, heads, dim, names_len = header
+        names = bytes(_recv(group, torch.empty(names_len, dtype=torch.uint8)).tolist()).decode()
+        model_tag, *transfer_ids = names.split("\n")
+        if kind == DONE:
+            with self.lock:
+                self._end(transfer_ids[0], self._state(transfer_ids[0]), None)
+            return
+        hashes = _recv(group, torch.empty(n, HASH_LEN, dtype=torch.uint8))
+        tokens = _recv(group, torch.empty(n, bs, dtype=torch.int64))
+        dtype = DTYPES[dtype_code]
+        layers = []
+        for _ in range(num_layers):
+            kv = []
+            for _ in range(2):
+                raw = torch.empty(n * bs * heads * dim * dtype.itemsize, dtype=torch.uint8)
+                kv.append(_recv(group, raw).view(dtype).view(n, bs, heads, dim))
+            layers.append(kv)
+        with self.lock:
+            for i, transfer_id in enumerate(transfer_ids):
+                state = self._state(transfer_id)
+                if model_tag != self.model_tag:  # another model's KV: received, never used
+                    self._end(transfer_id, state, f"the producer serves {model_tag}")
+                    continue
+                state.num_blocks += 1
+                self.inbox.append(
+                    ReceivedBlock(
+                        bytes(hashes[i].tolist()),
+                        tuple(tokens[i].tolist()),
+                        transfer_id,
+                        [(k[i], v[i]) for k, v in layers],
+                    )
+                )
+
+    def take_inbox(self) -> list[ReceivedBlock]:
+        """The blocks received since the last call (the engine thread's)."""
+        with self.lock:
+            taken, self.inbox = self.inbox, []
+        return taken
+
+    def transfer_error(self, transfer_id: str) -> str | None:
+        """How a transfer failed, or None (it arrived, or nothing is known of it)."""
+        with self.lock:
+            state = self.transfers.get(transfer_id)
+            return state.error if state is not None else None
+
+    def wait_for_transfer(self, transfer_id: str, timeout: float) -> str | None:
+        """Block until the transfer's DONE has arrived (returns None) or it failed or `timeout`
+        seconds passed (returns what happened)."""
+        with self.lock:
+            state = self._state(transfer_id)
+            if not self.lock.wait_for(lambda: state.done, timeout):
+                self._end(transfer_id, state, f"its KV did not arrive within {timeout:g} s")
+            return state.error
+
+    async def await_transfer(self, transfer_id: str, timeout: float) -> str | None:
+        """`wait_for_transfer` for an event loop: waits without holding a thread."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self.lock:
+            state = self._state(transfer_id)
+            if state.done:
+                return state.error
+            state.waiters.append((loop, future))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self.lock:
+                self._end(transfer_id, state, f"its KV did not arrive within {timeout:g} s")
+                return state.error
+
+    def _state(self, transfer_id: str) -> TransferState:
+        """(under the lock) A transfer's state, created on first mention."""
+        state = self.transfers.get(transfer_id)
+        if state is None:
+            state = self.transfers[transfer_id] = TransferState()
+            while len(self.transfers) > MAX_TRANSFERS:
+                self.transfers.popitem(last=False)
+        return state
+
+    def _end(self, transfer_id: str, state: TransferState, error: str | None) -> None:
+        """(under the lock) The transfer is over, with `error` or not; wake its waiters. The
+        first ending counts: a DONE after a timeout changes nothing."""
+        if state.done:
+            return
+        state.done, state.error = True, error
+        self.lock.notify_all()
+        for loop, future in state.waiters:
+            loop.call_soon_threadsafe(_resolve, future, error)
+        state.waiters.clear()
+
+
+def _resolve(future: asyncio.Future, error: str | None) -> None:
+    if not future.done():
+        future.set_result(error)
+
+
+def _recv(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.Tensor:
+    group.recv([tensor], PRODUCER, 0).wait()
+    return tensor
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes, on the host: [t.numel() * t.element_size()] uint8."""
+    return t.to("cpu").contiguous().view(-1).view(torch.uint8)
