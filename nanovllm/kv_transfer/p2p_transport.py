@@ -44,6 +44,7 @@ import asyncio
 import datetime
 import logging
 import queue
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -95,6 +96,7 @@ class P2pTransport:
         # Producer: messages to send, each a list of tensors (None ends a message early).
         self.outbox: queue.Queue = queue.Queue()
         self.num_dropped = 0  # messages dropped while no consumer was connected
+        self.reported_down = False  # warned that no consumer answers (once per outage)
         # Consumer: blocks received, not yet taken by the engine thread; each transfer's state.
         self.lock = threading.Condition()
         self.inbox: list[ReceivedBlock] = []
@@ -188,6 +190,11 @@ class P2pTransport:
 
     def _connect_producer(self) -> bool:
         """Join the consumer's current session; False if none is reachable now."""
+        try:  # (a plain probe first: torch's store logs a stack trace for a refused connect)
+            socket.create_connection((self.ip, self.port), timeout=2).close()
+        except OSError as exc:
+            self._report_down(str(exc))
+            return False
         try:
             store = dist.TCPStore(
                 self.ip, self.port, None, is_master=False, timeout=datetime.timedelta(seconds=2)
@@ -198,16 +205,23 @@ class P2pTransport:
                 prefixed, PRODUCER, 2, datetime.timedelta(seconds=30)
             )
         except RuntimeError as exc:
+            self._report_down(str(exc).splitlines()[0][:120])
+            return False
+        self.num_sessions += 1
+        self.connected.set()
+        self.reported_down = False
+        return True
+
+    def _report_down(self, reason: str) -> None:
+        """Warn once per outage, not once per dropped message."""
+        if not self.reported_down:
             logger.warning(
                 "nanovllm: no KV consumer at %s:%d (%s); transfers are dropped until one answers",
                 self.ip,
                 self.port,
-                str(exc).splitlines()[0][:120],
+                reason,
             )
-            return False
-        self.num_sessions += 1
-        self.connected.set()
-        return True
+        self.reported_down = True
 
     # --- consumer ---------------------------------------------------------------------------
 
