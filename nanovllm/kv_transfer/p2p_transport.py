@@ -116,9 +116,10 @@ class P2pTransport:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop the thread's work (a thread blocked on the network stays until it returns)."""
+        """Stop sending and receiving, and end every wait. The thread itself stays, idle, until
+        the process exits: tearing down a gloo group whose thread is still in a call aborts
+        the process (torch 2.13), so a group is dropped only once its peer is gone."""
         self.closed.set()
-        self.outbox.put(None)
         with self.lock:
             for tid, state in self.transfers.items():
                 if not state.done:
@@ -165,8 +166,8 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
-            if item is None or self.closed.is_set():
-                return
+            if self.closed.is_set():
+                continue
             starts_message, tensors = item
             if starts_message:
                 skipping = False
@@ -226,7 +227,7 @@ class P2pTransport:
     # --- consumer ---------------------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        while not self.closed.is_set():
+        while True:  # (after `close`, messages are still taken, and dropped)
             session = self.num_sessions = self.num_sessions + 1
             self.store.set("session", str(session))
             try:
@@ -238,11 +239,9 @@ class P2pTransport:
             self.group = group
             self.connected.set()
             try:
-                while not self.closed.is_set():
+                while True:
                     self._receive_message(group)
             except RuntimeError as exc:
-                if self.closed.is_set():
-                    return
                 logger.warning(
                     "nanovllm: KV producer disconnected (%s)", str(exc).splitlines()[0][:120]
                 )
@@ -272,6 +271,8 @@ class P2pTransport:
                 kv.append(_recv(group, raw).view(dtype).view(n, bs, heads, dim))
             layers.append(kv)
         with self.lock:
+            if self.closed.is_set():
+                return
             for i, transfer_id in enumerate(transfer_ids):
                 state = self._state(transfer_id)
                 if model_tag != self.model_tag:  # another model's KV: received, never used

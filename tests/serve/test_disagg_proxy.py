@@ -21,13 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_support import PROMPTS
 
 from nanovllm.cli import main
 from nanovllm.serve.disagg_proxy import PREFILL_DROPPED, build_proxy_app, decode_body, prefill_body
@@ -605,108 +603,3 @@ def test_the_proxy_is_built_from_its_flags_without_torch():
         "'http://a:1')]",
         "False",
     ]
-
-
-# --- end to end: two real servers -----------------------------------------------------------
-
-
-class TakesKVTransferParams:
-    """An ASGI wrapper standing in for a connector-aware server's protocol: it takes
-    `kv_transfer_params` off a POST body before the plain server (which refuses unknown fields)
-    sees it, and records it."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.seen: list[dict | None] = []
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        body = json.loads(raw)
-        self.seen.append(body.pop("kv_transfer_params", None))
-        raw = json.dumps(body).encode()
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-        scope = {**scope, "headers": [*headers, (b"content-length", b"%d" % len(raw))]}
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-
-@pytest.fixture(scope="module")
-def real(model_path, async_engine, server):
-    """(proxy, direct server, prefill wrapper, decode wrapper): the prefill server on the
-    session's engine, the decode server on an engine of its own."""
-    from nanovllm import EngineConfig, LLMEngine
-    from nanovllm.serve.api_server import build_app
-    from nanovllm.serve.async_engine import AsyncLLMEngine
-
-    decode_engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=str(model_path))))
-    prefill_app = TakesKVTransferParams(build_app(async_engine))
-    decode_app = TakesKVTransferParams(build_app(decode_engine))
-    with ServerThread(prefill_app) as p, ServerThread(decode_app) as d:
-        with ServerThread(build_proxy_app(p.url, d.url)) as proxy:
-            yield proxy, server, prefill_app, decode_app
-    decode_engine.shutdown()
-
-
-def test_through_the_proxy_two_servers_answer_as_one(real, async_engine):
-    proxy, direct, prefill_app, decode_app = real
-    model = async_engine.model_name
-    via = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
-    one = openai.OpenAI(base_url=direct.url + "/v1", api_key="unused", max_retries=0)
-    assert [m.id for m in via.models.list().data] == [model]
-    common = dict(model=model, temperature=0, extra_body={"ignore_eos": True})
-
-    def answer(client: openai.OpenAI, **kwargs: Any) -> list[tuple]:
-        result = client.completions.create(**common, **kwargs)
-        usage = (result.usage.prompt_tokens, result.usage.completion_tokens)
-        return [(c.index, c.text, c.finish_reason) for c in result.choices] + [usage]
-
-    plain = answer(one, prompt=PROMPTS[2], max_tokens=16)
-    assert answer(via, prompt=PROMPTS[2], max_tokens=16) == plain
-    assert answer(via, prompt=PROMPTS[3], max_tokens=8, n=2) == answer(
-        one, prompt=PROMPTS[3], max_tokens=8, n=2
-    )
-    stop = plain[0][1][4:7]  # a piece of the greedy text: the answer ends before it
-    stopped = answer(one, prompt=PROMPTS[2], max_tokens=16, stop=[stop])
-    assert stopped[0][2] == "stop"
-    assert answer(via, prompt=PROMPTS[2], max_tokens=16, stop=[stop]) == stopped
-
-    def streamed(client: openai.OpenAI) -> tuple[str, str | None]:
-        stream = client.completions.create(**common, prompt=PROMPTS[4], max_tokens=12, stream=True)
-        chunks = list(stream)
-        return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
-
-    assert streamed(via) == streamed(one)
-    # Every request through the proxy went to both, one transfer id each.
-    for sent_p, sent_d in zip(prefill_app.seen, decode_app.seen, strict=True):
-        assert sent_p["do_remote_decode"] and sent_d["do_remote_prefill"]
-        assert sent_p["transfer_id"] == sent_d["transfer_id"]
-    assert len(prefill_app.seen) == 4  # the four generation requests above
-
-
-def test_viz_reaches_the_prefill_engines_events_through_the_proxy(real):
-    from nanovllm.viz.connect import ConnectDriver
-
-    proxy = real[0]
-    driver = ConnectDriver(proxy.url + "/prefill", lambda state, status: None, speed=0)
-    assert driver.events_url == proxy.url + "/prefill/v1/events"
-    driver.open_stream()  # what `nanovllm viz --connect PROXY/prefill` does first
-    driver.close()
-    with httpx.stream("GET", driver.events_url, timeout=WAIT_S) as events:
-        first = next(line for line in events.iter_lines() if line.startswith("data:"))
-    assert json.loads(first.removeprefix("data: "))["kind"] == "engine_started"
