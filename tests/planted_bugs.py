@@ -821,4 +821,16 @@ PLANTED_BUGS = [
         ("tests/test_kv_p2p.py", "-k", "producer_killed"),
         "A dead producer's transfers would hold every waiting request until the timeout.",
     ),
+    PlantedBug(
+        "connector-saves-only-after-the-forward-pass",
+        "nanovllm/kv_transfer/executor.py",
+        (
+            (
+                "            layer.register_forward_hook(self._layer_done_hook(i))\n",
+                "            pass\n",
+            ),
+        ),
+        ("tests/test_kv_p2p.py", "-k", "each_layer"),
+        "Every answer stays right; only the sends stop overlapping the later layers.",
+    ),
 ]

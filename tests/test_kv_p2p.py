@@ -341,3 +341,21 @@ def test_a_prompt_larger_than_the_consumers_free_blocks_waits_for_them(checkpoin
 def test_bad_configurations_are_refused_by_name(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         checked_config(config)
+
+
+def test_each_layer_is_queued_for_sending_before_the_next_layer_runs(checkpoint) -> None:
+    """The producer's sends overlap the forward pass: layer i's K and V are on the link's queue
+    before layer i + 1 starts computing (a hook after each decoder layer, `executor.py`)."""
+    path, prompts, expected = checkpoint
+    producer, consumer = pair(path, dict(block_size=4), dict(block_size=4))
+    order: list[str] = []
+    transport = producer.llm_engine.kv_connector.transport
+    send_layer = transport.send_layer
+    transport.send_layer = lambda k, v: (order.append("sent"), send_layer(k, v))[1]
+    layers = producer.llm_engine.runner.model.model.layers
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda module, args, i=i: order.append(f"layer {i}"))
+    outs = disaggregated(producer, consumer, prompts[1:2])
+    assert outs[0].outputs[0].token_ids == expected[1]
+    step = order[: order.index("sent", order.index(f"layer {len(layers) - 1}")) + 1]
+    assert step == [x for i in range(len(layers)) for x in (f"layer {i}", "sent")]
