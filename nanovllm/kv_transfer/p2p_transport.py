@@ -183,7 +183,8 @@ class P2pTransport:
                 for tensor in tensors:
                     self.group.send([tensor], CONSUMER, 0).wait()
             except RuntimeError as exc:
-                logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, exc)
+                reason = str(exc).splitlines()[0][:120]
+                logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, reason)
                 self.group = None
                 self.connected.clear()
                 self.num_dropped += 1
