@@ -334,6 +334,7 @@ def test_a_prompt_larger_than_the_consumers_free_blocks_waits_for_them(checkpoin
         ({"kv_connector": "P2pConnector", "kv_port": "80"}, "got '80'"),
         ({"kv_connector": "P2pConnector", "kv_ip": "", "kv_port": 9}, "kv_ip must be"),
         (p2p("kv_consumer", 9, timeout_s=0), "timeout_s must be a number > 0, got 0"),
+        (dict(p2p("kv_producer", 9), kv_ip="0.0.0.0"), "kv_ip '0.0.0.0' is not an address"),
         (p2p("kv_consumer", 9, num_staging_blocks=0.5), "num_staging_blocks must be an int"),
         (p2p("kv_consumer", 9, shared_storage_path="/tmp"), "unknown keys"),
     ],

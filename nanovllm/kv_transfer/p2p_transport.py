@@ -11,7 +11,9 @@ each *session* (one producer's connection) rendezvouses under its own store pref
 publishes the session's number and waits in it; a producer reads the number and joins. When
 either side dies, the other sees the connection close: the consumer opens the next session and
 waits for a producer again, a producer reconnects whenever it has something to send. So either
-engine can be restarted, and one that is down costs the other nothing but the transfers.
+engine can be restarted, and one that is down costs the other nothing but the transfers. Both
+engines are given the consumer's address (`kv_ip`); each end's gloo connections use the local
+address on the route between them, so the same flags work on one machine or two.
 
 One message after another, in order, on one channel (tag 0):
 
@@ -203,10 +205,9 @@ class P2pTransport:
             )
             session = int(store.get("session"))
             prefixed = dist.PrefixStore(f"session{session}/", store)
-            self.group = dist.ProcessGroupGloo(
-                prefixed, PRODUCER, 2, datetime.timedelta(seconds=30)
-            )
-        except RuntimeError as exc:
+            local_ip = _local_ip_towards(socket.gethostbyname(self.ip))
+            self.group = _group(prefixed, PRODUCER, local_ip, datetime.timedelta(seconds=30))
+        except (RuntimeError, OSError) as exc:
             self._report_down(str(exc).splitlines()[0][:120])
             return False
         self.num_sessions += 1
@@ -233,7 +234,7 @@ class P2pTransport:
             self.store.set("session", str(session))
             try:
                 prefixed = dist.PrefixStore(f"session{session}/", self.store)
-                group = dist.ProcessGroupGloo(prefixed, CONSUMER, 2, FOREVER)
+                group = _group(prefixed, CONSUMER, socket.gethostbyname(self.ip), FOREVER)
             except RuntimeError as exc:
                 logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
                 continue
@@ -345,6 +346,26 @@ class P2pTransport:
         for loop, future in state.waiters:
             loop.call_soon_threadsafe(_resolve, future, error)
         state.waiters.clear()
+
+
+def _group(
+    store: dist.Store, rank: int, local_ip: str, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
+    """A two-rank gloo group whose connections use `local_ip`: the address the peer reaches
+    this engine at (gloo's default, the host name's address, may be one the peer cannot
+    reach)."""
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
+def _local_ip_towards(ip: str) -> str:
+    """This machine's address on the route to `ip` (no packet is sent: a UDP socket's connect
+    only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))
+        return s.getsockname()[0]
 
 
 def _resolve(future: asyncio.Future, error: str | None) -> None:
