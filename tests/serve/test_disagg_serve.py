@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from nanovllm.serve.server import ServerThread
 LONG = [[(11 * i + 5 * j) % 200 + 3 for j in range(21 + 4 * i)] for i in range(5)]
 DECODE_KV_BLOCKS = 24  # 96 slots: the n=2 requests preempt each other on the decode engine
 WAIT_S = 30.0
+TIMEOUT_S = 1.5  # the decode engine's wait for a transfer
 
 
 def free_port() -> int:
@@ -41,6 +43,8 @@ def free_port() -> int:
 
 def engine(model_path, role: str, port: int, **options: Any) -> AsyncLLMEngine:
     config = {"kv_connector": "P2pConnector", "kv_role": role, "kv_port": port}
+    if role == "kv_consumer":
+        config["kv_connector_extra_config"] = {"timeout_s": TIMEOUT_S}
     return AsyncLLMEngine(
         LLMEngine(
             EngineConfig(model=str(model_path), block_size=4, kv_transfer_config=config, **options)
@@ -90,10 +94,9 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-def answer(c: openai.OpenAI, model: str, **kwargs: Any) -> list[tuple]:
-    result = c.completions.create(
-        model=model, temperature=0, extra_body={"ignore_eos": True}, **kwargs
-    )
+def answer(c: openai.OpenAI, model: str, extra_body: dict | None = None, **kwargs: Any) -> list:
+    extra_body = {"ignore_eos": True, **(extra_body or {})}
+    result = c.completions.create(model=model, temperature=0, extra_body=extra_body, **kwargs)
     usage = (result.usage.prompt_tokens, result.usage.completion_tokens)
     return [(ch.index, ch.text, ch.finish_reason) for ch in result.choices] + [usage]
 
@@ -159,6 +162,36 @@ def test_a_prompt_larger_than_the_decode_engines_cache_is_refused_by_length(
     assert answer(client(disagg.proxy.url), model, prompt=LONG[0], max_tokens=8) == answer(
         client(server.url), model, prompt=LONG[0], max_tokens=8
     )
+    assert disagg.blocks_in_use() == [0, 0]
+
+
+def test_a_transfer_that_never_comes_is_waited_for_then_computed(
+    disagg, server, async_engine
+) -> None:
+    """Straight to the decode server, naming a transfer nobody sends: it waits `timeout_s`
+    without holding the event loop (another request is answered meanwhile), then computes."""
+    model = async_engine.model_name
+    lost = {"do_remote_prefill": True, "transfer_id": "never-sent"}
+    expected = answer(client(server.url), model, prompt=LONG[3], max_tokens=8)
+    result: list = []
+    waiting = threading.Thread(
+        target=lambda: result.append(
+            answer(
+                client(disagg.decode_server.url),
+                model,
+                prompt=LONG[3],
+                max_tokens=8,
+                extra_body={"kv_transfer_params": lost},
+            )
+        )
+    )
+    start = time.monotonic()
+    waiting.start()
+    assert answer(client(disagg.decode_server.url), model, prompt=LONG[0], max_tokens=4)
+    assert time.monotonic() - start < TIMEOUT_S  # answered while the other waits
+    waiting.join(WAIT_S)
+    assert time.monotonic() - start >= TIMEOUT_S
+    assert result == [expected]
     assert disagg.blocks_in_use() == [0, 0]
 
 
