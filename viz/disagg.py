@@ -206,7 +206,5 @@ class DisaggRun:
     def close(self) -> None:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        # The consumer's link closes (its transfers end). The producer's stays open: closing a
-        # producer's transport in a process that then exits aborts it ("terminate called
-        # without an active exception", measured with torch's gloo); its thread is a daemon.
-        self.decode.shutdown()
+        for engine in (self.prefill, self.decode):
+            engine.shutdown()  # (each link stops; its idle thread ends with the process)
