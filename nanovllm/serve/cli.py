@@ -17,6 +17,7 @@ Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -249,6 +250,11 @@ def run(args: argparse.Namespace) -> int:
             f"{', API key required' if guard['api_key'] else ''})",
             file=sys.stderr,
         )
+        # Start-up left hundreds of thousands of long-lived objects (the model, the tokenizer,
+        # the app). Freeze them out of the collector's reach, as vLLM does: a full collection
+        # while serving walked them all, and no stream got a token meanwhile (bench README).
+        gc.collect()
+        gc.freeze()
         serve(app, args.host, args.port, log_level=args.log_level)
     finally:
         async_engine.shutdown()
