@@ -154,6 +154,7 @@ def test_a_tiny_run_loads_the_prompts_over_the_link_and_agrees(monkeypatch) -> N
     expected = num_burst * full(prompt_len) + num_steady * full(steady_len)
     assert expected == 96  # 3 of each burst prompt's 4 blocks; no steady prompt fills one
     assert result[disagg.DISAGG]["external_hits"] == expected
+    assert result["workload"]["loadable_tokens"] == expected
     assert result[disagg.COLOCATED]["external_hits"] is None
     assert result["outputs_agree"]
     assert result[disagg.DISAGG]["num_gaps"] > 0 and result[disagg.COLOCATED]["num_gaps"] > 0
