@@ -796,4 +796,41 @@ PLANTED_BUGS = [
         ("tests/test_kv_connector.py", "-k", "failed_load"),
         "A file renamed, or written for other tokens, would serve the wrong KV without the check.",
     ),
+    PlantedBug(
+        "p2p-loads-k-into-v",
+        "nanovllm/kv_transfer/p2p.py",
+        (
+            (
+                "k_cache[block_ids] = torch.stack([b.kv[layer][0] for _, b in found])",
+                "k_cache[block_ids] = torch.stack([b.kv[layer][1] for _, b in found])",
+            ),
+        ),
+        ("tests/test_kv_p2p.py", "-k", "receives_the_prompt"),
+        "Received KV copied into the wrong half of the cache: only the decoded tokens show it.",
+    ),
+    PlantedBug(
+        "p2p-disconnect-leaves-waiters-waiting",
+        "nanovllm/kv_transfer/p2p_transport.py",
+        (
+            (
+                '                    self._end(tid, state, "the producer disconnected before the '
+                'transfer ended")',
+                "                    pass",
+            ),
+        ),
+        ("tests/test_kv_p2p.py", "-k", "producer_killed"),
+        "A dead producer's transfers would hold every waiting request until the timeout.",
+    ),
+    PlantedBug(
+        "connector-saves-only-after-the-forward-pass",
+        "nanovllm/kv_transfer/executor.py",
+        (
+            (
+                "            layer.register_forward_hook(self._layer_done_hook(i))\n",
+                "            pass\n",
+            ),
+        ),
+        ("tests/test_kv_p2p.py", "-k", "each_layer"),
+        "Every answer stays right; only the sends stop overlapping the later layers.",
+    ),
 ]

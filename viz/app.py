@@ -7,7 +7,9 @@ draws the newest state at most `MAX_FPS` times a second. So however fast the eng
 UI draws at its own pace and never blocks, and the worker never waits for the UI. Keys become
 `Command`s on the driver's thread-safe queue.
 
-The views are small widgets (`widgets/`), laid out by `app.tcss`. Besides the interactive mode
+The views are small widgets (`widgets/`), laid out by `app.tcss`. The `disagg` scenario publishes
+a `DisaggState` (two engines, `disagg.py`): the app then shows a second layout, each engine's
+queues, KV cache, block tables and story side by side, the link between them in the middle. Besides the interactive mode
 the app has two headless uses: take a screenshot after N steps (`screenshot=`), and measure
 frames and steps per second (`measure=`).
 """
@@ -29,6 +31,7 @@ from textual.events import Resize
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
+from nanovllm.viz.disagg import DisaggState
 from nanovllm.viz.driver import (
     SPEEDS,
     AddRequest,
@@ -53,6 +56,7 @@ from nanovllm.viz.widgets import (
     BlockTablesView,
     FreeQueueView,
     KVCacheView,
+    LinkView,
     MetricsView,
     NarrativeView,
     PagingView,
@@ -146,6 +150,8 @@ class VizApp(App[object]):
         self._frame_timer: Timer | None = None
         self._last_frame = 0.0
         self._views: list[StateView] = []
+        self.pair: DisaggState | None = None  # the `disagg` scenario's engines (then `state` is
+        self._engine_views: dict[str, list[StateView]] = {}  # the decode engine's)
         self._finishing = False
         self._measure_start: tuple[float, float, int, int] | None = None
 
@@ -174,6 +180,15 @@ class VizApp(App[object]):
                 yield BlockTablesView(id="tables-right", classes="tables")
                 yield PagingView(id="paging-right", classes="paging")
                 yield NarrativeView(id="story-right", classes="story")
+        with Horizontal(id="disagg"):  # the `disagg` scenario's two engines
+            for engine in ("prefill", "decode"):
+                with Vertical(id=engine, classes="engine"):
+                    yield QueuesView(classes="e-queues")
+                    yield KVCacheView(classes="e-kv")
+                    yield BlockTablesView(classes="e-tables")
+                    yield NarrativeView(classes="e-story")
+                if engine == "prefill":
+                    yield LinkView(id="link")
         yield Static(id="too-small")
         yield Footer()
 
@@ -201,6 +216,17 @@ class VizApp(App[object]):
         for view in self._views:
             if type(view) in titles:
                 view.border_title, view.border_subtitle = titles[type(view)]
+        for engine, label in (("prefill", "prefill (producer)"), ("decode", "decode (consumer)")):
+            self.query_one(f"#{engine}").border_title = label
+            self._engine_views[engine] = list(self.query(f"#{engine} StateView"))
+        self.query_one(LinkView).border_title = "link: blocks crossing"
+        self.query_one(LinkView).border_subtitle = "P2pConnector · newest first"
+        self._views = [
+            v
+            for v in self._views
+            if not isinstance(v, LinkView)
+            and all(v not in vs for vs in self._engine_views.values())
+        ]
         self._check_size(self.size.width, self.size.height)
         self.run_driver()
 
@@ -244,10 +270,14 @@ class VizApp(App[object]):
 
     def _draw_latest(self) -> None:
         self._frame_timer = None
-        if self._latest is None:
-            return
+        if self._latest is None or not self.screen_stack:
+            return  # (no screen: a frame timer that fired while the app was closing)
         self._last_frame = time.monotonic()
-        self.state, self.status = self._latest
+        state, self.status = self._latest
+        # Two engines: the single-engine views (hidden) and the selection follow the decode one.
+        self.pair = state if isinstance(state, DisaggState) else None
+        self.state = state.decode if isinstance(state, DisaggState) else state
+        self.screen.set_class(self.pair is not None, "-disagg")
         self.screen.set_class(self.state.tier.connector is not None, "-tier")
         self._follow_selection()
         self._redraw()
@@ -261,6 +291,12 @@ class VizApp(App[object]):
         # (Textual does not render a hidden widget, so this costs little).
         for view in self._views:
             view.show(self.state, self.selected, self.status)
+        if self.pair is not None:
+            for view in self._engine_views["prefill"]:
+                view.show(self.pair.prefill, self.selected, self.status)
+            for view in self._engine_views["decode"]:
+                view.show(self.pair.decode, self.selected, self.status)
+            self.query_one(LinkView).show(self.pair, self.selected, self.status)  # type: ignore[arg-type]
 
     # --- selection ------------------------------------------------------------------------------
 

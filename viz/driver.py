@@ -20,7 +20,8 @@ per second. Paused, `Step` plays one
 whole step, `StepEvent` one event, `Back` / `Forward` move over the recorded steps without
 touching the engine: the engine only steps when the cursor needs a step nobody has recorded.
 
-`EngineDriver` runs a live engine on a scenario's workload; `ReplayDriver` plays a trace back
+`EngineDriver` runs a live engine on a scenario's workload (two, for the `disagg` scenario:
+`disagg.py`; the tape then holds both engines' tagged events); `ReplayDriver` plays a trace back
 with the same controls (`connect.py` adds a third, for a running server). None imports
 Textual: they are tested, and could be reused, on their own.
 """
@@ -37,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from nanovllm.events import EngineStarted, Event
+from nanovllm.viz.disagg import DisaggRun, DisaggTape
 from nanovllm.viz.history import MAX_HISTORY, Tape
-from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, Workload
+from nanovllm.viz.scenarios import DEFAULT_SCENARIO, SCENARIOS, Arrival, Scenario, Workload
 from nanovllm.viz.state import VizState
 from nanovllm.viz.trace import TraceWriter, frames, read_trace
 
@@ -439,6 +441,7 @@ class EngineDriver(Driver):
         self.workload_seed = workload_seed
         self.recorder = TraceWriter(record) if record else None
         self.engine: Any = None
+        self.disagg: DisaggRun | None = None  # the two engines of a `two_engines` scenario
         self.workload: Workload | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._tick = 0
@@ -460,10 +463,19 @@ class EngineDriver(Driver):
 
         if self._unsubscribe is not None:
             self._unsubscribe()
+            self._unsubscribe = None
         if self.engine is not None:
             # Its tensor-parallel workers, if any, stop first: a process leads one group at a time.
             self.engine.shutdown()
             self.engine = None
+        if self.disagg is not None:
+            self.disagg.close()  # its link's port too
+            self.disagg = None
+        if self.scenario.two_engines:
+            self._setup_disagg()
+            return
+        if isinstance(self.tape, DisaggTape):
+            self.tape = Tape(max_history=self.tape.max_history)
         self.engine = LLMEngine(EngineConfig(**self.engine_options()))
         self.workload = self.scenario.workload(self.workload_seed)
         self._tick = 0
@@ -472,6 +484,15 @@ class EngineDriver(Driver):
         self._record_pending()  # `EngineStarted`: a new tape
         self.status = replace(
             self.status, source=self.engine.model_path.name, scenario=self.scenario.name
+        )
+
+    def _setup_disagg(self) -> None:
+        self.workload = self.scenario.workload(self.workload_seed)
+        self.disagg = DisaggRun(self.engine_options(), self.workload)
+        self.tape = DisaggTape(max_history=self.tape.max_history)
+        self.tape.record(self.disagg.take_events())  # both engines' `EngineStarted`
+        self.status = replace(
+            self.status, source=self.disagg.model_name, scenario=self.scenario.name
         )
 
     def _on_event(self, event: Event) -> None:
@@ -488,6 +509,12 @@ class EngineDriver(Driver):
         """One tick of the workload: its arrivals, then one engine step (when there is work)."""
         from nanovllm import SamplingParams
 
+        if self.disagg is not None:  # (a trace holds one engine's events: not recorded)
+            state = self.tape.open_state
+            events, steps = self.disagg.pull(len(state.prefill.waiting) + len(state.decode.waiting))
+            self.tape.record(events)
+            self.status = replace(self.status, steps=self.status.steps + steps)
+            return bool(events)
         engine = self.engine
         assert self.workload is not None
         busy = engine.has_unfinished_requests()
@@ -521,15 +548,25 @@ class EngineDriver(Driver):
             self._user_requests += 1
             request_id = f"you{self._user_requests}"
             try:
-                params = SamplingParams(temperature=0.8, top_k=50, max_tokens=command.max_tokens)
-                self.engine.add_request(request_id, command.prompt, params)
+                if self.disagg is not None:
+                    seed = self._user_requests
+                    arrival = Arrival(command.prompt, command.max_tokens, seed)
+                    self.disagg.add(request_id, arrival)
+                else:
+                    params = SamplingParams(
+                        temperature=0.8, top_k=50, max_tokens=command.max_tokens
+                    )
+                    self.engine.add_request(request_id, command.prompt, params)
             except ValueError as exc:
                 self.notify_fn(f"request rejected: {exc}", "error")
             else:
                 self.notify_fn(f"added request {request_id}", "information")
             # Show the arrival at once: from the newest state, over the events it made.
             self.tape.to_end()
-            self._record_pending()
+            if self.disagg is not None:
+                self.tape.record(self.disagg.take_events())
+            else:
+                self._record_pending()
             while self.tape.forward_event():
                 pass
             self.publish()
@@ -552,5 +589,7 @@ class EngineDriver(Driver):
             self._unsubscribe()
         if self.engine is not None:
             self.engine.shutdown()  # stops the tensor-parallel workers, if any
+        if self.disagg is not None:
+            self.disagg.close()
         if self.recorder is not None:
             self.recorder.close()

@@ -49,12 +49,12 @@ class Tape:
         An `EngineStarted` starts a new tape: a new engine has nothing to go back to.
         """
         for event in events:
-            if isinstance(event, EngineStarted):
-                self.reset(reduce(VizState(), event))
+            if self.starts(event):
+                self.reset(self.reduce(VizState(), event))
                 continue
             self.open.append(event)
-            self.open_state = reduce(self.open_state, event)
-            if isinstance(event, StepSummary):
+            self.open_state = self.reduce(self.open_state, event)
+            if self.closes(event):
                 self._close_step()
 
     def _close_step(self) -> None:
@@ -73,6 +73,22 @@ class Tape:
 
     def reset(self, state: VizState) -> None:
         self.__init__(state, self.max_history)  # type: ignore[misc]
+
+    # What the tape records: a subclass may record other events into another state
+    # (`disagg.DisaggTape`: two engines' tagged events).
+    @staticmethod
+    def reduce(state, event):
+        return reduce(state, event)
+
+    @staticmethod
+    def starts(event) -> bool:
+        """Whether `event` starts a new tape."""
+        return isinstance(event, EngineStarted)
+
+    @staticmethod
+    def closes(event) -> bool:
+        """Whether `event` ends a step."""
+        return isinstance(event, StepSummary)
 
     # --- where the cursor is -----------------------------------------------------------------
 
@@ -117,7 +133,7 @@ class Tape:
         elif self.j == len(self.steps) and self.k == len(self.open):
             self.state = self.open_state
         else:
-            self.state = reduce(self.state, events[self.k - 1])
+            self.state = self.reduce(self.state, events[self.k - 1])
         return True
 
     def forward_step(self) -> bool:

@@ -16,7 +16,13 @@ its sampled tokens) become one note, so a step reads as a short list:
     r16 host tier hit: slot 0 -> block 9 (KV copied in before the forward pass, not computed)
 
 With a KV connector (`tier.py`) the saves of a step are one note (a full tier's drop told with
-the save that takes its slot), and each request's loads another.
+the save that takes its slot), and each request's loads another. With the P2pConnector
+(disaggregated prefill and decode, `disagg.py`) the same events say where the KV went:
+
+    r3 sends blocks 4 5 to the decode engine (hash 1f2e3d 9a8b7c)
+    r3: blocks arrived from the prefill engine (hash 1f2e3d 9a8b7c), staged in host memory
+    r3 loads blocks 7 8 from the KV the prefill engine sent (hash 1f2e3d 9a8b7c), not computed
+    r3 computes its prompt locally because its KV did not arrive within 10 s
 
 A verification's note takes in the `BlockFreed` events of its request that follow it (the
 blocks that held only rejected proposals), even when other requests' verifications come in
@@ -42,6 +48,7 @@ from nanovllm.events import (
     Event,
     GrammarMasked,
     KVBlockLoaded,
+    KVBlockReceived,
     KVBlockSaved,
     KVLoadFailed,
     KVTierEvicted,
@@ -65,6 +72,8 @@ TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
 SPEC, GRAMMAR = "spec", "grammar"
 SAVE, DROP, LOAD, LOAD_FAILED = "save", "drop", "load", "load_failed"  # the KV connector
+SEND, RECEIVE, FETCH, LOCAL = "send", "receive", "fetch", "local"  # ... the P2pConnector
+P2P = "P2pConnector"
 
 MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
 
@@ -88,9 +97,9 @@ class Note:
     @property
     def blocks(self) -> tuple[int, ...]:
         """The physical blocks the note is about."""
-        if self.kind in (TAKE, HIT, LOAD):
+        if self.kind in (TAKE, HIT, LOAD, FETCH):
             return tuple(item[1] for item in self.items)
-        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH, SAVE):
+        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH, SAVE, SEND):
             return tuple(item[0] for item in self.items)
         if self.kind == SPEC:  # items[0] is the verification; the rest are freed blocks
             return tuple(item[0] for item in self.items[1:])
@@ -141,6 +150,10 @@ def narrate(state: VizState, event: Event) -> Note | None:
     if isinstance(event, RequestFinished):
         detail = f"{event.finish_reason}, {event.num_output_tokens} tokens"
         return Note(FINISH, event.request_id, i, i, detail=detail, count=0)
+    if state.tier.connector == P2P:
+        note = _narrate_p2p(event, i)
+        if note is not None:
+            return note
     if isinstance(event, KVBlockSaved):
         item = (event.block_id, event.tier_slot, event.block_hash, None)
         return Note(SAVE, event.request_id, i, i, (item,), count=1)
@@ -182,6 +195,20 @@ def narrate(state: VizState, event: Event) -> Note | None:
     return None
 
 
+def _narrate_p2p(event: Event, i: int) -> Note | None:
+    """The P2pConnector's events: blocks sent, arrived, loaded, or a prompt computed locally."""
+    if isinstance(event, KVBlockSaved):
+        return Note(SEND, event.request_id, i, i, ((event.block_id, event.block_hash),), count=1)
+    if isinstance(event, KVBlockReceived):
+        # The scenario's transfer ids are its request ids (`disagg.py`).
+        return Note(RECEIVE, event.transfer_id, i, i, ((event.block_hash,),), count=1)
+    if isinstance(event, KVBlockLoaded):
+        return Note(FETCH, event.request_id, i, i, ((event.block_id, event.block_hash),), count=1)
+    if isinstance(event, KVLoadFailed):
+        return Note(LOCAL, event.request_id, i, i, detail=event.error, count=0)
+    return None
+
+
 def _join(a: Note, b: Note, kind: str | None = None, detail: str | None = None) -> Note:
     items = (a.items + b.items)[:MAX_ITEMS]
     return replace(
@@ -200,7 +227,9 @@ def merge(a: Note, b: Note) -> Note | None:
     same = a.request_id == b.request_id
     if a.kind == b.kind and a.kind in (DECODE, TOKENS):
         return _join(a, b)
-    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, SAVE, LOAD):
+    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, SAVE, LOAD, SEND):
+        return _join(a, b)
+    if a.kind == b.kind and same and a.kind in (RECEIVE, FETCH):
         return _join(a, b)
     if a.kind == DROP and b.kind == SAVE and b.items[0][1] == a.items[0][0]:
         # The full tier dropped its least recently used entry to make room: one note says both.
@@ -431,6 +460,35 @@ def _load_failed(n: Note) -> str:
     )
 
 
+def _hashes(n: Note) -> str:
+    """The note's block hashes, short (the link's lines show the same)."""
+    return "hash " + " ".join(item[-1][:6] for item in n.items) + _more(n)
+
+
+def _send(n: Note) -> str:
+    blocks = _ids(item[0] for item in n.items)
+    return f"{n.request_id} sends blocks {blocks} to the decode engine ({_hashes(n)})"
+
+
+def _receive(n: Note) -> str:
+    return (
+        f"{n.request_id}: blocks arrived from the prefill engine ({_hashes(n)}), staged in host "
+        "memory"
+    )
+
+
+def _fetch(n: Note) -> str:
+    blocks = _ids(item[0] for item in n.items)
+    return (
+        f"{n.request_id} loads blocks {blocks} from the KV the prefill engine sent "
+        f"({_hashes(n)}), not computed"
+    )
+
+
+def _local(n: Note) -> str:
+    return f"{n.request_id} computes its prompt locally because {n.detail}"
+
+
 def _reject(n: Note) -> str:
     return f"{n.request_id} rejected: {n.detail}"
 
@@ -458,6 +516,10 @@ _TEXT = {
     DROP: _drop,
     LOAD: _load,
     LOAD_FAILED: _load_failed,
+    SEND: _send,
+    RECEIVE: _receive,
+    FETCH: _fetch,
+    LOCAL: _local,
     SUMMARY: _plain,
     SNAPSHOT: _plain,
 }

@@ -13,6 +13,8 @@ nothing to run). Workloads are seeded, so a scenario plays the same way every ti
     parallel     every request asks for several completions (n > 1): blocks with n owners
     offload      a tiny device pool over a host tier (OffloadingConnector): evicted prefixes
                  are saved to the tier, and copied back when a request returns to them
+    disagg       two engines (`disagg.py`): a prefill engine computes each prompt and sends its
+                 KV blocks to a decode engine over the P2pConnector's link
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Scenario:
     title: str
     what_to_watch: str
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides
+    two_engines: bool = False  # a prefill and a decode engine (`disagg.py`), both with `engine`
 
     def workload(self, seed: int = 0) -> Workload:
         return Workload(self.name, seed)
@@ -129,6 +132,11 @@ class Workload:
                     self._arrival(passage + rng.choice(prompts.QUESTIONS), rng.randint(16, 32))
                 )
             return out
+        if self.kind == "disagg":
+            # Short openings (a few blocks to send each) and longer decodes: new prompts are
+            # prefilled on one engine while earlier ones decode on the other.
+            n = 2 if tick == 0 else int(rng.random() < 0.2)
+            return [self._opening(rng.randint(12, 32)) for _ in range(n)]
         raise ValueError(f"unknown workload {self.kind!r}")
 
     def _opening(self, max_tokens: int) -> Arrival:
@@ -233,6 +241,18 @@ SCENARIOS: dict[str, Scenario] = {
                 max_num_batched_tokens=256,
                 kv_transfer_config=OFFLOAD,
             ),
+        ),
+        Scenario(
+            "disagg",
+            "two engines: disaggregated prefill and decode",
+            "Two engines side by side. Each request runs first on the prefill engine (the "
+            "producer: max_tokens=1), which sends its prompt's full KV blocks over the "
+            "P2pConnector's link; then on the decode engine (the consumer), which copies "
+            "those blocks into its own instead of computing them, and decodes. The link "
+            "between them lists the latest blocks crossing (prefill block ──> hash ──> decode "
+            "block) and counts them sent, received, loaded and failed.",
+            dict(block_size=8, num_kv_blocks=40, max_num_seqs=6, max_num_batched_tokens=256),
+            two_engines=True,
         ),
     )
 }

@@ -97,6 +97,11 @@ class P2pConnector(KVConnectorBase):
             raise ValueError(
                 "P2pConnector needs kv_port: where the consumer listens and the producer connects"
             )
+        if config.kv_ip in ("0.0.0.0", "::"):
+            raise ValueError(
+                f"kv_ip {config.kv_ip!r} is not an address: give the consumer's address, as the "
+                "producer reaches it (both engines take the same kv_ip)"
+            )
         extra = config.kv_connector_extra_config
         timeout = extra.get("timeout_s", 10)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:

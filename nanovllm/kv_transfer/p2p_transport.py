@@ -11,7 +11,9 @@ each *session* (one producer's connection) rendezvouses under its own store pref
 publishes the session's number and waits in it; a producer reads the number and joins. When
 either side dies, the other sees the connection close: the consumer opens the next session and
 waits for a producer again, a producer reconnects whenever it has something to send. So either
-engine can be restarted, and one that is down costs the other nothing but the transfers.
+engine can be restarted, and one that is down costs the other nothing but the transfers. Both
+engines are given the consumer's address (`kv_ip`); each end's gloo connections use the local
+address on the route between them, so the same flags work on one machine or two.
 
 One message after another, in order, on one channel (tag 0):
 
@@ -44,6 +46,7 @@ import asyncio
 import datetime
 import logging
 import queue
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -95,6 +98,7 @@ class P2pTransport:
         # Producer: messages to send, each a list of tensors (None ends a message early).
         self.outbox: queue.Queue = queue.Queue()
         self.num_dropped = 0  # messages dropped while no consumer was connected
+        self.reported_down = False  # warned that no consumer answers (once per outage)
         # Consumer: blocks received, not yet taken by the engine thread; each transfer's state.
         self.lock = threading.Condition()
         self.inbox: list[ReceivedBlock] = []
@@ -114,9 +118,10 @@ class P2pTransport:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop the thread's work (a thread blocked on the network stays until it returns)."""
+        """Stop sending and receiving, and end every wait. The thread itself stays, idle, until
+        the process exits: tearing down a gloo group whose thread is still in a call aborts
+        the process (torch 2.13), so a group is dropped only once its peer is gone."""
         self.closed.set()
-        self.outbox.put(None)
         with self.lock:
             for tid, state in self.transfers.items():
                 if not state.done:
@@ -163,8 +168,8 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
-            if item is None or self.closed.is_set():
-                return
+            if self.closed.is_set():
+                continue
             starts_message, tensors = item
             if starts_message:
                 skipping = False
@@ -180,7 +185,8 @@ class P2pTransport:
                 for tensor in tensors:
                     self.group.send([tensor], CONSUMER, 0).wait()
             except RuntimeError as exc:
-                logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, exc)
+                reason = str(exc).splitlines()[0][:120]
+                logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, reason)
                 self.group = None
                 self.connected.clear()
                 self.num_dropped += 1
@@ -188,47 +194,56 @@ class P2pTransport:
 
     def _connect_producer(self) -> bool:
         """Join the consumer's current session; False if none is reachable now."""
+        try:  # (a plain probe first: torch's store logs a stack trace for a refused connect)
+            socket.create_connection((self.ip, self.port), timeout=2).close()
+        except OSError as exc:
+            self._report_down(str(exc))
+            return False
         try:
             store = dist.TCPStore(
                 self.ip, self.port, None, is_master=False, timeout=datetime.timedelta(seconds=2)
             )
             session = int(store.get("session"))
             prefixed = dist.PrefixStore(f"session{session}/", store)
-            self.group = dist.ProcessGroupGloo(
-                prefixed, PRODUCER, 2, datetime.timedelta(seconds=30)
-            )
-        except RuntimeError as exc:
+            local_ip = _local_ip_towards(socket.gethostbyname(self.ip))
+            self.group = _group(prefixed, PRODUCER, local_ip, datetime.timedelta(seconds=30))
+        except (RuntimeError, OSError) as exc:
+            self._report_down(str(exc).splitlines()[0][:120])
+            return False
+        self.num_sessions += 1
+        self.connected.set()
+        self.reported_down = False
+        return True
+
+    def _report_down(self, reason: str) -> None:
+        """Warn once per outage, not once per dropped message."""
+        if not self.reported_down:
             logger.warning(
                 "nanovllm: no KV consumer at %s:%d (%s); transfers are dropped until one answers",
                 self.ip,
                 self.port,
-                str(exc).splitlines()[0][:120],
+                reason,
             )
-            return False
-        self.num_sessions += 1
-        self.connected.set()
-        return True
+        self.reported_down = True
 
     # --- consumer ---------------------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        while not self.closed.is_set():
+        while True:  # (after `close`, messages are still taken, and dropped)
             session = self.num_sessions = self.num_sessions + 1
             self.store.set("session", str(session))
             try:
                 prefixed = dist.PrefixStore(f"session{session}/", self.store)
-                group = dist.ProcessGroupGloo(prefixed, CONSUMER, 2, FOREVER)
+                group = _group(prefixed, CONSUMER, socket.gethostbyname(self.ip), FOREVER)
             except RuntimeError as exc:
                 logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
                 continue
             self.group = group
             self.connected.set()
             try:
-                while not self.closed.is_set():
+                while True:
                     self._receive_message(group)
             except RuntimeError as exc:
-                if self.closed.is_set():
-                    return
                 logger.warning(
                     "nanovllm: KV producer disconnected (%s)", str(exc).splitlines()[0][:120]
                 )
@@ -258,6 +273,8 @@ class P2pTransport:
                 kv.append(_recv(group, raw).view(dtype).view(n, bs, heads, dim))
             layers.append(kv)
         with self.lock:
+            if self.closed.is_set():
+                return
             for i, transfer_id in enumerate(transfer_ids):
                 state = self._state(transfer_id)
                 if model_tag != self.model_tag:  # another model's KV: received, never used
@@ -329,6 +346,26 @@ class P2pTransport:
         for loop, future in state.waiters:
             loop.call_soon_threadsafe(_resolve, future, error)
         state.waiters.clear()
+
+
+def _group(
+    store: dist.Store, rank: int, local_ip: str, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
+    """A two-rank gloo group whose connections use `local_ip`: the address the peer reaches
+    this engine at (gloo's default, the host name's address, may be one the peer cannot
+    reach)."""
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
+def _local_ip_towards(ip: str) -> str:
+    """This machine's address on the route to `ip` (no packet is sent: a UDP socket's connect
+    only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))
+        return s.getsockname()[0]
 
 
 def _resolve(future: asyncio.Future, error: str | None) -> None:

@@ -12,6 +12,7 @@
     sse.py           SSE framing, and aborting a generation when its client disconnects
     server.py        uvicorn in a thread (tests, notebooks) or in the foreground (the CLI)
     load.py          an online load generator: concurrent streaming clients, TTFT and ITL
+    disagg_proxy.py  `--disagg-proxy`: one endpoint in front of a prefill and a decode server
     cli.py           `nanovllm serve`
 
 Nothing here is imported by the engine: the server is one more client of `LLMEngine`.

@@ -4,12 +4,14 @@
     nanovllm serve ./ckpt --port 8080 --max-num-seqs 32 --api-key sk-local
     nanovllm serve --model ./ckpt --host 0.0.0.0    # --model works too
     nanovllm serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
+    nanovllm serve --disagg-proxy --prefill http://10.0.0.1:8100 --decode http://10.0.0.2:8200
 
 It takes the same engine options as `nanovllm generate` (see `add_engine_arguments`), plus
 vLLM's spellings (`--enable-prefix-caching` / `--no-enable-prefix-caching`, the same for
 chunked prefill, `--gpu-memory-utilization`, `--speculative-config`) and the server's own: where to listen, the API
 key and the limits the guard enforces (guard.py). Every flag is listed in serve/README.md.
-Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch.
+Nothing heavy is imported until `run`, so `nanovllm serve --help` loads no torch; with
+`--disagg-proxy` (disagg_proxy.py) `run` loads no model and imports no torch either.
 """
 
 from __future__ import annotations
@@ -65,6 +67,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: %(default)s)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    d = parser.add_argument_group(
+        "disaggregated prefill and decode (no model: see disagg_proxy.py)"
+    )
+    d.add_argument(
+        "--disagg-proxy",
+        action="store_true",
+        help="run the proxy in front of a prefill and a decode server instead of a model",
+    )
+    d.add_argument("--prefill", metavar="URL", help="with --disagg-proxy: the prefill server")
+    d.add_argument("--decode", metavar="URL", help="with --disagg-proxy: the decode server")
     from nanovllm.engine.generate_cli import add_engine_arguments
 
     add_engine_arguments(parser)
@@ -132,7 +144,67 @@ def server_options(args: argparse.Namespace) -> dict:
     )
 
 
+# The flags a proxy takes; any other flag it is given (an engine's) would do nothing.
+PROXY_FLAGS = frozenset(
+    {"disagg_proxy", "prefill", "decode", "host", "port", "api_key", "log_level"}
+    | {"max_request_body_bytes", "max_concurrent_requests"}
+)
+
+
+def proxy_options(args: argparse.Namespace) -> dict:
+    """`build_proxy_app`'s arguments from the flags. ValueError when --prefill/--decode come
+    without --disagg-proxy or it without them, or with a flag only a model server uses."""
+    if not args.disagg_proxy:
+        given = "--prefill" if args.prefill is not None else "--decode"
+        raise ValueError(f"{given} is the proxy's flag: add --disagg-proxy (and give both)")
+    missing = [f"--{n} URL" for n in ("prefill", "decode") if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"--disagg-proxy needs {' and '.join(missing)}")
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    for action in defaults._actions:
+        if action.dest in PROXY_FLAGS or action.dest == "help":
+            continue
+        if getattr(args, action.dest, action.default) != action.default:
+            flag = action.option_strings[0] if action.option_strings else action.metavar
+            raise ValueError(
+                f"{flag} is a model server's flag: --disagg-proxy loads no model (give it to "
+                "the prefill and decode servers)"
+            )
+    return dict(prefill_url=args.prefill, decode_url=args.decode, **server_options(args))
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    """`nanovllm serve --disagg-proxy`: no model, no torch; only the web stack and httpx."""
+    from nanovllm.serve.disagg_proxy import build_proxy_app
+    from nanovllm.serve.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    try:
+        options = proxy_options(args)
+        app = build_proxy_app(**options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if options["api_key"] is None and args.host not in LOOPBACK:
+        print(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this "
+            f"port can use both servers and watch every prompt on /prefill/v1/events (--api-key "
+            f"or ${API_KEY_ENV})",
+            file=sys.stderr,
+        )
+    print(
+        f"nanovllm: disaggregated proxy on http://{args.host}:{args.port}/v1  (prefill: "
+        f"{options['prefill_url']}, decode: {options['decode_url']})",
+        file=sys.stderr,
+    )
+    serve(app, args.host, args.port, log_level=args.log_level)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.disagg_proxy or args.prefill is not None or args.decode is not None:
+        return run_proxy(args)
     from nanovllm.config import EngineConfig
     from nanovllm.engine.llm_engine import LLMEngine
     from nanovllm.serve.api_server import build_app

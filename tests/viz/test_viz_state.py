@@ -424,7 +424,14 @@ def test_trace_shows_every_effect(trace_events):
     # Only a late subscriber gets a snapshot; the trace has no structured-output request (its
     # masks are checked by hand below, `test_a_masked_step_...`) and no KV connector (its
     # events are checked against an engine that has one, `test_viz_tier.py`).
-    kv_connector = {"kv_block_saved", "kv_block_loaded", "kv_tier_evicted", "kv_load_failed"}
+    # (The P2pConnector's `kv_block_received`: `test_viz_disagg.py`.)
+    kv_connector = {
+        "kv_block_saved",
+        "kv_block_loaded",
+        "kv_tier_evicted",
+        "kv_load_failed",
+        "kv_block_received",
+    }
     expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked"} - kv_connector
     assert kinds == expected, expected - kinds
     hits = [e for e in trace_events if isinstance(e, CacheHit)]

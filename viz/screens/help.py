@@ -24,7 +24,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `+` / `-` | faster / slower: 1 to 16 events/s (each event on screen as long as the next), then 16 and 32 steps/s, then as fast as possible |
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
-| `1`-`7`, `c` | switch scenario / next scenario (live runs) |
+| `1`-`8`, `c` | switch scenario / next scenario (live runs) |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 

@@ -9,6 +9,7 @@ from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.widgets.block_tables import BlockTablesView
 from nanovllm.viz.widgets.free_queue import FreeQueueView
 from nanovllm.viz.widgets.kv_cache import KVCacheView
+from nanovllm.viz.widgets.link import LinkView
 from nanovllm.viz.widgets.metrics import MetricsView
 from nanovllm.viz.widgets.narrative import NarrativeView
 from nanovllm.viz.widgets.paging import PagingView
@@ -23,6 +24,7 @@ __all__ = [
     "BlockTablesView",
     "FreeQueueView",
     "KVCacheView",
+    "LinkView",
     "MetricsView",
     "NarrativeView",
     "PagingView",

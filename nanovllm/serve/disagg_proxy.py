@@ -1,0 +1,426 @@
+"""`nanovllm serve --disagg-proxy`: one OpenAI endpoint in front of a prefill and a decode server.
+
+Disaggregated prefill and decode (vLLM's `disagg_proxy` example) runs a prompt's prefill on one
+engine (`kv_role: kv_producer`) and its decode on another (`kv_consumer`); a KV connector
+carries the prompt's KV between them. This proxy is what a client talks to, exactly as it would
+to one server:
+
+    client --POST--> proxy --1. body, max_tokens=1, do_remote_decode--> PREFILL  (text discarded)
+                           --2. body as sent,       do_remote_prefill--> DECODE  (streamed back)
+
+Both upstream requests carry `kv_transfer_params` with one fresh `transfer_id`, so the decode
+engine knows which transfer holds its prompt's KV. The decode server's status, Content-Type and
+bytes go back to the client unchanged and as they arrive (SSE is never re-chunked).
+
+When a part is missing, the client still gets its answer:
+
+    prefill answers 4xx          that answer, unchanged: the request is the client's mistake
+    prefill down, 5xx, timeout   decode without kv_transfer_params: it computes the prompt itself
+    decode unreachable           the original body to prefill, an ordinary request (a whole engine)
+    both unreachable             502, naming both addresses
+    decode breaks mid-stream     the client's response is cut as well (no final chunk), so it
+                                 sees the break instead of waiting
+
+A client that disconnects has its upstream requests closed at once, and nanovllm's server aborts
+a request whose client has gone: no engine keeps generating for nobody. The proxy's door is
+the server's own (`RequestGuard`: API key, body size, concurrency); the client's Authorization
+header is passed on to both upstreams. `GET /prefill/{path}` and `GET /decode/{path}` reach
+either engine's routes as they are (query string kept), so `nanovllm viz --connect
+PROXY/prefill` watches the prefill engine's `/v1/events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from nanovllm import __version__
+from nanovllm.serve.errors import error_body, error_type, install_error_handlers
+from nanovllm.serve.guard import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    RequestGuard,
+)
+
+logger = logging.getLogger("nanovllm.serve")
+
+CONNECT_TIMEOUT_S = 10.0
+PREFILL_TIMEOUT_S = 300.0  # the whole prefill request; past it, decode computes the prompt
+HEALTH_TIMEOUT_S = 5.0
+# Fields the prefill request drops: they shape the output, which the proxy discards, and
+# min_tokens > 1 would be refused next to max_tokens=1.
+PREFILL_DROPPED = (
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "prompt_logprobs",
+    "min_tokens",
+)
+# Upstream response headers a client may act on; hop-by-hop and length headers are uvicorn's.
+PASSED_HEADERS = (
+    "content-type",
+    "cache-control",
+    "retry-after",
+    "www-authenticate",
+    "x-accel-buffering",
+)
+
+
+def prefill_body(body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
+    """The prefill engine's request: the prompt, one token, no stream, KV to be sent away."""
+    prefill = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
+    prefill["max_tokens"] = 1
+    if "max_completion_tokens" in body:  # chat: OpenAI's newer name wins over max_tokens
+        prefill["max_completion_tokens"] = 1
+    prefill["stream"] = False
+    prefill["n"] = 1
+    prefill["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
+    return prefill
+
+
+def decode_body(body: dict[str, Any], transfer_id: str | None) -> dict[str, Any]:
+    """The decode engine's request: the client's own, told where its prompt's KV comes from
+    (`transfer_id` None: the prefill failed, so no KV is coming and decode computes it)."""
+    if transfer_id is None:
+        return body
+    return {**body, "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": transfer_id}}
+
+
+def _passed_headers(response: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
+
+
+def _upstream_headers(request: Request) -> dict[str, str]:
+    """What goes upstream from the client's headers: its key. `identity`: the bytes relayed
+    are the bytes the client reads, so nothing needs decoding on the way."""
+    headers = {"accept-encoding": "identity"}
+    if "authorization" in request.headers:
+        headers["authorization"] = request.headers["authorization"]
+    return headers
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    """OpenAI's error shape, errors.py's types: `invalid_request_error` below 500."""
+    return JSONResponse(error_body(message, error_type(status), None, code), status_code=status)
+
+
+class UpstreamResponse(StreamingResponse):
+    """An open upstream response relayed as it arrives; the upstream request is closed however
+    this response ends (finished, upstream broken, or the client gone).
+
+    Starlette cancels the relay when the client disconnects (it listens for `http.disconnect`
+    beside it); closing the upstream response then closes its connection, which is how the
+    engine behind it learns its client has gone.
+    """
+
+    def __init__(self, upstream: httpx.Response, name: str) -> None:
+        super().__init__(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            headers=_passed_headers(upstream),
+        )
+        self.upstream = upstream
+        self.name = name
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.TransportError as exc:
+            # No final chunk: uvicorn closes the connection, and the client sees the break.
+            logger.warning("the %s server broke off its response: %r", self.name, exc)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Response]) -> Response | None:
+    """`work`'s response, or None when the client disconnects first (then `work` is cancelled,
+    and an upstream response it had opened is closed). Nothing is sent to a client waiting for a
+    non-streamed answer, so only watching `receive` notices that it left."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # let the cancellation close what it opened
+    if task.cancelled():
+        return None
+    response = task.result()
+    if watcher.done() and not watcher.cancelled() and isinstance(response, UpstreamResponse):
+        await response.upstream.aclose()  # opened just as the client left
+        return None
+    return response
+
+
+class DisaggProxy:
+    """The routes' work: one `httpx.AsyncClient` (opened by the app's lifespan) and the two
+    upstream base URLs."""
+
+    def __init__(self, prefill_url: str, decode_url: str, prefill_timeout_s: float) -> None:
+        self.prefill_url = prefill_url.rstrip("/")
+        self.decode_url = decode_url.rstrip("/")
+        self.prefill_timeout_s = prefill_timeout_s
+        self.client: httpx.AsyncClient | None = None
+
+    def open(self) -> None:
+        self.client = httpx.AsyncClient(
+            # Streams may idle for long (a slow step, a quiet event stream): no read timeout.
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            # No pool limit: each client request holds its upstream connections, and the
+            # guard's --max-concurrent-requests is the bound.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def generate(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"the request body is not valid JSON: {exc}", "json_invalid")
+        if not isinstance(body, dict):
+            kind = type(body).__name__
+            return _error(
+                400, f"the request body must be a JSON object, got {kind}", "invalid_body"
+            )
+        headers = _upstream_headers(request)
+        response = await _until_disconnect(request, self._prefill_then_decode(path, body, headers))
+        if response is None:
+            return _error(499, "client disconnected", "client_disconnected")
+        return response
+
+    async def _prefill_then_decode(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> Response:
+        assert self.client is not None
+        transfer_id: str | None = uuid.uuid4().hex
+        failure = await self._prefill(path, prefill_body(body, transfer_id), headers)
+        if isinstance(failure, Response):
+            return failure  # the client's own mistake, as the prefill server worded it
+        if failure is not None:
+            logger.warning(
+                "prefill at %s failed (%s): decode computes the prompt itself",
+                self.prefill_url,
+                failure,
+            )
+            transfer_id = None
+        decode = decode_body(body, transfer_id)
+        decode_error = await self._open("decode", self.decode_url + path, decode, headers)
+        if isinstance(decode_error, Response):
+            return decode_error
+        logger.warning(
+            "decode at %s unreachable (%s): the prefill server runs the whole request",
+            self.decode_url,
+            decode_error,
+        )
+        prefill_error = await self._open("prefill", self.prefill_url + path, body, headers)
+        if isinstance(prefill_error, Response):
+            return prefill_error
+        return _error(
+            502,
+            f"neither upstream answered: decode {self.decode_url} ({decode_error}), "
+            f"prefill {self.prefill_url} ({prefill_error})",
+            "upstream_unavailable",
+        )
+
+    async def _prefill(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> Response | str | None:
+        """None when the prefill ran; a Response to give the client when it refused the request
+        (4xx); else why it failed, in words."""
+        assert self.client is not None
+        try:
+            answer = await asyncio.wait_for(
+                self.client.post(self.prefill_url + path, json=body, headers=headers),
+                self.prefill_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            return f"no answer within {self.prefill_timeout_s:g} s"
+        except httpx.TransportError as exc:
+            return repr(exc)
+        if answer.is_success:
+            return None
+        if 400 <= answer.status_code < 500:
+            return Response(answer.content, answer.status_code, headers=_passed_headers(answer))
+        return f"HTTP {answer.status_code}: {answer.text[:200]}"
+
+    async def _open(
+        self, name: str, url: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> UpstreamResponse | str:
+        """The upstream response, open and about to be relayed; or, when no response came (the
+        request may not have reached the server, or its connection broke before an answer), why.
+        """
+        assert self.client is not None
+        upstream = self.client.build_request("POST", url, json=body, headers=headers)
+        try:
+            answer = await self.client.send(upstream, stream=True)
+        except httpx.TransportError as exc:
+            return repr(exc)
+        return UpstreamResponse(answer, name)
+
+    async def relay_get(self, request: Request, name: str, path: str) -> Response:
+        """GET `path?query` on the `name`d upstream, relayed as it arrives (an endless event
+        stream too)."""
+        assert self.client is not None
+        base_url = self.prefill_url if name == "prefill" else self.decode_url
+        url = httpx.URL(base_url).copy_with(
+            path="/" + path.lstrip("/"), query=request.url.query.encode()
+        )
+        upstream = self.client.build_request("GET", url, headers=_upstream_headers(request))
+        try:
+            answer = await self.client.send(upstream, stream=True)
+        except httpx.TransportError as exc:
+            return _error(502, f"{name} {base_url} did not answer: {exc!r}", "upstream_unavailable")
+        return UpstreamResponse(answer, name)
+
+    async def health(self) -> JSONResponse:
+        """200 when both upstreams' /health answer 200; else 503 saying which does not."""
+        assert self.client is not None
+
+        async def check(base_url: str) -> str:
+            try:
+                answer = await self.client.get(base_url + "/health", timeout=HEALTH_TIMEOUT_S)
+            except httpx.TransportError as exc:
+                return f"unreachable: {exc!r}"
+            return "ok" if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+        prefill, decode = await asyncio.gather(check(self.prefill_url), check(self.decode_url))
+        report = {
+            "prefill": {"url": self.prefill_url, "status": prefill},
+            "decode": {"url": self.decode_url, "status": decode},
+        }
+        healthy = prefill == decode == "ok"
+        return JSONResponse(
+            {"status": "ok" if healthy else "unavailable", **report},
+            status_code=200 if healthy else 503,
+        )
+
+
+def _unauthorized() -> JSONResponse:
+    response = _error(
+        401,
+        "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
+        "invalid_api_key",
+    )
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def build_proxy_app(
+    prefill_url: str,
+    decode_url: str,
+    *,
+    api_key: str | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    prefill_timeout_s: float = PREFILL_TIMEOUT_S,
+) -> FastAPI:
+    """The proxy's app, in front of two running `nanovllm serve` base URLs (http://HOST:PORT).
+    `api_key`, `max_request_body_bytes` and `max_concurrent_requests` are the guard's."""
+    for name, url in (("prefill", prefill_url), ("decode", decode_url)):
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"the {name} address must be http://HOST:PORT, got {url!r}")
+    proxy = DisaggProxy(prefill_url, decode_url, prefill_timeout_s)
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        proxy.open()
+        try:
+            yield
+        finally:
+            await proxy.close()
+
+    app = FastAPI(
+        title="nanovllm disaggregated prefill/decode proxy",
+        version=__version__,
+        description=f"prefill: {proxy.prefill_url}, decode: {proxy.decode_url}",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_request_body_bytes=max_request_body_bytes,
+        max_concurrent_requests=max_concurrent_requests,
+    )
+    app.state.proxy = proxy
+
+    def authorized(request: Request) -> bool:
+        """The guard checks /v1/*; the engines' own routes behind /prefill and /decode (their
+        event streams show every prompt) need the key as well."""
+        if expected is None:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = f"Bearer {token}" if scheme.lower() == "bearer" else f"{scheme} {token}"
+        return hmac.compare_digest(given.encode(), expected)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.generate(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await proxy.generate(request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        return await proxy.relay_get(request, "decode", "/v1/models")
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        return await proxy.relay_get(request, "decode", f"/v1/models/{model_id}")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return await proxy.health()
+
+    @app.get("/prefill/{path:path}")
+    async def prefill_get(path: str, request: Request) -> Response:
+        if not authorized(request):
+            return _unauthorized()
+        return await proxy.relay_get(request, "prefill", path)
+
+    @app.get("/decode/{path:path}")
+    async def decode_get(path: str, request: Request) -> Response:
+        if not authorized(request):
+            return _unauthorized()
+        return await proxy.relay_get(request, "decode", path)
+
+    return app
