@@ -31,21 +31,16 @@ machine (quiet.py), each round with prompts of its own (a prefix cache must find
 and TTFT pool every run of a setup, tok/s is the median over its runs. Greedy, EOS ignored: both
 setups must produce the same text for every burst request, and for every steady request up to
 where the shorter of the two was cancelled.
-
-Until `nanovllm.serve.disagg_proxy` exists, `two_posts` does the proxy's two requests itself,
-from the client.
 """
 
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import math
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,8 +58,6 @@ from nanovllm.bench.workload import _ids, _rng
 COLOCATED, DISAGG = "co-located", "disaggregated"
 # Streams of their own (workload.py's are 0-5, multi_turn.py's 6-8).
 _STEADY_TOKENS, _BURST_LENGTHS, _BURST_TOKENS = 9, 10, 11
-# Prefill request fields the proxy drops (it discards the prefill's output).
-PREFILL_DROPPED = ("stream_options", "logprobs", "echo", "min_tokens")
 EXTERNAL_HITS = "nanovllm:external_prefix_cache_hits_total"
 RUNNING = "nanovllm:num_requests_running"
 
@@ -225,30 +218,6 @@ def read_stream(
         conn.close()
 
 
-def two_posts(prefill_url: str, decode_url: str) -> Callable[..., None]:
-    """What the proxy does, from the client (until `nanovllm.serve.disagg_proxy` exists): the
-    prompt to the producer with max_tokens=1, then the request as it is to the consumer, both
-    naming one transfer. Returns a `read_stream` for the consumer's answer."""
-
-    def send(url: str, body: dict, record: StreamRecord, clock, stream, on_chunk=None) -> None:
-        transfer_id = uuid.uuid4().hex
-        prefill = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
-        prefill.update(max_tokens=1, stream=False, n=1)
-        prefill["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
-        try:
-            post_json(prefill_url + "/v1/completions", prefill)
-        except (OSError, RuntimeError, http.client.HTTPException) as exc:
-            record.error = f"prefill: {exc}"
-            return
-        decode = {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": transfer_id},
-        }
-        read_stream(decode_url + "/v1/completions", decode, record, clock, stream, on_chunk)
-
-    return send
-
-
 # --- one run of one setup ---------------------------------------------------------------------
 
 
@@ -271,9 +240,8 @@ def _body(prompt: list[int], max_tokens: int) -> dict[str, Any]:
     }
 
 
-def drive(url: str, workload: DisaggWorkload, send: Callable[..., None] = read_stream) -> RunRecord:
-    """One run (module docstring) against the OpenAI server at `url`; `send` sends one request
-    (`read_stream`, or `two_posts(...)`'s)."""
+def drive(url: str, workload: DisaggWorkload) -> RunRecord:
+    """One run (module docstring) against the OpenAI server (or proxy) at `url`."""
     start = time.perf_counter()
 
     def clock() -> float:
@@ -291,7 +259,7 @@ def drive(url: str, workload: DisaggWorkload, send: Callable[..., None] = read_s
         record, stream = StreamRecord(sent=clock()), Stream(_connection(url))
         body = _body(prompt, max_tokens)
         args = (url + "/v1/completions", body, record, clock, stream, notify)
-        thread = threading.Thread(target=send, args=args, daemon=True)
+        thread = threading.Thread(target=read_stream, args=args, daemon=True)
         thread.start()
         return record, stream, thread
 
@@ -396,10 +364,6 @@ def outputs_agree(a: RunRecord, b: RunRecord) -> bool:
 # --- servers ----------------------------------------------------------------------------------
 
 
-def proxy_available() -> bool:
-    return importlib.util.find_spec("nanovllm.serve.disagg_proxy") is not None
-
-
 def read_metric(url: str, name: str) -> float:
     """The sum of `name`'s samples on the server's GET /metrics (0 when it has none)."""
     conn = _connection(url, 10)
@@ -428,7 +392,6 @@ def wait_until_drained(urls: list[str], timeout_s: float = 30.0) -> None:
 class Setup:
     name: str
     url: str  # where the client sends its requests
-    send: Callable[..., None]
     engines: list[str]  # the engines' servers (drained between runs)
     consumer: str | None = None  # disaggregated: whose external hits count
 
@@ -448,16 +411,12 @@ def start_setups(
     consumer = group.start(
         "consumer", [*engine_args, "--kv-transfer-config", role("kv_consumer")], cores[1:]
     )
-    if proxy_available():
-        proxy = group.start(
-            "proxy", ["--disagg-proxy", "--prefill", producer.url, "--decode", consumer.url], None
-        )
-        disagg = Setup(DISAGG, proxy.url, read_stream, [producer.url, consumer.url], consumer.url)
-    else:
-        send = two_posts(producer.url, consumer.url)
-        disagg = Setup(DISAGG, consumer.url, send, [producer.url, consumer.url], consumer.url)
+    proxy = group.start(
+        "proxy", ["--disagg-proxy", "--prefill", producer.url, "--decode", consumer.url], None
+    )
+    disagg = Setup(DISAGG, proxy.url, [producer.url, consumer.url], consumer.url)
     group.wait_ready()
-    return Setup(COLOCATED, colocated.url, read_stream, [colocated.url]), disagg
+    return Setup(COLOCATED, colocated.url, [colocated.url]), disagg
 
 
 def timed_run(setup: Setup, workload: DisaggWorkload) -> RunRecord:
@@ -465,7 +424,7 @@ def timed_run(setup: Setup, workload: DisaggWorkload) -> RunRecord:
     wait_until_drained(setup.engines)
     quiet.wait_until_idle()
     hits = read_metric(setup.consumer, EXTERNAL_HITS) if setup.consumer else None
-    record = drive(setup.url, workload, setup.send)
+    record = drive(setup.url, workload)
     if setup.consumer:
         record.external_hits = int(read_metric(setup.consumer, EXTERNAL_HITS) - hits)
     return record
@@ -526,7 +485,7 @@ def run(
         # every steady stream once, by ~300 ms, and no later round did: two runs.)
         for setup in setups:
             progress.log(f"warm-up {setup.name}")
-            drive(setup.url, workload(999), setup.send)
+            drive(setup.url, workload(999))
         for rep in range(repeats):
             w = workload(rep)
             for setup in setups:
@@ -552,7 +511,6 @@ def run(
             "warm_tokens": warm_tokens,
         },
         "engine_args": engine_args,
-        "proxy": "nanovllm serve --disagg-proxy" if proxy_available() else "two POSTs, client",
         "cores": list(cores),
         "repeats": repeats,
         "cpu_count": os.cpu_count(),
@@ -581,7 +539,7 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(
         f"co-located: one server on cores {result['cores']}, 2 threads; disaggregated: producer "
         f"on core {result['cores'][0]}, consumer on core {result['cores'][1]}, 1 thread each, "
-        f"P2pConnector over gloo on loopback; proxy: {result['proxy']}"
+        f"P2pConnector over gloo on loopback, behind `nanovllm serve --disagg-proxy` (not pinned)"
     )
 
     def x(value: float | None) -> str:
