@@ -35,13 +35,15 @@ where the shorter of the two was cancelled.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -477,7 +479,7 @@ def run(
     ]  # fmt: skip
     load_average = os.getloadavg()[0]
     records: dict[str, list[RunRecord]] = {COLOCATED: [], DISAGG: []}
-    with ServerGroup() as group:
+    with ServerGroup() as group, terminate_as_exit():
         progress.log("starting the servers")
         setups = start_setups(group, engine_args, cores)
         # Warm-up, a whole round with prompts of its own: first calls allocate, compile and
@@ -522,6 +524,24 @@ def run(
             outputs_agree(a, b) for a, b in zip(records[COLOCATED], records[DISAGG])
         ),
     }
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while inside (in the main thread), so the server group's exit
+    still stops every server; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:

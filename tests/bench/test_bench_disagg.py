@@ -158,3 +158,15 @@ def test_a_tiny_run_loads_the_prompts_over_the_link_and_agrees(monkeypatch) -> N
     assert result[disagg.COLOCATED]["external_hits"] is None
     assert result["outputs_agree"]
     assert result[disagg.DISAGG]["num_gaps"] > 0 and result[disagg.COLOCATED]["num_gaps"] > 0
+
+
+def test_sigterm_inside_the_run_is_an_exit_and_the_handler_comes_back() -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_:
+        with disagg.terminate_as_exit():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this returns
+    assert exit_.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
