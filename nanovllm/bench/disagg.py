@@ -458,10 +458,10 @@ def run(
     info = resolve(model)
     max_model_len = min(max_model_len or info.max_position, info.max_position)
 
-    def workload(round_: int, output_len: int = burst_output_len, warm: int = warm_tokens):
+    def workload(round_: int) -> DisaggWorkload:  # each round its own prompts
         return disagg_workload(
-            num_steady, steady_prompt_len, num_burst, burst_prompt_len, output_len,
-            info.vocab_size, max_model_len, seed * 1000 + round_, warm,
+            num_steady, steady_prompt_len, num_burst, burst_prompt_len, burst_output_len,
+            info.vocab_size, max_model_len, seed * 1000 + round_, warm_tokens,
         )  # fmt: skip
 
     # Room for every request of a run at its longest, and the block the last token may open.
@@ -482,9 +482,8 @@ def run(
     with ServerGroup() as group, terminate_as_exit():
         progress.log("starting the servers")
         setups = start_setups(group, engine_args, cores)
-        # Warm-up, a whole round with prompts of its own: first calls allocate, compile and
-        # connect. (With a 4-token round instead, the first timed round's consumer stalled
-        # every steady stream once, by ~300 ms, and no later round did: two runs.)
+        # Warm-up, a whole untimed round with prompts of its own: first calls allocate,
+        # compile, and connect the producer to the consumer.
         for setup in setups:
             progress.log(f"warm-up {setup.name}")
             drive(setup.url, workload(999))
