@@ -4,7 +4,8 @@ Each server is a subprocess in a session (process group) of its own, pinned to i
 (`os.sched_setaffinity` in the child, before `exec`: every thread it starts inherits them) and
 given as many torch and numba threads as it has cores (`OMP_NUM_THREADS`, `NUMBA_NUM_THREADS`:
 `nanovllm serve` has no thread flag, and torch reads the first at start-up). Its output goes to
-a log file, whose tail is quoted when it fails to start.
+a log file (in a temporary folder, left after the run), whose tail is quoted when it fails to
+start.
 
 `ServerGroup` is a context manager: on leaving it, however it is left, every process it
 started is sent SIGTERM (its whole process group), given `grace_s` seconds, then SIGKILL.
