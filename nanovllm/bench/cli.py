@@ -4,7 +4,8 @@ Every flag fills the `BenchConfig` field of the same name (`--num-requests` -> `
 `--quick` starts from a seconds-long configuration instead of the defaults. Progress goes to
 stderr, tables to stdout (to stderr with `--json -`, which prints the JSON alone on stdout).
 Two flags start a measurement of their own instead, which reads the flags it uses:
-`--structured-outputs` (structured.py) and `--multi-turn` (kv_offload.py).
+`--structured-outputs` (structured.py), `--multi-turn` (kv_offload.py) and `--disagg`
+(disagg.py).
 """
 
 from __future__ import annotations
@@ -146,12 +147,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "turn resends the conversation so far (nanovllm/bench/kv_offload.py); --prompt-len is "
         "a user message's length (default 32:64), --output-len an answer's (32:64)",
     )
+    add(
+        "--disagg",
+        action="store_true",
+        help="only co-located against disaggregated prefill/decode (P2pConnector), each as "
+        "`nanovllm serve` processes pinned to two cores: steady streaming decodes, then a burst "
+        "of long prompts (nanovllm/bench/disagg.py); --num-requests is the burst's size "
+        "(default 8), --prompt-len its prompts (512), --output-len its outputs (16), "
+        "--concurrency the steady streams (4)",
+    )
     add("--num-conversations", type=_positive, help="--multi-turn: conversations (default 8)")
     add("--num-turns", type=_positive, help="--multi-turn: turns per conversation (default 4)")
     add(
         "--concurrency",
         type=_positive,
-        help="--multi-turn: turns in flight at once (default 2); without --num-kv-blocks the "
+        help="--multi-turn: turns in flight at once (default 2); --disagg: steady streams "
+        "(default 4); with --multi-turn and without --num-kv-blocks the "
         "device pool holds this many conversations at their longest",
     )
     add("--plot", metavar="PNG", help="write the figure here")
@@ -200,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         return _structured_outputs(args)
     if args.multi_turn:
         return _multi_turn(args)
+    if args.disagg:
+        return _disagg(args)
     fields = {f.name for f in dataclasses.fields(suite.BenchConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None and k in fields}
     cfg = suite.BenchConfig(**{**(QUICK if args.quick else {}), **given})
@@ -283,6 +296,28 @@ def _multi_turn(args: argparse.Namespace) -> int:
         )
 
     return _measure_and_report(args, measure, kv_offload.print_report)[0]
+
+
+def _disagg(args: argparse.Namespace) -> int:
+    """`--disagg`: co-located and disaggregated servers, side by side."""
+    from nanovllm.bench import disagg
+
+    def measure(progress: RichProgress) -> dict:
+        return disagg.run(
+            model=(args.models or ["embedded"])[0],
+            num_steady=args.concurrency or 4,
+            num_burst=args.num_requests or 8,
+            burst_prompt_len=args.prompt_len or (512, 512),
+            burst_output_len=args.output_len[1] if args.output_len else 16,
+            repeats=args.repeats or 3,
+            seed=args.seed or 0,
+            block_size=args.block_size or 16,
+            max_num_batched_tokens=args.max_num_batched_tokens or 2048,
+            max_model_len=args.max_model_len,
+            progress=progress,
+        )
+
+    return _measure_and_report(args, measure, disagg.print_report)[0]
 
 
 def _structured_outputs(args: argparse.Namespace) -> int:
