@@ -5,11 +5,12 @@ edited file written out), and the tests named for it run against that copy in a 
 CI's hypothesis examples. They must fail. The same subprocess run without the bug must pass,
 which the rest of the suite already shows.
 
-One copy serves every bug of a test session: a bug swaps its edited file in and puts the link
+Each copy serves many bugs of a test session: a bug swaps its edited file in and puts the link
 back after. So what the copy's processes cache beside its files survives from bug to bug, numba's
 compiled kernels above all (`cache=True` writes them to the copy's `__pycache__`); a fresh copy
 per bug compiled them again for every bug that runs a kernel. Both swaps remove the file's
-bytecode, so no bug ever runs another's (or the original's) stale `.pyc`.
+bytecode, so no bug ever runs another's (or the original's) stale `.pyc`. Two copies take bugs
+at once (`NUM_COPIES`), each planting one bug at a time in its own files.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,12 +85,70 @@ def planted(bug: PlantedBug, dest: Path) -> Iterator[None]:
         forget_bytecode(target)
 
 
+# Bugs are planted two at a time, in two copies of the package (the CI machine has two cores):
+# these runs take much of the full tier's time, and one at a time they left a core mostly idle.
+NUM_COPIES = 2
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    tail: str
+
+
+def plant_and_run(bug: PlantedBug, dest: Path) -> Outcome:
+    """Run `bug`'s tests against the copy at `dest` with the bug planted."""
+    env = dict(os.environ, PYTHONPATH=str(dest), HYPOTHESIS_PROFILE="planted")
+    with planted(bug, dest):
+        # Run from the copy's folder: Python puts the working directory first on sys.path, and
+        # the repository's own `nanovllm/` there would shadow the copy.
+        where = subprocess.run(
+            [sys.executable, "-c", "import nanovllm; print(nanovllm.__file__)"],
+            cwd=dest, env=env, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        if not where.startswith(str(dest)):
+            return Outcome(-1, f"the copy was not imported: {where}")
+        args = [str(ROOT / a) if a.startswith("tests/") else a for a in bug.tests]
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args],
+            cwd=dest, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    return Outcome(run.returncode, run.stdout[-1500:] + run.stderr[-500:])
+
+
 @pytest.fixture(scope="session")
-def package_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One copy of the package for every planted bug of the session (see the module docstring)."""
-    dest = tmp_path_factory.mktemp("planted")
-    mirror(dest)
-    return dest
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every selected bug's outcome, run on `NUM_COPIES` copies at once (see the module
+    docstring), each copy taking the next bug from one shared list."""
+    selected = [
+        item.callspec.params["bug"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_the_suite_catches_the_planted_bug"
+    ]
+    todo = list(reversed(selected))  # popped from the end: in the session's order
+    results: dict[str, Outcome] = {}
+    lock = threading.Lock()
+
+    def worker(dest: Path) -> None:
+        mirror(dest)
+        while True:
+            with lock:
+                if not todo:
+                    return
+                bug = todo.pop()
+            try:
+                outcome = plant_and_run(bug, dest)
+            except Exception as exc:  # noqa: BLE001 - reported by the bug's own test
+                outcome = Outcome(-1, f"{type(exc).__name__}: {exc}")
+            results[bug.name] = outcome
+
+    copies = [tmp_path_factory.mktemp("planted") for _ in range(min(NUM_COPIES, len(todo)))]
+    threads = [threading.Thread(target=worker, args=(dest,)) for dest in copies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 # The quick tier plants one bug, to show the mechanism works; the full tier plants them all.
@@ -99,21 +160,7 @@ QUICK_BUG = "free-queue-returns-blocks-to-the-head"
     [pytest.param(b, marks=pytest.mark.quick) if b.name == QUICK_BUG else b for b in PLANTED_BUGS],
     ids=lambda b: b.name,
 )
-def test_the_suite_catches_the_planted_bug(bug: PlantedBug, package_copy: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(package_copy), HYPOTHESIS_PROFILE="planted")
-    with planted(bug, package_copy):
-        # Run from the copy's folder: Python puts the working directory first on sys.path, and
-        # the repository's own `nanovllm/` there would shadow the copy.
-        where = subprocess.run(
-            [sys.executable, "-c", "import nanovllm; print(nanovllm.__file__)"],
-            cwd=package_copy, env=env, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        assert where.startswith(str(package_copy)), f"the copy was not imported: {where}"
-        args = [str(ROOT / a) if a.startswith("tests/") else a for a in bug.tests]
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args],
-            cwd=package_copy, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    tail = run.stdout[-1500:] + run.stderr[-500:]
-    assert run.returncode != 5, f"{bug.name}: {bug.tests} selected no test\n{tail}"
-    assert run.returncode == 1, f"{bug.name} was not caught by {bug.tests} ({bug.why})\n{tail}"
+def test_the_suite_catches_the_planted_bug(bug: PlantedBug, outcomes: dict) -> None:
+    run = outcomes[bug.name]
+    assert run.returncode != 5, f"{bug.name}: {bug.tests} selected no test\n{run.tail}"
+    assert run.returncode == 1, f"{bug.name} was not caught by {bug.tests} ({bug.why})\n{run.tail}"
