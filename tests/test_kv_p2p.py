@@ -103,6 +103,7 @@ def full_blocks_before_last_token(prompt: list[int], block_size: int) -> int:
     return (len(prompt) - 1) // block_size * block_size
 
 
+@pytest.mark.quick
 def test_the_consumer_receives_the_prompt_and_decodes_it(checkpoint) -> None:
     path, prompts, expected = checkpoint
     producer, consumer = pair(path, dict(block_size=4), dict(block_size=4))

@@ -52,6 +52,7 @@ def components() -> dict[str, str]:
         "the benchmark": r"tests/bench/test_bench_quick\.py::",
         "the lesson command (--check)": r"tests/lessons/test_lesson_tools\.py::",
         "a planted bug, caught": r"tests/test_planted_bugs\.py::",
+        "disaggregated prefill and decode (two engines, the real link)": r"tests/test_kv_p2p\.py::test_the_consumer_receives",
     }
     for arch in sorted({options["arch"] for options in MODELS.values()}):
         wanted[f"greedy parity with transformers, {arch}"] = rf"{re.escape(PARITY)}\[{arch}"
