@@ -23,8 +23,10 @@ the request's new blocks before the forward pass, and `num_cached_tokens` counts
 prompt token is always computed (it gives the first output token), and so is a partial last
 block. A request whose KV did not arrive computes its prompt itself (`KVLoadFailed` says why).
 
-vLLM's consumer instead admits the request at once and parks it (WAITING_FOR_REMOTE_KVS) with its
-blocks allocated; here a waiting request holds no device block, and the scheduler is unchanged.
+vLLM's asynchronous connectors (NIXL) instead admit the request at once and park it
+(WAITING_FOR_REMOTE_KVS) with its blocks allocated; here a waiting request holds no device
+block, and the scheduler is unchanged. Blocks whose decode half never comes (the decode server
+refused the request) stay staged until newer ones push them out.
 """
 
 from __future__ import annotations
