@@ -2,7 +2,7 @@
 P2pConnector, the proxy in front, an OpenAI client talking to the proxy.
 
 The oracle is one ordinary server on the same checkpoint (the session's): through the proxy the
-answers are the same, streamed or not, with n=2 and stop strings; the decode engine's external
+answers are the same, completions and chat, streamed or not, with n=2 and stop strings; the decode engine's external
 prefix-cache hits show that the prompts were received, not computed. Faults: a client hanging up
 mid-stream leaves no block allocated on either engine; a prompt larger than the decode engine's
 whole KV cache is a 400 naming its length while other requests keep running; a decode server
@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from serve_support import CHAT_TEMPLATE
 
 from nanovllm import EngineConfig, LLMEngine
 from nanovllm.serve.api_server import build_app
@@ -59,8 +60,12 @@ class Disagg:
         port = free_port()
         self.decode = engine(model_path, "kv_consumer", port, num_kv_blocks=DECODE_KV_BLOCKS)
         self.prefill = engine(model_path, "kv_producer", port)
-        self.decode_server = ServerThread(build_app(self.decode)).start()
-        self.prefill_server = ServerThread(build_app(self.prefill)).start()
+        self.decode_server = ServerThread(
+            build_app(self.decode, chat_template=CHAT_TEMPLATE)
+        ).start()
+        self.prefill_server = ServerThread(
+            build_app(self.prefill, chat_template=CHAT_TEMPLATE)
+        ).start()
         self.proxy = ServerThread(
             build_proxy_app(self.prefill_server.url, self.decode_server.url)
         ).start()
@@ -133,6 +138,28 @@ def test_through_the_proxy_two_engines_answer_as_one(disagg, server, async_engin
     assert answer(via, model, prompt=LONG[1], max_tokens=16, stop=[stop]) == stopped
     assert streamed(via, model, LONG[4]) == streamed(one, model, LONG[4])
     # The decode engine loaded the prompts' full blocks instead of computing them.
+    assert disagg.decode.engine.scheduler.external_prefix_cache_hits > hits_before
+    assert disagg.blocks_in_use() == [0, 0]
+
+
+def test_chat_through_the_proxy_answers_as_one_server(disagg, chat_server, async_engine) -> None:
+    """/v1/chat/completions, streamed and not: the proxy rewrites the chat body for prefill
+    (max_completion_tokens 1) and relays decode's answer."""
+    model = async_engine.model_name
+    messages = [{"role": "user", "content": "abc def ghi jkl mno " * 2}]
+
+    def chat(url: str) -> tuple[str, str, str]:
+        c = client(url)
+        common = dict(
+            model=model, messages=messages, temperature=0, extra_body={"ignore_eos": True}
+        )
+        whole = c.chat.completions.create(**common, max_completion_tokens=10)
+        chunks = list(c.chat.completions.create(**common, max_tokens=10, stream=True))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        return whole.choices[0].message.content, whole.choices[0].finish_reason, text
+
+    hits_before = disagg.decode.engine.scheduler.external_prefix_cache_hits
+    assert chat(disagg.proxy.url) == chat(chat_server.url)
     assert disagg.decode.engine.scheduler.external_prefix_cache_hits > hits_before
     assert disagg.blocks_in_use() == [0, 0]
 
