@@ -361,3 +361,20 @@ def test_each_layer_is_queued_for_sending_before_the_next_layer_runs(checkpoint)
     assert outs[0].outputs[0].token_ids == expected[1]
     step = order[: order.index("sent", order.index(f"layer {len(layers) - 1}")) + 1]
     assert step == [x for i in range(len(layers)) for x in (f"layer {i}", "sent")]
+
+
+def test_a_session_that_fails_to_start_is_retried_after_a_pause(monkeypatch) -> None:
+    """The consumer's next session after a failed one waits `RECONNECT_S`: no busy loop."""
+    from nanovllm.kv_transfer import p2p_transport
+
+    attempts = []
+
+    def failing(*args: object) -> None:
+        attempts.append(time.monotonic())
+        raise RuntimeError("the rendezvous failed")
+
+    monkeypatch.setattr(p2p_transport, "_group", failing)
+    link = p2p_transport.P2pTransport("127.0.0.1", free_port(), p2p_transport.CONSUMER, "tag")
+    time.sleep(1.2)
+    link.close()
+    assert 2 <= len(attempts) <= 1.2 / p2p_transport.RECONNECT_S + 1

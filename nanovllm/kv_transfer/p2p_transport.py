@@ -62,7 +62,7 @@ HEADER_LEN = 8
 HASH_LEN = 32  # sha256 (`core/block_hash.py`)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PRODUCER, CONSUMER = 0, 1  # ranks
-RECONNECT_S = 0.5  # a producer's pause between failed connection attempts
+RECONNECT_S = 0.5  # the pause between failed connection attempts (either end)
 FOREVER = datetime.timedelta(days=365)  # a consumer waits for producers (and messages) unboundedly
 MAX_TRANSFERS = 4096  # finished transfers remembered (for a late waiter), oldest forgotten first
 
@@ -237,6 +237,7 @@ class P2pTransport:
                 group = _group(prefixed, CONSUMER, socket.gethostbyname(self.ip), FOREVER)
             except RuntimeError as exc:
                 logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
+                time.sleep(RECONNECT_S)  # (then the next session: never a busy loop)
                 continue
             self.group = group
             self.connected.set()
