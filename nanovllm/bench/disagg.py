@@ -53,7 +53,7 @@ from rich.console import Console
 from nanovllm.bench import quiet, stats
 from nanovllm.bench.models import resolve
 from nanovllm.bench.pinned_servers import ServerGroup, free_port
-from nanovllm.bench.report import _f, _table
+from nanovllm.bench.report import _ms, _ratio, _table, _tok_s_range
 from nanovllm.bench.suite import Progress
 from nanovllm.bench.workload import _ids, _rng
 
@@ -561,30 +561,20 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         f"P2pConnector over gloo on loopback, behind `nanovllm serve --disagg-proxy` (not pinned)"
     )
 
-    def x(value: float | None) -> str:
-        return "-" if value is None else f"{value:.2f}x"
-
-    def ms(seconds: float) -> str:
-        return _f(1000 * seconds, ",.1f")
-
-    def tok_s(s: dict) -> str:
-        t = s["tok_s"]
-        return f"{_f(t['median'])} ({_f(t['min'])}-{_f(t['max'])})"
-
     rows = [
-        ["steady ITL p50 before the burst, ms", ms(co["itl_before_p50"]),
-         ms(dis["itl_before_p50"]), x(r["itl_before_p50"])],
-        ["steady ITL p50 during the burst, ms", ms(co["itl_p50"]), ms(dis["itl_p50"]),
-         x(r["itl_p50"])],
-        ["steady ITL p99 during the burst, ms", ms(co["itl_p99"]), ms(dis["itl_p99"]),
-         x(r["itl_p99"])],
-        ["steady ITL max during the burst, ms", ms(co["itl_max"]), ms(dis["itl_max"]),
-         x(r["itl_max"])],
-        ["burst TTFT p50, ms", ms(co["ttft_p50"]), ms(dis["ttft_p50"]), x(r["ttft_p50"])],
-        ["burst TTFT p99, ms", ms(co["ttft_p99"]), ms(dis["ttft_p99"]), x(r["ttft_p99"])],
-        ["output tok/s in the burst, median (min-max)", tok_s(co), tok_s(dis), x(r["tok_s"])],
+        ["steady ITL p50 before the burst, ms", _ms(co["itl_before_p50"]),
+         _ms(dis["itl_before_p50"]), _ratio(r["itl_before_p50"])],
+        ["steady ITL p50 during the burst, ms", _ms(co["itl_p50"]), _ms(dis["itl_p50"]),
+         _ratio(r["itl_p50"])],
+        ["steady ITL p99 during the burst, ms", _ms(co["itl_p99"]), _ms(dis["itl_p99"]),
+         _ratio(r["itl_p99"])],
+        ["steady ITL max during the burst, ms", _ms(co["itl_max"]), _ms(dis["itl_max"]),
+         _ratio(r["itl_max"])],
+        ["burst TTFT p50, ms", _ms(co["ttft_p50"]), _ms(dis["ttft_p50"]), _ratio(r["ttft_p50"])],
+        ["burst TTFT p99, ms", _ms(co["ttft_p99"]), _ms(dis["ttft_p99"]), _ratio(r["ttft_p99"])],
+        ["output tok/s in the burst, median (min-max)", _tok_s_range(co), _tok_s_range(dis), _ratio(r["tok_s"])],
         ["burst window s (sent to last token), median", f"{co['window_s']['median']:.2f}",
-         f"{dis['window_s']['median']:.2f}", x(r["window_s"])],
+         f"{dis['window_s']['median']:.2f}", _ratio(r["window_s"])],
         ["steady gaps in the windows, all rounds", str(co["num_gaps"]), str(dis["num_gaps"]), ""],
     ]  # fmt: skip
     title = "A burst of long prompts beside steady decodes: co-located and disaggregated"

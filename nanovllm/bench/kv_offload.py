@@ -42,7 +42,7 @@ from nanovllm.bench.engines import EngineLimits, make_engine
 from nanovllm.bench.models import resolve
 from nanovllm.bench.multi_turn import MultiTurnWorkload, multi_turn_workload
 from nanovllm.bench.records import EngineRun
-from nanovllm.bench.report import _f, _table
+from nanovllm.bench.report import _ms, _ratio, _table, _tok_s_range
 from nanovllm.bench.suite import Progress
 
 if TYPE_CHECKING:
@@ -217,34 +217,24 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         "turn's full blocks: a cache that lost nothing would serve those"
     )
 
-    def x(value: float | None) -> str:
-        return "-" if value is None else f"{value:.2f}x"
-
-    def ms(seconds: float) -> str:
-        return _f(1000 * seconds, ",.1f")
-
-    def tok_s(s: dict) -> str:
-        t = s["tok_s"]
-        return f"{_f(t['median'])} ({_f(t['min'])}-{_f(t['max'])})"
-
     rows = [
         ["prompt tokens sent", f"{off['prompt_tokens']:,}", f"{on['prompt_tokens']:,}", ""],
         ["  found in the device pool (local hits)", f"{off['local_hits']:,}",
          f"{on['local_hits']:,}", ""],
         ["  loaded from the connector (external hits)", f"{off['external_hits']:,}",
          f"{on['external_hits']:,}", ""],
-        ["  computed", f"{off['computed']:,}", f"{on['computed']:,}", x(r["computed"])],
-        ["TTFT p50 ms", ms(off["ttft"]["p50"]), ms(on["ttft"]["p50"]), x(r["ttft_p50"])],
-        ["TTFT p99 ms", ms(off["ttft"]["p99"]), ms(on["ttft"]["p99"]), x(r["ttft_p99"])],
-        ["output tok/s, median (min-max)", tok_s(off), tok_s(on), x(r["tok_s"])],
+        ["  computed", f"{off['computed']:,}", f"{on['computed']:,}", _ratio(r["computed"])],
+        ["TTFT p50 ms", _ms(off["ttft"]["p50"]), _ms(on["ttft"]["p50"]), _ratio(r["ttft_p50"])],
+        ["TTFT p99 ms", _ms(off["ttft"]["p99"]), _ms(on["ttft"]["p99"]), _ratio(r["ttft_p99"])],
+        ["output tok/s, median (min-max)", _tok_s_range(off), _tok_s_range(on), _ratio(r["tok_s"])],
         ["preemptions", str(off["num_preemptions"]), str(on["num_preemptions"]), ""],
     ]  # fmt: skip
     title = "KV connector: the same conversations without and with it, interleaved"
     _table(console, title, ["figure", "without", "with", "with / without"], rows)
     paired = r["paired_tok_s"]
     console.print(
-        f"output tok/s with / without, repeat by repeat: median {x(paired['median'])} "
-        f"({x(paired['min'])}-{x(paired['max'])})"
+        f"output tok/s with / without, repeat by repeat: median {_ratio(paired['median'])} "
+        f"({_ratio(paired['min'])}-{_ratio(paired['max'])})"
     )
     runs = 2 * result["repeats"]
     if result["outputs_identical"] and result["prompts_identical"]:

@@ -19,6 +19,20 @@ def _f(x, fmt: str = ",.0f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _ms(seconds: float) -> str:
+    return _f(1000 * seconds, ",.1f")
+
+
+def _tok_s_range(summary: dict) -> str:
+    """A setup's output tok/s over its runs: median (min-max)."""
+    t = summary["tok_s"]
+    return f"{_f(t['median'])} ({_f(t['min'])}-{_f(t['max'])})"
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 

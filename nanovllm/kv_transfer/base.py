@@ -37,6 +37,7 @@ layer, which keeps the model's code free of connector calls.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from nanovllm.core.block_hash import extend_block_hashes, short
-from nanovllm.events import EventBus, KVBlockLoaded, KVLoadFailed
+from nanovllm.events import EventBus, KVBlockLoaded, KVBlockSaved, KVLoadFailed
 from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
@@ -127,6 +128,8 @@ class KVConnectorBase:
         # the loads planned for the step being scheduled.
         self.req_match: dict[str, tuple[int, int]] = {}
         self.step_loads: list[BlockTransfer] = []
+        # A producer's: per request, how many of its blocks were considered for saving.
+        self.req_num_saved_blocks: dict[str, int] = {}
         # Worker side: the KV cache, and this step's transfers.
         self.kv_caches: KVCaches = []
         self.metadata: KVConnectorMetadata | None = None
@@ -224,6 +227,38 @@ class KVConnectorBase:
     def plan_saves(self, meta: KVConnectorMetadata, scheduler_output: SchedulerOutput) -> None:
         """Add this step's saves to `meta` (and their events); none here."""
 
+    def new_full_blocks(
+        self, scheduler_output: SchedulerOutput, end_of: Callable[[Request], int]
+    ) -> list[BlockTransfer]:
+        """The blocks this step fills within each request's first `end_of(request)` tokens
+        (never past `num_tokens`: proposed tokens may be rejected), each considered once per
+        request and once per step."""
+        saves: list[BlockTransfer] = []
+        seen: set[bytes] = set()
+        for s in scheduler_output.scheduled:
+            request, rid = s.request, s.request.request_id
+            end = min(s.num_computed_tokens + s.num_new_tokens, end_of(request), request.num_tokens)
+            num_full = end // self.block_size
+            start = self.req_num_saved_blocks.get(rid, 0)
+            if num_full <= start:
+                continue
+            hashes = self.block_hashes(request)
+            for i in range(start, num_full):
+                if hashes[i] not in seen:
+                    seen.add(hashes[i])
+                    tokens = self.block_tokens(request, i)
+                    saves.append(BlockTransfer(s.block_table[i], hashes[i], tokens, rid))
+            self.req_num_saved_blocks[rid] = num_full
+        return saves
+
+    def emit_saved(self, meta: KVConnectorMetadata) -> None:
+        """A `KVBlockSaved` per block of `meta.saves_after` (saved for its request)."""
+        if self.events.active:
+            for t in meta.saves_after:
+                self.events.emit(
+                    KVBlockSaved(meta.step, t.block_id, short(t.block_hash), -1, t.request_id)
+                )
+
     def request_finished(
         self, request: Request, block_ids: tuple[int, ...]
     ) -> tuple[bool, dict | None]:
@@ -232,6 +267,7 @@ class KVConnectorBase:
         step) and parameters for a remote consumer (none here)."""
         self.req_block_hashes.pop(request.request_id, None)
         self.req_match.pop(request.request_id, None)
+        self.req_num_saved_blocks.pop(request.request_id, None)
         self.failed_requests.discard(request.request_id)
         return False, None
 

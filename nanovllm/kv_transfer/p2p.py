@@ -31,15 +31,15 @@ refused the request) stay staged until newer ones push them out.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from nanovllm.core.block_hash import short
-from nanovllm.events import KVBlockReceived, KVBlockSaved, KVLoadFailed
+from nanovllm.events import KVBlockReceived, KVLoadFailed
 from nanovllm.kv_transfer.base import (
-    BlockTransfer,
     KVConnectorBase,
     KVConnectorMetadata,
     KVLoadError,
@@ -84,8 +84,6 @@ class P2pConnector(KVConnectorBase):
         if key not in _TRANSPORTS or _TRANSPORTS[key].closed.is_set():
             _TRANSPORTS[key] = P2pTransport(*key, self.model_tag)
         self.transport = _TRANSPORTS[key]
-        # Producer, scheduler side: blocks sent per request (its transfer ends with the count).
-        self.req_num_sent: dict[str, int] = {}
         # Consumer, scheduler side: events waiting for the step they belong to.
         self.pending_events: list = []
         self.reported_failures: set[str] = set()
@@ -169,11 +167,11 @@ class P2pConnector(KVConnectorBase):
         meta = super().build_connector_meta(scheduler_output)
         # Bound the staging area, least recently used first, never a block this step loads.
         staged = self.transport.staged
-        keep = {t.block_hash for t in meta.loads}
-        for block_hash in list(staged):
-            if len(staged) <= self.num_staging_blocks:
-                break
-            if block_hash not in keep:
+        excess = len(staged) - self.num_staging_blocks
+        if excess > 0:
+            keep = {t.block_hash for t in meta.loads}
+            oldest = itertools.islice(staged, excess + len(keep))  # (enough, even past `keep`)
+            for block_hash in [h for h in oldest if h not in keep][:excess]:
                 del staged[block_hash]
         return meta
 
@@ -181,31 +179,23 @@ class P2pConnector(KVConnectorBase):
         """A producer's requests marked `do_remote_decode`: their prompt blocks this step fills."""
         if not self.config.is_producer:
             return
+
         for s in scheduler_output.scheduled:
-            request = s.request
-            if not kv_transfer_params(request).get("do_remote_decode"):
-                continue
-            num_full = min(s.num_computed_tokens + s.num_new_tokens, request.num_prompt_tokens)
-            num_full //= self.block_size
-            start = self.req_num_sent.get(request.request_id, 0)
-            hashes = self.block_hashes(request)
-            for i in range(start, num_full):
-                t = BlockTransfer(
-                    s.block_table[i], hashes[i], self.block_tokens(request, i), request.request_id
-                )
-                meta.saves_after.append(t)
-                if self.events.active:
-                    self.events.emit(
-                        KVBlockSaved(meta.step, t.block_id, short(t.block_hash), -1, t.request_id)
-                    )
-            self.req_num_sent[request.request_id] = max(start, num_full)
-            meta.request_params[request.request_id] = kv_transfer_params(request)
+            params = kv_transfer_params(s.request)
+            if params.get("do_remote_decode"):  # (the worker names each block's transfer)
+                meta.request_params[s.request.request_id] = params
+        remote = meta.request_params
+        meta.saves_after = self.new_full_blocks(
+            scheduler_output,
+            lambda request: request.num_prompt_tokens if request.request_id in remote else 0,
+        )
+        self.emit_saved(meta)
 
     def request_finished(
         self, request: Request, block_ids: tuple[int, ...]
     ) -> tuple[bool, dict | None]:
         params = kv_transfer_params(request)
-        num_sent = self.req_num_sent.pop(request.request_id, 0)
+        num_sent = self.req_num_saved_blocks.get(request.request_id, 0)  # (before super's pop)
         self.reported_failures.discard(request.request_id)
         super().request_finished(request, block_ids)
         if self.config.is_producer and params.get("do_remote_decode"):

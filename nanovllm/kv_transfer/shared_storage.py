@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from nanovllm.core.block_hash import short
-from nanovllm.events import KVBlockSaved
 from nanovllm.kv_transfer.base import (
     BlockTransfer,
     KVConnectorBase,
@@ -39,7 +37,6 @@ from nanovllm.kv_transfer.base import (
     KVLoadError,
 )
 from nanovllm.kv_transfer_config import KVTransferConfig
-from nanovllm.request import Request
 
 if TYPE_CHECKING:
     from nanovllm.core.scheduler import SchedulerOutput
@@ -57,8 +54,6 @@ class SharedStorageConnector(KVConnectorBase):
         self.folder = root / self.model_tag
         if self.config.is_producer:
             self.folder.mkdir(exist_ok=True)
-        # Scheduler side: per request, how many of its blocks were considered for saving.
-        self.req_num_saved_blocks: dict[str, int] = {}
         # Worker side: this step's saves, per layer, gathered by `save_kv_layer`.
         self.pending_saves: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.save_errors: list[str] = []  # failed writes (the KV is simply not there later)
@@ -87,46 +82,13 @@ class SharedStorageConnector(KVConnectorBase):
         return n
 
     def plan_saves(self, meta: KVConnectorMetadata, scheduler_output: SchedulerOutput) -> None:
-        """A producer's new full blocks, saved once the forward pass has written them."""
+        """A producer's new full blocks not on disk yet, saved once the forward pass has
+        written them."""
         if not self.config.is_producer:
             return
-        meta.saves_after = self.new_full_blocks(scheduler_output)
-        if self.events.active:
-            for t in meta.saves_after:
-                self.events.emit(
-                    KVBlockSaved(
-                        meta.step, t.block_id, short(t.block_hash), request_id=t.request_id
-                    )
-                )
-
-    def new_full_blocks(self, scheduler_output: SchedulerOutput) -> list[BlockTransfer]:
-        """The blocks this step fills with the requests' own tokens (proposed tokens may be
-        rejected: never past `num_tokens`), and that are not on disk yet."""
-        saves: list[BlockTransfer] = []
-        seen: set[bytes] = set()
-        for s in scheduler_output.scheduled:
-            request, rid = s.request, s.request.request_id
-            num_full = min(s.num_computed_tokens + s.num_new_tokens, request.num_tokens)
-            num_full //= self.block_size
-            start = self.req_num_saved_blocks.get(rid, 0)
-            if num_full <= start:
-                continue
-            hashes = self.block_hashes(request)
-            for i in range(start, num_full):
-                if hashes[i] in seen or self.path_of(hashes[i]).exists():
-                    continue
-                seen.add(hashes[i])
-                saves.append(
-                    BlockTransfer(s.block_table[i], hashes[i], self.block_tokens(request, i), rid)
-                )
-            self.req_num_saved_blocks[rid] = num_full
-        return saves
-
-    def request_finished(
-        self, request: Request, block_ids: tuple[int, ...]
-    ) -> tuple[bool, dict | None]:
-        self.req_num_saved_blocks.pop(request.request_id, None)
-        return super().request_finished(request, block_ids)
+        blocks = self.new_full_blocks(scheduler_output, lambda request: request.num_tokens)
+        meta.saves_after = [t for t in blocks if not self.path_of(t.block_hash).exists()]
+        self.emit_saved(meta)
 
     # --- worker side ----------------------------------------------------------------------------
 

@@ -26,14 +26,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from nanovllm import __version__
 from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
-from nanovllm.serve.errors import APIError, ErrorResponse, install_error_handlers
+from nanovllm.serve.errors import APIError, ErrorResponse
 from nanovllm.serve.event_stream import event_sse
 from nanovllm.serve.guard import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
-    RequestGuard,
+    guarded_app,
 )
 from nanovllm.serve.metrics import ServerMetrics
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -84,15 +83,10 @@ def build_app(
         yield
         metrics.close()  # the engine may outlive this app: stop feeding its histograms
 
-    app = FastAPI(
-        title="nanovllm",
-        version=__version__,
-        description="An OpenAI-compatible streaming server on the nanovllm engine.",
-        lifespan=lifespan,
-    )
-    install_error_handlers(app)
-    app.add_middleware(
-        RequestGuard,
+    app = guarded_app(
+        "nanovllm",
+        "An OpenAI-compatible streaming server on the nanovllm engine.",
+        lifespan,
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,

@@ -175,6 +175,16 @@ def proxy_options(args: argparse.Namespace) -> dict:
     return dict(prefill_url=args.prefill, decode_url=args.decode, **server_options(args))
 
 
+def warn_if_open(host: str, api_key: str | None, what: str) -> None:
+    """A warning when the server listens beyond loopback with no API key: anyone can `what`."""
+    if api_key is None and host not in LOOPBACK:
+        print(
+            f"warning: listening on {host} without an API key: anyone who can reach this port "
+            f"can {what} (--api-key or ${API_KEY_ENV})",
+            file=sys.stderr,
+        )
+
+
 def run_proxy(args: argparse.Namespace) -> int:
     """`nanovllm serve --disagg-proxy`: no model, no torch; only the web stack and httpx."""
     from nanovllm.serve.disagg_proxy import build_proxy_app
@@ -187,13 +197,11 @@ def run_proxy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if options["api_key"] is None and args.host not in LOOPBACK:
-        print(
-            f"warning: listening on {args.host} without an API key: anyone who can reach this "
-            f"port can use both servers and watch every prompt on /prefill/v1/events (--api-key "
-            f"or ${API_KEY_ENV})",
-            file=sys.stderr,
-        )
+    warn_if_open(
+        args.host,
+        options["api_key"],
+        "use both servers and watch every prompt on /prefill/v1/events",
+    )
     print(
         f"nanovllm: disaggregated proxy on http://{args.host}:{args.port}/v1  (prefill: "
         f"{options['prefill_url']}, decode: {options['decode_url']})",
@@ -229,13 +237,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if guard["api_key"] is None and args.host not in LOOPBACK:
-        print(
-            f"warning: listening on {args.host} without an API key: anyone who can reach this "
-            f"port can use the model and watch every prompt on /v1/events (--api-key or "
-            f"${API_KEY_ENV})",
-            file=sys.stderr,
-        )
+    warn_if_open(args.host, guard["api_key"], "use the model and watch every prompt on /v1/events")
     async_engine = AsyncLLMEngine(engine)
     try:
         app = build_app(

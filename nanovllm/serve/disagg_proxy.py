@@ -47,12 +47,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from nanovllm import __version__
-from nanovllm.serve.errors import error_body, error_type, install_error_handlers
+from nanovllm.serve.errors import error_body, error_type
 from nanovllm.serve.guard import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
-    RequestGuard,
+    guarded_app,
 )
 
 logger = logging.getLogger("nanovllm.serve")
@@ -367,15 +366,10 @@ def build_proxy_app(
         finally:
             await proxy.close()
 
-    app = FastAPI(
-        title="nanovllm disaggregated prefill/decode proxy",
-        version=__version__,
-        description=f"prefill: {proxy.prefill_url}, decode: {proxy.decode_url}",
-        lifespan=lifespan,
-    )
-    install_error_handlers(app)
-    app.add_middleware(
-        RequestGuard,
+    app = guarded_app(
+        "nanovllm disaggregated prefill/decode proxy",
+        f"prefill: {proxy.prefill_url}, decode: {proxy.decode_url}",
+        lifespan,
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,

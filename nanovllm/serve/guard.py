@@ -33,9 +33,12 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nanovllm.serve.body import BodyError, check_json_body
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -207,3 +210,30 @@ async def _error(
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def guarded_app(
+    title: str,
+    description: str,
+    lifespan: Any,
+    *,
+    api_key: str | None,
+    max_request_body_bytes: int,
+    max_concurrent_requests: int,
+) -> FastAPI:
+    """A FastAPI app with OpenAI-shaped errors and `RequestGuard` in front of every route: what
+    the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from."""
+    from fastapi import FastAPI  # (here: `nanovllm serve --help` reads this module's defaults)
+
+    from nanovllm import __version__
+    from nanovllm.serve.errors import install_error_handlers
+
+    app = FastAPI(title=title, version=__version__, description=description, lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_request_body_bytes=max_request_body_bytes,
+        max_concurrent_requests=max_concurrent_requests,
+    )
+    return app
