@@ -12,11 +12,9 @@ parameters, in vLLM v1's order and with its meanings:
 4. top-p: keep the most likely tokens until their probability (renormalised after the filters
    above) reaches p; the most likely token is always kept.
 
-Drawing a token (`random_draw.py`): vLLM's draws instead of `torch.multinomial`, the one vLLM
-uses on the same device, so a seeded request draws vLLM's tokens: on a GPU the "exponential
-race" (argmax_i p_i / q_i with q_i ~ Exp(1)), on a CPU the Gumbel-max trick with hashed noise.
-Neither needs a CPU-GPU synchronisation, and each row's noise comes from its request's own
-`torch.Generator`.
+Drawing a token (`random_draw.py`, not `torch.multinomial`): the draw vLLM uses on the same
+device, so a seeded request draws vLLM's tokens (a CPU: Gumbel-max with hashed noise; a GPU: the
+exponential race). Each row's noise comes from its request's own `torch.Generator`.
 
 Generators live where sampling happens. Each random request's generator is created on the
 device of the logits, seeded with the request's seed: a CPU generator cannot drive random ops on
@@ -115,8 +113,7 @@ def _plain_greedy(requests: list[Request], spec_token_ids: list[list[int]] | Non
 
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
-    the lessons swap in the learner's); `draw` picks a token from each filtered row
-    (`random_draw.draw_for` the logits' device)."""
+    the lessons swap in the learner's); `draw` picks a token from each filtered row."""
 
     def __init__(self, filters=apply_filters, draw: Draw = exponential_race) -> None:
         self.filters = filters
@@ -187,9 +184,7 @@ class Sampler:
             # One draw for every row at once, each with its request's own noise.
             at = torch.tensor([first_row[i] for i in plain_random], device=device)
             generators = [generator_for(requests[i], device) for i in plain_random]
-            tokens = self.draw(
-                filtered[at], torch.stack([probs[i][0] for i in plain_random]), generators
-            )
+            tokens = self.draw(filtered[at], random_probs[at], generators)  # [n, vocab] each
             for i, token in zip(plain_random, tokens):
                 token_ids[i] = [token]
         return SamplerOutput(token_ids, sampled_logprobs(raw, requests, starts, token_ids), errors)
