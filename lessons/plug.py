@@ -537,7 +537,8 @@ class _Decoding:
 
 
 def swap_sampling(engine, impl) -> None:
-    engine.runner.sampler = Sampler(filters=your_filters(impl.apply_top_k, impl.apply_top_p))
+    filters = your_filters(impl.apply_top_k, impl.apply_top_p)
+    engine.runner.sampler = Sampler(filters=filters, draw=engine.runner.sampler.draw)
     outputs = engine.output_processor
     outputs.detokenizer = YourDetokenizer(outputs.detokenizer, impl.detokenize_step)
 

@@ -245,15 +245,31 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "one-generator-for-every-request",
-        "nanovllm/executor/sampler.py",
+        "nanovllm/executor/random_draw.py",
         (
             (
-                "                noise[j].exponential_(generator=generator_for(requests[i], device))",
-                "                noise[j].exponential_(generator=generator_for(requests[0], device))",
+                "    for row, generator in enumerate(generators):\n"
+                "        noise[row].exponential_(generator=generator)\n",
+                "    for row, generator in enumerate(generators):\n"
+                "        noise[row].exponential_(generator=generators[0])\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "whatever_shares"),
         "A seeded request's draws must not depend on its neighbours.",
+    ),
+    PlantedBug(
+        "hashed-gumbel-noise-without-the-token-index",
+        "nanovllm/executor/random_draw.py",
+        (("splitmix64(key + i * GOLDEN_GAMMA)", "splitmix64(key + GOLDEN_GAMMA)"),),
+        ("tests/test_sampler.py", "-k", "vllms_cpu_kernel or follow_the_distribution"),
+        "One noise value for every token is a plain argmax: the draw is no longer random.",
+    ),
+    PlantedBug(
+        "seeded-draw-takes-its-step-seed-from-the-global-generator",
+        "nanovllm/executor/random_draw.py",
+        (("(1,), generator=g)", "(1,))"),),
+        ("tests/test_seeded_like_vllm.py",),
+        "vLLM's CPU build takes each step's noise seed from the request's own generator.",
     ),
     PlantedBug(
         "abort-outputs-lost-when-a-step-fails",

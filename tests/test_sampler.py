@@ -1,9 +1,10 @@
-"""The sampler: vLLM's filter semantics, the exponential race, per-request generators on the
-logits' device, tiny temperatures, and rows that cannot be sampled failing alone.
+"""The sampler: vLLM's filter semantics, its two draws (the exponential race, hashed
+Gumbel-max), per-request generators on the logits' device, tiny temperatures, and rows that
+cannot be sampled failing alone.
 
 Oracles: the filters' definitions written out one token at a time in float64 (independent of
 the batched tensor code), a chi-square test of the draws against the distribution they come
-from, and the engine's greedy output.
+from, tokens vLLM's own CPU kernel drew (recorded), and the engine's greedy output.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.executor.random_draw import draw_for, exponential_race, hashed_gumbel_max
 from nanovllm.executor.sampler import Sampler, apply_filters, greedy_tokens
 from nanovllm.request import Request
 
@@ -99,27 +101,86 @@ def _request(i: int, params: SamplingParams, seed: int | None = None) -> Request
     return Request(f"r{i}", [0], params, i, seed=seed if seed is not None else i)
 
 
-def test_draws_follow_the_distribution() -> None:
+DRAWS = [exponential_race, hashed_gumbel_max]
+
+
+@pytest.mark.parametrize("draw", DRAWS, ids=lambda d: d.__name__)
+def test_draws_follow_the_distribution(draw) -> None:
     """Chi-square: 4000 rows, each with its own seed, drawn from the same 5-token distribution."""
     probs = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
     n = 4000
     logits = probs.log().expand(n, -1).contiguous()
     requests = [_request(i, SamplingParams(temperature=1.0)) for i in range(n)]
-    tokens = [t for (t,) in Sampler()(logits, requests).token_ids]
+    tokens = [t for (t,) in Sampler(draw=draw)(logits, requests).token_ids]
     counts = torch.bincount(torch.tensor(tokens), minlength=5).double()
     expected = probs.double() * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 18.5, f"chi2={chi2:.1f} (4 dof; p < 0.001 beyond 18.5): counts {counts.tolist()}"
 
 
-def test_a_seeded_row_draws_the_same_whatever_shares_the_batch() -> None:
+@pytest.mark.parametrize("draw", DRAWS, ids=lambda d: d.__name__)
+def test_a_seeded_row_draws_the_same_whatever_shares_the_batch(draw) -> None:
     torch.manual_seed(0)
     logits = torch.randn(6, 50)
     params = SamplingParams(temperature=0.9, top_p=0.95)
-    alone = Sampler()(logits[2:3], [_request(2, params, seed=77)]).token_ids[0]
-    assert len(alone) == 1
-    batch = [_request(i, params, seed=77 if i == 2 else 1000 + i) for i in range(6)]
-    assert Sampler()(logits, batch).token_ids[2] == alone
+    for step in range(5):  # a request's generator advances by its own draws only
+        alone = Sampler(draw=draw)(logits[2:3], [_request(2, params, seed=77)]).token_ids[0]
+        assert len(alone) == 1
+        batch = [_request(i, params, seed=77 if i == 2 else 1000 + i) for i in range(6)]
+        assert Sampler(draw=draw)(logits, batch).token_ids[2] == alone, f"step {step}"
+        logits = logits.roll(step + 1, dims=1)
+
+
+# Tokens vLLM 0.32's CPU kernel (`torch.ops._C.fused_gumbel_argmax`, which
+# `TopKTopPSampler.forward_cpu` calls) gave for these logits and per-step seeds. Row 5 keeps its
+# first 100 tokens only; row 9 is all -inf (token 0, like argmax).
+VLLM_CPU_SEEDS = [(k * 2654435761) % 2**31 for k in range(32)]
+VLLM_CPU_TOKENS = [
+    490, 184, 740, 623, 898, 52, 206, 249, 668, 0, 339, 517, 690, 521, 646, 979,
+    389, 929, 451, 608, 841, 169, 129, 902, 123, 253, 978, 397, 334, 807, 627, 502,
+]  # fmt: skip
+# What a generator seeded with 1234 gives `forward_cpu` as the per-step seeds of its first 3 steps.
+VLLM_CPU_STEP_SEEDS_1234 = [2137449171, 1365105717, 481516916]
+
+
+class _Seeds:
+    """Stands in for a generator: `torch.randint(..., generator=g)` is patched to read these."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+
+def test_hashed_gumbel_max_draws_what_vllms_cpu_kernel_draws(monkeypatch) -> None:
+    r = torch.arange(32, dtype=torch.float64)[:, None]
+    i = torch.arange(1000, dtype=torch.float64)[None, :]
+    logits = (torch.sin(r * 7.0 + i * 1.3) * 3.0).float()  # [32, 1000]
+    logits[5, 100:] = float("-inf")
+    logits[9] = float("-inf")
+    real = torch.randint
+
+    def randint(*args, generator=None, **kwargs):
+        if isinstance(generator, _Seeds):
+            return torch.tensor([generator.seed])
+        return real(*args, generator=generator, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", randint)
+    tokens = hashed_gumbel_max(logits, logits.softmax(-1), [_Seeds(s) for s in VLLM_CPU_SEEDS])
+    assert tokens == VLLM_CPU_TOKENS
+
+
+def test_hashed_gumbel_max_takes_one_seed_a_step_from_the_generator_as_vllm_does() -> None:
+    generator = torch.Generator().manual_seed(1234)
+    seen = [int(torch.randint(0, 2**31, (1,), generator=generator)) for _ in range(3)]
+    assert seen == VLLM_CPU_STEP_SEEDS_1234
+    # ... and the draw consumes exactly that: after one draw the generator gives the 2nd seed.
+    generator = torch.Generator().manual_seed(1234)
+    hashed_gumbel_max(torch.zeros(1, 8), torch.full((1, 8), 1 / 8), [generator])
+    assert int(torch.randint(0, 2**31, (1,), generator=generator)) == VLLM_CPU_STEP_SEEDS_1234[1]
+
+
+def test_each_device_gets_the_draw_vllm_uses_there() -> None:
+    assert draw_for(torch.device("cpu")) is hashed_gumbel_max
+    assert draw_for(torch.device("cuda")) is exponential_race
 
 
 def test_generators_are_made_on_the_logits_device(monkeypatch) -> None:
@@ -134,7 +195,7 @@ def test_generators_are_made_on_the_logits_device(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.Tensor, "exponential_", spy)
     requests = [_request(i, SamplingParams(temperature=1.0)) for i in range(3)]
-    Sampler()(torch.randn(3, 10), requests)
+    Sampler(draw=exponential_race)(torch.randn(3, 10), requests)
     assert len(seen) == 3
     assert all(tensor_device == gen_device for tensor_device, gen_device in seen)
     assert all(

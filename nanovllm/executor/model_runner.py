@@ -30,6 +30,7 @@ from nanovllm.executor.prompt_logprobs import (
     split_prompt_logprobs,
     with_prompt_rows,
 )
+from nanovllm.executor.random_draw import draw_for
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
@@ -69,7 +70,7 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.draft = draft
-        self.sampler = Sampler()
+        self.sampler = Sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Seconds of the last step's parts, for the step summary event.
         self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)

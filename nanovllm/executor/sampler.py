@@ -12,11 +12,9 @@ parameters, in vLLM v1's order and with its meanings:
 4. top-p: keep the most likely tokens until their probability (renormalised after the filters
    above) reaches p; the most likely token is always kept.
 
-Drawing a token: the "exponential race" vLLM uses instead of `torch.multinomial`. Draw
-q_i ~ Exp(1) for every token and take argmax_i p_i / q_i; token i wins with probability exactly
-p_i (the smallest of independent exponentials with rates p_i is the i-th with probability
-p_i / sum p). It needs no CPU-GPU synchronisation, and each row's noise comes from its request's
-own `torch.Generator`.
+Drawing a token (`random_draw.py`, not `torch.multinomial`): the draw vLLM uses on the same
+device, so a seeded request draws vLLM's tokens (a CPU: Gumbel-max with hashed noise; a GPU: the
+exponential race). Each row's noise comes from its request's own `torch.Generator`.
 
 Generators live where sampling happens. Each random request's generator is created on the
 device of the logits, seeded with the request's seed: a CPU generator cannot drive random ops on
@@ -43,6 +41,7 @@ import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
 from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
+from nanovllm.executor.random_draw import Draw, exponential_race
 from nanovllm.executor.rejection_sampler import verify_greedy, verify_random
 from nanovllm.request import Request
 
@@ -114,10 +113,11 @@ def _plain_greedy(requests: list[Request], spec_token_ids: list[list[int]] | Non
 
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
-    the lessons swap in the learner's)."""
+    the lessons swap in the learner's); `draw` picks a token from each filtered row."""
 
-    def __init__(self, filters=apply_filters) -> None:
+    def __init__(self, filters=apply_filters, draw: Draw = exponential_race) -> None:
         self.filters = filters
+        self.draw = draw
 
     def __call__(
         self,
@@ -140,6 +140,7 @@ class Sampler:
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
+        first_row: dict[int, int] = {}  # request -> its first row in `filtered`
         if random:
             rows = [row for i in random for row in range(starts[i], starts[i] + counts[i])]
             params = [requests[i].sampling_params for i in random for _ in range(counts[i])]
@@ -157,6 +158,7 @@ class Sampler:
             offset = 0
             for i in random:
                 probs[i] = random_probs[offset : offset + counts[i]]
+                first_row[i] = offset
                 offset += counts[i]
         bad_rows = set(torch.nonzero(bad).flatten().tolist()) if bad.any() else set()
 
@@ -179,12 +181,10 @@ class Sampler:
             else:
                 plain_random.append(i)
         if plain_random:
-            # The exponential race for every row at once, each with its request's own noise.
-            batch = torch.stack([probs[i][0] for i in plain_random])  # [n, vocab]
-            noise = torch.empty_like(batch)
-            for j, i in enumerate(plain_random):
-                noise[j].exponential_(generator=generator_for(requests[i], device))
-            noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # an exact 0 would make 0 / 0
-            for i, token in zip(plain_random, (batch / noise).argmax(dim=-1).tolist()):
+            # One draw for every row at once, each with its request's own noise.
+            at = torch.tensor([first_row[i] for i in plain_random], device=device)
+            generators = [generator_for(requests[i], device) for i in plain_random]
+            tokens = self.draw(filtered[at], random_probs[at], generators)  # [n, vocab] each
+            for i, token in zip(plain_random, tokens):
                 token_ids[i] = [token]
         return SamplerOutput(token_ids, sampled_logprobs(raw, requests, starts, token_ids), errors)
