@@ -66,15 +66,18 @@ def build_app(
     api_key: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    max_prompt_chars: int | None = None,
 ) -> FastAPI:
     """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
-    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's."""
+    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's;
+    `max_prompt_chars` (None: derived from max_model_len, serving.py) refuses longer text
+    prompts before they are tokenized."""
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
         tokenizer = load_tokenizer(engine.engine.model_path)  # our own: see serving.py
     model_name = served_model_name or engine.model_name
-    serving = OpenAIServing(engine, tokenizer, model_name, chat_template)
+    serving = OpenAIServing(engine, tokenizer, model_name, chat_template, max_prompt_chars)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
 
@@ -82,6 +85,7 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         metrics.close()  # the engine may outlive this app: stop feeding its histograms
+        serving.close()
 
     app = guarded_app(
         "nanovllm",

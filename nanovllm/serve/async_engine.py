@@ -204,7 +204,6 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     arrival: float  # time.monotonic() when add_request was called
-    check: Callable[[int], None] | None = None  # called with the prompt's token count
 
 
 @dataclass
@@ -299,14 +298,13 @@ class AsyncLLMEngine:
         request_id: str,
         prompt: Prompt,
         params: SamplingParams,
-        check: Callable[[int], None] | None = None,
     ) -> RequestStream:
         """Queue a request; returns once the engine has accepted it.
 
-        `check(num_prompt_tokens)`, if given, runs on the engine thread once the prompt is
-        tokenized and before the engine takes the request; what it raises refuses the request
-        (the server's context-length rule, serving.py). Raises that, the engine's `ValueError`
-        (naming the bad value) if it was refused, or `EngineDeadError` if the engine is gone.
+        A prompt given as text is tokenized on the engine thread, holding up every step: the
+        server (serving.py) hands token ids only, tokenized on its own thread. Raises the
+        engine's `ValueError` (naming the bad value) if it was refused, or `EngineDeadError` if
+        the engine is gone.
         """
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
@@ -314,7 +312,7 @@ class AsyncLLMEngine:
         accepted = loop.create_future()
         with self._door:
             self._check_alive()
-            self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival, check))
+            self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -459,13 +457,7 @@ class AsyncLLMEngine:
         engine = self.engine
         if isinstance(command, _Add):
             try:
-                prompt = command.prompt
-                if command.check is not None:
-                    # Tokenized here once; the engine takes the token ids as they are.
-                    text, token_ids = engine.input_processor.tokenize(prompt)
-                    command.check(len(token_ids))
-                    prompt = {"prompt": text, "prompt_token_ids": token_ids}
-                request = engine.add_request(command.request_id, prompt, command.params)
+                request = engine.add_request(command.request_id, command.prompt, command.params)
             except Exception as exc:  # noqa: BLE001 - the caller decides what it means
                 self._call(command.loop, _resolve, command.accepted, exc)
                 return False
