@@ -3,7 +3,8 @@
     POST /v1/completions        text completion, `stream` true or false
     POST /v1/chat/completions   chat, through the tokenizer's chat template
     GET  /v1/models             the one model served
-    GET  /health                200 while the engine runs, else 503 naming why (a dead rank...)
+    GET  /health                200 while the engine runs, else 503 naming why (a dead rank,
+                                a server draining after SIGTERM...)
     GET  /metrics               Prometheus' format, vLLM's metric names (see metrics.py)
     GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
     GET  /docs, /openapi.json   FastAPI's documentation of all of the above
@@ -43,7 +44,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (with --api-key)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
-    503: {"model": ErrorResponse, "description": "The engine is not running"},
+    503: {
+        "model": ErrorResponse,
+        "description": "The engine is not running, or the server is shutting down",
+    },
 }
 _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
@@ -128,6 +132,10 @@ def build_app(
 
     @app.get("/health", responses=_ERRORS)
     async def health() -> JSONResponse:
+        if app.state.server_state.draining:
+            raise APIError(
+                "the server is shutting down", status_code=503, code="server_shutting_down"
+            )
         reason = engine.dead_reason()
         if reason is not None:
             raise APIError(reason, status_code=503, code="engine_unavailable")

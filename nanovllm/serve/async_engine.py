@@ -64,6 +64,10 @@ class EngineDeadError(EngineError):
     """The engine thread has stopped; no request can be served."""
 
 
+class ServerShutdownError(EngineError):
+    """The server is shutting down and cut the request before it finished (`fail_requests`)."""
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A consistent snapshot of the engine, published by the engine thread."""
@@ -212,6 +216,11 @@ class _Abort:
 
 
 @dataclass
+class _FailAll:
+    error: BaseException
+
+
+@dataclass
 class _Subscribe:
     sink: EventStream
     loop: asyncio.AbstractEventLoop
@@ -338,6 +347,11 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         """Abort a request (thread-safe, idempotent); its blocks are freed before the next step."""
         self._send(_Abort(request_id))
+
+    def fail_requests(self, error: BaseException) -> None:
+        """Abort every request in flight (thread-safe): each stream gets `error`, its blocks are
+        freed. The engine goes on serving new requests. (A draining server's last word.)"""
+        self._send(_FailAll(error))
 
     def subscribe_events(self) -> EventStream:
         """Start receiving engine events; the first is `EngineStarted`. `close()` to stop."""
@@ -483,6 +497,8 @@ class AsyncLLMEngine:
                 return False
             self._finished["abort"] += 1
             return True  # the abort output waits in the engine until the next step
+        elif isinstance(command, _FailAll):
+            self._fail_streams(command.error)
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
             sink.unsubscribe = engine.subscribe(sink.buffer.append)

@@ -26,6 +26,8 @@ from pathlib import Path
 from nanovllm.serve.guard import DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_REQUEST_BODY_BYTES
 
 API_KEY_ENV = "NANOVLLM_API_KEY"
+KEEP_ALIVE_ENV = "NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0  # = server.DEFAULT_SHUTDOWN_TIMEOUT_S (no uvicorn import here)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -66,6 +68,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,
         help="generation requests in flight at once; one more gets a 429 (0: no limit; "
         "default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="text prompts longer than this are a 400 before they are tokenized (default: "
+        "max_model_len x twice the longest token's text, a length that cannot fit)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM, seconds the running requests get to finish while /health answers "
+        "503 and new requests are refused; then the rest are cut with an error chunk and the "
+        "process exits 0 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--keep-alive-on-engine-death",
+        action="store_true",
+        default=None,
+        help="when the engine dies (a tensor-parallel rank died), keep serving 503s instead of "
+        f"exiting with status 1 for a supervisor to restart (default: ${KEEP_ALIVE_ENV}=1, "
+        "else exit)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d = parser.add_argument_group(
@@ -145,10 +170,23 @@ def server_options(args: argparse.Namespace) -> dict:
     )
 
 
+def serve_options(args: argparse.Namespace, proxy: bool = False) -> dict:
+    """`server.serve`'s arguments from the flags (and $NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout:g}")
+    options: dict = dict(shutdown_timeout=args.shutdown_timeout)
+    if not proxy:
+        keep = args.keep_alive_on_engine_death
+        if keep is None:
+            keep = os.environ.get(KEEP_ALIVE_ENV, "0").strip().lower() in ("1", "true", "yes")
+        options["keep_alive_on_engine_death"] = keep
+    return options
+
+
 # The flags a proxy takes; any other flag it is given (an engine's) would do nothing.
 PROXY_FLAGS = frozenset(
     {"disagg_proxy", "prefill", "decode", "host", "port", "api_key", "log_level"}
-    | {"max_request_body_bytes", "max_concurrent_requests"}
+    | {"max_request_body_bytes", "max_concurrent_requests", "shutdown_timeout"}
 )
 
 
@@ -193,6 +231,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     try:
         options = proxy_options(args)
+        run_options = serve_options(args, proxy=True)
         app = build_proxy_app(**options)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -207,8 +246,7 @@ def run_proxy(args: argparse.Namespace) -> int:
         f"{options['prefill_url']}, decode: {options['decode_url']})",
         file=sys.stderr,
     )
-    serve(app, args.host, args.port, log_level=args.log_level)
-    return 0
+    return serve(app, args.host, args.port, log_level=args.log_level, **run_options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         guard = server_options(args)
+        run_options = serve_options(args)
+        if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
+            raise ValueError(f"--max-prompt-chars must be >= 1, got {args.max_prompt_chars}")
         engine = LLMEngine(EngineConfig(**engine_config_options(args)))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -244,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
             async_engine,
             served_model_name=args.served_model_name,
             chat_template=chat_template,
+            max_prompt_chars=args.max_prompt_chars,
             **guard,
         )
         print(
@@ -257,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
         # while serving walked them all, and no stream got a token meanwhile (bench README).
         gc.collect()
         gc.freeze()
-        serve(app, args.host, args.port, log_level=args.log_level)
+        code = serve(app, args.host, args.port, log_level=args.log_level, **run_options)
     finally:
         async_engine.shutdown()
-    return 0
+    if code != 0:
+        print(f"nanovllm: the engine died; exiting with status {code}", file=sys.stderr)
+    return code

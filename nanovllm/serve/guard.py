@@ -16,6 +16,9 @@ the engine). In the order it checks:
     2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
                   without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
                   which (body.py), before FastAPI's parser sees it.
+    0. draining   once the server is shutting down (SIGTERM: server.py), every generation
+                  request and event stream is a 503 `server_shutting_down` with
+                  `Connection: close`, so a load balancer sends it elsewhere.
     3. in flight  at most `max_concurrent_requests` generation requests (/v1/completions,
                   /v1/chat/completions) at once, counted from arrival until the response has
                   been sent in full (a stream: until its last chunk); one more is a 429 with
@@ -49,6 +52,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 2**20  # 2 MiB: a 128k-token prompt as text or as ids fits
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+EVENT_PATHS = frozenset({"/v1/events", "/events"})
+
+
+class ServerState:
+    """What the guard, `/health` and the server's own loop (server.py) share: whether the server
+    is draining, and how many generation requests are in flight (their responses not yet sent
+    in full). Only the event loop thread changes it."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
 
 
 def needs_api_key(path: str) -> bool:
@@ -63,6 +77,7 @@ class RequestGuard:
         api_key: str | None = None,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
+        state: ServerState | None = None,
     ) -> None:
         if max_request_body_bytes < 1:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
@@ -75,13 +90,27 @@ class RequestGuard:
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self.max_request_body_bytes = max_request_body_bytes
         self.max_concurrent_requests = max_concurrent_requests
-        self.in_flight = 0  # only the event loop thread touches it: no lock needed
+        self.state = state if state is not None else ServerState()
+
+    @property
+    def in_flight(self) -> int:
+        return self.state.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        if self.state.draining and (path in GENERATION_PATHS or path in EVENT_PATHS):
+            await _error(
+                send,
+                503,
+                "the server is shutting down: send the request to another server",
+                "server_error",
+                "server_shutting_down",
+                {"Connection": "close", "Retry-After": "1"},
+            )
+            return
         if self._expected is not None and needs_api_key(path) and not self._authorized(scope):
             await _error(
                 send,
@@ -122,12 +151,12 @@ class RequestGuard:
             )
             return
         if counted:
-            self.in_flight += 1
+            self.state.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             if counted:
-                self.in_flight -= 1
+                self.state.in_flight -= 1
 
     def _authorized(self, scope: Scope) -> bool:
         assert self._expected is not None
@@ -222,7 +251,8 @@ def guarded_app(
     max_concurrent_requests: int,
 ) -> FastAPI:
     """A FastAPI app with OpenAI-shaped errors and `RequestGuard` in front of every route: what
-    the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from."""
+    the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from.
+    `app.state.server_state` is the guard's `ServerState` (server.py drains through it)."""
     from fastapi import FastAPI  # (here: `nanovllm serve --help` reads this module's defaults)
 
     from nanovllm import __version__
@@ -230,10 +260,12 @@ def guarded_app(
 
     app = FastAPI(title=title, version=__version__, description=description, lifespan=lifespan)
     install_error_handlers(app)
+    app.state.server_state = ServerState()
     app.add_middleware(
         RequestGuard,
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+        state=app.state.server_state,
     )
     return app

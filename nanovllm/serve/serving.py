@@ -55,6 +55,7 @@ from nanovllm.serve.async_engine import (
     EngineDeadError,
     EngineError,
     RequestStream,
+    ServerShutdownError,
 )
 from nanovllm.serve.errors import APIError, error_body, param_from_message
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -385,6 +386,8 @@ class OpenAIServing:
             return consumer.result()
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
+        except ServerShutdownError as exc:
+            raise APIError(str(exc), status_code=503, code="server_shutting_down") from exc
         except EngineError as exc:
             raise APIError(str(exc), status_code=500, code="engine_error") from exc
 
@@ -489,7 +492,11 @@ def max_chars_per_token(tokenizer: Any) -> int:
 
 
 def _engine_error_code(exc: EngineError) -> str:
-    return "engine_unavailable" if isinstance(exc, EngineDeadError) else "engine_error"
+    if isinstance(exc, EngineDeadError):
+        return "engine_unavailable"
+    if isinstance(exc, ServerShutdownError):
+        return "server_shutting_down"
+    return "engine_error"
 
 
 def _merge(

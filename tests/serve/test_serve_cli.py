@@ -139,7 +139,9 @@ def test_the_server_freezes_its_start_up_objects_before_serving(tiny_llama, monk
     seen = []
     monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
     monkeypatch.setattr(
-        nanovllm.serve.server, "serve", lambda app, host, port, log_level: seen.append("serve")
+        nanovllm.serve.server,
+        "serve",
+        lambda app, host, port, log_level, **options: seen.append("serve") or 0,
     )
     assert main(["serve", str(tiny_llama), "--port", "1"]) == 0
     assert seen == ["freeze", "serve"]
