@@ -31,6 +31,7 @@ from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from nanovllm.serve.errors import APIError, ErrorResponse
 from nanovllm.serve.event_stream import event_sse
 from nanovllm.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     guarded_app,
@@ -71,9 +72,11 @@ def build_app(
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
     max_prompt_chars: int | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
-    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's;
+    `max_request_body_bytes`, `max_concurrent_requests` (None: no limit) and `body_timeout`
+    are the guard's;
     `max_prompt_chars` (None: derived from max_model_len, serving.py) refuses longer text
     prompts before they are tokenized."""
     if tokenizer is None:
@@ -98,6 +101,7 @@ def build_app(
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+        body_timeout=body_timeout,
     )
     app.state.engine = engine
     app.state.serving = serving

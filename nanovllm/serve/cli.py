@@ -23,11 +23,17 @@ import os
 import sys
 from pathlib import Path
 
-from nanovllm.serve.guard import DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_REQUEST_BODY_BYTES
+from nanovllm.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+)
 
 API_KEY_ENV = "NANOVLLM_API_KEY"
 KEEP_ALIVE_ENV = "NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
-DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0  # = server.DEFAULT_SHUTDOWN_TIMEOUT_S (no uvicorn import here)
+# = server.py's defaults (not imported: `nanovllm serve --help` loads no web stack)
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -77,6 +83,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max_model_len x twice the longest token's text, a length that cannot fit)",
     )
     g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="seconds a request's headers may take to arrive; a slower client gets a 408 and "
+        "its connection is closed (default: %(default)s)",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="seconds a request's whole body may take to arrive, else a 408 and the connection "
+        "is closed (default: %(default)s)",
+    )
+    g.add_argument(
         "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -103,6 +123,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--prefill", metavar="URL", help="with --disagg-proxy: the prefill server")
     d.add_argument("--decode", metavar="URL", help="with --disagg-proxy: the decode server")
+    d.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --disagg-proxy: the longest wait for a prefill answer; past it, decode "
+        "computes the prompt itself (default: %(default)s)",
+    )
+    d.add_argument(
+        "--health-check-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="with --disagg-proxy: how often the prefill server's /health is polled (each poll "
+        "bounded by it); while it fails, requests skip prefill (default: %(default)s)",
+    )
     from nanovllm.engine.generate_cli import add_engine_arguments
 
     add_engine_arguments(parser)
@@ -163,10 +199,13 @@ def server_options(args: argparse.Namespace) -> dict:
             f"--max-concurrent-requests must be >= 0 (0: no limit), got "
             f"{args.max_concurrent_requests}"
         )
+    if args.body_timeout <= 0:
+        raise ValueError(f"--body-timeout must be > 0, got {args.body_timeout:g}")
     return dict(
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_request_body_bytes=args.max_request_body_bytes,
         max_concurrent_requests=args.max_concurrent_requests or None,
+        body_timeout=args.body_timeout,
     )
 
 
@@ -174,7 +213,9 @@ def serve_options(args: argparse.Namespace, proxy: bool = False) -> dict:
     """`server.serve`'s arguments from the flags (and $NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout:g}")
-    options: dict = dict(shutdown_timeout=args.shutdown_timeout)
+    if args.header_timeout <= 0:
+        raise ValueError(f"--header-timeout must be > 0, got {args.header_timeout:g}")
+    options: dict = dict(shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout)
     if not proxy:
         keep = args.keep_alive_on_engine_death
         if keep is None:
@@ -187,6 +228,7 @@ def serve_options(args: argparse.Namespace, proxy: bool = False) -> dict:
 PROXY_FLAGS = frozenset(
     {"disagg_proxy", "prefill", "decode", "host", "port", "api_key", "log_level"}
     | {"max_request_body_bytes", "max_concurrent_requests", "shutdown_timeout"}
+    | {"header_timeout", "body_timeout", "prefill_timeout", "health_check_interval"}
 )
 
 
@@ -210,7 +252,13 @@ def proxy_options(args: argparse.Namespace) -> dict:
                 f"{flag} is a model server's flag: --disagg-proxy loads no model (give it to "
                 "the prefill and decode servers)"
             )
-    return dict(prefill_url=args.prefill, decode_url=args.decode, **server_options(args))
+    return dict(
+        prefill_url=args.prefill,
+        decode_url=args.decode,
+        prefill_timeout_s=args.prefill_timeout,
+        health_check_interval_s=args.health_check_interval,
+        **server_options(args),
+    )
 
 
 def warn_if_open(host: str, api_key: str | None, what: str) -> None:

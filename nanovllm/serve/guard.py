@@ -12,7 +12,10 @@ the engine). In the order it checks:
     2. body size  a request body over `max_request_body_bytes` is a 413: refused by its
                   Content-Length before any of it is read, or, for a chunked body, as soon as
                   the bytes read pass the limit. Bodies under it are buffered here and replayed
-                  to the handler.
+                  to the handler. The whole body must arrive within `body_timeout` seconds
+                  (`--body-timeout`), else a 408 and the connection is closed: a client sending
+                  a byte a second holds no connection for long. (The headers' bound is the
+                  server's: server.py.)
     2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
                   without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
                   which (body.py), before FastAPI's parser sees it.
@@ -33,6 +36,7 @@ messages), so `nanovllm serve --help` can read its defaults without loading the 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -51,6 +55,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 2**20  # 2 MiB: a 128k-token prompt as text or as ids fits
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+DEFAULT_BODY_TIMEOUT_S = 60.0  # nginx's client_body_timeout; 2 MiB in it needs 35 KB/s
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 EVENT_PATHS = frozenset({"/v1/events", "/events"})
 
@@ -78,7 +83,10 @@ class RequestGuard:
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
         state: ServerState | None = None,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
+        if body_timeout <= 0:
+            raise ValueError(f"body_timeout must be > 0, got {body_timeout}")
         if max_request_body_bytes < 1:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
         if max_concurrent_requests is not None and max_concurrent_requests < 1:
@@ -91,6 +99,7 @@ class RequestGuard:
         self.max_request_body_bytes = max_request_body_bytes
         self.max_concurrent_requests = max_concurrent_requests
         self.state = state if state is not None else ServerState()
+        self.body_timeout = body_timeout
 
     @property
     def in_flight(self) -> int:
@@ -126,7 +135,19 @@ class RequestGuard:
             await self._too_large(send)
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
-            body = await self._read_body(receive)
+            try:
+                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+            except asyncio.TimeoutError:
+                await _error(
+                    send,
+                    408,
+                    f"the request body did not arrive within {self.body_timeout:g} s "
+                    "(--body-timeout)",
+                    "invalid_request_error",
+                    "request_timeout",
+                    {"Connection": "close"},  # the rest of the body is not read
+                )
+                return
             if body is None:
                 await self._too_large(send)
                 return
@@ -249,6 +270,7 @@ def guarded_app(
     api_key: str | None,
     max_request_body_bytes: int,
     max_concurrent_requests: int,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """A FastAPI app with OpenAI-shaped errors and `RequestGuard` in front of every route: what
     the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from.
@@ -267,5 +289,6 @@ def guarded_app(
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
         state=app.state.server_state,
+        body_timeout=body_timeout,
     )
     return app

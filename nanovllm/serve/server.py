@@ -27,10 +27,18 @@ which one it got.
 
 Both are checked on uvicorn's own tick (every 0.1 s), on the event loop: the signal handler
 only sets a flag.
+
+- **Slow clients are timed out.** uvicorn waits for a request's headers without a bound, so a
+  client sending a byte a second holds its connection (and a file descriptor) as long as it
+  likes; a thousand of them hold the server. `header_protocol` bounds it: a connection whose
+  request headers are not complete within `header_timeout` seconds (`--header-timeout`) of its
+  opening, or of the previous response, gets a 408 and is closed. (The body's own bound is the
+  guard's: guard.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
@@ -43,6 +51,7 @@ from fastapi import FastAPI
 logger = logging.getLogger("nanovllm.serve")
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 ENGINE_DEAD_EXIT_CODE = 1
 # After the cut (or an engine's death), how long the last answers may take to go out.
 FLUSH_S = 3.0
@@ -125,12 +134,70 @@ class Server(uvicorn.Server):
         return False
 
 
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+def header_protocol(header_timeout: float) -> type:
+    """uvicorn's h11 protocol, with a bound on the time a request's headers take to arrive."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # the headers are in: the request runs (its body: guard.py)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers get the same bound
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is running
+            if not self.transport.is_closing():
+                self.transport.write(_REQUEST_TIMEOUT)
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
+
+
 class ServerThread:
     def __init__(
-        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
     ) -> None:
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=2,
+            http=header_protocol(header_timeout),
         )
         self.server = Server(config, keep_alive_on_engine_death=True)
         self.host = host
@@ -175,11 +242,19 @@ def serve(
     *,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     keep_alive_on_engine_death: bool = False,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
 ) -> int:
     """Serve in the foreground until SIGTERM or Ctrl-C (drained: `Server`). Returns the exit
     code: 0, or `ENGINE_DEAD_EXIT_CODE` when the engine died."""
+    if header_timeout <= 0:
+        raise ValueError(f"header_timeout must be > 0, got {header_timeout}")
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_S
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=FLUSH_S,
+        http=header_protocol(header_timeout),
     )
     server = Server(
         config,
