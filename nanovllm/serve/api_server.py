@@ -102,6 +102,7 @@ def build_app(
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
         body_timeout=body_timeout,
+        max_model_len=engine.engine.max_model_len,
     )
     app.state.engine = engine
     app.state.serving = serving

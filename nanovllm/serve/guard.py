@@ -18,7 +18,9 @@ the engine). In the order it checks:
                   server's: server.py.)
     2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
                   without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
-                  which (body.py), before FastAPI's parser sees it.
+                  which (body.py), before FastAPI's parser sees it. With `max_model_len`
+                  (the server's, not the proxy's), a large body's prompt of more token ids
+                  than that is a 400 before the request models validate it (body.py).
     0. draining   once the server is shutting down (SIGTERM: server.py), every generation
                   request and event stream is a 503 `server_shutting_down` with
                   `Connection: close`, so a load balancer sends it elsewhere.
@@ -42,7 +44,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from nanovllm.serve.body import BodyError, check_json_body
+from nanovllm.serve.body import BodyError, check_json_body, check_prompt_ids
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -84,6 +86,7 @@ class RequestGuard:
         max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
         state: ServerState | None = None,
         body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+        max_model_len: int | None = None,
     ) -> None:
         if body_timeout <= 0:
             raise ValueError(f"body_timeout must be > 0, got {body_timeout}")
@@ -100,6 +103,7 @@ class RequestGuard:
         self.max_concurrent_requests = max_concurrent_requests
         self.state = state if state is not None else ServerState()
         self.body_timeout = body_timeout
+        self.max_model_len = max_model_len
 
     @property
     def in_flight(self) -> int:
@@ -155,8 +159,17 @@ class RequestGuard:
             if body and path in GENERATION_PATHS:
                 try:
                     check_json_body(_header(scope, b"content-type"), body)
+                    if self.max_model_len is not None:
+                        check_prompt_ids(body, self.max_model_len)
                 except BodyError as exc:
-                    await _error(send, exc.status, exc.message, "invalid_request_error", exc.code)
+                    await _error(
+                        send,
+                        exc.status,
+                        exc.message,
+                        "invalid_request_error",
+                        exc.code,
+                        param=exc.param,
+                    )
                     return
         limit = self.max_concurrent_requests
         counted = path in GENERATION_PATHS
@@ -251,10 +264,11 @@ async def _error(
     type: str,
     code: str,
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> None:
     """An OpenAI-shaped JSON error, written as the two ASGI messages of a response."""
     body = json.dumps(
-        {"error": {"message": message, "type": type, "param": None, "code": code}}
+        {"error": {"message": message, "type": type, "param": param, "code": code}}
     ).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -271,6 +285,7 @@ def guarded_app(
     max_request_body_bytes: int,
     max_concurrent_requests: int,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    max_model_len: int | None = None,
 ) -> FastAPI:
     """A FastAPI app with OpenAI-shaped errors and `RequestGuard` in front of every route: what
     the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from.
@@ -290,5 +305,6 @@ def guarded_app(
         max_concurrent_requests=max_concurrent_requests,
         state=app.state.server_state,
         body_timeout=body_timeout,
+        max_model_len=max_model_len,
     )
     return app

@@ -18,7 +18,9 @@ BIG_TEXT = "hello world, " * 76_924  # 1,000,012 characters
 BIG_IDS = [5] * 400_000
 
 
-def test_a_huge_prompt_is_refused_without_stalling_a_running_stream(server, chat_server):
+def stall_while_big_requests_run(server, chat_server) -> tuple[float, dict[str, httpx.Response]]:
+    """The longest gap between a running stream's chunks while the big requests are sent and
+    answered (from its last chunk before them to its end), and their answers."""
     arrivals: list[float] = []
     done: list[str] = []
 
@@ -53,11 +55,23 @@ def test_a_huge_prompt_is_refused_without_stalling_a_running_stream(server, chat
         end = time.monotonic()
     runner.join(60)
     assert done[-1] == "data: [DONE]"
-    # Every gap from the last chunk before the big requests to the end of the stream.
     times = [t for t in arrivals if t >= max(t for t in arrivals if t < start)]
     worst = max(b - a for a, b in zip(times, times[1:]))
-    assert worst < 0.2, f"a stream waited {worst * 1000:.0f} ms for the big requests"
-    assert arrivals[-1] > end, "the stream ended before the big requests were answered"
+    if arrivals[-1] < end:  # the stream ended first: the gaps do not cover the requests
+        worst = max(worst, end - arrivals[-1])
+    return worst, answers
+
+
+def test_a_huge_prompt_is_refused_without_stalling_a_running_stream(server, chat_server):
+    # A timing on a shared machine: a stall from elsewhere (another process) can hit one try;
+    # the bug stalls every try (for the prompt's whole tokenizing, 0.9 s here).
+    worsts = []
+    for _ in range(3):
+        worst, answers = stall_while_big_requests_run(server, chat_server)
+        worsts.append(worst)
+        if worst < 0.2:
+            break
+    assert min(worsts) < 0.2, f"a stream waited {[round(w * 1000) for w in worsts]} ms"
     for what, size in (("text", "1000012 characters"), ("ids", "prompt of 400000 tokens")):
         response = answers[what]
         assert response.status_code == 400, (what, response.text)
