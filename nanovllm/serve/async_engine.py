@@ -29,6 +29,8 @@ are freed), and the loop goes on serving new requests. A tensor-parallel rank th
 different: the engine can never step again, so the thread stops and every request, in flight or
 new, fails with `EngineDeadError` (the server's 503 `engine_unavailable`). The worker group's
 monitor notices a death at once, so `is_alive` turns false even while the engine is idle.
+`fail_requests(error)` ends every request in flight with `error` and keeps the engine serving:
+a draining server's last word to the streams its window could not finish (server.py).
 """
 
 from __future__ import annotations
