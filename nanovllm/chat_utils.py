@@ -81,13 +81,39 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> TokensPrompt:
     """The conversation as a prompt: its text and its token ids (special tokens not re-added)."""
+    text = render_chat_text(
+        tokenizer,
+        messages,
+        chat_template,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return TokensPrompt(
+        prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False)
+    )
+
+
+def render_chat_text(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    chat_template: str,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The conversation's prompt text (`render_chat` without the tokenizing: the server measures
+    the text before it tokenizes it)."""
     if add_generation_prompt and continue_final_message:
         raise ValueError(
             "continue_final_message and add_generation_prompt cannot both be true: "
             "continue the last message, or start the assistant's reply"
         )
     try:
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             normalize_messages(messages),
             chat_template=chat_template,
             tools=tools,
@@ -100,6 +126,3 @@ def render_chat(
         raise
     except Exception as exc:  # noqa: BLE001 - a template may raise anything on a conversation
         raise ValueError(f"the chat template cannot render these messages: {exc}") from exc
-    return TokensPrompt(
-        prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False)
-    )

@@ -355,6 +355,30 @@ PLANTED_BUGS = [
         "After a rank dies no step can run: 503 engine_unavailable, not a 500 per request.",
     ),
     PlantedBug(
+        "proxy-waits-on-a-prefill-that-fails-its-health",
+        "nanovllm/serve/disagg_proxy.py",
+        (
+            (
+                "        if self.prefill_down is not None:\n",
+                "        if False:\n",
+            ),
+        ),
+        ("tests/serve/test_disagg_proxy.py", "-k", "hung or resumes"),
+        "A stopped prefill answers nothing: every request would wait the whole prefill timeout.",
+    ),
+    PlantedBug(
+        "drain-leaves-cut-streams-without-an-error-chunk",
+        "nanovllm/serve/server.py",
+        (
+            (
+                "            if self.engine is not None and self.engine_dead is None:\n",
+                "            if False:\n",
+            ),
+        ),
+        ("tests/serve/test_serve_drain.py",),
+        "A stream the drain window cuts must end with an error chunk and [DONE], not a break.",
+    ),
+    PlantedBug(
         "cpu-kernel-sees-one-key-too-many",
         "kernels/cpu_paged_attention_numba.py",
         (

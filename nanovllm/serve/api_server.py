@@ -3,7 +3,8 @@
     POST /v1/completions        text completion, `stream` true or false
     POST /v1/chat/completions   chat, through the tokenizer's chat template
     GET  /v1/models             the one model served
-    GET  /health                200 while the engine runs, else 503 naming why (a dead rank...)
+    GET  /health                200 while the engine runs, else 503 naming why (a dead rank,
+                                a server draining after SIGTERM...)
     GET  /metrics               Prometheus' format, vLLM's metric names (see metrics.py)
     GET  /v1/events, /events    the engine's events as SSE (see event_stream.py)
     GET  /docs, /openapi.json   FastAPI's documentation of all of the above
@@ -30,6 +31,7 @@ from nanovllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from nanovllm.serve.errors import APIError, ErrorResponse
 from nanovllm.serve.event_stream import event_sse
 from nanovllm.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     guarded_app,
@@ -43,7 +45,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (with --api-key)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
-    503: {"model": ErrorResponse, "description": "The engine is not running"},
+    503: {
+        "model": ErrorResponse,
+        "description": "The engine is not running, or the server is shutting down",
+    },
 }
 _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
@@ -66,15 +71,20 @@ def build_app(
     api_key: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    max_prompt_chars: int | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
-    `max_request_body_bytes` and `max_concurrent_requests` (None: no limit) are the guard's."""
+    `max_request_body_bytes`, `max_concurrent_requests` (None: no limit) and `body_timeout`
+    are the guard's;
+    `max_prompt_chars` (None: derived from max_model_len, serving.py) refuses longer text
+    prompts before they are tokenized."""
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
         tokenizer = load_tokenizer(engine.engine.model_path)  # our own: see serving.py
     model_name = served_model_name or engine.model_name
-    serving = OpenAIServing(engine, tokenizer, model_name, chat_template)
+    serving = OpenAIServing(engine, tokenizer, model_name, chat_template, max_prompt_chars)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
 
@@ -82,6 +92,7 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         metrics.close()  # the engine may outlive this app: stop feeding its histograms
+        serving.close()
 
     app = guarded_app(
         "nanovllm",
@@ -90,6 +101,8 @@ def build_app(
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+        body_timeout=body_timeout,
+        max_model_len=engine.engine.max_model_len,
     )
     app.state.engine = engine
     app.state.serving = serving
@@ -124,6 +137,10 @@ def build_app(
 
     @app.get("/health", responses=_ERRORS)
     async def health() -> JSONResponse:
+        if app.state.server_state.draining:
+            raise APIError(
+                "the server is shutting down", status_code=503, code="server_shutting_down"
+            )
         reason = engine.dead_reason()
         if reason is not None:
             raise APIError(reason, status_code=503, code="engine_unavailable")

@@ -29,6 +29,8 @@ are freed), and the loop goes on serving new requests. A tensor-parallel rank th
 different: the engine can never step again, so the thread stops and every request, in flight or
 new, fails with `EngineDeadError` (the server's 503 `engine_unavailable`). The worker group's
 monitor notices a death at once, so `is_alive` turns false even while the engine is idle.
+`fail_requests(error)` ends every request in flight with `error` and keeps the engine serving:
+a draining server's last word to the streams its window could not finish (server.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class EngineError(RuntimeError):
 
 class EngineDeadError(EngineError):
     """The engine thread has stopped; no request can be served."""
+
+
+class ServerShutdownError(EngineError):
+    """The server is shutting down and cut the request before it finished (`fail_requests`)."""
 
 
 @dataclass(frozen=True)
@@ -204,12 +210,16 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     arrival: float  # time.monotonic() when add_request was called
-    check: Callable[[int], None] | None = None  # called with the prompt's token count
 
 
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _FailAll:
+    error: BaseException
 
 
 @dataclass
@@ -299,14 +309,13 @@ class AsyncLLMEngine:
         request_id: str,
         prompt: Prompt,
         params: SamplingParams,
-        check: Callable[[int], None] | None = None,
     ) -> RequestStream:
         """Queue a request; returns once the engine has accepted it.
 
-        `check(num_prompt_tokens)`, if given, runs on the engine thread once the prompt is
-        tokenized and before the engine takes the request; what it raises refuses the request
-        (the server's context-length rule, serving.py). Raises that, the engine's `ValueError`
-        (naming the bad value) if it was refused, or `EngineDeadError` if the engine is gone.
+        A prompt given as text is tokenized on the engine thread, holding up every step: the
+        server (serving.py) hands token ids only, tokenized on its own thread. Raises the
+        engine's `ValueError` (naming the bad value) if it was refused, or `EngineDeadError` if
+        the engine is gone.
         """
         arrival = time.monotonic()
         loop = asyncio.get_running_loop()
@@ -314,7 +323,7 @@ class AsyncLLMEngine:
         accepted = loop.create_future()
         with self._door:
             self._check_alive()
-            self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival, check))
+            self._send(_Add(request_id, prompt, params, stream, loop, accepted, arrival))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -340,6 +349,11 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         """Abort a request (thread-safe, idempotent); its blocks are freed before the next step."""
         self._send(_Abort(request_id))
+
+    def fail_requests(self, error: BaseException) -> None:
+        """Abort every request in flight (thread-safe): each stream gets `error`, its blocks are
+        freed. The engine goes on serving new requests. (A draining server's last word.)"""
+        self._send(_FailAll(error))
 
     def subscribe_events(self) -> EventStream:
         """Start receiving engine events; the first is `EngineStarted`. `close()` to stop."""
@@ -459,13 +473,7 @@ class AsyncLLMEngine:
         engine = self.engine
         if isinstance(command, _Add):
             try:
-                prompt = command.prompt
-                if command.check is not None:
-                    # Tokenized here once; the engine takes the token ids as they are.
-                    text, token_ids = engine.input_processor.tokenize(prompt)
-                    command.check(len(token_ids))
-                    prompt = {"prompt": text, "prompt_token_ids": token_ids}
-                request = engine.add_request(command.request_id, prompt, command.params)
+                request = engine.add_request(command.request_id, command.prompt, command.params)
             except Exception as exc:  # noqa: BLE001 - the caller decides what it means
                 self._call(command.loop, _resolve, command.accepted, exc)
                 return False
@@ -491,6 +499,8 @@ class AsyncLLMEngine:
                 return False
             self._finished["abort"] += 1
             return True  # the abort output waits in the engine until the next step
+        elif isinstance(command, _FailAll):
+            self._fail_streams(command.error)
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
             sink.unsubscribe = engine.subscribe(sink.buffer.append)

@@ -37,11 +37,44 @@ MAX_JSON_DEPTH = 128
 class BodyError(ValueError):
     """A body refused before parsing: the HTTP status, OpenAI's `code`, the message."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.param = param
+
+
+# Bodies under this size are left to the request models: validating them costs little.
+LARGE_BODY_BYTES = 64 * 2**10
+
+
+def check_prompt_ids(body: bytes, max_model_len: int) -> None:
+    """Raise `BodyError` (400 `context_length_exceeded`) when a large body's `prompt` is a list of
+    more token ids than `max_model_len`, before the request models validate it.
+
+    Validating 400,000 ids took the models 110 ms of the event loop (every stream waits for
+    it); parsing the JSON alone, here, 40 ms. Small bodies are not parsed twice.
+    """
+    if len(body) <= LARGE_BODY_BYTES:
+        return
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return  # the request models word the error
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and len(prompt) > max_model_len:
+        raise BodyError(
+            400,
+            "context_length_exceeded",
+            f"prompt of {len(prompt)} tokens does not fit max_model_len={max_model_len} "
+            "(refused before any other check)",
+            "prompt",
+        )
 
 
 def check_json_body(content_type: str | None, body: bytes) -> None:

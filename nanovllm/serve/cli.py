@@ -23,9 +23,17 @@ import os
 import sys
 from pathlib import Path
 
-from nanovllm.serve.guard import DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_REQUEST_BODY_BYTES
+from nanovllm.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+)
 
 API_KEY_ENV = "NANOVLLM_API_KEY"
+KEEP_ALIVE_ENV = "NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
+# = server.py's defaults (not imported: `nanovllm serve --help` loads no web stack)
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -67,6 +75,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="generation requests in flight at once; one more gets a 429 (0: no limit; "
         "default: %(default)s)",
     )
+    g.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="text prompts longer than this are a 400 before they are tokenized (default: "
+        "max_model_len x twice the longest token's text, a length that cannot fit)",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="seconds a request's headers may take to arrive; a slower client gets a 408 and "
+        "its connection is closed (default: %(default)s)",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="seconds a request's whole body may take to arrive, else a 408 and the connection "
+        "is closed (default: %(default)s)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM, seconds the running requests get to finish while /health answers "
+        "503 and new requests are refused; then the rest are cut with an error chunk and the "
+        "process exits 0 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--keep-alive-on-engine-death",
+        action="store_true",
+        default=None,
+        help="when the engine dies (a tensor-parallel rank died), keep serving 503s instead of "
+        f"exiting with status 1 for a supervisor to restart (default: ${KEEP_ALIVE_ENV}=1, "
+        "else exit)",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d = parser.add_argument_group(
         "disaggregated prefill and decode (no model: see disagg_proxy.py)"
@@ -78,6 +123,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--prefill", metavar="URL", help="with --disagg-proxy: the prefill server")
     d.add_argument("--decode", metavar="URL", help="with --disagg-proxy: the decode server")
+    d.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --disagg-proxy: the longest wait for a prefill answer; past it, decode "
+        "computes the prompt itself (default: %(default)s)",
+    )
+    d.add_argument(
+        "--health-check-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="with --disagg-proxy: how often the prefill server's /health is polled (each poll "
+        "bounded by it); while it fails, requests skip prefill (default: %(default)s)",
+    )
     from nanovllm.engine.generate_cli import add_engine_arguments
 
     add_engine_arguments(parser)
@@ -138,17 +199,36 @@ def server_options(args: argparse.Namespace) -> dict:
             f"--max-concurrent-requests must be >= 0 (0: no limit), got "
             f"{args.max_concurrent_requests}"
         )
+    if args.body_timeout <= 0:
+        raise ValueError(f"--body-timeout must be > 0, got {args.body_timeout:g}")
     return dict(
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_request_body_bytes=args.max_request_body_bytes,
         max_concurrent_requests=args.max_concurrent_requests or None,
+        body_timeout=args.body_timeout,
     )
+
+
+def serve_options(args: argparse.Namespace, proxy: bool = False) -> dict:
+    """`server.serve`'s arguments from the flags (and $NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout:g}")
+    if args.header_timeout <= 0:
+        raise ValueError(f"--header-timeout must be > 0, got {args.header_timeout:g}")
+    options: dict = dict(shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout)
+    if not proxy:
+        keep = args.keep_alive_on_engine_death
+        if keep is None:
+            keep = os.environ.get(KEEP_ALIVE_ENV, "0").strip().lower() in ("1", "true", "yes")
+        options["keep_alive_on_engine_death"] = keep
+    return options
 
 
 # The flags a proxy takes; any other flag it is given (an engine's) would do nothing.
 PROXY_FLAGS = frozenset(
     {"disagg_proxy", "prefill", "decode", "host", "port", "api_key", "log_level"}
-    | {"max_request_body_bytes", "max_concurrent_requests"}
+    | {"max_request_body_bytes", "max_concurrent_requests", "shutdown_timeout"}
+    | {"header_timeout", "body_timeout", "prefill_timeout", "health_check_interval"}
 )
 
 
@@ -172,7 +252,13 @@ def proxy_options(args: argparse.Namespace) -> dict:
                 f"{flag} is a model server's flag: --disagg-proxy loads no model (give it to "
                 "the prefill and decode servers)"
             )
-    return dict(prefill_url=args.prefill, decode_url=args.decode, **server_options(args))
+    return dict(
+        prefill_url=args.prefill,
+        decode_url=args.decode,
+        prefill_timeout_s=args.prefill_timeout,
+        health_check_interval_s=args.health_check_interval,
+        **server_options(args),
+    )
 
 
 def warn_if_open(host: str, api_key: str | None, what: str) -> None:
@@ -193,6 +279,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     try:
         options = proxy_options(args)
+        run_options = serve_options(args, proxy=True)
         app = build_proxy_app(**options)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -207,8 +294,7 @@ def run_proxy(args: argparse.Namespace) -> int:
         f"{options['prefill_url']}, decode: {options['decode_url']})",
         file=sys.stderr,
     )
-    serve(app, args.host, args.port, log_level=args.log_level)
-    return 0
+    return serve(app, args.host, args.port, log_level=args.log_level, **run_options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         guard = server_options(args)
+        run_options = serve_options(args)
+        if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
+            raise ValueError(f"--max-prompt-chars must be >= 1, got {args.max_prompt_chars}")
         engine = LLMEngine(EngineConfig(**engine_config_options(args)))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -244,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             async_engine,
             served_model_name=args.served_model_name,
             chat_template=chat_template,
+            max_prompt_chars=args.max_prompt_chars,
             **guard,
         )
         print(
@@ -257,7 +347,9 @@ def run(args: argparse.Namespace) -> int:
         # while serving walked them all, and no stream got a token meanwhile (bench README).
         gc.collect()
         gc.freeze()
-        serve(app, args.host, args.port, log_level=args.log_level)
+        code = serve(app, args.host, args.port, log_level=args.log_level, **run_options)
     finally:
         async_engine.shutdown()
-    return 0
+    if code != 0:
+        print(f"nanovllm: the engine died; exiting with status {code}", file=sys.stderr)
+    return code

@@ -16,10 +16,19 @@ When a part is missing, the client still gets its answer:
 
     prefill answers 4xx          that answer, unchanged: the request is the client's mistake
     prefill down, 5xx, timeout   decode without kv_transfer_params: it computes the prompt itself
+    prefill fails its /health    prefill is skipped: decode computes the prompt at once
     decode unreachable           the original body to prefill, an ordinary request (a whole engine)
     both unreachable             502, naming both addresses
     decode breaks mid-stream     the client's response is cut as well (no final chunk), so it
                                  sees the break instead of waiting
+
+A stopped or hung prefill server (SIGSTOP, a stuck step) answers nothing at all, so two bounds
+keep it from holding requests: the wait for a prefill answer (`prefill_timeout_s`,
+`--prefill-timeout`, 10 s by default), and a watcher that polls the prefill server's `/health`
+every `health_check_interval_s` (`--health-check-interval`), each poll bounded by the interval
+itself: while the last poll failed, requests skip prefill. So a prefill server that stops costs
+a request at most the health-check interval plus the prefill timeout, and once the watcher has
+seen it, nothing; when its `/health` answers 200 again, prefill is used again.
 
 A client that disconnects has its upstream requests closed at once, and nanovllm's server aborts
 a request whose client has gone: no engine keeps generating for nobody. The proxy's door is
@@ -49,6 +58,7 @@ from starlette.types import Receive, Scope, Send
 
 from nanovllm.serve.errors import error_body, error_type
 from nanovllm.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     guarded_app,
@@ -57,8 +67,9 @@ from nanovllm.serve.guard import (
 logger = logging.getLogger("nanovllm.serve")
 
 CONNECT_TIMEOUT_S = 10.0
-PREFILL_TIMEOUT_S = 300.0  # the whole prefill request; past it, decode computes the prompt
+PREFILL_TIMEOUT_S = 10.0  # the whole prefill request; past it, decode computes the prompt
 HEALTH_TIMEOUT_S = 5.0
+HEALTH_CHECK_INTERVAL_S = 2.0  # how often the prefill server's /health is polled
 # Fields the prefill request drops: they shape the output, which the proxy discards, and
 # min_tokens > 1 would be refused next to max_tokens=1.
 PREFILL_DROPPED = (
@@ -187,11 +198,50 @@ class DisaggProxy:
     """The routes' work: one `httpx.AsyncClient` (opened by the app's lifespan) and the two
     upstream base URLs."""
 
-    def __init__(self, prefill_url: str, decode_url: str, prefill_timeout_s: float) -> None:
+    def __init__(
+        self,
+        prefill_url: str,
+        decode_url: str,
+        prefill_timeout_s: float,
+        health_check_interval_s: float = HEALTH_CHECK_INTERVAL_S,
+    ) -> None:
         self.prefill_url = prefill_url.rstrip("/")
         self.decode_url = decode_url.rstrip("/")
         self.prefill_timeout_s = prefill_timeout_s
+        self.health_check_interval_s = health_check_interval_s
         self.client: httpx.AsyncClient | None = None
+        # The watcher's last word on the prefill server: None while it answers /health with a
+        # 200, else why not. Requests skip prefill while it is set.
+        self.prefill_down: str | None = None
+        self._watcher: asyncio.Task | None = None
+
+    async def watch_prefill(self) -> None:
+        """Poll the prefill server's /health for as long as the proxy runs (its own task)."""
+        assert self.client is not None
+        interval = self.health_check_interval_s
+        while True:
+            started = asyncio.get_running_loop().time()
+            try:
+                answer = await self.client.get(self.prefill_url + "/health", timeout=interval)
+                down = None if answer.status_code == 200 else f"/health: HTTP {answer.status_code}"
+            except httpx.TimeoutException:
+                down = f"/health did not answer within {interval:g} s"
+            except httpx.TransportError as exc:
+                down = f"/health unreachable: {exc!r}"
+            if down != self.prefill_down:
+                if down is None:
+                    logger.warning(
+                        "prefill at %s is healthy again: prefill resumes", self.prefill_url
+                    )
+                else:
+                    logger.warning(
+                        "prefill at %s is down (%s): decode computes prompts until it is back",
+                        self.prefill_url,
+                        down,
+                    )
+            self.prefill_down = down
+            elapsed = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(max(interval - elapsed, 0.0))
 
     def open(self) -> None:
         self.client = httpx.AsyncClient(
@@ -202,7 +252,13 @@ class DisaggProxy:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
 
+    def start_watching(self) -> None:
+        self._watcher = asyncio.ensure_future(self.watch_prefill())
+
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
 
@@ -228,7 +284,10 @@ class DisaggProxy:
     ) -> Response:
         assert self.client is not None
         transfer_id: str | None = uuid.uuid4().hex
-        failure = await self._prefill(path, prefill_body(body, transfer_id), headers)
+        if self.prefill_down is not None:
+            failure: Response | str | None = f"skipped: {self.prefill_down}"
+        else:
+            failure = await self._prefill(path, prefill_body(body, transfer_id), headers)
         if isinstance(failure, Response):
             return failure  # the client's own mistake, as the prefill server worded it
         if failure is not None:
@@ -348,19 +407,30 @@ def build_proxy_app(
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
     prefill_timeout_s: float = PREFILL_TIMEOUT_S,
+    health_check_interval_s: float = HEALTH_CHECK_INTERVAL_S,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The proxy's app, in front of two running `nanovllm serve` base URLs (http://HOST:PORT).
-    `api_key`, `max_request_body_bytes` and `max_concurrent_requests` are the guard's."""
+    `api_key`, `max_request_body_bytes`, `max_concurrent_requests` and `body_timeout` are the
+    guard's; `prefill_timeout_s` bounds the wait for a prefill answer, and the prefill server's
+    /health is polled every `health_check_interval_s` (module docstring)."""
+    for name, value in (
+        ("prefill_timeout_s", prefill_timeout_s),
+        ("health_check_interval_s", health_check_interval_s),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
     for name, url in (("prefill", prefill_url), ("decode", decode_url)):
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"the {name} address must be http://HOST:PORT, got {url!r}")
-    proxy = DisaggProxy(prefill_url, decode_url, prefill_timeout_s)
+    proxy = DisaggProxy(prefill_url, decode_url, prefill_timeout_s, health_check_interval_s)
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         proxy.open()
+        proxy.start_watching()
         try:
             yield
         finally:
@@ -373,6 +443,7 @@ def build_proxy_app(
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+        body_timeout=body_timeout,
     )
     app.state.proxy = proxy
 
@@ -403,6 +474,8 @@ def build_proxy_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if app.state.server_state.draining:
+            return _error(503, "the proxy is shutting down", "server_shutting_down")
         return await proxy.health()
 
     @app.get("/prefill/{path:path}")

@@ -12,10 +12,18 @@ the engine). In the order it checks:
     2. body size  a request body over `max_request_body_bytes` is a 413: refused by its
                   Content-Length before any of it is read, or, for a chunked body, as soon as
                   the bytes read pass the limit. Bodies under it are buffered here and replayed
-                  to the handler.
+                  to the handler. The whole body must arrive within `body_timeout` seconds
+                  (`--body-timeout`), else a 408 and the connection is closed: a client sending
+                  a byte a second holds no connection for long. (The headers' bound is the
+                  server's: server.py.)
     2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
                   without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
-                  which (body.py), before FastAPI's parser sees it.
+                  which (body.py), before FastAPI's parser sees it. With `max_model_len`
+                  (the server's, not the proxy's), a large body's prompt of more token ids
+                  than that is a 400 before the request models validate it (body.py).
+    0. draining   once the server is shutting down (SIGTERM: server.py), every generation
+                  request and event stream is a 503 `server_shutting_down` with
+                  `Connection: close`, so a load balancer sends it elsewhere.
     3. in flight  at most `max_concurrent_requests` generation requests (/v1/completions,
                   /v1/chat/completions) at once, counted from arrival until the response has
                   been sent in full (a stream: until its last chunk); one more is a 429 with
@@ -30,12 +38,13 @@ messages), so `nanovllm serve --help` can read its defaults without loading the 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from nanovllm.serve.body import BodyError, check_json_body
+from nanovllm.serve.body import BodyError, check_json_body, check_prompt_ids
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -48,7 +57,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 2**20  # 2 MiB: a 128k-token prompt as text or as ids fits
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+DEFAULT_BODY_TIMEOUT_S = 60.0  # nginx's client_body_timeout; 2 MiB in it needs 35 KB/s
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+EVENT_PATHS = frozenset({"/v1/events", "/events"})
+
+
+class ServerState:
+    """What the guard, `/health` and the server's own loop (server.py) share: whether the server
+    is draining, and how many generation requests are in flight (their responses not yet sent
+    in full). Only the event loop thread changes it."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
 
 
 def needs_api_key(path: str) -> bool:
@@ -63,7 +84,12 @@ class RequestGuard:
         api_key: str | None = None,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
+        state: ServerState | None = None,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+        max_model_len: int | None = None,
     ) -> None:
+        if body_timeout <= 0:
+            raise ValueError(f"body_timeout must be > 0, got {body_timeout}")
         if max_request_body_bytes < 1:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
         if max_concurrent_requests is not None and max_concurrent_requests < 1:
@@ -75,13 +101,29 @@ class RequestGuard:
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self.max_request_body_bytes = max_request_body_bytes
         self.max_concurrent_requests = max_concurrent_requests
-        self.in_flight = 0  # only the event loop thread touches it: no lock needed
+        self.state = state if state is not None else ServerState()
+        self.body_timeout = body_timeout
+        self.max_model_len = max_model_len
+
+    @property
+    def in_flight(self) -> int:
+        return self.state.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        if self.state.draining and (path in GENERATION_PATHS or path in EVENT_PATHS):
+            await _error(
+                send,
+                503,
+                "the server is shutting down: send the request to another server",
+                "server_error",
+                "server_shutting_down",
+                {"Connection": "close", "Retry-After": "1"},
+            )
+            return
         if self._expected is not None and needs_api_key(path) and not self._authorized(scope):
             await _error(
                 send,
@@ -97,7 +139,19 @@ class RequestGuard:
             await self._too_large(send)
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
-            body = await self._read_body(receive)
+            try:
+                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+            except asyncio.TimeoutError:
+                await _error(
+                    send,
+                    408,
+                    f"the request body did not arrive within {self.body_timeout:g} s "
+                    "(--body-timeout)",
+                    "invalid_request_error",
+                    "request_timeout",
+                    {"Connection": "close"},  # the rest of the body is not read
+                )
+                return
             if body is None:
                 await self._too_large(send)
                 return
@@ -105,8 +159,17 @@ class RequestGuard:
             if body and path in GENERATION_PATHS:
                 try:
                     check_json_body(_header(scope, b"content-type"), body)
+                    if self.max_model_len is not None:
+                        check_prompt_ids(body, self.max_model_len)
                 except BodyError as exc:
-                    await _error(send, exc.status, exc.message, "invalid_request_error", exc.code)
+                    await _error(
+                        send,
+                        exc.status,
+                        exc.message,
+                        "invalid_request_error",
+                        exc.code,
+                        param=exc.param,
+                    )
                     return
         limit = self.max_concurrent_requests
         counted = path in GENERATION_PATHS
@@ -122,12 +185,12 @@ class RequestGuard:
             )
             return
         if counted:
-            self.in_flight += 1
+            self.state.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             if counted:
-                self.in_flight -= 1
+                self.state.in_flight -= 1
 
     def _authorized(self, scope: Scope) -> bool:
         assert self._expected is not None
@@ -201,10 +264,11 @@ async def _error(
     type: str,
     code: str,
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> None:
     """An OpenAI-shaped JSON error, written as the two ASGI messages of a response."""
     body = json.dumps(
-        {"error": {"message": message, "type": type, "param": None, "code": code}}
+        {"error": {"message": message, "type": type, "param": param, "code": code}}
     ).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -220,9 +284,12 @@ def guarded_app(
     api_key: str | None,
     max_request_body_bytes: int,
     max_concurrent_requests: int,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    max_model_len: int | None = None,
 ) -> FastAPI:
     """A FastAPI app with OpenAI-shaped errors and `RequestGuard` in front of every route: what
-    the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from."""
+    the server (`api_server.py`) and the disaggregated proxy (`disagg_proxy.py`) start from.
+    `app.state.server_state` is the guard's `ServerState` (server.py drains through it)."""
     from fastapi import FastAPI  # (here: `nanovllm serve --help` reads this module's defaults)
 
     from nanovllm import __version__
@@ -230,10 +297,14 @@ def guarded_app(
 
     app = FastAPI(title=title, version=__version__, description=description, lifespan=lifespan)
     install_error_handlers(app)
+    app.state.server_state = ServerState()
     app.add_middleware(
         RequestGuard,
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+        state=app.state.server_state,
+        body_timeout=body_timeout,
+        max_model_len=max_model_len,
     )
     return app

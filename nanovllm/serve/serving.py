@@ -25,6 +25,12 @@ catches up in one write instead of one per token.
 Chat messages become a prompt through `nanovllm/chat_utils.py`, as in `LLM.chat`. Tokenizer use
 on this side (chat templates, logprob token strings, echo) goes through the server's own
 tokenizer instance: the engine's belongs to the engine thread.
+
+No request's size can stall the others. Every prompt is measured here, in the handler, before
+any heavy work: text longer than `max_prompt_chars` characters, or more token ids than
+`max_model_len`, cannot fit the context and is a 400 naming its size at once. Text under the
+limit is tokenized on a tokenizer thread (as vLLM's server does), never on the engine thread,
+which only ever receives token ids: a step is never held up by someone else's tokenization.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from nanovllm.chat_utils import render_chat, resolve_chat_template
+from nanovllm.chat_utils import render_chat_text, resolve_chat_template
 from nanovllm.engine.llm_engine import Prompt
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.sampling_params import SamplingParams
@@ -48,6 +55,7 @@ from nanovllm.serve.async_engine import (
     EngineDeadError,
     EngineError,
     RequestStream,
+    ServerShutdownError,
 )
 from nanovllm.serve.errors import APIError, error_body, param_from_message
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -61,11 +69,24 @@ class OpenAIServing:
         tokenizer: Any,
         model_name: str,
         chat_template: str | None = None,
+        max_prompt_chars: int | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.chat_template = chat_template  # None: the tokenizer's own (chat_utils.py)
+        self.max_model_len = engine.engine.max_model_len
+        if max_prompt_chars is None:
+            max_prompt_chars = self.max_model_len * max_chars_per_token(tokenizer)
+        if max_prompt_chars < 1:
+            raise ValueError(f"max_prompt_chars must be >= 1, got {max_prompt_chars}")
+        self.max_prompt_chars = max_prompt_chars
+        # One thread, as vLLM's server has: tokenizing releases the GIL, so it runs beside the
+        # event loop and the engine thread; requests queue for it in arrival order.
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenizer")
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     # --- /v1/completions ------------------------------------------------------------------------
 
@@ -149,7 +170,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
         params = body.to_sampling_params()
-        prompt = self._chat_prompt(body)
+        prompt = await self._chat_prompt(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         stream = await self._add(request_id, prompt, params, "messages", max_tokens_param)
@@ -185,7 +206,9 @@ class OpenAIServing:
             }
         )
 
-    def _chat_prompt(self, body: ChatCompletionRequest) -> Prompt:
+    async def _chat_prompt(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        """The conversation's text and token ids, rendered and tokenized on the tokenizer
+        thread (the text is measured first: `_check_chars`)."""
         try:
             template = resolve_chat_template(
                 self.tokenizer,
@@ -195,15 +218,22 @@ class OpenAIServing:
             )
         except ValueError as exc:
             raise APIError(str(exc), param="messages", code="chat_template_missing") from exc
-        try:
-            return render_chat(
-                self.tokenizer,
-                body.template_messages(),
-                template,
-                add_generation_prompt=body.add_generation_prompt,
-            )
-        except ValueError as exc:
-            raise APIError(f"messages: {exc}", param="messages") from exc
+
+        def render() -> dict[str, Any]:  # on the tokenizer thread
+            try:
+                text = render_chat_text(
+                    self.tokenizer,
+                    body.template_messages(),
+                    template,
+                    add_generation_prompt=body.add_generation_prompt,
+                )
+            except ValueError as exc:
+                raise APIError(f"messages: {exc}", param="messages") from exc
+            self._check_chars(text, "messages")
+            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            return {"prompt": text, "prompt_token_ids": list(token_ids)}
+
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, render)
 
     async def _chat_chunks(
         self, stream: RequestStream, body: ChatCompletionRequest, created: int
@@ -273,16 +303,21 @@ class OpenAIServing:
         prompt_param: str,
         max_tokens_param: str,
     ) -> RequestStream:
-        max_model_len = self.engine.engine.max_model_len
-        check = context_length_check(params.max_tokens, max_model_len, max_tokens_param)
+        text, token_ids = await self._tokenize(prompt, prompt_param)
+        check = context_length_check(params.max_tokens, self.max_model_len, max_tokens_param)
+        if check is not None:
+            check(len(token_ids))
         kv_params = (params.extra_args or {}).get("kv_transfer_params")
         connector = self.engine.engine.kv_connector
         if kv_params and connector is not None:
             # Disaggregated decode: the prompt's KV is on its way from a producer engine; the
             # request waits here, holding no KV block, until it arrived (or did not in time).
             await connector.await_remote_kv(kv_params)
+        engine_prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
+        if text is not None:
+            engine_prompt["prompt"] = text
         try:
-            return await self.engine.add_request(request_id, prompt, params, check)
+            return await self.engine.add_request(request_id, engine_prompt, params)
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
         except ValueError as exc:
@@ -292,6 +327,37 @@ class OpenAIServing:
             if message.startswith("structured_outputs"):  # a constraint that does not compile
                 param = "response_format"
             raise APIError(message, param=param) from exc
+
+    async def _tokenize(self, prompt: Prompt, param: str) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt; a 400 naming its size, before any heavy work, when it
+        cannot fit the context whatever its tokens. (A chat's prompt comes tokenized.)"""
+        if isinstance(prompt, str):
+            self._check_chars(prompt, param)
+            loop = asyncio.get_running_loop()
+            token_ids = await loop.run_in_executor(
+                self._tokenizer_thread, self.tokenizer.encode, prompt
+            )
+            return prompt, list(token_ids)
+        text = prompt.get("prompt") if isinstance(prompt, dict) else None
+        token_ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+        if len(token_ids) > self.max_model_len:
+            raise APIError(
+                f"prompt of {len(token_ids)} tokens does not fit max_model_len="
+                f"{self.max_model_len} (refused before any other check)",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return text, list(token_ids)
+
+    def _check_chars(self, text: str, param: str) -> None:
+        if len(text) > self.max_prompt_chars:
+            raise APIError(
+                f"the prompt is {len(text)} characters long, over this server's limit of "
+                f"{self.max_prompt_chars} characters (--max-prompt-chars): it cannot fit "
+                f"the model's maximum context length of {self.max_model_len} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     async def _collect(self, stream: RequestStream, raw: Request) -> RequestOutput:
         """The finished output; aborts the request if the client disconnects first."""
@@ -320,6 +386,8 @@ class OpenAIServing:
             return consumer.result()
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
+        except ServerShutdownError as exc:
+            raise APIError(str(exc), status_code=503, code="server_shutting_down") from exc
         except EngineError as exc:
             raise APIError(str(exc), status_code=500, code="engine_error") from exc
 
@@ -383,9 +451,9 @@ def context_length_check(
     max_tokens: int | None, max_model_len: int, param: str
 ) -> Callable[[int], None] | None:
     """vLLM's server rule: prompt + max_tokens must fit max_model_len, else a 400 naming both
-    (OpenAI's code `context_length_exceeded`). The check runs once the prompt is tokenized, on
-    the engine thread (`AsyncLLMEngine.add_request`). None when there is nothing to check: no
-    max_tokens means the rest of the context."""
+    (OpenAI's code `context_length_exceeded`). The check runs once the prompt is tokenized, in
+    the handler (`OpenAIServing._add`). None when there is nothing to check: no max_tokens
+    means the rest of the context."""
     if max_tokens is None:
         return None
 
@@ -404,8 +472,31 @@ def context_length_check(
     return check
 
 
+def max_chars_per_token(tokenizer: Any) -> int:
+    """A generous bound on the characters one token stands for: twice its longest token's text.
+
+    A byte-level BPE token's text has one character per byte, and a character is at least one
+    byte, so no prompt has more characters than its tokens' texts (SentencePiece's `▁` is one
+    character for one space). Twice that leaves room for a normalizer that drops or merges
+    characters. A prompt longer than max_model_len times this cannot fit the context.
+    """
+    longest = max(
+        (
+            len(t)
+            for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+            if isinstance(t, str)
+        ),
+        default=1,
+    )
+    return 2 * max(longest, 1)
+
+
 def _engine_error_code(exc: EngineError) -> str:
-    return "engine_unavailable" if isinstance(exc, EngineDeadError) else "engine_error"
+    if isinstance(exc, EngineDeadError):
+        return "engine_unavailable"
+    if isinstance(exc, ServerShutdownError):
+        return "server_shutting_down"
+    return "engine_error"
 
 
 def _merge(

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+
+import httpx
 
 from nanovllm import SamplingParams
 from nanovllm.serve.async_engine import AsyncLLMEngine
@@ -43,3 +50,53 @@ def wait_idle(engine: AsyncLLMEngine, timeout: float = 30.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"engine not idle after {timeout} s: {engine.stats}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_serve_process(
+    model: Path, *flags: str, timeout: float = 180.0
+) -> tuple[subprocess.Popen, str]:
+    """`nanovllm serve MODEL FLAGS` as a child process on a free loopback port; returns once its
+    /health answers 200. The caller ends it (`stop_process`)."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")  # not a pipe: a full pipe would block the server
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nanovllm", "serve", str(model), "--port", str(port), *flags],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    process.log = log  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}: {output(process)}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            stop_process(process)
+            raise AssertionError(f"the server did not start: {output(process)}")
+        time.sleep(0.2)
+
+
+def output(process: subprocess.Popen) -> str:
+    """What the child has printed so far (the last 3,000 characters)."""
+    log = process.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()[-3000:]
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait(30)

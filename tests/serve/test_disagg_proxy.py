@@ -383,6 +383,59 @@ def test_a_failed_prefill_leaves_decode_to_compute_the_prompt(prefill, decode, f
         wait_for(prefill[0].gone.is_set, "the timed-out prefill request to be closed")
 
 
+def test_a_hung_prefill_costs_at_most_the_health_interval_plus_the_timeout(decode):
+    """A stopped prefill process (SIGSTOP) still completes TCP handshakes (the kernel does) and
+    then answers nothing: a socket that listens and never accepts is the same. The watcher's
+    failed /health makes later requests skip prefill entirely."""
+    interval, timeout = 0.3, 1.0
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        hung_url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        with proxy_of(
+            hung_url, decode[1].url, prefill_timeout_s=timeout, health_check_interval_s=interval
+        ) as proxy:
+            costs = []
+            for _ in range(3):
+                started = time.monotonic()
+                answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+                costs.append(time.monotonic() - started)
+                assert answer.status_code == 200 and answer.json() == decode[0].answer(BODY)
+            assert max(costs) < interval + timeout + 0.5, costs
+            assert costs[-1] < 0.5, f"prefill was not skipped once /health failed: {costs}"
+            assert all(r.body == BODY for r in decode[0].received)  # no kv_transfer_params
+            health = httpx.get(proxy.url + "/health", timeout=10).json()
+            assert health["prefill"]["status"] != "ok"
+
+
+def test_prefill_resumes_when_its_health_answers_again(prefill, decode):
+    with proxy_of(prefill[1].url, decode[1].url, health_check_interval_s=0.1) as proxy:
+        app = proxy.server.config.app
+        prefill[0].health_status = 503
+        wait_for(lambda: app.state.proxy.prefill_down is not None, "prefill marked down")
+        httpx.post(proxy.url + "/v1/completions", json=BODY)
+        assert prefill[0].received == [] and [r.body for r in decode[0].received] == [BODY]
+        prefill[0].health_status = 200
+        wait_for(lambda: app.state.proxy.prefill_down is None, "prefill marked up")
+        httpx.post(proxy.url + "/v1/completions", json=BODY)
+        assert len(prefill[0].received) == 1
+        assert decode[0].received[-1].body["kv_transfer_params"]["do_remote_prefill"] is True
+
+
+def test_the_default_prefill_timeout_is_short():
+    import argparse
+
+    from nanovllm.serve.cli import add_arguments, proxy_options
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = ["--disagg-proxy", "--prefill", "http://a:1", "--decode", "http://b:2"]
+    options = proxy_options(parser.parse_args(flags))
+    assert options["prefill_timeout_s"] <= 10 and options["health_check_interval_s"] <= 2
+    options = proxy_options(parser.parse_args([*flags, "--prefill-timeout", "3"]))
+    assert options["prefill_timeout_s"] == 3
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unreachable_decode_leaves_the_whole_request_to_prefill(prefill, stream):
     body = {**BODY, "stream": stream}
@@ -593,12 +646,18 @@ def test_the_proxy_is_built_from_its_flags_without_torch():
     assert result.stdout.split() == [
         "[('api_key',",
         "'k'),",
+        "('body_timeout',",
+        "60.0),",
         "('decode_url',",
         "'http://b:2'),",
+        "('health_check_interval_s',",
+        "2.0),",
         "('max_concurrent_requests',",
         "1024),",
         "('max_request_body_bytes',",
         "2097152),",
+        "('prefill_timeout_s',",
+        "10.0),",
         "('prefill_url',",
         "'http://a:1')]",
         "False",

@@ -73,7 +73,7 @@ def test_vllm_style_flags_reach_the_engine_config():
 
 
 def test_server_defaults_are_safe_and_the_key_comes_from_the_environment(monkeypatch):
-    from nanovllm.serve.cli import server_options
+    from nanovllm.serve.cli import serve_options, server_options
 
     monkeypatch.delenv("NANOVLLM_API_KEY", raising=False)
     args = parse([])
@@ -83,7 +83,22 @@ def test_server_defaults_are_safe_and_the_key_comes_from_the_environment(monkeyp
         "api_key": None,
         "max_request_body_bytes": 2 * 2**20,
         "max_concurrent_requests": 1024,
+        "body_timeout": 60.0,
     }
+    monkeypatch.delenv("NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH", raising=False)
+    assert serve_options(args) == {
+        "shutdown_timeout": 20.0,
+        "header_timeout": 10.0,
+        "keep_alive_on_engine_death": False,
+    }
+    monkeypatch.setenv("NANOVLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
+    assert serve_options(parse([]))["keep_alive_on_engine_death"] is True
+    assert serve_options(parse(["--keep-alive-on-engine-death"]))["keep_alive_on_engine_death"]
+    for flag in ("--shutdown-timeout", "--header-timeout", "--body-timeout"):
+        with pytest.raises(ValueError, match=flag):
+            options = parse([flag, "-1"])
+            serve_options(options)
+            server_options(options)
     monkeypatch.setenv("NANOVLLM_API_KEY", "from-env")
     assert server_options(parse([]))["api_key"] == "from-env"
     assert server_options(parse(["--api-key", "from-flag"]))["api_key"] == "from-flag"
@@ -139,7 +154,9 @@ def test_the_server_freezes_its_start_up_objects_before_serving(tiny_llama, monk
     seen = []
     monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
     monkeypatch.setattr(
-        nanovllm.serve.server, "serve", lambda app, host, port, log_level: seen.append("serve")
+        nanovllm.serve.server,
+        "serve",
+        lambda app, host, port, log_level, **options: seen.append("serve") or 0,
     )
     assert main(["serve", str(tiny_llama), "--port", "1"]) == 0
     assert seen == ["freeze", "serve"]

@@ -1,0 +1,94 @@
+"""No request's size stalls the others: a huge prompt is refused in its handler, at once.
+
+A stream runs while a 1-million-character prompt (as a completion and as a chat message) and
+400,000 token ids arrive. Oracle: the stream's own chunk arrival times, measured at the client
+(the tiny model steps in milliseconds, so a gap of 200 ms is a stall), and a 400 for each big
+request naming its size. Before the fix the big prompt was tokenized on the engine thread, and
+every stream froze for seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+BIG_TEXT = "hello world, " * 76_924  # 1,000,012 characters
+BIG_IDS = [5] * 400_000
+
+
+def stall_while_big_requests_run(server, chat_server) -> tuple[float, dict[str, httpx.Response]]:
+    """The longest gap between a running stream's chunks while the big requests are sent and
+    answered (from its last chunk before them to its end), and their answers."""
+    arrivals: list[float] = []
+    done: list[str] = []
+
+    def stream() -> None:
+        body = {"prompt": [5, 6, 7], "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        arrivals.append(time.monotonic())
+                        done.append(line)
+
+    runner = threading.Thread(target=stream)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while len(arrivals) < 10:  # the stream is under way
+        assert time.monotonic() < deadline and runner.is_alive()
+        time.sleep(0.005)
+    answers = {}
+    with httpx.Client(timeout=60) as client:
+        start = time.monotonic()
+        answers["text"] = client.post(
+            server.url + "/v1/completions", json={"prompt": BIG_TEXT, "max_tokens": 4}
+        )
+        answers["ids"] = client.post(
+            server.url + "/v1/completions", json={"prompt": BIG_IDS, "max_tokens": 4}
+        )
+        answers["chat"] = client.post(
+            chat_server.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": BIG_TEXT}], "max_tokens": 4},
+        )
+        end = time.monotonic()
+    runner.join(60)
+    assert done[-1] == "data: [DONE]"
+    times = [t for t in arrivals if t >= max(t for t in arrivals if t < start)]
+    worst = max(b - a for a, b in zip(times, times[1:]))
+    if arrivals[-1] < end:  # the stream ended first: the gaps do not cover the requests
+        worst = max(worst, end - arrivals[-1])
+    return worst, answers
+
+
+def test_a_huge_prompt_is_refused_without_stalling_a_running_stream(server, chat_server):
+    # A timing on a shared machine: a stall from elsewhere (another process) can hit one try;
+    # the bug stalls every try (for the prompt's whole tokenizing, 0.9 s here).
+    worsts = []
+    for _ in range(3):
+        worst, answers = stall_while_big_requests_run(server, chat_server)
+        worsts.append(worst)
+        if worst < 0.2:
+            break
+    assert min(worsts) < 0.2, f"a stream waited {[round(w * 1000) for w in worsts]} ms"
+    for what, size in (("text", "1000012 characters"), ("ids", "prompt of 400000 tokens")):
+        response = answers[what]
+        assert response.status_code == 400, (what, response.text)
+        error = response.json()["error"]
+        assert size in error["message"] and error["param"] == "prompt", (what, error)
+        assert error["code"] == "context_length_exceeded"
+    chat = answers["chat"]
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages", chat.text
+    assert "characters long" in chat.json()["error"]["message"]
+
+
+def test_a_prompt_under_the_limit_is_tokenized_off_the_engine_thread(server, async_engine):
+    """The same text the engine would tokenize: the usage counts the server's token ids."""
+    text = "hello world, " * 20
+    expected = len(async_engine.engine.tokenizer.encode(text))
+    response = httpx.post(
+        server.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == expected
