@@ -57,6 +57,15 @@ def kv_secret(configured: str | None = None) -> str:
     return value
 
 
+def secret_source(configured: str | None = None) -> str:
+    """Where `kv_secret(configured)` finds the secret, in words (for the start-up warning)."""
+    if configured:
+        return 'kv_connector_extra_config["secret"]'
+    if os.environ.get(SECRET_ENV):
+        return f"${SECRET_ENV}"
+    return f"{secret_file()} (copy it to the other machine, or set ${SECRET_ENV} on both)"
+
+
 def _create(path: Path) -> None:
     """Write a fresh secret to `path`, atomically: two engines started at once both read the
     one that was linked first (a half-written file is never visible)."""
