@@ -17,6 +17,7 @@ and decodes. The oracles:
 from __future__ import annotations
 
 import datetime
+import gc
 import itertools
 import os
 import socket
@@ -453,3 +454,24 @@ def test_the_kv_port_listens_on_kv_ip_alone_and_admits_only_who_holds_the_secret
             if link is not None:
                 link.close()
     assert p2p_transport.HANDSHAKE_S <= 30  # a silent peer holds a session this long at most
+
+
+def test_engines_let_go_free_the_kv_port_for_the_next_pair(checkpoint) -> None:
+    """A notebook re-runs its cell: a pair of engines let go (`del`, the collector off) frees
+    the consumer's port at once, and a new pair on the same port transfers as the first did."""
+    from listeners import listening
+
+    path, prompts, expected = checkpoint
+    port = free_port()
+    gc.disable()
+    try:
+        for _ in range(2):
+            consumer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_consumer", port))
+            producer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_producer", port))
+            outs = disaggregated(producer, consumer, prompts[2:3])
+            assert outs[0].outputs[0].token_ids == expected[2]
+            assert outs[0].num_cached_tokens == full_blocks_before_last_token(prompts[2], 4)
+            del producer, consumer
+            assert port not in [p for _, p in listening(os.getpid())]
+    finally:
+        gc.enable()

@@ -103,7 +103,7 @@ def init_distributed(
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None and init_method is None:
             store = (
-                listening_store(master_addr, master_port, timeout)
+                listening_store(master_addr, master_port, timeout)[0]
                 if rank == 0
                 else dist.TCPStore(master_addr, master_port, world_size, timeout=timeout)
             )

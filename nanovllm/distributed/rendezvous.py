@@ -7,7 +7,8 @@ binds the address the machine's host name resolves to (usually its network addre
 started on 127.0.0.1 would then be open to the whole network.
 
 - `listening_store(host, port)`: the store's server on a socket we bound to `host` ourselves
-  (TCPStore's `master_listen_fd`), so it listens there and nowhere else;
+  (TCPStore's `master_listen_fd`), so it listens there and nowhere else; `stop_listening`
+  frees its port while threads still wait in the store;
 - `gloo_bound_to(host)`: gloo groups created inside it listen on the interface holding `host`
   (gloo's `GLOO_SOCKET_IFNAME`, set for the duration only).
 
@@ -32,8 +33,9 @@ GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 SIOCGIFADDR = 0x8915  # Linux's ioctl: an interface's IPv4 address
 
 
-def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
-    """A TCPStore server listening on `host`:`port` alone (port 0: a free one, see `.port`)."""
+def listening_store(host: str, port: int, timeout: datetime.timedelta) -> tuple[dist.TCPStore, int]:
+    """A TCPStore server listening on `host`:`port` alone (port 0: a free one, see `.port`),
+    and its listening socket's file descriptor (for `stop_listening`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -53,8 +55,16 @@ def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.T
     except BaseException:
         sock.close()
         raise
-    sock.detach()  # the store owns the socket now, and closes it when it is destroyed
-    return store
+    return store, sock.detach()  # the store owns the socket now, and closes it when destroyed
+
+
+def stop_listening(fd: int) -> None:
+    """Free a `listening_store`'s port now, although threads still wait in the store (TCPStore
+    stops its server only when it is destroyed). A fresh, unbound socket takes the listening
+    one's descriptor: the kernel closes the listening socket, which leaves the store's event
+    loop with it, and the store's established connections are untouched."""
+    with socket.socket() as placeholder:
+        os.dup2(placeholder.fileno(), fd)
 
 
 def interface_of(host: str) -> str | None:

@@ -261,7 +261,7 @@ class WorkerGroup:
         # listening on master_addr alone. Every rank keeps its keys under a random name that
         # only the ranks learn (through their spawn arguments, never the network): anyone else
         # who reaches the port finds nothing in the store and cannot pose as a rank.
-        store = listening_store(master_addr, 0, datetime.timedelta(seconds=self.timeout_s))
+        store, _ = listening_store(master_addr, 0, datetime.timedelta(seconds=self.timeout_s))
         secret = secrets.token_hex(16)
         self.rendezvous_port = store.port
         ctx = mp.get_context("spawn")

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from nanovllm.distributed.rendezvous import listening_store
+from nanovllm.distributed.rendezvous import listening_store, stop_listening
 from nanovllm.kv_transfer.secret import sign, store_prefix
 
 logger = logging.getLogger("nanovllm")
@@ -131,7 +131,7 @@ class P2pTransport:
         self.staged: OrderedDict[bytes, ReceivedBlock] = OrderedDict()
         if rank == CONSUMER:
             # Bind now, so a port in use is an error at start-up, not a silent thread's death.
-            self.store = listening_store(ip, port, FOREVER)
+            self.store, self.listen_fd = listening_store(ip, port, FOREVER)
             target = self._receive_loop
         else:
             target = self._send_loop
@@ -139,10 +139,18 @@ class P2pTransport:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop sending and receiving, and end every wait. The thread itself stays, idle, until
-        the process exits: tearing down a gloo group whose thread is still in a call aborts
-        the process (torch 2.13), so a group is dropped only once its peer is gone."""
+        """Stop sending and receiving, end every wait, and free the consumer's port at once (a
+        new engine may listen there). The consumer's thread stays, idle, until its producer
+        leaves or the process exits: tearing down a gloo group whose thread is still in a call
+        aborts the process (torch 2.13), so a group is dropped only once no call is in it.
+        The producer's thread leaves its group and ends."""
+        if self.closed.is_set():
+            return
         self.closed.set()
+        if self.rank == CONSUMER:
+            stop_listening(self.listen_fd)
+        else:
+            self.outbox.put(None)  # the sender thread's last item
         with self.lock:
             for tid, state in self.transfers.items():
                 if not state.done:
@@ -189,6 +197,10 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
+            if item is None:  # closed: leave the group (no call is in it), and end
+                self.group = None
+                self.connected.clear()
+                return
             if self.closed.is_set():
                 continue
             starts_message, tensors = item
@@ -282,7 +294,7 @@ class P2pTransport:
     # --- consumer ---------------------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        while True:  # (after `close`, messages are still taken, and dropped)
+        while not self.closed.is_set():  # (messages arriving after `close` are dropped)
             session = self.num_sessions = self.num_sessions + 1
             self.store.set(f"{self.prefix}session", str(session))
             try:
