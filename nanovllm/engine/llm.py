@@ -57,7 +57,10 @@ class LLM:
         self.shutdown()
 
     def __del__(self) -> None:
-        self.shutdown()
+        try:
+            self.shutdown()
+        except Exception:  # (at interpreter exit, what it would call may be torn down already)
+            pass
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
