@@ -16,7 +16,10 @@ and decodes. The oracles:
 
 from __future__ import annotations
 
+import datetime
+import gc
 import itertools
+import os
 import socket
 import subprocess
 import sys
@@ -211,8 +214,9 @@ def test_a_transfer_that_never_arrives_times_out_and_the_prompt_is_computed(chec
 FAKE_PRODUCER = """
 import os, sys, time, torch
 from nanovllm.kv_transfer.p2p_transport import P2pTransport
+from nanovllm.kv_transfer.secret import kv_secret
 port, tag = int(sys.argv[1]), sys.argv[2]
-link = P2pTransport("127.0.0.1", port, 0, tag)
+link = P2pTransport("127.0.0.1", port, 0, tag, kv_secret())
 # The head of a 2-layer message for transfer "cut", then death before its layers.
 link.send_blocks(["cut"], [bytes(32)], [(1, 2, 3, 4)], (4, 2, 16), torch.float32, 2)
 while not link.outbox.empty() or not link.connected.is_set():
@@ -255,8 +259,9 @@ def test_a_producer_killed_mid_transfer_loses_nothing_and_a_new_one_is_joined(ch
 FAKE_CONSUMER = """
 import os, sys, time
 from nanovllm.kv_transfer.p2p_transport import P2pTransport
+from nanovllm.kv_transfer.secret import kv_secret
 port, tag, transfer, die = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "die"
-link = P2pTransport("127.0.0.1", port, 1, tag)
+link = P2pTransport("127.0.0.1", port, 1, tag, kv_secret())
 print("listening", flush=True)
 error = link.wait_for_transfer(transfer, 60)
 print("received", transfer, error, len(link.take_inbox()), flush=True)
@@ -374,7 +379,99 @@ def test_a_session_that_fails_to_start_is_retried_after_a_pause(monkeypatch) -> 
         raise RuntimeError("the rendezvous failed")
 
     monkeypatch.setattr(p2p_transport, "_group", failing)
-    link = p2p_transport.P2pTransport("127.0.0.1", free_port(), p2p_transport.CONSUMER, "tag")
+    link = p2p_transport.P2pTransport(
+        "127.0.0.1", free_port(), p2p_transport.CONSUMER, "tag", "secret"
+    )
     time.sleep(1.2)
     link.close()
     assert 2 <= len(attempts) <= 1.2 / p2p_transport.RECONNECT_S + 1
+
+
+def send_one_block(link, transfer: str) -> None:
+    """A one-block, one-layer BLOCKS message and its DONE, queued on a producer's link."""
+    shape = (4, 2, 16)  # (block_size, heads, dim)
+    link.send_blocks([transfer], [bytes(32)], [(1, 2, 3, 4)], shape, torch.float32, 1)
+    kv = torch.ones(1, *shape)
+    link.send_layer(kv, kv)
+    link.send_done(transfer, 1)
+
+
+def sent_or_dropped(link, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while (link.num_dropped < n and not link.outbox.empty()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_the_kv_port_listens_on_kv_ip_alone_and_admits_only_who_holds_the_secret() -> None:
+    """The consumer's port is on kv_ip (loopback) alone. A client without the KV secret reads
+    nothing from its store (not even the session to join); a producer with another secret is
+    turned away at the store, and one that learnt the store's names but not the secret fails
+    the challenge; no KV of theirs arrives. The producer that holds it transfers."""
+    from listeners import listening
+
+    from nanovllm.kv_transfer import p2p_transport
+    from nanovllm.kv_transfer.p2p_transport import CONSUMER, PRODUCER, P2pTransport
+
+    port = free_port()
+    consumer = P2pTransport("127.0.0.1", port, CONSUMER, "tag", "the secret")
+    wrong = impostor = right = None
+    try:
+        assert [a for a, p in listening(os.getpid()) if p == port] == ["127.0.0.1"]
+        stranger = torch.distributed.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=2)
+        )
+        assert not stranger.check(["session"])
+        with pytest.raises(RuntimeError):
+            stranger.get("session")
+
+        wrong = P2pTransport("127.0.0.1", port, PRODUCER, "tag", "another secret")
+        send_one_block(wrong, "wrong")
+        sent_or_dropped(wrong, 1)
+        assert wrong.num_dropped >= 1 and not wrong.connected.is_set()
+        assert consumer.num_sessions == 1  # nobody joined
+
+        impostor = P2pTransport("127.0.0.1", port, PRODUCER, "tag", "another secret")
+        impostor.prefix = consumer.prefix  # it read the names off the wire, say
+        send_one_block(impostor, "impostor")
+        sent_or_dropped(impostor, 1)
+        deadline = time.monotonic() + 20
+        while consumer.num_refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert consumer.num_refused >= 1 and not impostor.connected.is_set()
+        impostor.close()  # (two producers joining one session would spoil it for both)
+        sent_or_dropped(impostor, 3)
+        while consumer.num_sessions <= consumer.num_refused and time.monotonic() < deadline:
+            time.sleep(0.05)  # the consumer waits in a fresh session
+
+        right = P2pTransport("127.0.0.1", port, PRODUCER, "tag", "the secret")
+        send_one_block(right, "right")
+        assert consumer.wait_for_transfer("right", 20) is None
+        assert [b.transfer_id for b in consumer.take_inbox()] == ["right"]
+        for transfer in ("wrong", "impostor"):
+            assert consumer.transfer_error(transfer) is None and transfer not in consumer.transfers
+    finally:
+        for link in (consumer, wrong, impostor, right):
+            if link is not None:
+                link.close()
+    assert p2p_transport.HANDSHAKE_S <= 30  # a silent peer holds a session this long at most
+
+
+def test_engines_let_go_free_the_kv_port_for_the_next_pair(checkpoint) -> None:
+    """A notebook re-runs its cell: a pair of engines let go (`del`, the collector off) frees
+    the consumer's port at once, and a new pair on the same port transfers as the first did."""
+    from listeners import listening
+
+    path, prompts, expected = checkpoint
+    port = free_port()
+    gc.disable()
+    try:
+        for _ in range(2):
+            consumer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_consumer", port))
+            producer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_producer", port))
+            outs = disaggregated(producer, consumer, prompts[2:3])
+            assert outs[0].outputs[0].token_ids == expected[2]
+            assert outs[0].num_cached_tokens == full_blocks_before_last_token(prompts[2], 4)
+            del producer, consumer
+            assert port not in [p for _, p in listening(os.getpid())]
+    finally:
+        gc.enable()

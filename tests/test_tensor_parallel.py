@@ -8,6 +8,7 @@ Each parallel layer's own property tests (sharded = unsharded) are in tests/dist
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import random
@@ -17,6 +18,7 @@ import sys
 import time
 
 import pytest
+from listeners import listening
 from tiny_models import hf_greedy, make_draft, make_model
 
 from nanovllm import LLM, SamplingParams
@@ -154,3 +156,36 @@ def test_engines_alone_and_parallel_side_by_side_in_one_process(tiny_llama, tmp_
         [sys.executable, str(script), str(tiny_llama)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "same tokens" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_engine_is_released_at_once_by_del_with_and_shutdown(tiny_llama) -> None:
+    """A notebook re-runs its cell: each way of letting an `LLM` go (del, leaving `with`,
+    `shutdown()`) releases its worker, its ports and its group at once, so the next
+    `LLM(..., tensor_parallel_size=2)` builds in the same process. The collector is off
+    throughout: nothing may wait for it (the engine sits in reference cycles)."""
+    me = os.getpid()
+    ports_before = listening(me)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+
+    def released() -> None:
+        assert no_workers_left()
+        assert listening(me) == ports_before
+
+    gc.disable()
+    try:
+        llm = LLM(str(tiny_llama), tensor_parallel_size=2)
+        expected = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+        del llm
+        released()
+        with LLM(str(tiny_llama), tensor_parallel_size=2) as llm:
+            assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == expected
+        released()
+        llm = LLM(str(tiny_llama), tensor_parallel_size=2)
+        llm.shutdown()
+        released()
+        llm.shutdown()  # twice is harmless
+        with pytest.raises(RuntimeError, match="closed"):
+            llm.generate(prompt, params, use_tqdm=False)
+    finally:
+        gc.enable()

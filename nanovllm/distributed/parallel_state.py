@@ -27,11 +27,13 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from nanovllm.distributed.rendezvous import gloo_bound_to, listening_store
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -68,6 +70,7 @@ def init_distributed(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     store: dist.Store | None = None,
     init_method: str | None = None,
+    secret: str | None = None,
 ) -> ParallelState:
     """Join the group as `rank` of `world_size`; rank 0 hosts the rendezvous at master_addr:port.
 
@@ -76,7 +79,9 @@ def init_distributed(
     raise instead of waiting forever. `store` lets a caller that already created the rendezvous
     store (to learn a free port before starting the other ranks) hand it over; `init_method`
     ("env://") lets torch find the rendezvous itself, as it must under torchrun, whose agent
-    already hosts the store at MASTER_PORT.
+    already hosts the store at MASTER_PORT. With `secret`, every rank keeps its rendezvous keys
+    under that name: a client of the store that does not know it finds nothing and cannot
+    join. Gloo's connections listen on master_addr's interface (`rendezvous.py`).
     """
     global _STATE
     if _STATE is not None:
@@ -97,18 +102,25 @@ def init_distributed(
     if world_size > 1:
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None and init_method is None:
-            store = dist.TCPStore(
-                master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout
+            store = (
+                listening_store(master_addr, master_port, timeout)[0]
+                if rank == 0
+                else dist.TCPStore(master_addr, master_port, world_size, timeout=timeout)
             )
-        dist.init_process_group(
-            backend,
-            init_method=init_method,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=timeout,
-        )
-        cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+        if secret is not None and store is not None:
+            store = dist.PrefixStore(f"{secret}/", store)
+        # (under torchrun, gloo listens where GLOO_SOCKET_IFNAME says, as torch's docs tell)
+        binding = gloo_bound_to(master_addr) if init_method is None else nullcontext()
+        with binding:
+            dist.init_process_group(
+                backend,
+                init_method=init_method,
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+            )
+            cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     _STATE = ParallelState(rank, world_size, local_rank, backend, device, cpu_group)
     return _STATE
 

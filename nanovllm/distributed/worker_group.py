@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -58,6 +59,7 @@ from nanovllm.distributed.parallel_state import (
     init_distributed,
     init_distributed_from_env,
 )
+from nanovllm.distributed.rendezvous import listening_store
 from nanovllm.distributed.validation import check_device_count
 
 _METHOD, _ARGS, _ALL = "__method__", "__args__", "__all_ranks__"
@@ -128,6 +130,7 @@ def _worker_main(
     master_port: int,
     device_type: str,
     timeout_s: float,
+    secret: str,
     worker_factory: Callable[[int], Any],
     status: connection.Connection,
     death_pipe: connection.Connection,
@@ -143,6 +146,7 @@ def _worker_main(
             master_port,
             device_type=device_type,
             timeout_s=timeout_s,
+            secret=secret,
         )
         worker = worker_factory(rank)
         status.send(("ready", None))
@@ -244,6 +248,7 @@ class WorkerGroup:
         self._closed = False
         self._monitor: threading.Thread | None = None
         self._stop_monitor_r = self._stop_monitor_w = None
+        self.rendezvous_port: int | None = None  # the store's, while ranks start (None: no store)
         atexit.register(self.close)
 
     # ----- start-up -----
@@ -252,15 +257,13 @@ class WorkerGroup:
         if self.world_size == 1:
             self.driver_worker = worker_factory(0)
             return
-        # The driver hosts the rendezvous store on a free port (port 0), learnt before spawning.
-        store = dist.TCPStore(
-            master_addr,
-            0,
-            self.world_size,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=self.timeout_s),
-        )
+        # The driver hosts the rendezvous store on a free port (port 0), learnt before spawning,
+        # listening on master_addr alone. Every rank keeps its keys under a random name that
+        # only the ranks learn (through their spawn arguments, never the network): anyone else
+        # who reaches the port finds nothing in the store and cannot pose as a rank.
+        store, _ = listening_store(master_addr, 0, datetime.timedelta(seconds=self.timeout_s))
+        secret = secrets.token_hex(16)
+        self.rendezvous_port = store.port
         ctx = mp.get_context("spawn")
         _start_resource_tracker()
         for rank in range(1, self.world_size):
@@ -275,6 +278,7 @@ class WorkerGroup:
                     store.port,
                     device_type,
                     self.timeout_s,
+                    secret,
                     worker_factory,
                     status_w,
                     death_r,
@@ -290,7 +294,13 @@ class WorkerGroup:
             self._death_pipes.append(death_w)
         self._await_all("started")
         init_distributed(
-            0, self.world_size, device_type=device_type, timeout_s=self.timeout_s, store=store
+            0,
+            self.world_size,
+            master_addr,
+            device_type=device_type,
+            timeout_s=self.timeout_s,
+            store=store,
+            secret=secret,
         )
         self.driver_worker = worker_factory(0)
         self._await_all("ready")

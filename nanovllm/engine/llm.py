@@ -13,6 +13,14 @@ batching does the rest. Outputs come back in the order of the prompts. A prompt 
 list of token ids, or vLLM's `TextPrompt` / `TokensPrompt` dict (see `nanovllm/inputs.py`).
 `chat` renders each conversation through the tokenizer's chat template (`chat_utils.py`) and
 generates from the result, so a script written against vLLM's `LLM` runs here unchanged.
+
+An `LLM` holds processes, ports and a process group under tensor parallelism, and a KV
+connector's link. They are released the moment it is done with, not whenever the garbage
+collector runs, so a notebook cell that builds a new `LLM` can run again at once:
+
+    llm.shutdown()                                # explicit (vLLM's name)
+    with LLM(path, tensor_parallel_size=2) as llm: ...   # on leaving the block
+    del llm                                       # on the last reference's end
 """
 
 from __future__ import annotations
@@ -33,6 +41,26 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_options) -> None:
         self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_options))
         self._counter = 0
+
+    def shutdown(self) -> None:
+        """Release the engine's worker processes, ports, process group and KV link now. Safe to
+        call twice. (The engine itself sits in reference cycles, so only the garbage collector
+        would reach its own `__del__`: this object, outside them, does it at once.)"""
+        engine = getattr(self, "llm_engine", None)  # (None: __init__ failed half-way)
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # (at interpreter exit, what it would call may be torn down already)
+            pass
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

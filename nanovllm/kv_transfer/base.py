@@ -283,6 +283,11 @@ class KVConnectorBase:
             if self.events.active:
                 self.events.emit(KVLoadFailed(step, request_id, error))
 
+    def check_kv_transfer_params(self, params: dict[str, Any]) -> str | None:
+        """Whether a server may act on a request's `kv_transfer_params`: None (yes), or why
+        not (the server refuses the request). A connector that never reads them: yes."""
+        return None
+
     async def await_remote_kv(self, params: dict[str, Any]) -> str | None:
         """A server's request carries `kv_transfer_params` (from a disaggregated proxy): wait
         until the KV they name has arrived. Returns what went wrong, or None (nothing to wait

@@ -45,6 +45,7 @@ from nanovllm.kv_transfer.base import (
     KVLoadError,
 )
 from nanovllm.kv_transfer.p2p_transport import CONSUMER, PRODUCER, P2pTransport
+from nanovllm.kv_transfer.secret import check_transfer_params, kv_secret
 from nanovllm.kv_transfer_config import KVTransferConfig
 from nanovllm.request import Request
 
@@ -72,6 +73,8 @@ class P2pConnector(KVConnectorBase):
         "itself, a number > 0 (default 10)",
         "num_staging_blocks": "host-memory blocks a consumer keeps received KV in until it is "
         "loaded, an int >= 1 (default 1024)",
+        "secret": "the KV secret both engines and the proxy hold (default $NANOVLLM_KV_SECRET, "
+        "else $NANOVLLM_HOME/kv_secret, made on first use): `kv_transfer/secret.py`",
     }
 
     def __init__(self, *args, **kwargs) -> None:
@@ -79,10 +82,11 @@ class P2pConnector(KVConnectorBase):
         extra = self.config.kv_connector_extra_config
         self.timeout_s: float = float(extra.get("timeout_s", 10))
         self.num_staging_blocks: int = extra.get("num_staging_blocks", 1024)
+        self.secret = kv_secret(extra.get("secret"))
         rank = PRODUCER if self.config.is_producer else CONSUMER
         key = (self.config.kv_ip, self.config.kv_port, rank)
         if key not in _TRANSPORTS or _TRANSPORTS[key].closed.is_set():
-            _TRANSPORTS[key] = P2pTransport(*key, self.model_tag)
+            _TRANSPORTS[key] = P2pTransport(*key, self.model_tag, self.secret)
         self.transport = _TRANSPORTS[key]
         # Consumer, scheduler side: events waiting for the step they belong to.
         self.pending_events: list = []
@@ -109,6 +113,14 @@ class P2pConnector(KVConnectorBase):
         n = extra.get("num_staging_blocks", 1024)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_staging_blocks must be an int >= 1, got {n!r}")
+        secret = extra.get("secret")
+        if secret is not None and not (isinstance(secret, str) and secret):
+            raise ValueError("secret must be a non-empty string (the KV secret)")
+
+    def check_kv_transfer_params(self, params: dict[str, Any]) -> str | None:
+        """A server's request names a transfer: None if the proxy signed it with the KV secret,
+        else why it is refused (`secret.py`)."""
+        return check_transfer_params(self.secret, params)
 
     def close(self) -> None:
         self.transport.close()

@@ -13,7 +13,20 @@ either side dies, the other sees the connection close: the consumer opens the ne
 waits for a producer again, a producer reconnects whenever it has something to send. So either
 engine can be restarted, and one that is down costs the other nothing but the transfers. Both
 engines are given the consumer's address (`kv_ip`); each end's gloo connections use the local
-address on the route between them, so the same flags work on one machine or two.
+address on the route between them, so the same flags work on one machine or two. The store
+listens on `kv_ip` alone (`distributed/rendezvous.py`).
+
+Who may connect. Both engines hold the KV secret (`secret.py`). The store's keys live under a
+name derived from it, so a client without it reads nothing there. Once a session's group has
+formed, and before any KV crosses, each end proves it holds the secret by answering the other's
+fresh random challenge (HMAC-SHA256):
+
+    consumer -> producer   challenge_c                            uint8 [32]
+    producer -> consumer   challenge_p, HMAC(secret, challenge_c)  uint8 [64]
+    consumer -> producer   HMAC(secret, challenge_p) (zeros: refused)  uint8 [32]
+
+An end that fails the other's check, or stays silent past `HANDSHAKE_S`, is dropped: the
+consumer opens the next session, the producer counts its messages as dropped.
 
 One message after another, in order, on one channel (tag 0):
 
@@ -44,7 +57,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hmac
 import logging
+import os
 import queue
 import socket
 import threading
@@ -54,6 +69,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from nanovllm.distributed.rendezvous import listening_store, stop_listening
+from nanovllm.kv_transfer.secret import sign, store_prefix
 
 logger = logging.getLogger("nanovllm")
 
@@ -65,6 +83,8 @@ PRODUCER, CONSUMER = 0, 1  # ranks
 RECONNECT_S = 0.5  # the pause between failed connection attempts (either end)
 FOREVER = datetime.timedelta(days=365)  # a consumer waits for producers (and messages) unboundedly
 MAX_TRANSFERS = 4096  # finished transfers remembered (for a late waiter), oldest forgotten first
+HANDSHAKE_S = 30.0  # how long either end waits for the other's answer to its challenge
+CHALLENGE_LEN = 32
 
 
 @dataclass
@@ -89,8 +109,11 @@ class TransferState:
 
 
 class P2pTransport:
-    def __init__(self, ip: str, port: int, rank: int, model_tag: str) -> None:
+    def __init__(self, ip: str, port: int, rank: int, model_tag: str, secret: str) -> None:
         self.ip, self.port, self.rank, self.model_tag = ip, port, rank, model_tag
+        self.secret = secret
+        self.prefix = store_prefix(secret)  # every key of the store lives under it
+        self.num_refused = 0  # consumer: sessions whose producer failed the handshake
         self.closed = threading.Event()
         self.connected = threading.Event()
         self.group: dist.ProcessGroup | None = None
@@ -108,9 +131,7 @@ class P2pTransport:
         self.staged: OrderedDict[bytes, ReceivedBlock] = OrderedDict()
         if rank == CONSUMER:
             # Bind now, so a port in use is an error at start-up, not a silent thread's death.
-            self.store = dist.TCPStore(
-                ip, port, None, is_master=True, timeout=FOREVER, wait_for_workers=False
-            )
+            self.store, self.listen_fd = listening_store(ip, port, FOREVER)
             target = self._receive_loop
         else:
             target = self._send_loop
@@ -118,10 +139,18 @@ class P2pTransport:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop sending and receiving, and end every wait. The thread itself stays, idle, until
-        the process exits: tearing down a gloo group whose thread is still in a call aborts
-        the process (torch 2.13), so a group is dropped only once its peer is gone."""
+        """Stop sending and receiving, end every wait, and free the consumer's port at once (a
+        new engine may listen there). The consumer's thread stays, idle, until its producer
+        leaves or the process exits: tearing down a gloo group whose thread is still in a call
+        aborts the process (torch 2.13), so a group is dropped only once no call is in it.
+        The producer's thread leaves its group and ends."""
+        if self.closed.is_set():
+            return
         self.closed.set()
+        if self.rank == CONSUMER:
+            stop_listening(self.listen_fd)
+        else:
+            self.outbox.put(None)  # the sender thread's last item
         with self.lock:
             for tid, state in self.transfers.items():
                 if not state.done:
@@ -168,6 +197,10 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
+            if item is None:  # closed: leave the group (no call is in it), and end
+                self.group = None
+                self.connected.clear()
+                return
             if self.closed.is_set():
                 continue
             starts_message, tensors = item
@@ -203,17 +236,49 @@ class P2pTransport:
             store = dist.TCPStore(
                 self.ip, self.port, None, is_master=False, timeout=datetime.timedelta(seconds=2)
             )
-            session = int(store.get("session"))
-            prefixed = dist.PrefixStore(f"session{session}/", store)
-            local_ip = _local_ip_towards(socket.gethostbyname(self.ip))
-            self.group = _group(prefixed, PRODUCER, local_ip, datetime.timedelta(seconds=30))
         except (RuntimeError, OSError) as exc:
             self._report_down(str(exc).splitlines()[0][:120])
             return False
+        try:
+            session = int(store.get(f"{self.prefix}session"))
+        except RuntimeError:  # the store answers, but not under this secret's name
+            self._report_down("it answers, but not with this engine's KV secret")
+            return False
+        try:
+            prefixed = dist.PrefixStore(f"{self.prefix}session{session}/", store)
+            local_ip = _local_ip_towards(socket.gethostbyname(self.ip))
+            group = _group(prefixed, PRODUCER, local_ip, datetime.timedelta(seconds=30))
+            if not self._producer_handshake(group):
+                self._report_down("it failed the KV secret's challenge")
+                return False
+        except (RuntimeError, OSError) as exc:
+            self._report_down(str(exc).splitlines()[0][:120])
+            return False
+        self.group = group
         self.num_sessions += 1
         self.connected.set()
         self.reported_down = False
         return True
+
+    def _producer_handshake(self, group: dist.ProcessGroup) -> bool:
+        """Answer the consumer's challenge, and check its answer to ours (module docstring)."""
+        challenge_c = _recv_within(group, CONSUMER, CHALLENGE_LEN)
+        challenge_p = os.urandom(CHALLENGE_LEN)
+        proof = sign(self.secret, "kv-producer", challenge_c)
+        group.send([_tensor(challenge_p + proof)], CONSUMER, 0).wait()
+        answer = _recv_within(group, CONSUMER, CHALLENGE_LEN)
+        return hmac.compare_digest(answer, sign(self.secret, "kv-consumer", challenge_p))
+
+    def _consumer_handshake(self, group: dist.ProcessGroup) -> bool:
+        """Challenge the producer that joined; answer its challenge only if it passed ours."""
+        challenge_c = os.urandom(CHALLENGE_LEN)
+        group.send([_tensor(challenge_c)], PRODUCER, 0).wait()
+        reply = _recv_within(group, PRODUCER, 2 * CHALLENGE_LEN)
+        challenge_p, proof = reply[:CHALLENGE_LEN], reply[CHALLENGE_LEN:]
+        accepted = hmac.compare_digest(proof, sign(self.secret, "kv-producer", challenge_c))
+        answer = sign(self.secret, "kv-consumer", challenge_p) if accepted else bytes(32)
+        group.send([_tensor(answer)], PRODUCER, 0).wait()
+        return accepted
 
     def _report_down(self, reason: str) -> None:
         """Warn once per outage, not once per dropped message."""
@@ -229,15 +294,25 @@ class P2pTransport:
     # --- consumer ---------------------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        while True:  # (after `close`, messages are still taken, and dropped)
+        while not self.closed.is_set():  # (messages arriving after `close` are dropped)
             session = self.num_sessions = self.num_sessions + 1
-            self.store.set("session", str(session))
+            self.store.set(f"{self.prefix}session", str(session))
             try:
-                prefixed = dist.PrefixStore(f"session{session}/", self.store)
+                prefixed = dist.PrefixStore(f"{self.prefix}session{session}/", self.store)
                 group = _group(prefixed, CONSUMER, socket.gethostbyname(self.ip), FOREVER)
+                accepted = self._consumer_handshake(group)
             except RuntimeError as exc:
                 logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
                 time.sleep(RECONNECT_S)  # (then the next session: never a busy loop)
+                continue
+            if not accepted:
+                self.num_refused += 1
+                logger.warning(
+                    "nanovllm: KV link session %d refused: its producer does not hold the KV "
+                    "secret",
+                    session,
+                )
+                time.sleep(RECONNECT_S)
                 continue
             self.group = group
             self.connected.set()
@@ -377,6 +452,18 @@ def _resolve(future: asyncio.Future, error: str | None) -> None:
 def _recv(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.Tensor:
     group.recv([tensor], PRODUCER, 0).wait()
     return tensor
+
+
+def _recv_within(group: dist.ProcessGroup, src: int, n: int) -> bytes:
+    """`n` bytes from `src`, within `HANDSHAKE_S` (else RuntimeError: a silent peer cannot
+    hold a session open)."""
+    tensor = torch.empty(n, dtype=torch.uint8)
+    group.recv([tensor], src, 0).wait(datetime.timedelta(seconds=HANDSHAKE_S))
+    return bytes(tensor.tolist())
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

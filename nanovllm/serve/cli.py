@@ -271,6 +271,29 @@ def warn_if_open(host: str, api_key: str | None, what: str) -> None:
         )
 
 
+def warn_of_engine_ports(engine) -> None:
+    """The engine's own listeners beside the HTTP port, where they reach beyond loopback: the
+    KV link (on kv_ip, held by the KV secret) and torchrun's rendezvous (torchrun's own)."""
+    from nanovllm.engine.tensor_parallel import under_torchrun
+    from nanovllm.kv_transfer.secret import secret_source
+
+    connector = engine.kv_connector
+    kv = getattr(connector, "config", None)
+    if kv is not None and kv.kv_port is not None and kv.kv_ip not in LOOPBACK:
+        source = secret_source(kv.kv_connector_extra_config.get("secret"))
+        print(
+            f"warning: the KV link listens on {kv.kv_ip}:{kv.kv_port}, beyond loopback: an engine "
+            f"joins it only with the KV secret, from {source}; the KV itself crosses unencrypted",
+            file=sys.stderr,
+        )
+    if engine.config.tensor_parallel_size > 1 and under_torchrun():
+        print(
+            "warning: torchrun's rendezvous and gloo listen where torchrun's flags and "
+            "GLOO_SOCKET_IFNAME put them (not --host), open to whoever reaches them",
+            file=sys.stderr,
+        )
+
+
 def run_proxy(args: argparse.Namespace) -> int:
     """`nanovllm serve --disagg-proxy`: no model, no torch; only the web stack and httpx."""
     from nanovllm.serve.disagg_proxy import build_proxy_app
@@ -327,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     warn_if_open(args.host, guard["api_key"], "use the model and watch every prompt on /v1/events")
+    warn_of_engine_ports(engine)
     async_engine = AsyncLLMEngine(engine)
     try:
         app = build_app(

@@ -9,7 +9,9 @@ to one server:
                            --2. body as sent,       do_remote_prefill--> DECODE  (streamed back)
 
 Both upstream requests carry `kv_transfer_params` with one fresh `transfer_id`, so the decode
-engine knows which transfer holds its prompt's KV. The decode server's status, Content-Type and
+engine knows which transfer holds its prompt's KV, and its `signature` with the KV secret
+(`kv_transfer/secret.py`: $NANOVLLM_KV_SECRET, else the file both engines read), without which
+the servers refuse them. The decode server's status, Content-Type and
 bytes go back to the client unchanged and as they arrive (SSE is never re-chunked).
 
 When a part is missing, the client still gets its answer:
@@ -56,6 +58,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from nanovllm.kv_transfer.secret import kv_secret, transfer_signature
 from nanovllm.serve.errors import error_body, error_type
 from nanovllm.serve.guard import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -90,7 +93,7 @@ PASSED_HEADERS = (
 )
 
 
-def prefill_body(body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
+def prefill_body(body: dict[str, Any], transfer_id: str, signature: str = "") -> dict[str, Any]:
     """The prefill engine's request: the prompt, one token, no stream, KV to be sent away."""
     prefill = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
     prefill["max_tokens"] = 1
@@ -98,16 +101,23 @@ def prefill_body(body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
         prefill["max_completion_tokens"] = 1
     prefill["stream"] = False
     prefill["n"] = 1
-    prefill["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
+    prefill["kv_transfer_params"] = {
+        "do_remote_decode": True,
+        "transfer_id": transfer_id,
+        "signature": signature,
+    }
     return prefill
 
 
-def decode_body(body: dict[str, Any], transfer_id: str | None) -> dict[str, Any]:
+def decode_body(
+    body: dict[str, Any], transfer_id: str | None, signature: str = ""
+) -> dict[str, Any]:
     """The decode engine's request: the client's own, told where its prompt's KV comes from
     (`transfer_id` None: the prefill failed, so no KV is coming and decode computes it)."""
     if transfer_id is None:
         return body
-    return {**body, "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": transfer_id}}
+    params = {"do_remote_prefill": True, "transfer_id": transfer_id, "signature": signature}
+    return {**body, "kv_transfer_params": params}
 
 
 def _passed_headers(response: httpx.Response) -> dict[str, str]:
@@ -210,6 +220,7 @@ class DisaggProxy:
         self.prefill_timeout_s = prefill_timeout_s
         self.health_check_interval_s = health_check_interval_s
         self.client: httpx.AsyncClient | None = None
+        self.kv_secret = kv_secret()  # signs each transfer id: only the proxy may name one
         # The watcher's last word on the prefill server: None while it answers /health with a
         # 200, else why not. Requests skip prefill while it is set.
         self.prefill_down: str | None = None
@@ -284,10 +295,11 @@ class DisaggProxy:
     ) -> Response:
         assert self.client is not None
         transfer_id: str | None = uuid.uuid4().hex
+        signature = transfer_signature(self.kv_secret, transfer_id)
         if self.prefill_down is not None:
             failure: Response | str | None = f"skipped: {self.prefill_down}"
         else:
-            failure = await self._prefill(path, prefill_body(body, transfer_id), headers)
+            failure = await self._prefill(path, prefill_body(body, transfer_id, signature), headers)
         if isinstance(failure, Response):
             return failure  # the client's own mistake, as the prefill server worded it
         if failure is not None:
@@ -297,7 +309,7 @@ class DisaggProxy:
                 failure,
             )
             transfer_id = None
-        decode = decode_body(body, transfer_id)
+        decode = decode_body(body, transfer_id, signature)
         decode_error = await self._open("decode", self.decode_url + path, decode, headers)
         if isinstance(decode_error, Response):
             return decode_error

@@ -310,6 +310,16 @@ class OpenAIServing:
         kv_params = (params.extra_args or {}).get("kv_transfer_params")
         connector = self.engine.engine.kv_connector
         if kv_params and connector is not None:
+            # Only the proxy names a transfer (it signs it with the KV secret): a client's
+            # made-up one would hold its request, and a slot, for nothing (`kv_transfer/secret.py`).
+            refusal = connector.check_kv_transfer_params(kv_params)
+            if refusal is not None:
+                raise APIError(
+                    refusal,
+                    status_code=403,
+                    param="kv_transfer_params",
+                    code="kv_transfer_params_forbidden",
+                )
             # Disaggregated decode: the prompt's KV is on its way from a producer engine; the
             # request waits here, holding no KV block, until it arrived (or did not in time).
             await connector.await_remote_kv(kv_params)

@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.cli import main
+from nanovllm.kv_transfer.secret import kv_secret, transfer_signature
 from nanovllm.serve.disagg_proxy import PREFILL_DROPPED, build_proxy_app, decode_body, prefill_body
 from nanovllm.serve.errors import error_body
 from nanovllm.serve.server import ServerThread
@@ -255,6 +256,8 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
     [sent_prefill], [sent_decode] = prefill[0].received, decode[0].received
     transfer_id = sent_prefill.body["kv_transfer_params"]["transfer_id"]
     assert len(transfer_id) == 32 and int(transfer_id, 16) >= 0  # uuid4().hex
+    # Signed with the KV secret, which the servers check: only the proxy names a transfer.
+    signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
     assert sent_prefill.body == {
         "model": "m",
         "prompt": "hello",
@@ -264,12 +267,9 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
         "stop": ["\n"],
         "seed": 5,
         "stream": False,
-        "kv_transfer_params": {"do_remote_decode": True, "transfer_id": transfer_id},
+        "kv_transfer_params": {"do_remote_decode": True, **signed},
     }
-    assert sent_decode.body == {
-        **body,
-        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": transfer_id},
-    }
+    assert sent_decode.body == {**body, "kv_transfer_params": {"do_remote_prefill": True, **signed}}
     assert sent_prefill.path == sent_decode.path == "/v1/completions"
     assert sent_prefill.authorization == sent_decode.authorization == "k"
     # A second request: a fresh transfer id.
@@ -303,16 +303,17 @@ def test_chat_prefill_is_limited_to_one_token_whichever_limit_is_sent(
     sent_prefill = prefill[0].received[0]
     assert sent_prefill.path == "/v1/chat/completions"
     transfer_id = sent_prefill.body["kv_transfer_params"]["transfer_id"]
+    signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
     assert sent_prefill.body == {
         "messages": body["messages"],
         "stream": False,
         "n": 1,
         **expected,
-        "kv_transfer_params": {"do_remote_decode": True, "transfer_id": transfer_id},
+        "kv_transfer_params": {"do_remote_decode": True, **signed},
     }
     assert decode[0].received[0].body == {
         **body,
-        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": transfer_id},
+        "kv_transfer_params": {"do_remote_prefill": True, **signed},
     }
 
 
@@ -331,16 +332,16 @@ field_names = st.sampled_from(
 def test_the_rewrites_change_only_what_they_must(body, uuid):
     original = json.loads(json.dumps(body))
     tid = uuid.hex
-    prefill = prefill_body(body, tid)
+    prefill = prefill_body(body, tid, "sig")
     kept = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
     fixed = {"max_tokens": 1, "stream": False, "n": 1}
-    fixed["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": tid}
+    fixed["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": tid, "signature": "sig"}
     if "max_completion_tokens" in body:
         fixed["max_completion_tokens"] = 1
     assert prefill == {**kept, **fixed}
-    assert decode_body(body, tid) == {
+    assert decode_body(body, tid, "sig") == {
         **body,
-        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid},
+        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "signature": "sig"},
     }
     assert decode_body(body, None) == body
     assert body == original  # the client's body is never changed in place

@@ -24,6 +24,7 @@ import pytest
 from serve_support import CHAT_TEMPLATE
 
 from nanovllm import EngineConfig, LLMEngine
+from nanovllm.kv_transfer.secret import kv_secret, transfer_signature
 from nanovllm.serve.api_server import build_app
 from nanovllm.serve.async_engine import AsyncLLMEngine
 from nanovllm.serve.disagg_proxy import build_proxy_app
@@ -199,6 +200,7 @@ def test_a_transfer_that_never_comes_is_waited_for_then_computed(
     without holding the event loop (another request is answered meanwhile), then computes."""
     model = async_engine.model_name
     lost = {"do_remote_prefill": True, "transfer_id": "never-sent"}
+    lost["signature"] = transfer_signature(kv_secret(), "never-sent")  # as the proxy signs
     expected = answer(client(server.url), model, prompt=LONG[3], max_tokens=8)
     result: list = []
     waiting = threading.Thread(
@@ -219,6 +221,28 @@ def test_a_transfer_that_never_comes_is_waited_for_then_computed(
     waiting.join(WAIT_S)
     assert time.monotonic() - start >= TIMEOUT_S
     assert result == [expected]
+    assert disagg.blocks_in_use() == [0, 0]
+
+
+def test_only_the_proxy_names_a_transfer_a_client_is_refused_at_once(disagg) -> None:
+    """A made-up transfer id, unsigned or signed with another secret, straight to either
+    server: a 403 naming `kv_transfer_params`, at once (it would have held the request, and a
+    concurrency slot, for the decode engine's whole `timeout_s`). The proxy's own still pass."""
+    forged = transfer_signature("another secret", "made-up")
+    for server in (disagg.decode_server, disagg.prefill_server):
+        for signature in ({}, {"signature": forged}, {"signature": 7}):
+            params = {"do_remote_prefill": True, "transfer_id": "made-up", **signature}
+            body = {"prompt": LONG[0], "max_tokens": 4, "kv_transfer_params": params}
+            start = time.monotonic()
+            r = httpx.post(server.url + "/v1/completions", json=body, timeout=WAIT_S)
+            assert r.status_code == 403, r.text
+            assert time.monotonic() - start < TIMEOUT_S
+            error = r.json()["error"]
+            assert error["param"] == "kv_transfer_params" and "proxy" in error["message"]
+    hits_before = disagg.decode.engine.scheduler.external_prefix_cache_hits
+    via = client(disagg.proxy.url)
+    assert via.completions.create(model=disagg.decode.model_name, prompt=LONG[1], max_tokens=4)
+    assert disagg.decode.engine.scheduler.external_prefix_cache_hits > hits_before
     assert disagg.blocks_in_use() == [0, 0]
 
 
