@@ -164,3 +164,48 @@ def test_missing_packages_are_named(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
     with pytest.raises(gguf_loader.GGUFError, match="pip install gguf"):
         gguf_loader._gguf()
+
+
+def test_generate_chat_prints_the_reply(gguf_file, capsys):
+    """`nanovllm generate --model FILE --chat`: the prompt as a user turn through the file's chat
+    template, and only the reply printed: the offline API's chat text."""
+    from nanovllm.cli import main
+
+    llm = LLM(str(gguf_file), num_kv_blocks=32)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    expected = llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=False)[0]
+    argv = ["generate", "hi", "--model", str(gguf_file), "--chat", "--temperature", "0"]
+    argv += ["--max-tokens", str(MAX_TOKENS), "--num-kv-blocks", "32"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == expected.outputs[0].text + "\n"
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory):
+    types, tie = FILES["q4_1"]
+    folder = make_model(tmp_path_factory.mktemp("hf"), arch="llama", tie=tie, seed=3)
+    return write_gguf(folder, tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", types)
+
+
+def test_bench_runs_a_gguf_file(q4_file, tmp_path):
+    """`nanovllm bench --model FILE.gguf`: nanovllm and transformers on the same file agree
+    token for token (one request at a time: no padding); the folder vLLM is given holds the
+    same weights: transformers generates from it what it generates from the file."""
+    import json
+
+    from nanovllm.bench.models import dequantized_folder
+    from nanovllm.cli import main
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--model", str(q4_file), "--threads", "1", "--json", str(out)]
+    argv += ["--engines", "nanovllm,one-at-a-time", "--no-extras"]
+    assert main(argv) == 0
+    (m,) = json.loads(out.read_text())["models"]
+    assert m["engines"]["one-at-a-time"]["agreement"]["tokens_pct"] == 100.0
+    from transformers import AutoModelForCausalLM
+
+    folder = AutoModelForCausalLM.from_pretrained(dequantized_folder(q4_file), dtype=torch.float32)
+    folder.generation_config.eos_token_id = None
+    file = hf_model(q4_file)
+    for prompt in PROMPTS:
+        assert hf_greedy(folder, prompt) == hf_greedy(file, prompt)

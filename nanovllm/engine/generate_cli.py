@@ -114,7 +114,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sample-seed", type=int, default=None, help="seed of this request's sampling"
     )
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message through the model's chat template and print "
+        "the reply (for an instruct model, e.g. --model smollm2)",
+    )
     add_engine_arguments(parser)
+
+
+def chat_prompt(engine, text: str):
+    """`text` as one user turn, rendered through the tokenizer's chat template."""
+    from nanovllm.chat_utils import render_chat, resolve_chat_template
+
+    model = str(engine.model_path)
+    template = resolve_chat_template(engine.tokenizer, None, model, fix="leave out --chat")
+    return render_chat(engine.tokenizer, [{"role": "user", "content": text}], template)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,11 +163,13 @@ def run(args: argparse.Namespace) -> int:
             stop=args.stop,
         )
         engine = LLMEngine(EngineConfig(**engine_options(args)))
-        engine.add_request("0", prompt, params)
+        request = chat_prompt(engine, prompt) if args.chat else prompt
+        engine.add_request("0", request, params)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(prompt)
+    if not args.chat:  # (a chat prints only the reply)
+        sys.stdout.write(prompt)
     for output in engine.stream():
         sys.stdout.write(output.delta_text)
         sys.stdout.flush()
