@@ -87,6 +87,26 @@ def test_gguf_generates_like_transformers(gguf_file):
         assert list(output.outputs[0].token_ids) == hf_greedy(model, prompt)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_gguf_generates_like_transformers(arch, tmp_path):
+    """Qwen2 (biases on q, k, v) and Qwen3 (q/k norms; head_dim 128, Qwen3Config's default,
+    apart from hidden / heads): no permutation in llama.cpp's files, every bias and norm loaded.
+    (transformers reads no head_dim from a Qwen3 GGUF file: it keeps the default.)"""
+    folder = make_model(tmp_path / "hf", arch=arch, seed=4)
+    types = dict(embed="Q8_0", attn="Q4_1", mlp="Q8_0", output="F16")
+    path = write_gguf(folder, tmp_path / f"{arch}.gguf", types, architecture=arch)
+    llm = LLM(str(path), num_kv_blocks=32, block_size=4)
+    assert llm.llm_engine.model_args.architecture.lower().startswith(arch)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy(), use_tqdm=False)
+    model = hf_model(path)
+    c = model.config
+    assert llm.llm_engine.model_args.head_dim == (
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    )
+    for prompt, output in zip(PROMPTS, outputs):
+        assert list(output.outputs[0].token_ids) == hf_greedy(model, prompt)
+
+
 def test_gguf_tokenizer_and_chat_template_come_from_the_file(gguf_file, tmp_path):
     from transformers import AutoTokenizer
 

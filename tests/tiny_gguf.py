@@ -1,7 +1,8 @@
 """A tiny GGUF file, written with the `gguf` package's writer from a tiny Hugging Face checkpoint.
 
 `write_gguf` converts a folder that `tiny_models.make_model` saved (random weights, every
-parameter randomised) the way llama.cpp's `convert_hf_to_gguf.py` does for Llama: llama.cpp's
+parameter randomised) the way llama.cpp's `convert_hf_to_gguf.py` does for Llama (and, with no
+permutation, Qwen2 and Qwen3): llama.cpp's
 metadata keys, its tensor names, the rows of q and k permuted into its RoPE layout, and the
 byte-level BPE tokenizer stored as a "gpt2" vocabulary with its merges. Each tensor is stored in
 the type `types` gives its kind of weight ("embed", "attn", "mlp", "norm", "output"), F32 by
@@ -26,6 +27,8 @@ LAYER = {
     "self_attn.k_proj": ("attn_k", "attn"),
     "self_attn.v_proj": ("attn_v", "attn"),
     "self_attn.o_proj": ("attn_output", "attn"),
+    "self_attn.q_norm": ("attn_q_norm", "norm"),
+    "self_attn.k_norm": ("attn_k_norm", "norm"),
     "post_attention_layernorm": ("ffn_norm", "norm"),
     "mlp.gate_proj": ("ffn_gate", "mlp"),
     "mlp.up_proj": ("ffn_up", "mlp"),
@@ -39,14 +42,14 @@ GLOBAL = {
 
 
 def gguf_name(hf_name: str) -> tuple[str, str]:
-    """llama.cpp's name for a Hugging Face tensor, and its kind."""
-    stem = hf_name.removesuffix(".weight")
+    """llama.cpp's name for a Hugging Face tensor, and its kind (a bias: "norm", kept F32)."""
+    stem, _, suffix = hf_name.rpartition(".")  # suffix: weight or bias
     if stem in GLOBAL:
         name, kind = GLOBAL[stem]
-        return f"{name}.weight", kind
+        return f"{name}.{suffix}", kind
     _, _, layer, rest = stem.split(".", 3)  # model.layers.N.rest
     name, kind = LAYER[rest]
-    return f"blk.{layer}.{name}.weight", kind
+    return f"blk.{layer}.{name}.{suffix}", "norm" if suffix == "bias" else kind
 
 
 def permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -83,8 +86,10 @@ def write_gguf(
     writer.add_uint32(f"{a}.attention.head_count_kv", config["num_key_value_heads"])
     writer.add_float32(f"{a}.rope.freq_base", config.get("rope_theta", 10000.0))
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     writer.add_uint32(f"{a}.rope.dimension_count", head_dim)
+    writer.add_uint32(f"{a}.attention.key_length", head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", head_dim)
     writer.add_uint32(f"{a}.vocab_size", config["vocab_size"])
 
     vocab = tokenizer["model"]["vocab"]
@@ -108,7 +113,9 @@ def write_gguf(
     for hf, tensor in weights.items():
         name, kind = gguf_name(hf)
         tensor = tensor.astype(np.float32)
-        if hf.endswith("q_proj.weight"):
+        if architecture != "llama":  # llama.cpp permutes Llama's q and k only
+            pass
+        elif hf.endswith("q_proj.weight"):
             tensor = permute(tensor, config["num_attention_heads"])
         elif hf.endswith("k_proj.weight"):
             tensor = permute(tensor, config["num_key_value_heads"])

@@ -15,9 +15,10 @@ What happens at load (the `gguf` package, llama.cpp's own Python reader, does th
 1. `load_gguf_config` reads the metadata into the fields of a Hugging Face `config.json`, the
    ones `ModelArgs` reads (an architecture nanovllm does not run is a `ModelLoadError` naming it);
 2. `gguf_tensors` renames each tensor to Hugging Face's name, dequantizes it to float32 with
-   `gguf.quants.dequantize`, and, for Llama, undoes the permutation llama.cpp's converter applies
-   to the rows of q and k (llama.cpp's RoPE rotates adjacent pairs of features, Hugging Face's
-   rotates the two halves of each head); the weight loaders (`sharded_loader.load_tensors`) then
+   `gguf.quants.dequantize`, and, for Llama, undoes the permutation llama.cpp's converter
+   applies to the rows of q and k (llama.cpp's Llama RoPE rotates adjacent pairs of features,
+   Hugging Face's the two halves of each head; its Qwen2 and Qwen3 RoPE rotates halves, so their
+   files are stored unpermuted); the weight loaders (`sharded_loader.load_tensors`) then
    copy each one into its parameter, cast to the engine's dtype. So the model runs in float32 (or
    bfloat16, ...) matmuls: dequantized weights, not llama.cpp's quantized kernels, and the file's
    4-bit weights take 32 bits each in memory;
@@ -46,7 +47,11 @@ PACKAGED_GGUF = {
 }
 
 # general.architecture -> the Hugging Face architecture nanovllm runs it as
-ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 # llama.cpp's tensor names -> Hugging Face's ("blk.N." becomes "model.layers.N.")
 GLOBAL_NAMES = {
@@ -60,6 +65,8 @@ LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -203,7 +210,8 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
         name = hf_name(tensor.name)
         if name is None:
             raise GGUFError(
-                f"unexpected tensor {tensor.name!r} in {str(path)!r}: not a Llama weight"
+                f"unexpected tensor {tensor.name!r} in {str(path)!r}: not a weight of "
+                f"{config['architectures'][0]}"
             )
         qtype = tensor.tensor_type
         try:
@@ -214,7 +222,8 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
                 f"{str(path)!r}: the gguf package cannot dequantize it"
             ) from None
         weight = torch.from_numpy(array.astype("float32", copy=False).copy())
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
+        # (only llama.cpp's Llama converter permutes; its Qwen converters store HF's order)
+        if config["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             weight = unpermute(weight, heads)
         yield name, weight, f"({tensor.name}, {qtype.name}) in {str(path)!r}"
