@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # checkpoint folder; None = the embedded default model
+    model: str | None = None  # checkpoint folder or GGUF file; None = the embedded default model
+    tokenizer: str | None = None  # its tokenizer's folder or GGUF file; None = the model's own
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None  # used when num_kv_blocks is None

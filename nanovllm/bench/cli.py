@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nanovllm.bench.engines import ENGINES
 
     add = parser.add_argument
-    add("--model", dest="models", type=_names, help="embedded|micro|tiny|100m|PATH[,...]")
+    add("--model", dest="models", type=_names, help="embedded|micro|tiny|100m|smollm2|PATH[,...]")
     add("--engines", metavar="E[,E]", type=_engines, help=f"of {', '.join(ENGINES)}")
     add("--num-requests", type=_positive, help="requests (default 64)")
     add("--prompt-len", type=_range, help="LO:HI prompt tokens (default 32:256)")

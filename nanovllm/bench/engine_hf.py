@@ -46,7 +46,11 @@ class _HFEngine(Engine):
     def load(self) -> dict:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        from nanovllm.bench.models import hf_source
+
+        model = AutoModelForCausalLM.from_pretrained(
+            **hf_source(self.model_path), dtype=torch.float32
+        )
         model.eval()
         model.generation_config.eos_token_id = None
         model.config.eos_token_id = None

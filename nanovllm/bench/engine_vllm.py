@@ -63,12 +63,20 @@ class VLLMEngine(Engine):
         os.close(fd)
         load = dict(
             cmd="load",
-            model=str(Path(self.model_path).resolve()),  # (the worker runs elsewhere)
+            model=str(self.folder().resolve()),  # (the worker runs elsewhere)
             enforce_eager=not self.compiled,
             kv_cache_memory_bytes=lim.kv_cache_bytes or 2**30,
             **lim.shared(),
         )
         return {**self._ask(load)["info"], "python": python, "log": log}
+
+    def folder(self) -> Path:
+        """The checkpoint folder vLLM loads: a GGUF file's weights, dequantized into one."""
+        from nanovllm.bench.models import dequantized_folder
+        from nanovllm.models.gguf_loader import is_gguf
+
+        path = Path(self.model_path)
+        return dequantized_folder(path) if is_gguf(path) else path
 
     def _ask(self, cmd: dict) -> dict:
         """One JSON line to the worker, one back."""

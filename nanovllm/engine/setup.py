@@ -42,7 +42,12 @@ from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.executor import KVConnectorExecutor
 from nanovllm.kv_transfer.factory import checked_config, create_connector
 from nanovllm.kv_transfer_config import KVTransferConfig
-from nanovllm.models.loader import load_model_args, load_tokenizer, resolve_dtype
+from nanovllm.models.loader import (
+    load_model_args,
+    load_tokenizer,
+    resolve_dtype,
+    resolve_model_path,
+)
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
@@ -77,6 +82,7 @@ class EngineSetup:
     num_kv_blocks: int
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
+    tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -147,7 +153,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     kv_transfer_config = None
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
         kv_transfer_config = checked_config(config.kv_transfer_config)
-    path = Path(config.model) if config.model else default_model_path()
+    path = resolve_model_path(config.model) if config.model else default_model_path()
     hf_config, args = load_model_args(path)
     max_model_len = check_max_model_len(config, args)
 
@@ -159,7 +165,8 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     backend_name = pick_backend(config.attention_backend, device, dtype)
     backend = get_backend(backend_name)
     backend.check_supported(config.block_size, args.head_dim)
-    tokenizer = load_tokenizer(path)
+    tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+    tokenizer = load_tokenizer(tokenizer_path)
 
     tp = config.tensor_parallel_size
     threads = config.num_threads
@@ -180,7 +187,7 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
     setup = EngineSetup(
         path, args, max_model_len, device, dtype, backend_name, tokenizer,
         eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,
-        executor, num_kv_blocks=0,
+        executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
     )  # fmt: skip
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)

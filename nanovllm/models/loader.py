@@ -1,5 +1,8 @@
 """Loading a Hugging Face checkpoint folder: config, safetensors weights and tokenizer.
 
+(A GGUF file, llama.cpp's one-file checkpoint, loads through the same three functions:
+`gguf_loader.py` reads it.)
+
 A checkpoint folder holds `config.json` (the architecture and its shape), the weights as
 safetensors (one `model.safetensors`, or shards listed in `model.safetensors.index.json`) and
 the tokenizer files. Everything is read from local files only: nanovllm never downloads.
@@ -16,9 +19,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from nanovllm.models import gguf_loader
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
-from nanovllm.models.sharded_loader import WeightLoadError, load_sharded
+from nanovllm.models.sharded_loader import WeightLoadError, load_sharded, load_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +49,28 @@ class ModelLoadError(ValueError):
     """A checkpoint folder that nanovllm cannot load, and why."""
 
 
+def resolve_model_path(model: str | Path) -> Path:
+    """The checkpoint a `model` argument names: a folder, a GGUF file, or a packaged GGUF file's
+    name (`smollm2`, `gguf_loader.PACKAGED_GGUF`) when no such folder or file exists."""
+    path = Path(model)
+    if not path.exists():
+        try:
+            packaged = gguf_loader.resolve_packaged(str(model))
+        except gguf_loader.GGUFError as exc:
+            raise ModelLoadError(str(exc)) from None
+        if packaged is not None:
+            return packaged
+    return path
+
+
 def load_config(path: Path) -> dict:
+    if gguf_loader.is_gguf(path):
+        try:
+            return gguf_loader.load_gguf_config(path)
+        except gguf_loader.GGUFError as exc:
+            raise ModelLoadError(str(exc)) from None
+    if path.is_file() and path.suffix == ".gguf":
+        raise ModelLoadError(f"{str(path)!r} is not a GGUF file (it does not start with b'GGUF')")
     if not path.is_dir():
         raise ModelLoadError(f"model path {str(path)!r} is not a folder")
     config_file = path / "config.json"
@@ -65,7 +90,8 @@ def load_model_args(path: Path) -> tuple[dict, ModelArgs]:
     except KeyError as exc:
         raise ModelLoadError(f"config.json in {str(path)!r} lacks the field {exc}") from exc
     except ValueError as exc:
-        raise ModelLoadError(f"{exc} (in {str(path / 'config.json')!r})") from exc
+        where = path if path.is_file() else path / "config.json"
+        raise ModelLoadError(f"{exc} (in {str(where)!r})") from exc
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -87,6 +113,13 @@ def weight_files(path: Path) -> list[Path]:
 def load_weights(model: CausalLM, path: Path) -> None:
     """Copy every tensor of the checkpoint into `model` (this rank's slice of it), checking
     names and shapes; q/k/v and gate/up go into their fused parameters (`sharded_loader.py`)."""
+    if gguf_loader.is_gguf(path):
+        try:
+            config = gguf_loader.load_gguf_config(path)
+            load_tensors(model, gguf_loader.gguf_tensors(path, config))
+        except (gguf_loader.GGUFError, WeightLoadError) as exc:
+            raise ModelLoadError(f"checkpoint {str(path)!r}: {exc}") from exc
+        return
     files = weight_files(path)
     for file in files:  # a truncated or corrupt file fails here, by name
         try:
@@ -131,10 +164,16 @@ def load_model(
 
 
 def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer, through transformers' AutoTokenizer, local files only."""
+    """The checkpoint's tokenizer, through transformers' AutoTokenizer, local files only (a
+    GGUF file's from its metadata)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
+    if gguf_loader.is_gguf(path):
+        try:
+            return gguf_loader.load_gguf_tokenizer(path)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the tokenizer of {str(path)!r}: {exc}") from exc
     if not any(
         (path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")
     ):

@@ -144,37 +144,55 @@ def load_sharded(
     shape that does not fit, or a parameter (or a fused parameter's shard) that no file held.
     Parameters shared between modules (tied embeddings) count as loaded through either name.
     """
+    report = LoadReport()
+
+    def tensors():
+        for file in map(Path, files):
+            report.bytes_in_files += safetensors_nbytes(file)
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for ckpt_name in f.keys():
+                    if any(part in ckpt_name for part in ignore):
+                        continue
+                    tensor = LazyTensor(f.get_slice(ckpt_name), ckpt_name)
+                    yield ckpt_name, tensor, f"in {str(file)!r}"
+                    report.bytes_read += tensor.bytes_read
+
+    report.tensors = load_tensors(model, tensors(), mapping)
+    return report
+
+
+def load_tensors(
+    model: nn.Module,
+    tensors: Iterable[tuple[str, LazyTensor | torch.Tensor, str]],
+    mapping: Sequence[tuple[str, str, str | int]] = STACKED_PARAMS_MAPPING,
+) -> int:
+    """Load `(checkpoint name, tensor, where)` triples into `model`'s parameters, as
+    `load_sharded` describes (`where` says where the tensor came from, in errors); the number of
+    tensors loaded. A tensor is a `LazyTensor` or a plain torch tensor (the GGUF loader's,
+    dequantized): a weight loader takes either, and `copy_` casts it to the parameter's dtype."""
     params = dict(model.named_parameters(remove_duplicate=False))
     fused = {p for p, _, _ in mapping}
     loaded: set[tuple[int, str | int | None]] = set()
-    report = LoadReport()
-    for file in map(Path, files):
-        report.bytes_in_files += safetensors_nbytes(file)
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for ckpt_name in f.keys():
-                if any(part in ckpt_name for part in ignore):
-                    continue
-                name, shard_id = _target(ckpt_name, mapping, params)
-                if name not in params:
-                    raise WeightLoadError(
-                        f"unexpected tensor {ckpt_name!r} in {str(file)!r}: the model has no "
-                        f"parameter {name!r}"
-                    )
-                param = params[name]
-                tensor = LazyTensor(f.get_slice(ckpt_name), ckpt_name)
-                loader = getattr(param, "weight_loader", None)
-                try:
-                    if loader is None:
-                        default_weight_loader(param, tensor)
-                    elif shard_id is None:
-                        loader(param, tensor)
-                    else:
-                        loader(param, tensor, shard_id)
-                except (ValueError, IndexError) as exc:
-                    raise WeightLoadError(f"tensor {ckpt_name!r} in {str(file)!r}: {exc}") from exc
-                loaded.add((id(param), shard_id))
-                report.tensors += 1
-                report.bytes_read += tensor.bytes_read
+    count = 0
+    for ckpt_name, tensor, where in tensors:
+        name, shard_id = _target(ckpt_name, mapping, params)
+        if name not in params:
+            raise WeightLoadError(
+                f"unexpected tensor {ckpt_name!r} {where}: the model has no parameter {name!r}"
+            )
+        param = params[name]
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is None:
+                default_weight_loader(param, tensor)
+            elif shard_id is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard_id)
+        except (ValueError, IndexError) as exc:
+            raise WeightLoadError(f"tensor {ckpt_name!r} {where}: {exc}") from exc
+        loaded.add((id(param), shard_id))
+        count += 1
     missing = []
     for name, param in params.items():
         parts = name.split(".")
@@ -188,4 +206,4 @@ def load_sharded(
     if missing:
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise WeightLoadError(f"the checkpoint lacks {len(missing)} tensors: {shown}")
-    return report
+    return count

@@ -82,7 +82,8 @@ def build_app(
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
-        tokenizer = load_tokenizer(engine.engine.model_path)  # our own: see serving.py
+        setup = engine.engine.setup  # our own tokenizer (see serving.py), from the same place
+        tokenizer = load_tokenizer(setup.tokenizer_path or setup.model_path)
     model_name = served_model_name or engine.model_name
     serving = OpenAIServing(engine, tokenizer, model_name, chat_template, max_prompt_chars)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)

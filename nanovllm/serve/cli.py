@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="checkpoint folder, as `vllm serve MODEL` (same as --model; default: the embedded model)",
+        help="checkpoint folder or GGUF file, as `vllm serve MODEL` (same as --model; default: the embedded model)",
     )
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
