@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -73,6 +73,8 @@ MIN_WIDTH, MIN_HEIGHT = 60, 16  # below this, a message instead of the views
 # Frames per second at most. A full frame costs Textual tens of milliseconds of CPU; drawing
 # every step of a fast engine would take the CPU (and the GIL) from the engine itself.
 MAX_FPS = 12
+# Seconds `q` waits for the engine's thread to stop (see `run_driver`).
+STOP_WAIT = 0.3
 
 DriverFactory = Callable[[Publish, Notify], Driver]
 
@@ -154,6 +156,8 @@ class VizApp(App[object]):
         self._engine_views: dict[str, list[StateView]] = {}  # the decode engine's)
         self._finishing = False
         self._measure_start: tuple[float, float, int, int] | None = None
+        self.engine_thread: threading.Thread | None = None
+        self.speed = self.driver.status.speed  # the pace; `+`/`-` change it (`_change_speed`)
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -244,9 +248,16 @@ class VizApp(App[object]):
 
     # --- the worker and its mailbox -------------------------------------------------------
 
-    @work(thread=True, exclusive=True, name="engine", group="engine")
     def run_driver(self) -> None:
-        self.driver.run()
+        """Start the driver in its own daemon thread, not a Textual thread worker: Textual runs
+        those on asyncio's default executor, which the app joins on exit, so `q` pressed while
+        the model loads or a step runs waited seconds for it. The app waits for the driver at
+        most `STOP_WAIT` seconds (`on_unmount`): its close (the engine's shutdown, the trace's
+        last lines) runs when it is between moves, as it almost always is."""
+        self.engine_thread = threading.Thread(
+            target=self.driver.run, name="nanovllm-viz-engine", daemon=True
+        )
+        self.engine_thread.start()
 
     def _publish(self, state: VizState, status: DriverStatus) -> None:
         """Called in the worker thread: keep only the newest state, wake the UI once."""
@@ -362,10 +373,12 @@ class VizApp(App[object]):
         return True
 
     def _change_speed(self, delta: int) -> None:
-        speed = self.status.speed if self.status else SPEEDS[3]
-        i = SPEEDS.index(speed) if speed in SPEEDS else 3
+        # From the pace the keys last set, not the last frame's: a frame comes at most 12 times
+        # a second, so two quick presses would both start from the same old pace.
+        i = SPEEDS.index(self.speed) if self.speed in SPEEDS else 3
         i = max(0, min(len(SPEEDS) - 1, i + delta))
-        self.driver.send(SetSpeed(SPEEDS[i]))
+        self.speed = SPEEDS[i]
+        self.driver.send(SetSpeed(self.speed))
 
     def action_faster(self) -> None:
         self._change_speed(+1)
@@ -450,6 +463,8 @@ class VizApp(App[object]):
 
     def on_unmount(self) -> None:
         self.driver.stop()
+        if self.engine_thread is not None:
+            self.engine_thread.join(STOP_WAIT)
 
 
 # --- screenshots --------------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""The defects found when the visualizer was tried as a new user would (issue 41, section 3),
+each checked against what the state says: the counts a view prints against the state's own
+counts, the pace keys against the commands sent, quitting against a source that never yields.
+
+The views are rendered without a screen: `rendered` gives a view a size and a state and calls
+its `render`, the same call Textual makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+
+from budget import examples
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from textual.geometry import Size
+from viz_helpers import engine_started, wait_until
+
+from nanovllm.events import BlockAllocated, RequestAdded, RequestScheduled, StepSummary
+from nanovllm.viz.app import VizApp
+from nanovllm.viz.driver import Driver, ReplayDriver, SetSpeed
+from nanovllm.viz.state import VizState, reduce_all, table_holders
+from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.widgets.block_tables import BlockTablesView
+from nanovllm.viz.widgets.free_queue import FreeQueueView
+from nanovllm.viz.widgets.step_view import StepView, segment_widths
+
+
+def rendered(cls: type[StateView], state: VizState, width: int, height: int, selected=None):
+    """The lines `cls` draws for `state` in a `width`×`height` content area."""
+
+    class Sized(cls):  # type: ignore[misc, valid-type]
+        @property
+        def size(self) -> Size:
+            return Size(width, height)
+
+    view = Sized()
+    view.state, view.selected = state, selected
+    return view.render().plain.split("\n")
+
+
+def running_requests(n: int, blocks_each: int = 1, num_blocks: int = 64) -> VizState:
+    """`n` requests admitted in step 1, each with `blocks_each` blocks, decoding in step 2."""
+    events: list = [engine_started(num_blocks)]
+    block = 0
+    for i in range(n):
+        rid = f"r{i}"
+        events.append(RequestAdded(rid, "abc", 3, 4, ("a", "b", "c")))
+        for logical in range(blocks_each):
+            events.append(BlockAllocated(rid, block, logical))
+            block += 1
+    for step, prefill in ((1, True), (2, False)):
+        for i in range(n):
+            events.append(RequestScheduled(step, f"r{i}", 3 if prefill else 1, 0, prefill, False))
+        used = n * blocks_each
+        tokens = 3 * n if prefill else n
+        events.append(
+            StepSummary(step, {f"r{i}": 1 for i in range(n)}, tokens if prefill else 0,
+                        0 if prefill else tokens, n, 0, used, 0, num_blocks - used, 0, 0,
+                        1e-4, 1e-3, token_budget=512)
+        )  # fmt: skip
+    return reduce_all(VizState(), events)
+
+
+# --- block tables count the requests they do not show ------------------------------------------
+
+
+@settings(max_examples=examples(40), deadline=None)
+@example(n=12, blocks_each=1, width=60, height=5)  # the 100x30 case: `… 7 more` under 4 rows
+@given(n=st.integers(2, 14), blocks_each=st.integers(1, 12), width=st.integers(24, 80),
+       height=st.integers(1, 14))  # fmt: skip
+def test_block_tables_count_every_request_not_shown(n, blocks_each, width, height):
+    """Requests drawn (a line that starts with the request's letter) plus `… N more` are all
+    the holders: at 100x30 with 12 running, four rows used to say `… 7 more`."""
+    state = running_requests(n, blocks_each, num_blocks=n * blocks_each + 4)
+    lines = rendered(BlockTablesView, state, width, height)
+    assert len(lines) <= height
+    shown = sum(1 for line in lines if line and not line.startswith((" ", "…")))
+    more = [int(m) for line in lines for m in re.findall(r"^… (\d+) more", line)]
+    assert shown + sum(more) == len(table_holders(state)), lines
+
+
+# --- the step bar singles out nobody among equals ----------------------------------------------
+
+
+def test_all_one_token_decodes_get_no_cell():
+    """Twelve one-token decodes in a 512-token budget on a 64-cell bar: none is drawn (the old
+    running total gave the fifth a cell, `▕e +11 more`)."""
+    assert segment_widths([1] * 12, 512, 64) == [0] * 12
+    lines = rendered(StepView, running_requests(12), 66, 4)
+    bar = lines[1]
+    assert not re.search(r"[a-zA-Z]", bar.split(" ")[0].strip("▕")), bar
+    assert "12 requests, each under a cell" in bar
+
+
+@settings(max_examples=examples(60))
+@given(tokens=st.lists(st.integers(1, 600), min_size=1, max_size=16),
+       budget=st.integers(1, 2048), width=st.integers(1, 200))  # fmt: skip
+def test_a_segment_is_drawn_only_for_a_share_of_half_a_cell(tokens, budget, width):
+    widths = segment_widths(tokens, budget, width)
+    scale = width / max(budget, sum(tokens), 1)
+    assert sum(widths) <= width
+    for t, w in zip(tokens, widths):
+        assert w >= 0
+        if t * scale < 0.5:
+            assert w == 0  # too small: not drawn, whichever its neighbours are
+        assert abs(w - t * scale) < 1.5  # in proportion
+
+
+# --- the shortened free queue keeps its head and counts in words --------------------------------
+
+
+def free_queue_after_taking(taken: int, num_blocks: int) -> VizState:
+    """A step that took `taken` blocks from the head of a `num_blocks` queue (one request)."""
+    events: list = [engine_started(num_blocks), RequestAdded("r0", "abc", 3, 4, ("a",))]
+    events += [BlockAllocated("r0", b, b) for b in range(taken)]
+    return reduce_all(VizState(), events)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(taken=st.integers(0, 60), num_blocks=st.integers(8, 128), width=st.integers(30, 160),
+       height=st.integers(3, 5))  # fmt: skip
+def test_the_shortened_free_queue_keeps_its_head(taken, num_blocks, width, height):
+    taken = min(taken, num_blocks - 1)
+    state = free_queue_after_taking(taken, num_blocks)
+    lines = rendered(FreeQueueView, state, width, height)
+    strip = " ".join(lines[1:-1])
+    head = state.free_queue[0]
+    # `▸` and the head block right after it, always.
+    assert re.search(rf"▸\s+▾?{head}\b", strip), strip
+    elided = re.findall(r"…(\d+) more…", strip)
+    assert not re.search(r"…\d+…", strip)  # never a bare number between dots
+    shown = [int(x) for x in re.findall(r"(?<![←↑\d…])\b(\d+)\b(?! more)", strip)]
+    assert len(shown) + sum(map(int, elided)) == len(state.free_queue), strip
+
+
+# --- the pace keys start from the pace the keys set ---------------------------------------------
+
+
+def test_quick_pace_presses_are_all_counted(trace_path: Path):
+    """Three `+` before any frame shows the new pace: three paces up, not one. The driver
+    here never hears of them, so the frames keep the old pace, as between two quick presses."""
+    sent: list[float] = []
+
+    def make(publish, notify):
+        driver = ReplayDriver(trace_path, publish, notify=notify, paused=True, speed=2)
+        send = driver.send
+
+        def intercept(command) -> None:
+            if isinstance(command, SetSpeed):
+                sent.append(command.steps_per_s)
+            else:
+                send(command)
+
+        driver.send = intercept  # type: ignore[method-assign]
+        return driver
+
+    async def go() -> None:
+        app = VizApp(make)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_until(pilot, lambda: app.status is not None and not app.status.loading)
+            await pilot.press("plus", "plus", "plus", "minus")
+            await wait_until(pilot, lambda: len(sent) == 4)
+        assert sent == [4, 8, 16, 8]
+
+    asyncio.run(go())
+
+
+# --- `q` does not wait for the engine -----------------------------------------------------------
+
+
+class Stuck(Driver):
+    """A source whose setup takes as long as loading a model on a busy machine, and more."""
+
+    def __init__(self, publish, notify, release: threading.Event) -> None:
+        super().__init__(publish, notify)
+        self.release = release
+
+    def setup(self) -> None:
+        self.release.wait(30)
+
+    def pull(self) -> bool:
+        return False
+
+
+def test_quit_does_not_wait_for_the_engine_thread():
+    """`q` while the source is busy (loading, or in a long step) ends the app at once: the
+    engine's thread used to be a Textual worker, whose executor the app joins on exit."""
+    release = threading.Event()
+
+    async def go() -> None:
+        app = VizApp(lambda publish, notify: Stuck(publish, notify, release))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause(0.2)
+            await pilot.press("q")
+            await wait_until(pilot, lambda: not app.is_running, timeout=10)
+
+    start = time.monotonic()
+    try:
+        asyncio.run(go())  # (asyncio.run joins its default executor at the end)
+        took = time.monotonic() - start
+    finally:
+        release.set()
+    assert took < 10, took  # the stuck setup takes 30 s
