@@ -12,21 +12,34 @@ import asyncio
 import re
 import threading
 import time
+from io import StringIO
 from pathlib import Path
 
 from budget import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
+from rich.text import Text
 from textual.geometry import Size
 from viz_helpers import engine_started, wait_until
 
-from nanovllm.events import BlockAllocated, RequestAdded, RequestScheduled, StepSummary
+from nanovllm.events import (
+    BlockAllocated,
+    BlockFreed,
+    CacheHit,
+    RequestAdded,
+    RequestFinished,
+    RequestScheduled,
+    StepSummary,
+    TokenEmitted,
+)
 from nanovllm.viz.app import VizApp
 from nanovllm.viz.driver import Driver, ReplayDriver, SetSpeed
-from nanovllm.viz.state import VizState, reduce_all, table_holders
+from nanovllm.viz.state import VizState, reduce, reduce_all, table_holders
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.widgets.block_tables import BlockTablesView
 from nanovllm.viz.widgets.free_queue import FreeQueueView
+from nanovllm.viz.widgets.metrics import MetricsView
 from nanovllm.viz.widgets.step_view import StepView, segment_widths
 
 
@@ -40,7 +53,13 @@ def rendered(cls: type[StateView], state: VizState, width: int, height: int, sel
 
     view = Sized()
     view.state, view.selected = state, selected
-    return view.render().plain.split("\n")
+    out = view.render()
+    if isinstance(out, Text):
+        return out.plain.split("\n")
+    console = Console(width=width, file=StringIO(), color_system=None)  # a table, say
+    with console.capture() as captured:
+        console.print(out)
+    return captured.get().splitlines()
 
 
 def running_requests(n: int, blocks_each: int = 1, num_blocks: int = 64) -> VizState:
@@ -206,3 +225,62 @@ def test_quit_does_not_wait_for_the_engine_thread():
     finally:
         release.set()
     assert took < 10, took  # the stuck setup takes 30 s
+
+
+# --- metrics say which step they describe ------------------------------------------------------
+
+
+def test_metrics_name_the_step_they_describe(trace_events):
+    """Mid-step the metrics are still the last finished step's: they say so, and which."""
+    state = VizState()
+    checked = 0
+    for event in trace_events:
+        state = reduce(state, event)
+        if state.last_step is None or state.last_step.summary is None or not state.draft.events:
+            continue
+        text = "\n".join(rendered(MetricsView, state, 40, 20))
+        step = state.last_step.summary.step
+        assert f"as of      end of step {step}, {step + 1} playing" in text, text
+        checked += 1
+        if checked > 20:
+            break
+    assert checked
+
+
+# --- wording ------------------------------------------------------------------------------------
+
+ONE_PLURAL = re.compile(
+    r"(?<![\d.,/])\b1 (tokens|blocks|requests|slots|prompt tokens|computed tokens)"
+)
+
+
+def test_story_wording_singular_and_plain():
+    events = [
+        engine_started(8),
+        RequestAdded("a", "x", 1, 1, ("x",)),
+        RequestAdded("b", "y", 1, 1, ("y",)),
+        BlockAllocated("a", 0, 0),
+        CacheHit("b", 0, 0, False, 2),
+        RequestScheduled(1, "a", 1, 0, True, False),
+        RequestScheduled(1, "b", 1, 0, True, False),
+        TokenEmitted(1, "a", 7, "z", 1),
+        RequestFinished(1, "a", "length", 1, 1),
+        BlockFreed("a", 0, 1, False),
+    ]
+    texts = [n.text for n in reduce_all(VizState(), events).draft.notes]
+    story = "\n".join(texts)
+    assert "a arrives: 1 prompt token, first in the waiting queue" in story
+    assert "b arrives: 1 prompt token, at the back of the waiting queue, 1 request ahead" in story
+    assert "prefill of 1 token" in story
+    assert "finished (length, 1 token)" in story
+    assert "lets go of its blocks: block 0 still held by 1 other request" in story
+    assert "(ref" not in story and not ONE_PLURAL.search(story), story
+
+
+def test_no_one_with_a_plural_in_the_trace_story(trace_events):
+    state = VizState()
+    for event in trace_events:
+        state = reduce(state, event)
+        for note in state.draft.notes:
+            assert not ONE_PLURAL.search(note.text), note.text
+            assert "(ref" not in note.text and "ahead)" not in note.text, note.text

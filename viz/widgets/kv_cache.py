@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import BlockInfo, VizState, kv_figures, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -168,7 +169,7 @@ class KVCacheView(StateView):
         if rows > room:
             shown = (room - 1) * cols
             lines = lines[: 1 + (room - 1) * cell_lines]
-            lines.append(Text(f"… {n - shown} more blocks (enlarge the terminal)", DIM))
+            lines.append(Text(f"… {count(n - shown, 'more block')} (enlarge the terminal)", DIM))
         return Text("\n").join(lines[:height])
 
     _changed: frozenset[int] = frozenset()

@@ -31,7 +31,7 @@ from nanovllm.viz.widgets.base import StateView
 
 class MetricsView(StateView):
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.last_step, state.metrics)
+        return (state.last_step, state.metrics, bool(state.draft.events))
 
     def render(self) -> Table | Text:
         state, m = self.state, self.state.metrics
@@ -43,6 +43,13 @@ class MetricsView(StateView):
         table = Table.grid(padding=(0, 1))
         table.add_column(style="bold", no_wrap=True, width=10)
         table.add_column(no_wrap=True, overflow="ellipsis", max_width=value_width)
+        # The figures are the last *finished* step's: while the next one plays event by event,
+        # say so, or they would seem to describe the step the top line shows.
+        as_of = Text(f"end of step {summary.step}")
+        playing = f", {summary.step + 1} playing"
+        if state.draft.events and len(as_of) + len(playing) <= value_width:
+            as_of.append(playing, DIM)
+        table.add_row("as of", as_of)
         table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
         total = summary.num_used_blocks + summary.num_free_blocks
         usage = summary.num_used_blocks / total if total else 0.0

@@ -24,6 +24,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -73,7 +74,8 @@ class PagingView(StateView):
         bs = state.block_size
         head = request_label(info, info.request_id)
         head.append(
-            f" · {info.status} · {len(info.block_table)} blocks · {info.num_tokens} tokens, "
+            f" · {info.status} · {count(len(info.block_table), 'block')} · "
+            f"{count(info.num_tokens, 'token')}, "
             f"{info.num_computed_tokens} in the cache",
             DIM,
         )

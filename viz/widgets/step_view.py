@@ -23,6 +23,7 @@ from typing import Any
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState, latest_changes, shown_step
 from nanovllm.viz.style import DIM, FLASH, HEADING, owner_style, request_glyph, request_label
 from nanovllm.viz.widgets.base import StateView
@@ -76,7 +77,8 @@ class StepView(StateView):
         playing = summary is None
         head = Text(f"step {record.step}{' so far' if playing else ''}: ", HEADING)
         share = f" ({used / budget:.0%})" if budget else ""
-        head.append(f"{used} of {budget} tokens{share}, {len(record.scheduled)} requests · ")
+        head.append(f"{used} of {count(budget, 'token')}{share}, ")
+        head.append(f"{count(len(record.scheduled), 'request')} · ")
         head.append(f"prefill {prefill} + decode {decode}")
         if proposed:
             head.append(f" ({proposed} proposed)")

@@ -23,6 +23,7 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import StepRecord, VizState
 from nanovllm.viz.style import ALERT, CACHED, DIM, FLASH, FREE, HEADING, NEW, PULLED
 from nanovllm.viz.widgets.base import StateView
@@ -126,7 +127,7 @@ class TierView(StateView):
                     f"{DROPPED}{t.num_dropped}{failed}"
                 )
         else:
-            text = f"{t.role} · saved {t.num_saved} · loaded {t.num_loaded} blocks{failed}"
+            text = f"{t.role} · saved {t.num_saved} · loaded {count(t.num_loaded, 'block')}{failed}"
         return Text(text, HEADING)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
