@@ -50,11 +50,18 @@ MARK = Style(bold=True, underline=True)  # the selected request's blocks
 PROPOSED = Style(color="black", bgcolor="#e5c07b")  # a proposed token's slot, not verified yet
 
 
-def token_cell(text: str, width: int) -> str:
-    """A token's text in `width` cells, whitespace made visible (` ` -> `␣`, newline -> `⏎`)."""
+def escape_token(text: str) -> str:
+    """A token's text with whitespace made visible (` ` -> `␣`, newline -> `⏎`, tab -> `⇥`) and
+    every other unprintable character escaped as Python writes it (`\\x07`)."""
     shown = text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
-    shown = "".join(ch if ch.isprintable() else "�" for ch in shown)
-    return set_cell_size(shown, width)
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in shown
+    )
+
+
+def token_cell(text: str, width: int) -> str:
+    """A token's escaped text (`escape_token`) in `width` cells: cut, or padded."""
+    return set_cell_size(escape_token(text), width)
 
 
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"

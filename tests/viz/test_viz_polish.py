@@ -36,10 +36,12 @@ from nanovllm.events import (
 from nanovllm.viz.app import VizApp
 from nanovllm.viz.driver import Driver, ReplayDriver, SetSpeed
 from nanovllm.viz.state import VizState, reduce, reduce_all, table_holders
+from nanovllm.viz.style import escape_token
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.widgets.block_tables import BlockTablesView
 from nanovllm.viz.widgets.free_queue import FreeQueueView
 from nanovllm.viz.widgets.metrics import MetricsView
+from nanovllm.viz.widgets.paging import PagingView, slot_layout
 from nanovllm.viz.widgets.step_view import StepView, segment_widths
 
 
@@ -284,3 +286,28 @@ def test_no_one_with_a_plural_in_the_trace_story(trace_events):
         for note in state.draft.notes:
             assert not ONE_PLURAL.search(note.text), note.text
             assert "(ref" not in note.text and "ahead)" not in note.text, note.text
+
+
+# --- paging slots: tokens apart, each as long as fits, escaped ----------------------------------
+
+TOKENS = (" thou", " to", "\x07bell", "\n", "abcdefghijklmnopqrstuvwxyz", "é", "\t", "x")
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(width=st.integers(20, 120))
+def test_paging_slots_keep_tokens_apart_and_show_what_fits(width):
+    events: list = [engine_started(4), RequestAdded("r0", "".join(TOKENS), 8, 4, TOKENS)]
+    events += [BlockAllocated("r0", 0, 0), BlockAllocated("r0", 1, 1)]
+    events += [RequestScheduled(1, "r0", 8, 0, True, False)]
+    state = reduce_all(VizState(), events)
+    lines = rendered(PagingView, state, width, 20, selected="r0")
+    label = len(f"L1 → #{state.num_blocks - 1} ")
+    per_line, slot = slot_layout(4, max(1, width - label))
+    shown: list[str] = []
+    for line in lines:
+        if re.match(r"L\d → #\d", line) or (
+            shown and line.startswith(" " * label) and "ref" not in line
+        ):
+            shown += line[label:].split()
+    expected = [escape_token(t)[: max(1, slot - 1)] for t in TOKENS]
+    assert shown == expected, (lines, slot)

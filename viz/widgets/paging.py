@@ -5,7 +5,9 @@ lives in physical block 24 (the KV grid underlines the request's blocks). Then t
 reference count (and every owner, when the prefix cache shares it) and how many of its slots
 hold a token. The slots show the tokens' text: bright where the token's K and V are already in
 the cache, dim where the token is known but not computed yet (a prompt waiting for its next
-chunk), `·` where the slot is still empty. Only the last block can have empty slots: that is
+chunk), `·` where the slot is still empty. A slot shows as much of its token as fits, escaped
+(`␣` a space, `⏎` a newline, `\x07` an unprintable character), then a space, so tokens never
+run together; the slots grow with the panel. Only the last block can have empty slots: that is
 all the memory paged attention wastes (internal fragmentation).
 
 Speculative decoding: while a step verifies proposed tokens their slots hold KV already but
@@ -38,8 +40,8 @@ from nanovllm.viz.style import (
 from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
-MIN_SLOT = 3  # characters a slot needs to show a little text
-MAX_SLOT = 6  # characters a slot takes at most
+MIN_SLOT = 3  # characters a slot needs to show a little text (two, and a space)
+MAX_SLOT = 13  # characters a slot takes at most (the last one always a space)
 
 
 def slot_layout(block_size: int, width: int) -> tuple[int, int]:
@@ -160,7 +162,8 @@ class PagingView(StateView):
             t = first + i
             bg = SLOT_BG[i % 2]
             if t < info.num_tokens and t < len(info.tokens):
-                text = token_cell(info.tokens[t], slot)
+                # As much of the token as the slot holds, then a space: tokens never run together.
+                text = token_cell(info.tokens[t], max(1, slot - 1)).ljust(slot)
             elif t < info.num_tokens:
                 text = "▮".ljust(slot)
             elif i < computed:  # a proposed token's slot, this step: verified, or about to be
