@@ -109,15 +109,30 @@ def runs(cells: Iterable[tuple[str, Style]]) -> Text:
     return text
 
 
+MAX_ID = 16  # characters of a request id in a label without a set width
+
+
+def short_id(request_id: str, room: int) -> str:
+    """`request_id` in at most `room` characters: whole, or its start and its last two
+    characters around `…` (a server's ids, `cmpl-9f8e…-0`, differ at both ends)."""
+    if len(request_id) <= room:
+        return request_id
+    if room >= 6:
+        return request_id[: room - 3] + "…" + request_id[-2:]
+    return request_id[: max(0, room - 1)] + "…"
+
+
 def request_label(info: RequestInfo | None, request_id: str, width: int = 0) -> Text:
-    """`A r12`: the request's letter on its colour, then its id (padded to `width`)."""
+    """`A r12`: the request's letter on its colour, then its id, padded to `width` (a long id
+    is shortened, `short_id`, to leave a space after it)."""
     text = Text()
     if info is None:
         text.append("?", DIM)
     else:
         text.append(request_glyph(info.slot), owner_style(info.slot))
     text.append(" ")
-    text.append(request_id, text_style(info.slot) if info else DIM)
+    shown = short_id(request_id, width - 3 if width else MAX_ID)
+    text.append(shown, text_style(info.slot) if info else DIM)
     if width:
         text.truncate(width, pad=True)
     return text

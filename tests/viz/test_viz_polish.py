@@ -42,7 +42,9 @@ from nanovllm.viz.widgets.block_tables import BlockTablesView
 from nanovllm.viz.widgets.free_queue import FreeQueueView
 from nanovllm.viz.widgets.metrics import MetricsView
 from nanovllm.viz.widgets.paging import PagingView, slot_layout
+from nanovllm.viz.widgets.queues import QueuesView
 from nanovllm.viz.widgets.step_view import StepView, segment_widths
+from nanovllm.viz.widgets.timeline import TimelineView
 
 
 def rendered(cls: type[StateView], state: VizState, width: int, height: int, selected=None):
@@ -311,3 +313,26 @@ def test_paging_slots_keep_tokens_apart_and_show_what_fits(width):
             shown += line[label:].split()
     expected = [escape_token(t)[: max(1, slot - 1)] for t in TOKENS]
     assert shown == expected, (lines, slot)
+
+
+# --- long request ids (a server's) are shortened with a marker ----------------------------------
+
+LONG_ID = "cmpl-9f8e7d6c5b4a39281706-0"
+
+
+def test_long_request_ids_fit_their_columns():
+    events: list = [engine_started(8), RequestAdded(LONG_ID, "abc", 3, 4, ("a", "b", "c"))]
+    events += [BlockAllocated(LONG_ID, 0, 0), RequestScheduled(1, LONG_ID, 3, 0, True, False)]
+    events += [StepSummary(1, {LONG_ID: 1}, 3, 0, 1, 0, 1, 0, 7, 3, 3, 1e-4, 1e-3, token_budget=16)]
+    state = reduce_all(VizState(), events)
+    for cls in (BlockTablesView, QueuesView, TimelineView, StepView):
+        lines = rendered(cls, state, 50, 10)
+        labels = [line for line in lines if re.search(r"\bcm", line)]
+        assert labels, (cls, lines)
+        for line in labels:
+            shown = re.search(r"\bcm[\w…-]*", line).group(0)
+            assert "…" in shown and len(shown) <= 16, (cls, line)
+            head, tail = shown.split("…")
+            assert LONG_ID.startswith(head) and LONG_ID.endswith(tail), (cls, line)
+            if cls is not StepView:  # a label column: the id ends before the column does
+                assert line.index(shown) + len(shown) < 9, (cls, line)
