@@ -219,12 +219,11 @@ class VizApp(App[object]):
         self._views = list(self.query(StateView))
         for view in self._views:
             if type(view) in titles:
-                view.border_title, view.border_subtitle = titles[type(view)]
+                view.set_titles(*titles[type(view)])
         for engine, label in (("prefill", "prefill (producer)"), ("decode", "decode (consumer)")):
             self.query_one(f"#{engine}").border_title = label
             self._engine_views[engine] = list(self.query(f"#{engine} StateView"))
-        self.query_one(LinkView).border_title = "link: blocks crossing"
-        self.query_one(LinkView).border_subtitle = "P2pConnector · newest first"
+        self.query_one(LinkView).set_titles("link: blocks crossing", "P2pConnector · newest first")
         self._views = [
             v
             for v in self._views
@@ -295,7 +294,10 @@ class VizApp(App[object]):
         self._check_goals()
 
     def on_engine_notice(self, message: EngineNotice) -> None:
-        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+        # Long enough to read (a scenario's "what to watch" is a few sentences): 5 s, or
+        # about 15 characters a second.
+        timeout = max(5.0, len(message.text) / 15)
+        self.notify(message.text, severity=message.severity, timeout=timeout)  # type: ignore[arg-type]
 
     def _redraw(self) -> None:
         # Every view, hidden ones too: a layout that shows one later must find it up to date

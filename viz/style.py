@@ -109,6 +109,48 @@ def runs(cells: Iterable[tuple[str, Style]]) -> Text:
     return text
 
 
+ITEM_SEPARATORS = (" · ", " │ ", "; ", ", ")  # where `fit` cuts, else between two words
+
+
+def fit(text: Text, width: int) -> Text:
+    """`text` cut to `width` cells between two items (` · `, ` │ `, `; `, `, `) or two words,
+    never inside a word: a label cut mid-word reads as another word (`decod…`). What is cut
+    is left out whole; only a first word longer than `width` is cut (`…` ending it)."""
+    if text.cell_len <= width:
+        return text
+    plain = text.plain
+    for seps in (ITEM_SEPARATORS, (" ",)):
+        cut = max(plain.rfind(sep, 0, width + 1) for sep in seps)  # the last one that fits
+        if cut > 0:
+            out = text[:cut]
+            out.rstrip()
+            if out.plain.endswith((" ·", " │")):  # a legend's `·` item, say: not half of one
+                out.right_crop(2)
+            return out
+    out = text.copy()
+    out.truncate(width, overflow="ellipsis")
+    return out
+
+
+def wrap_items(items: list[str], width: int, style: Style | str = "") -> list[Text]:
+    """`items` joined by ` · ` over as many lines as they need, never one split across two."""
+    lines: list[Text] = []
+    line = ""
+    for item in items:
+        if line and len(line) + 3 + len(item) > width:
+            lines.append(Text(line, style))
+            line = ""
+        line = f"{line} · {item}" if line else item
+    if line:
+        lines.append(Text(line, style))
+    return lines
+
+
+def fit_plain(text: str, width: int) -> str:
+    """`fit` for a plain string (a border's title)."""
+    return fit(Text(text), width).plain
+
+
 MAX_ID = 16  # characters of a request id in a label without a set width
 
 

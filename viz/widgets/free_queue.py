@@ -19,7 +19,7 @@ from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, latest_changes
-from nanovllm.viz.style import DIM, FLASH, GONE, HEADING, NEW, PULLED, cached_free_style
+from nanovllm.viz.style import DIM, FLASH, GONE, HEADING, NEW, PULLED, cached_free_style, fit
 from nanovllm.viz.widgets.base import StateView
 
 PLAIN = Style(color="grey70")
@@ -104,8 +104,7 @@ class FreeQueueView(StateView):
         lines = [head] + rows
         if height >= 3:
             lines.append(legend)
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+        lines = [fit(line, width) for line in lines]
         return Text("\n").join(lines[:height])
 
 

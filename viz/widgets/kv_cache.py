@@ -29,6 +29,7 @@ from nanovllm.viz.style import (
     HEADING,
     MARK,
     cached_free_style,
+    fit,
     owner_style,
     request_glyph,
     runs,
@@ -146,7 +147,7 @@ class KVCacheView(StateView):
         head = Text(f"{n} blocks × {state.block_size} · ", HEADING)
         head.append(f"used {fig.num_used_blocks} · free {fig.num_free_blocks} ")
         head.append(f"({fig.num_cached_free_blocks} cached) · shared {fig.num_shared_blocks}")
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         lines = [head]
         cell, cell_lines, cols, rows = grid_shape(n, width, height - 1, big=self._big_cells())
         room = max(1, (height - 1) // cell_lines)

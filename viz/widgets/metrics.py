@@ -25,7 +25,7 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, contiguous_figures, rank_forward_times
-from nanovllm.viz.style import DIM, bar, rank_times, seconds
+from nanovllm.viz.style import DIM, bar, fit, rank_times, seconds
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -50,7 +50,8 @@ class MetricsView(StateView):
         if state.draft.events and len(as_of) + len(playing) <= value_width:
             as_of.append(playing, DIM)
         table.add_row("as of", as_of)
-        table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
+        timed = any(s + f for _, s, f in m.recent)  # (`viz.screenshots` leaves timings out)
+        table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}" if timed else "—")
         total = summary.num_used_blocks + summary.num_free_blocks
         usage = summary.num_used_blocks / total if total else 0.0
         table.add_row("KV usage", bar(usage, gauge, "#e5c07b") + Text(f" {usage:.0%}"))
@@ -60,15 +61,13 @@ class MetricsView(StateView):
         # The same requests without paging: a max_model_len reservation each.
         contiguous = contiguous_figures(state)
         if contiguous.num_requests:
-            table.add_row(
-                "contig.",
-                Text(
-                    f"{contiguous.fragmentation:.0%} empty, "
-                    f"{min(contiguous.num_fit, contiguous.num_requests)}/{contiguous.num_requests}"
-                    " fit",
-                    DIM,
-                ),
+            figures = Text(
+                f"{contiguous.fragmentation:.0%} empty, "
+                f"{min(contiguous.num_fit, contiguous.num_requests)}/{contiguous.num_requests}"
+                " fit",
+                DIM,
             )
+            table.add_row("contig.", fit(figures, value_width))
         hits = m.prefix_hit_rate
         table.add_row("prefix hit", bar(hits, gauge, "#c678dd") + Text(f" {hits:.0%}"))
         table.add_row("preempted", f"{m.num_preemptions}")
@@ -76,9 +75,10 @@ class MetricsView(StateView):
             rate = m.acceptance_rate
             table.add_row("spec acc.", bar(rate, gauge, "#98c379") + Text(f" {rate:.0%}"))
             table.add_row("spec len", f"{m.mean_accepted_length:.2f} tokens/draft")
-        table.add_row("step time", seconds(summary.schedule_time + summary.forward_time))
-        table.add_row(" schedule", Text(seconds(summary.schedule_time), DIM))
-        table.add_row(" forward", Text(seconds(summary.forward_time), DIM))
+        step_time = summary.schedule_time + summary.forward_time
+        table.add_row("step time", seconds(step_time) if step_time else "—")
+        table.add_row(" schedule", Text(seconds(summary.schedule_time) if step_time else "—", DIM))
+        table.add_row(" forward", Text(seconds(summary.forward_time) if step_time else "—", DIM))
         ranks = rank_forward_times(state)
         if ranks:  # tensor parallelism: each rank's own forward pass, messages included
             table.add_row(f"  {len(ranks)} ranks", Text(rank_times(ranks), DIM))

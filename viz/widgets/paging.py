@@ -33,6 +33,7 @@ from nanovllm.viz.style import (
     FLASH,
     HEADING,
     PROPOSED,
+    fit,
     request_label,
     superscript,
     token_cell,
@@ -81,7 +82,7 @@ class PagingView(StateView):
             f"{info.num_computed_tokens} in the cache",
             DIM,
         )
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         heads = [head, *self._about_request(info, width)]
         if not info.block_table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
@@ -97,14 +98,13 @@ class PagingView(StateView):
         room = height - len(heads)
         out = heads
         if len(rows) * (lines_per_block + 1) > room:
-            fit = max(1, room // (lines_per_block + 1))
-            if fit < len(rows):
-                out.append(Text(f"… {len(rows) - fit} earlier blocks", DIM))
-                rows = rows[-max(1, fit - 1) :] if fit > 1 else rows[-1:]
+            fits = max(1, room // (lines_per_block + 1))
+            if fits < len(rows):
+                out.append(Text(f"… {count(len(rows) - fits, 'earlier block')}", DIM))
+                rows = rows[-max(1, fits - 1) :] if fits > 1 else rows[-1:]
         for block_rows in rows:
             out.extend(block_rows)
-        for line in out:
-            line.truncate(width)
+        out = [fit(line, width) for line in out]  # (a slot row always fits; a long note may not)
         return Text("\n").join(out[:height])
 
     def _about_request(self, info, width: int) -> list[Text]:
@@ -124,8 +124,7 @@ class PagingView(StateView):
                     DIM,
                 )
             )
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+        lines = [fit(line, width) for line in lines]
         return lines
 
     def _block_rows(
@@ -150,7 +149,7 @@ class PagingView(StateView):
                 about.append(" (siblings)", DIM)
         about.append(f" · {computed}/{bs} slots", DIM)
         if filled > computed:
-            about.append(f" (+{filled - computed} not computed yet)", DIM)
+            about.append(f" · +{filled - computed} not computed yet", DIM)
         if block is not None and block.cached:
             about.append(f" · cached #{block.block_hash}", DIM)
         slots: list[Text] = []

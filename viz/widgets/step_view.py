@@ -25,7 +25,7 @@ from rich.text import Text
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.narrative import count
 from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState, latest_changes, shown_step
-from nanovllm.viz.style import DIM, FLASH, HEADING, owner_style, request_glyph, request_label
+from nanovllm.viz.style import DIM, FLASH, HEADING, fit, owner_style, request_glyph, request_label
 from nanovllm.viz.widgets.base import StateView
 
 KIND_NAMES = {PREFILL: "prefill", CHUNK: "chunk", DECODE: "decode"}
@@ -82,7 +82,7 @@ class StepView(StateView):
         head.append(f"prefill {prefill} + decode {decode}")
         if proposed:
             head.append(f" ({proposed} proposed)")
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         lines = [head]
 
         changed = latest_changes(state).requests if playing else frozenset()
