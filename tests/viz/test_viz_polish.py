@@ -336,3 +336,23 @@ def test_long_request_ids_fit_their_columns():
             assert LONG_ID.startswith(head) and LONG_ID.endswith(tail), (cls, line)
             if cls is not StepView:  # a label column: the id ends before the column does
                 assert line.index(shown) + len(shown) < 9, (cls, line)
+
+
+# --- every number in the queues has a label -----------------------------------------------------
+
+
+def test_every_number_in_the_queues_has_a_label(trace_events):
+    """A request's line reads `out 8/12`, `prompt 39`, `⟲ preempted 1×`, `hit 72`, `n=3`:
+    never a bare `8/12` or `41+3`."""
+    labelled = re.compile(r"(out|prompt|prefill|hit|n=|preempted) ?\d+(/\d+)?×?")
+    state, seen = VizState(), 0
+    for event in trace_events:
+        state = reduce(state, event)
+        if not isinstance(event, StepSummary):
+            continue
+        for line in rendered(QueuesView, state, 40, 40):
+            if re.match(r"\S \S+ ", line):  # a request's line: letter, id, details
+                detail = line.split(maxsplit=2)[2] if len(line.split()) > 2 else ""
+                assert not re.search(r"\d", labelled.sub("", detail)), line
+                seen += 1
+    assert seen > 50

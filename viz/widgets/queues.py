@@ -73,7 +73,7 @@ class QueuesView(StateView):
         if info is not None:
             # Every number with its label: `out 12/39` (output tokens of at most), `prompt 46`.
             if info.status == "finished":
-                detail = f"{info.finish_reason} · out {info.num_output_tokens}/{info.max_tokens}"
+                detail = f"out {info.num_output_tokens}/{info.max_tokens} · {info.finish_reason}"
             elif info.status == "waiting":
                 detail = f"prompt {info.num_prompt_tokens}"
                 if info.num_output_tokens:  # preempted: its output so far is recomputed too
