@@ -34,7 +34,8 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.viz.app import VizApp
-from nanovllm.viz.driver import Driver, ReplayDriver, SetSpeed
+from nanovllm.viz.driver import Driver, EngineDriver, ReplayDriver, SetSpeed
+from nanovllm.viz.scenarios import SCENARIOS
 from nanovllm.viz.state import VizState, reduce, reduce_all, table_holders
 from nanovllm.viz.style import escape_token
 from nanovllm.viz.widgets.base import StateView
@@ -356,3 +357,31 @@ def test_every_number_in_the_queues_has_a_label(trace_events):
                 assert not re.search(r"\d", labelled.sub("", detail)), line
                 seen += 1
     assert seen > 50
+
+
+# --- switching scenario says what to watch ------------------------------------------------------
+
+
+class NoEngine(EngineDriver):
+    """The live driver's commands, no model: `setup` loads nothing."""
+
+    def setup(self) -> None:
+        pass
+
+    def pull(self) -> bool:
+        return False
+
+
+def test_switching_scenario_says_what_to_watch():
+    async def go() -> None:
+        app = VizApp(lambda publish, notify: NoEngine(publish, notify=notify, paused=True))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: app.status is not None and not app.status.loading)
+            await pilot.press("3")  # the third scenario
+            scenario = list(SCENARIOS.values())[2]
+            await wait_until(
+                pilot,
+                lambda: any(scenario.what_to_watch in n.message for n in app._notifications),
+            )
+
+    asyncio.run(go())
