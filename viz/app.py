@@ -75,6 +75,7 @@ MIN_WIDTH, MIN_HEIGHT = 60, 16  # below this, a message instead of the views
 MAX_FPS = 12
 # Seconds `q` waits for the engine's thread to stop (see `run_driver`).
 STOP_WAIT = 0.3
+FULL_STOP_WAIT = 60.0  # ... or, when the driver must close (see `on_unmount`), at most this
 
 DriverFactory = Callable[[Publish, Notify], Driver]
 
@@ -251,8 +252,9 @@ class VizApp(App[object]):
         """Start the driver in its own daemon thread, not a Textual thread worker: Textual runs
         those on asyncio's default executor, which the app joins on exit, so `q` pressed while
         the model loads or a step runs waited seconds for it. The app waits for the driver at
-        most `STOP_WAIT` seconds (`on_unmount`): its close (the engine's shutdown, the trace's
-        last lines) runs when it is between moves, as it almost always is."""
+        most `STOP_WAIT` seconds (`on_unmount`): its close (the engine's shutdown) runs when it
+        is between moves, as it almost always is; a recording or a headless goal waits for
+        it."""
         self.engine_thread = threading.Thread(
             target=self.driver.run, name="nanovllm-viz-engine", daemon=True
         )
@@ -466,7 +468,14 @@ class VizApp(App[object]):
     def on_unmount(self) -> None:
         self.driver.stop()
         if self.engine_thread is not None:
-            self.engine_thread.join(STOP_WAIT)
+            # A headless goal (a screenshot, a measurement) or a trace being recorded waits for
+            # the driver's close, so the trace ends whole; otherwise `q` waits `STOP_WAIT`.
+            whole = (
+                self.screenshot is not None
+                or self.measure is not None
+                or getattr(self.driver, "recorder", None) is not None
+            )
+            self.engine_thread.join(FULL_STOP_WAIT if whole else STOP_WAIT)
 
 
 # --- screenshots --------------------------------------------------------------------------------
