@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -73,6 +73,9 @@ MIN_WIDTH, MIN_HEIGHT = 60, 16  # below this, a message instead of the views
 # Frames per second at most. A full frame costs Textual tens of milliseconds of CPU; drawing
 # every step of a fast engine would take the CPU (and the GIL) from the engine itself.
 MAX_FPS = 12
+# Seconds `q` waits for the engine's thread to stop (see `run_driver`).
+STOP_WAIT = 0.3
+FULL_STOP_WAIT = 60.0  # ... or, when the driver must close (see `on_unmount`), at most this
 
 DriverFactory = Callable[[Publish, Notify], Driver]
 
@@ -154,6 +157,8 @@ class VizApp(App[object]):
         self._engine_views: dict[str, list[StateView]] = {}  # the decode engine's)
         self._finishing = False
         self._measure_start: tuple[float, float, int, int] | None = None
+        self.engine_thread: threading.Thread | None = None
+        self.speed = self.driver.status.speed  # the pace; `+`/`-` change it (`_change_speed`)
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -215,12 +220,11 @@ class VizApp(App[object]):
         self._views = list(self.query(StateView))
         for view in self._views:
             if type(view) in titles:
-                view.border_title, view.border_subtitle = titles[type(view)]
+                view.set_titles(*titles[type(view)])
         for engine, label in (("prefill", "prefill (producer)"), ("decode", "decode (consumer)")):
             self.query_one(f"#{engine}").border_title = label
             self._engine_views[engine] = list(self.query(f"#{engine} StateView"))
-        self.query_one(LinkView).border_title = "link: blocks crossing"
-        self.query_one(LinkView).border_subtitle = "P2pConnector · newest first"
+        self.query_one(LinkView).set_titles("link: blocks crossing", "P2pConnector · newest first")
         self._views = [
             v
             for v in self._views
@@ -244,9 +248,17 @@ class VizApp(App[object]):
 
     # --- the worker and its mailbox -------------------------------------------------------
 
-    @work(thread=True, exclusive=True, name="engine", group="engine")
     def run_driver(self) -> None:
-        self.driver.run()
+        """Start the driver in its own daemon thread, not a Textual thread worker: Textual runs
+        those on asyncio's default executor, which the app joins on exit, so `q` pressed while
+        the model loads or a step runs waited seconds for it. The app waits for the driver at
+        most `STOP_WAIT` seconds (`on_unmount`): its close (the engine's shutdown) runs when it
+        is between moves, as it almost always is; a recording or a headless goal waits for
+        it."""
+        self.engine_thread = threading.Thread(
+            target=self.driver.run, name="nanovllm-viz-engine", daemon=True
+        )
+        self.engine_thread.start()
 
     def _publish(self, state: VizState, status: DriverStatus) -> None:
         """Called in the worker thread: keep only the newest state, wake the UI once."""
@@ -284,7 +296,10 @@ class VizApp(App[object]):
         self._check_goals()
 
     def on_engine_notice(self, message: EngineNotice) -> None:
-        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+        # Long enough to read (a scenario's "what to watch" is a few sentences): 5 s, or
+        # about 15 characters a second.
+        timeout = max(5.0, len(message.text) / 15)
+        self.notify(message.text, severity=message.severity, timeout=timeout)  # type: ignore[arg-type]
 
     def _redraw(self) -> None:
         # Every view, hidden ones too: a layout that shows one later must find it up to date
@@ -362,10 +377,12 @@ class VizApp(App[object]):
         return True
 
     def _change_speed(self, delta: int) -> None:
-        speed = self.status.speed if self.status else SPEEDS[3]
-        i = SPEEDS.index(speed) if speed in SPEEDS else 3
+        # From the pace the keys last set, not the last frame's: a frame comes at most 12 times
+        # a second, so two quick presses would both start from the same old pace.
+        i = SPEEDS.index(self.speed) if self.speed in SPEEDS else 3
         i = max(0, min(len(SPEEDS) - 1, i + delta))
-        self.driver.send(SetSpeed(SPEEDS[i]))
+        self.speed = SPEEDS[i]
+        self.driver.send(SetSpeed(self.speed))
 
     def action_faster(self) -> None:
         self._change_speed(+1)
@@ -450,6 +467,15 @@ class VizApp(App[object]):
 
     def on_unmount(self) -> None:
         self.driver.stop()
+        if self.engine_thread is not None:
+            # A headless goal (a screenshot, a measurement) or a trace being recorded waits for
+            # the driver's close, so the trace ends whole; otherwise `q` waits `STOP_WAIT`.
+            whole = (
+                self.screenshot is not None
+                or self.measure is not None
+                or getattr(self.driver, "recorder", None) is not None
+            )
+            self.engine_thread.join(FULL_STOP_WAIT if whole else STOP_WAIT)
 
 
 # --- screenshots --------------------------------------------------------------------------------

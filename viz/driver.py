@@ -582,7 +582,8 @@ class EngineDriver(Driver):
                 self._fail(exc)
                 return
             self._set(loading=False)
-            self.notify_fn(f"scenario: {self.scenario.title}", "information")
+            # What to watch, as the help screen has it: said as the scenario starts.
+            self.notify_fn(f"{self.scenario.title}: {self.scenario.what_to_watch}", "information")
 
     def close(self) -> None:
         if self._unsubscribe is not None:

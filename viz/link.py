@@ -112,12 +112,15 @@ def reduce_link(link: LinkState, tagged: Tagged) -> LinkState:
     return link
 
 
-def crossing_line(c: Crossing) -> str:
-    """`b3 (prefill) ──> hash a1b2c3 ──> b7 (decode)`; `…` where the block has not got yet."""
+def crossing_line(c: Crossing, compact: bool = False) -> str:
+    """`b3 (prefill) ──> hash a1b2c3 ──> b7 (decode)`; `…` where the block has not got yet.
+    Compact, for a narrow link: `b3 ─a1b2c3─> b7`."""
     if c.stage == LOADED:
-        end = f"b{c.dst_block} (decode)"
+        end = f"b{c.dst_block}" if compact else f"b{c.dst_block} (decode)"
     elif c.stage == RECEIVED:
         end = "staged"
     else:
         end = "…"
+    if compact:
+        return f"b{c.src_block} ─{c.block_hash[:6]}─> {end}"
     return f"b{c.src_block} (prefill) ──> hash {c.block_hash[:6]} ──> {end}"

@@ -145,10 +145,10 @@ def narrate(state: VizState, event: Event) -> Note | None:
         item = (event.block_id, event.ref_count, event.cached)
         return Note(FREE, event.request_id, i, i, (item,), count=1)
     if isinstance(event, RequestPreempted):
-        detail = f"lost {event.num_computed_tokens_lost} computed tokens"
+        detail = f"lost {count(event.num_computed_tokens_lost, 'computed token')}"
         return Note(PREEMPT, event.request_id, i, i, detail=detail, count=0)
     if isinstance(event, RequestFinished):
-        detail = f"{event.finish_reason}, {event.num_output_tokens} tokens"
+        detail = f"{event.finish_reason}, {count(event.num_output_tokens, 'token')}"
         return Note(FINISH, event.request_id, i, i, detail=detail, count=0)
     if state.tier.connector == P2P:
         note = _narrate_p2p(event, i)
@@ -182,14 +182,15 @@ def narrate(state: VizState, event: Event) -> Note | None:
         if proposed:
             split += f", {proposed} of them proposed"
         detail = (
-            f"step {event.step} done: {tokens} tokens ({split}); {event.num_running} running, "
-            f"{event.num_waiting} waiting, {event.num_free_blocks} blocks free"
+            f"step {event.step} done: {count(tokens, 'token')} ({split}); "
+            f"{event.num_running} running, {event.num_waiting} waiting, "
+            f"{count(event.num_free_blocks, 'block')} free"
         )
         return Note(SUMMARY, None, i, i, detail=detail)
     if isinstance(event, EngineSnapshot):
         detail = (
             f"joined a running engine at step {event.step}: {len(event.running)} running, "
-            f"{len(event.waiting)} waiting, {len(event.free_queue)} blocks free"
+            f"{len(event.waiting)} waiting, {count(len(event.free_queue), 'block')} free"
         )
         return Note(SNAPSHOT, None, i, i, detail=detail)
     return None
@@ -278,6 +279,11 @@ def add_note(notes: tuple[Note, ...], note: Note | None) -> tuple[Note, ...]:
 # --- text ---------------------------------------------------------------------------------------
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 token`, `2 tokens`: a number with its noun, singular or plural as English wants."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _ids(values) -> str:
     return " ".join(str(v) for v in values)
 
@@ -296,24 +302,29 @@ def _span(values: list[int]) -> str:
 
 def _arrive(n: Note) -> str:
     tokens, where, _ = n.items[0]
-    place = "first in" if where == 0 else f"at the back of ({where} ahead)"
+    place = (
+        "first in the waiting queue"
+        if where == 0
+        else f"at the back of the waiting queue, {count(where, 'request')} ahead"
+    )
     if n.count > 1:  # the children of one parent (parallel sampling)
         parent = n.request_id.split("_", 1)[1]
         children = _ids(item[2] for item in n.items) + _more(n)
         return (
-            f"{parent} arrives with n={n.count}: children {children}, {tokens} prompt tokens "
-            f"each, {place} the waiting queue"
+            f"{parent} arrives with n={n.count}: children {children}, "
+            f"{count(tokens, 'prompt token')} each, {place}"
         )
-    return f"{n.request_id} arrives: {tokens} prompt tokens, {place} the waiting queue"
+    return f"{n.request_id} arrives: {count(tokens, 'prompt token')}, {place}"
 
 
 def _schedule(n: Note) -> str:
     tokens, computed, chunk, admitted = n.items[0]
     what = "prefill chunk" if chunk else "prefill"
     verb = "admitted" if admitted else "continues"
-    text = f"{n.request_id} {verb}: {what} of {tokens} tokens"
+    text = f"{n.request_id} {verb}: {what} of {count(tokens, 'token')}"
     if computed:
-        text += f" (tokens {computed}-{computed + tokens - 1}; {computed} already in the cache)"
+        span = f"token {computed}" if tokens == 1 else f"tokens {computed}-{computed + tokens - 1}"
+        text += f" ({span}; {computed} already in the cache)"
     return text
 
 
@@ -358,7 +369,7 @@ def _evict(n: Note) -> str:
 def _hit(n: Note) -> str:
     logical = [item[0] for item in n.items]
     pulled = [item[1] for item in n.items if item[2]]
-    shared = [f"{item[1]} (ref {item[3]})" for item in n.items if not item[2]]
+    shared = [f"{item[1]} (now held by {item[3]})" for item in n.items if not item[2]]
     text = f"{n.request_id} prefix hit: logical {_span(logical)} <- blocks "
     text += f"{_ids(item[1] for item in n.items)}{_more(n)}"
     parts = []
@@ -376,7 +387,7 @@ def _cache(n: Note) -> str:
 
 def _freed(n: Note) -> str:
     to_tail = [item[0] for item in n.items if item[1] == 0]
-    kept = [f"{item[0]} (ref {item[1]})" for item in n.items if item[1] > 0]
+    kept = [(item[0], item[1]) for item in n.items if item[1] > 0]
     parts = []
     if to_tail:
         cached = [item[0] for item in n.items if item[1] == 0 and item[2]]
@@ -384,12 +395,19 @@ def _freed(n: Note) -> str:
         if cached:
             part += f" ({_ids(cached)} still cached)"
         parts.append(part)
-    if kept:
-        parts.append("still shared: " + ", ".join(kept))
+    if kept:  # its ref count dropped, but other requests still hold it: it stays put
+        parts.append(
+            ", ".join(
+                f"block {block} still held by {count(refs, 'other request')}"
+                for block, refs in kept
+            )
+        )
     return "; ".join(parts) + _more(n)
 
 
 def _free(n: Note) -> str:
+    if all(item[1] > 0 for item in n.items):  # none freed: others still hold them
+        return f"{n.request_id} lets go of its blocks: {_freed(n)}"
     return f"{n.request_id} frees {_freed(n)}"
 
 
@@ -422,7 +440,7 @@ def _tokens(n: Note) -> str:
 def _grammar(n: Note) -> str:
     """`A grammar allowed 12 of 320 tokens` (with proposals, one count per verified row)."""
     told = [f"{rid} grammar allowed {'/'.join(map(str, counts))}" for rid, counts in n.items]
-    return "masked: " + ", ".join(told) + f" of {n.detail} tokens" + _more(n)
+    return "masked: " + ", ".join(told) + f" of {count(int(n.detail), 'token')}" + _more(n)
 
 
 def _save(n: Note) -> str:

@@ -50,11 +50,18 @@ MARK = Style(bold=True, underline=True)  # the selected request's blocks
 PROPOSED = Style(color="black", bgcolor="#e5c07b")  # a proposed token's slot, not verified yet
 
 
-def token_cell(text: str, width: int) -> str:
-    """A token's text in `width` cells, whitespace made visible (` ` -> `␣`, newline -> `⏎`)."""
+def escape_token(text: str) -> str:
+    """A token's text with whitespace made visible (` ` -> `␣`, newline -> `⏎`, tab -> `⇥`) and
+    every other unprintable character escaped as Python writes it (`\\x07`)."""
     shown = text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
-    shown = "".join(ch if ch.isprintable() else "�" for ch in shown)
-    return set_cell_size(shown, width)
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in shown
+    )
+
+
+def token_cell(text: str, width: int) -> str:
+    """A token's escaped text (`escape_token`) in `width` cells: cut, or padded."""
+    return set_cell_size(escape_token(text), width)
 
 
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
@@ -102,15 +109,72 @@ def runs(cells: Iterable[tuple[str, Style]]) -> Text:
     return text
 
 
+ITEM_SEPARATORS = (" · ", " │ ", "; ", ", ")  # where `fit` cuts, else between two words
+
+
+def fit(text: Text, width: int) -> Text:
+    """`text` cut to `width` cells between two items (` · `, ` │ `, `; `, `, `) or two words,
+    never inside a word: a label cut mid-word reads as another word (`decod…`). What is cut
+    is left out whole; only a first word longer than `width` is cut (`…` ending it)."""
+    if text.cell_len <= width:
+        return text
+    plain = text.plain
+    for seps in (ITEM_SEPARATORS, (" ",)):
+        cut = max(plain.rfind(sep, 0, width + 1) for sep in seps)  # the last one that fits
+        if cut > 0:
+            out = text[:cut]
+            out.rstrip()
+            if out.plain.endswith((" ·", " │")):  # a legend's `·` item, say: not half of one
+                out.right_crop(2)
+            return out
+    out = text.copy()
+    out.truncate(width, overflow="ellipsis")
+    return out
+
+
+def wrap_items(items: list[str], width: int, style: Style | str = "") -> list[Text]:
+    """`items` joined by ` · ` over as many lines as they need, never one split across two."""
+    lines: list[Text] = []
+    line = ""
+    for item in items:
+        if line and len(line) + 3 + len(item) > width:
+            lines.append(Text(line, style))
+            line = ""
+        line = f"{line} · {item}" if line else item
+    if line:
+        lines.append(Text(line, style))
+    return lines
+
+
+def fit_plain(text: str, width: int) -> str:
+    """`fit` for a plain string (a border's title)."""
+    return fit(Text(text), width).plain
+
+
+MAX_ID = 16  # characters of a request id in a label without a set width
+
+
+def short_id(request_id: str, room: int) -> str:
+    """`request_id` in at most `room` characters: whole, or its start and its last two
+    characters around `…` (a server's ids, `cmpl-9f8e…-0`, differ at both ends)."""
+    if len(request_id) <= room:
+        return request_id
+    if room >= 6:
+        return request_id[: room - 3] + "…" + request_id[-2:]
+    return request_id[: max(0, room - 1)] + "…"
+
+
 def request_label(info: RequestInfo | None, request_id: str, width: int = 0) -> Text:
-    """`A r12`: the request's letter on its colour, then its id (padded to `width`)."""
+    """`A r12`: the request's letter on its colour, then its id, padded to `width` (a long id
+    is shortened, `short_id`, to leave a space after it)."""
     text = Text()
     if info is None:
         text.append("?", DIM)
     else:
         text.append(request_glyph(info.slot), owner_style(info.slot))
     text.append(" ")
-    text.append(request_id, text_style(info.slot) if info else DIM)
+    shown = short_id(request_id, width - 3 if width else MAX_ID)
+    text.append(shown, text_style(info.slot) if info else DIM)
     if width:
         text.truncate(width, pad=True)
     return text

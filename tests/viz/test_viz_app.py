@@ -109,7 +109,9 @@ def test_help_screen_and_quit(trace_path: Path):
             await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
             await pilot.press("q")
             await wait_until(pilot, lambda: not app.is_running)
-        assert not any(w.is_running for w in app.workers)  # the engine worker ended too
+        assert app.engine_thread is not None
+        app.engine_thread.join(5)
+        assert not app.engine_thread.is_alive()  # the engine's thread ended too
 
     run(go())
 

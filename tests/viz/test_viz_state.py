@@ -354,7 +354,7 @@ def test_each_verification_note_takes_its_own_freed_blocks():
     texts = [n.text for n in s.draft.notes]
     assert texts == [
         "a arrives: 2 prompt tokens, first in the waiting queue",
-        "b arrives: 2 prompt tokens, at the back of (1 ahead) the waiting queue",
+        "b arrives: 2 prompt tokens, at the back of the waiting queue, 1 request ahead",
         "a: proposed 3, accepted 0, rejected 3 (+1 token of its own); blocks 4 3 to the tail",
         "b: proposed 2, accepted 2 + 1 bonus token",
         "c: proposed 2, accepted 1, rejected 1 (+1 token of its own); block 5 to the tail",

@@ -100,16 +100,29 @@ class BlockTablesView(StateView):
         if total > height and self.selected in per_request:
             order.remove(self.selected)
             order.insert(0, self.selected)
-        lines: list[Text] = []
-        for n, rid in enumerate(order):
-            request_lines = per_request[rid]
-            if len(lines) + len(request_lines) > height:
-                # Cut here, keeping a line to say how many requests are not (fully) shown.
-                lines = lines[: height - 1]
-                if not lines:  # not even the first fits: show what does
-                    lines = request_lines[: height - 1]
-                    n += 1
-                lines.append(Text(f"… {len(order) - n} more", DIM))
-                break
-            lines.extend(request_lines)
+        lines = fit_requests([per_request[rid] for rid in order], height)
         return Text("\n").join(lines[:height])
+
+
+def fit_requests(per_request: list[list[Text]], height: int) -> list[Text]:
+    """Whole requests, in order, then `… N more` counting every request not shown whole.
+
+    A request is either drawn whole or counted, never both: the last line is kept for the count
+    whenever some request does not fit. Only when not even the first fits is it shown cut
+    (and counted as shown), so the panel shows at least part of one request.
+    """
+    total = sum(len(lines) for lines in per_request)
+    if total <= height:
+        return [line for lines in per_request for line in lines]
+    out: list[Text] = []
+    shown = 0
+    for request_lines in per_request:
+        if len(out) + len(request_lines) > height - 1:
+            break
+        out.extend(request_lines)
+        shown += 1
+    if shown == 0:  # part of the first, counted as shown (unless not even a line of it fits)
+        out = per_request[0][: height - 1]
+        shown = 1 if out else 0
+    out.append(Text(f"… {len(per_request) - shown} more", DIM))
+    return out[:height]

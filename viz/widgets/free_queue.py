@@ -19,7 +19,7 @@ from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, latest_changes
-from nanovllm.viz.style import DIM, FLASH, GONE, HEADING, NEW, PULLED, cached_free_style
+from nanovllm.viz.style import DIM, FLASH, GONE, HEADING, NEW, PULLED, cached_free_style, fit
 from nanovllm.viz.widgets.base import StateView
 
 PLAIN = Style(color="grey70")
@@ -104,29 +104,53 @@ class FreeQueueView(StateView):
         lines = [head] + rows
         if height >= 3:
             lines.append(legend)
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+        lines = [fit(line, width) for line in lines]
         return Text("\n").join(lines[:height])
+
+
+def _size(cells: list[tuple[str, Style]]) -> int:
+    return sum(len(text) + 1 for text, _ in cells)
+
+
+def _elide(cells: list[tuple[str, Style]], budget: int) -> list[tuple[str, Style]]:
+    """Cut `cells` to about `budget` characters, keeping the head (`▸` and the blocks after
+    it, the next ones out) and the tail (just freed); the blocks taken at the head this step,
+    drawn before `▸`, get at most a quarter. What is cut is counted in words, `…19 more…`, so
+    the count never reads like a block id."""
+    if _size(cells) <= budget or len(cells) <= 4:
+        return cells
+    head = next((i for i, (text, _) in enumerate(cells) if text == "▸"), 0)
+    taken, queue = cells[:head], cells[head:]
+    if _size(taken) > budget // 4:  # keep the blocks taken last (beside `▸`), count the others
+        kept: list[tuple[str, Style]] = []
+        while taken and _size(kept) + len(taken[-1][0]) + 1 <= budget // 4 - 9:
+            kept.insert(0, taken.pop())
+        taken = ([(f"←{len(taken)} more", DIM)] if taken else []) + kept
+    room = budget - _size(taken)
+    if _size(queue) <= room:
+        return taken + queue
+    marker_size = len(f"…{len(queue)} more…") + 1
+    keep = room - marker_size
+    front, back, used = [], [], 0
+    i, j = 0, len(queue) - 1
+    while i <= j and (i < 2 or used + len(queue[i][0]) + 1 <= keep // 2):
+        front.append(queue[i])  # `▸` and the head block at least
+        used += len(queue[i][0]) + 1
+        i += 1
+    while j >= i and used + len(queue[j][0]) + 1 <= keep:
+        back.insert(0, queue[j])
+        used += len(queue[j][0]) + 1
+        j -= 1
+    # Count the blocks cut out (not the `↑n` gaps among them).
+    hidden = sum(1 for text, _ in queue[i : j + 1] if text.lstrip(NEXT_EVICTION + " ").isdigit())
+    return taken + front + [(f"…{hidden} more…", DIM)] + back
 
 
 def _wrap(cells: list[tuple[str, Style]], width: int, max_lines: int) -> list[Text]:
     """Lay the cells out over at most `max_lines` lines; elide the middle if they do not fit."""
-    budget = width * max_lines
-    total = sum(len(text) + 1 for text, _ in cells)
-    if total > budget and len(cells) > 4:
-        # Keep both ends: the head (next out) and the tail (just freed).
-        keep = budget - 8
-        head, tail, used = [], [], 0
-        i, j = 0, len(cells) - 1
-        while i <= j and used + len(cells[i][0]) + 1 <= keep // 2:
-            head.append(cells[i])
-            used += len(cells[i][0]) + 1
-            i += 1
-        while j >= i and used + len(cells[j][0]) + 1 <= keep:
-            tail.insert(0, cells[j])
-            used += len(cells[j][0]) + 1
-            j -= 1
-        cells = head + [(f"…{j - i + 1}…", DIM)] + tail
+    # Each line may end a cell short (cells never break), so leave a cell per line of slack.
+    slack = max_lines * max((len(text) for text, _ in cells), default=0)
+    cells = _elide(cells, max(width, width * max_lines - slack))
     lines: list[Text] = [Text()]
     for text, style in cells:
         line = lines[-1]

@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import BlockInfo, VizState, kv_figures, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -28,6 +29,7 @@ from nanovllm.viz.style import (
     HEADING,
     MARK,
     cached_free_style,
+    fit,
     owner_style,
     request_glyph,
     runs,
@@ -145,7 +147,7 @@ class KVCacheView(StateView):
         head = Text(f"{n} blocks × {state.block_size} · ", HEADING)
         head.append(f"used {fig.num_used_blocks} · free {fig.num_free_blocks} ")
         head.append(f"({fig.num_cached_free_blocks} cached) · shared {fig.num_shared_blocks}")
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         lines = [head]
         cell, cell_lines, cols, rows = grid_shape(n, width, height - 1, big=self._big_cells())
         room = max(1, (height - 1) // cell_lines)
@@ -168,7 +170,7 @@ class KVCacheView(StateView):
         if rows > room:
             shown = (room - 1) * cols
             lines = lines[: 1 + (room - 1) * cell_lines]
-            lines.append(Text(f"… {n - shown} more blocks (enlarge the terminal)", DIM))
+            lines.append(Text(f"… {count(n - shown, 'more block')} (enlarge the terminal)", DIM))
         return Text("\n").join(lines[:height])
 
     _changed: frozenset[int] = frozenset()

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.link import LOADED, RECEIVED, crossing_line
-from nanovllm.viz.style import ALERT, DIM, HEADING, text_style
+from nanovllm.viz.style import ALERT, DIM, HEADING, fit, text_style, wrap_items
 from nanovllm.viz.widgets.base import StateView
 
 STAGE_STYLES = {LOADED: Style(color="#98c379"), RECEIVED: Style(color="#61afef")}
@@ -39,15 +39,20 @@ class LinkView(StateView):
             return Text()
         if link is None:
             return Text("no second engine", DIM)
-        head = Text(
-            f"sent {link.num_sent} · received {link.num_received} · loaded {link.num_loaded} "
-            f"· failed {link.num_failed}",
-            HEADING,
-        )
-        lines = [head]
+        counts = [
+            f"sent {link.num_sent}",
+            f"received {link.num_received}",
+            f"loaded {link.num_loaded}",
+            f"failed {link.num_failed}",
+        ]
+        lines = wrap_items(counts, width, HEADING)
+        compact = width < len("b25 (prefill) ──> hash 12c71e ──> b38 (decode)")
+        if compact:  # below 150 columns the link narrows: each engine needs the room
+            lines.append(Text("prefill ─hash─> decode", DIM))
+        top = len(lines)
         requests = self.state.decode.requests
         for c in reversed(link.crossings):
-            line = Text(crossing_line(c), STAGE_STYLES.get(c.stage, DIM))
+            line = Text(crossing_line(c, compact), STAGE_STYLES.get(c.stage, DIM))
             info = requests.get(c.request_id) if c.request_id else None
             if info is not None and c.request_id == self.selected:
                 line.stylize(text_style(info.slot))
@@ -55,7 +60,6 @@ class LinkView(StateView):
         if not link.crossings:
             lines.append(Text("nothing sent yet", DIM))
         for request_id, error in reversed(link.failures):
-            lines.insert(1, Text(f"{request_id} computed locally: {error}", ALERT))
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+            lines.insert(top, Text(f"{request_id} computed locally: {error}", ALERT))
+        lines = [fit(line, width) for line in lines]
         return Text("\n").join(lines[:height])

@@ -25,13 +25,13 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, contiguous_figures, rank_forward_times
-from nanovllm.viz.style import DIM, bar, rank_times, seconds
+from nanovllm.viz.style import DIM, bar, fit, rank_times, seconds
 from nanovllm.viz.widgets.base import StateView
 
 
 class MetricsView(StateView):
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.last_step, state.metrics)
+        return (state.last_step, state.metrics, bool(state.draft.events))
 
     def render(self) -> Table | Text:
         state, m = self.state, self.state.metrics
@@ -43,7 +43,15 @@ class MetricsView(StateView):
         table = Table.grid(padding=(0, 1))
         table.add_column(style="bold", no_wrap=True, width=10)
         table.add_column(no_wrap=True, overflow="ellipsis", max_width=value_width)
-        table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
+        # The figures are the last *finished* step's: while the next one plays event by event,
+        # say so, or they would seem to describe the step the top line shows.
+        as_of = Text(f"end of step {summary.step}")
+        playing = f", {summary.step + 1} playing"
+        if state.draft.events and len(as_of) + len(playing) <= value_width:
+            as_of.append(playing, DIM)
+        table.add_row("as of", as_of)
+        timed = any(s + f for _, s, f in m.recent)  # (`viz.screenshots` leaves timings out)
+        table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}" if timed else "—")
         total = summary.num_used_blocks + summary.num_free_blocks
         usage = summary.num_used_blocks / total if total else 0.0
         table.add_row("KV usage", bar(usage, gauge, "#e5c07b") + Text(f" {usage:.0%}"))
@@ -53,15 +61,13 @@ class MetricsView(StateView):
         # The same requests without paging: a max_model_len reservation each.
         contiguous = contiguous_figures(state)
         if contiguous.num_requests:
-            table.add_row(
-                "contig.",
-                Text(
-                    f"{contiguous.fragmentation:.0%} empty, "
-                    f"{min(contiguous.num_fit, contiguous.num_requests)}/{contiguous.num_requests}"
-                    " fit",
-                    DIM,
-                ),
+            figures = Text(
+                f"{contiguous.fragmentation:.0%} empty, "
+                f"{min(contiguous.num_fit, contiguous.num_requests)}/{contiguous.num_requests}"
+                " fit",
+                DIM,
             )
+            table.add_row("contig.", fit(figures, value_width))
         hits = m.prefix_hit_rate
         table.add_row("prefix hit", bar(hits, gauge, "#c678dd") + Text(f" {hits:.0%}"))
         table.add_row("preempted", f"{m.num_preemptions}")
@@ -69,9 +75,10 @@ class MetricsView(StateView):
             rate = m.acceptance_rate
             table.add_row("spec acc.", bar(rate, gauge, "#98c379") + Text(f" {rate:.0%}"))
             table.add_row("spec len", f"{m.mean_accepted_length:.2f} tokens/draft")
-        table.add_row("step time", seconds(summary.schedule_time + summary.forward_time))
-        table.add_row(" schedule", Text(seconds(summary.schedule_time), DIM))
-        table.add_row(" forward", Text(seconds(summary.forward_time), DIM))
+        step_time = summary.schedule_time + summary.forward_time
+        table.add_row("step time", seconds(step_time) if step_time else "—")
+        table.add_row(" schedule", Text(seconds(summary.schedule_time) if step_time else "—", DIM))
+        table.add_row(" forward", Text(seconds(summary.forward_time) if step_time else "—", DIM))
         ranks = rank_forward_times(state)
         if ranks:  # tensor parallelism: each rank's own forward pass, messages included
             table.add_row(f"  {len(ranks)} ranks", Text(rank_times(ranks), DIM))

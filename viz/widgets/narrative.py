@@ -35,7 +35,7 @@ from nanovllm.viz.narrative import (
     TOKENS,
 )
 from nanovllm.viz.state import VizState
-from nanovllm.viz.style import DIM, FLASH, HEADING, text_style
+from nanovllm.viz.style import DIM, FLASH, HEADING, fit, text_style
 from nanovllm.viz.widgets.base import StateView
 
 MARKS = {
@@ -112,5 +112,5 @@ class NarrativeView(StateView):
         hidden = len(record.notes) - sum(1 for _ in _kept(wrapped, lines))
         if hidden > 0:
             header.append(f" · {hidden} more not shown", DIM)
-        header.truncate(width, overflow="ellipsis")
+        header = fit(header, width)
         return Text("\n").join([header] + lines)

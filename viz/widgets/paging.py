@@ -5,7 +5,9 @@ lives in physical block 24 (the KV grid underlines the request's blocks). Then t
 reference count (and every owner, when the prefix cache shares it) and how many of its slots
 hold a token. The slots show the tokens' text: bright where the token's K and V are already in
 the cache, dim where the token is known but not computed yet (a prompt waiting for its next
-chunk), `·` where the slot is still empty. Only the last block can have empty slots: that is
+chunk), `·` where the slot is still empty. A slot shows as much of its token as fits, escaped
+(`␣` a space, `⏎` a newline, `\x07` an unprintable character), then a space, so tokens never
+run together; the slots grow with the panel. Only the last block can have empty slots: that is
 all the memory paged attention wastes (internal fragmentation).
 
 Speculative decoding: while a step verifies proposed tokens their slots hold KV already but
@@ -24,12 +26,14 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
     DIM,
     FLASH,
     HEADING,
     PROPOSED,
+    fit,
     request_label,
     superscript,
     token_cell,
@@ -37,8 +41,8 @@ from nanovllm.viz.style import (
 from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
-MIN_SLOT = 3  # characters a slot needs to show a little text
-MAX_SLOT = 6  # characters a slot takes at most
+MIN_SLOT = 3  # characters a slot needs to show a little text (two, and a space)
+MAX_SLOT = 13  # characters a slot takes at most (the last one always a space)
 
 
 def slot_layout(block_size: int, width: int) -> tuple[int, int]:
@@ -73,11 +77,12 @@ class PagingView(StateView):
         bs = state.block_size
         head = request_label(info, info.request_id)
         head.append(
-            f" · {info.status} · {len(info.block_table)} blocks · {info.num_tokens} tokens, "
+            f" · {info.status} · {count(len(info.block_table), 'block')} · "
+            f"{count(info.num_tokens, 'token')}, "
             f"{info.num_computed_tokens} in the cache",
             DIM,
         )
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         heads = [head, *self._about_request(info, width)]
         if not info.block_table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
@@ -93,14 +98,13 @@ class PagingView(StateView):
         room = height - len(heads)
         out = heads
         if len(rows) * (lines_per_block + 1) > room:
-            fit = max(1, room // (lines_per_block + 1))
-            if fit < len(rows):
-                out.append(Text(f"… {len(rows) - fit} earlier blocks", DIM))
-                rows = rows[-max(1, fit - 1) :] if fit > 1 else rows[-1:]
+            fits = max(1, room // (lines_per_block + 1))
+            if fits < len(rows):
+                out.append(Text(f"… {count(len(rows) - fits, 'earlier block')}", DIM))
+                rows = rows[-max(1, fits - 1) :] if fits > 1 else rows[-1:]
         for block_rows in rows:
             out.extend(block_rows)
-        for line in out:
-            line.truncate(width)
+        out = [fit(line, width) for line in out]  # (a slot row always fits; a long note may not)
         return Text("\n").join(out[:height])
 
     def _about_request(self, info, width: int) -> list[Text]:
@@ -120,8 +124,7 @@ class PagingView(StateView):
                     DIM,
                 )
             )
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+        lines = [fit(line, width) for line in lines]
         return lines
 
     def _block_rows(
@@ -146,7 +149,7 @@ class PagingView(StateView):
                 about.append(" (siblings)", DIM)
         about.append(f" · {computed}/{bs} slots", DIM)
         if filled > computed:
-            about.append(f" (+{filled - computed} not computed yet)", DIM)
+            about.append(f" · +{filled - computed} not computed yet", DIM)
         if block is not None and block.cached:
             about.append(f" · cached #{block.block_hash}", DIM)
         slots: list[Text] = []
@@ -158,7 +161,8 @@ class PagingView(StateView):
             t = first + i
             bg = SLOT_BG[i % 2]
             if t < info.num_tokens and t < len(info.tokens):
-                text = token_cell(info.tokens[t], slot)
+                # As much of the token as the slot holds, then a space: tokens never run together.
+                text = token_cell(info.tokens[t], max(1, slot - 1)).ljust(slot)
             elif t < info.num_tokens:
                 text = "▮".ljust(slot)
             elif i < computed:  # a proposed token's slot, this step: verified, or about to be

@@ -15,7 +15,7 @@ from textual.message import Message
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, family_of
-from nanovllm.viz.style import DIM, HEADING, SELECTED, request_label
+from nanovllm.viz.style import DIM, HEADING, SELECTED, fit, request_label
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -54,7 +54,7 @@ class QueuesView(StateView):
         lines: list[Text] = []
         self._rows = []
         for (title, ids), n in zip(sections, shown):
-            lines.append(Text(f"{title} {len(ids)}", HEADING))
+            lines.append(Text(f"{title} {len(ids)}", HEADING))  # the count: labelled by the title
             self._rows.append(None)
             visible = ids[:n]
             if len(ids) > n and n > 0:
@@ -71,22 +71,26 @@ class QueuesView(StateView):
         info = self.state.requests.get(rid)
         line = request_label(info, rid, width=9)
         if info is not None:
+            # Every number with its label: `out 12/39` (output tokens of at most), `prompt 46`.
             if info.status == "finished":
-                detail = f" {info.finish_reason} {info.num_output_tokens}/{info.max_tokens}"
+                detail = f"out {info.num_output_tokens}/{info.max_tokens} · {info.finish_reason}"
             elif info.status == "waiting":
-                detail = f" {info.num_prompt_tokens}+{info.num_output_tokens} tok"
-                if info.num_preemptions:
-                    detail += f" ⟲{info.num_preemptions}"
+                detail = f"prompt {info.num_prompt_tokens}"
+                if info.num_output_tokens:  # preempted: its output so far is recomputed too
+                    detail += f" · out {info.num_output_tokens}"
+                if info.num_preemptions:  # first: what a narrow panel keeps
+                    detail = f"⟲ preempted {info.num_preemptions}× · {detail}"
             else:
-                detail = f" {info.num_output_tokens}/{info.max_tokens}"
+                detail = f"out {info.num_output_tokens}/{info.max_tokens}"
                 if info.num_computed_tokens < info.num_prompt_tokens:
-                    detail = f" prefill {info.num_computed_tokens}/{info.num_prompt_tokens}"
+                    detail = f"prefill {info.num_computed_tokens}/{info.num_prompt_tokens}"
                 if info.num_cached_tokens:
-                    detail += f" hit {info.num_cached_tokens}"
+                    detail += f" · hit {info.num_cached_tokens}"
             family = family_of(self.state, rid)
             if family is not None:
-                detail += f" n={len(family[1])}"
-            line.append(detail, DIM)
+                detail += f" · n={len(family[1])}"
+            line.append(" ")
+            line.append(fit(Text(detail, DIM), max(0, width - len(line))))
         line.truncate(width, pad=True)
         if rid == self.selected:
             line.stylize(SELECTED)

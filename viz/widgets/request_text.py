@@ -12,6 +12,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState
 from nanovllm.viz.style import DIM, request_label, text_style
 from nanovllm.viz.widgets.base import StateView
@@ -35,17 +36,17 @@ class RequestTextView(StateView):
         head.append(f" · {info.status}", DIM)
         if info.finish_reason:
             head.append(f" ({info.finish_reason})", DIM)
-        head.append(f" · {info.num_output_tokens}/{info.max_tokens} tokens", DIM)
+        head.append(f" · {info.num_output_tokens}/{count(info.max_tokens, 'token')}", DIM)
         if info.num_preemptions:
             head.append(f" · preempted {info.num_preemptions}×", "bold red")
         if info.grammar_allowed is not None:  # structured outputs: its last mask
             allowed = "/".join(map(str, info.grammar_allowed))
-            head.append(f" · grammar allowed {allowed} of {info.vocab_size} tokens", DIM)
+            head.append(f" · grammar allowed {allowed} of {count(info.vocab_size, 'token')}", DIM)
         body = Text()
         if info.prompt is not None:
             body.append(info.prompt, DIM)
         else:
-            body.append(f"[{info.num_prompt_tokens} prompt tokens]", DIM)
+            body.append(f"[{count(info.num_prompt_tokens, 'prompt token')}]", DIM)
         style = text_style(info.slot)
         if info.accepted and len(info.tokens) == info.num_tokens:
             accepted, marked = info.accepted_positions(), style + Style(underline=True)

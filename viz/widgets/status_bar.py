@@ -10,7 +10,7 @@ from rich.text import Text
 from nanovllm.viz.driver import DriverStatus, pace_label
 from nanovllm.viz.scenarios import SCENARIOS
 from nanovllm.viz.state import VizState, rank_forward_times
-from nanovllm.viz.style import ALERT, DIM, HEADING, rank_times
+from nanovllm.viz.style import ALERT, DIM, HEADING, fit, rank_times
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -23,7 +23,7 @@ class StatusBar(StateView):
     def render(self) -> Text:
         StatusBar.frames += 1
         state, status = self.state, self.status
-        text = Text(no_wrap=True, overflow="ellipsis")
+        text = Text(no_wrap=True)
         text.append(" nanovllm viz ", "bold reverse")
         if status is None:
             return text
@@ -64,4 +64,4 @@ class StatusBar(StateView):
                 f"{engine.max_num_batched_tokens} tok/{engine.max_num_seqs} seqs ",
                 DIM,
             )
-        return text
+        return fit(text, self.size.width)

@@ -17,31 +17,38 @@ scheduler picks them); otherwise the last step done.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState, latest_changes, shown_step
-from nanovllm.viz.style import DIM, FLASH, HEADING, owner_style, request_glyph, request_label
+from nanovllm.viz.style import DIM, FLASH, HEADING, fit, owner_style, request_glyph, request_label
 from nanovllm.viz.widgets.base import StateView
 
 KIND_NAMES = {PREFILL: "prefill", CHUNK: "chunk", DECODE: "decode"}
 
 
 def segment_widths(tokens: list[int], budget: int, width: int) -> list[int]:
-    """Cells per request in proportion to its tokens; they add up to the tokens' share of `width`.
+    """Cells per request in proportion to its tokens, at most the tokens' share of `width`.
 
-    Each segment ends at the rounded running total, so no rounding error piles up, and a
-    request too small for a cell gets none (0) instead of a cell it does not deserve.
+    A request whose share is under half a cell gets none (0): it is too small to draw, and
+    giving a cell to whichever one a running total happens to round up on would single out an
+    arbitrary request among equals (twelve one-token decodes in a 512-token budget). The others
+    end at the rounded running total of their own tokens, so no rounding error piles up.
     """
     if not tokens or width <= 0:
         return [0] * len(tokens)
     scale = width / max(budget, sum(tokens), 1)
     widths, total, edge = [], 0, 0
     for t in tokens:
+        if t * scale < 0.5:
+            widths.append(0)
+            continue
         total += t
-        end = round(total * scale)
+        end = math.floor(total * scale + 0.5)  # half up, not Python's half to even
         widths.append(end - edge)
         edge = end
     return widths
@@ -70,11 +77,12 @@ class StepView(StateView):
         playing = summary is None
         head = Text(f"step {record.step}{' so far' if playing else ''}: ", HEADING)
         share = f" ({used / budget:.0%})" if budget else ""
-        head.append(f"{used} of {budget} tokens{share}, {len(record.scheduled)} requests · ")
+        head.append(f"{used} of {count(budget, 'token')}{share}, ")
+        head.append(f"{count(len(record.scheduled), 'request')} · ")
         head.append(f"prefill {prefill} + decode {decode}")
         if proposed:
             head.append(f" ({proposed} proposed)")
-        head.truncate(width, overflow="ellipsis")
+        head = fit(head, width)
         lines = [head]
 
         changed = latest_changes(state).requests if playing else frozenset()
@@ -90,7 +98,16 @@ class StepView(StateView):
             bar.append(char * w, style)
         hidden = sum(1 for w in widths if w == 0)
         if hidden:  # too small for a cell: say so instead of drawing them bigger than they are
-            bar.append(f" +{hidden} more "[: max(0, width - 2 - sum(widths))], DIM)
+            what = "request" if hidden == 1 else "requests"
+            room = width - 2 - sum(widths)
+            notes = (
+                f" +{hidden} {what} under a cell "
+                if hidden < len(widths)
+                else (f" {hidden} {what}, each under a cell "),
+                f" +{hidden} more ",
+                f" +{hidden}",
+            )
+            bar.append(next((n for n in notes if len(n) <= room), ""), DIM)
         bar.append("·" * max(0, width - 2 - len(bar)), DIM)
         lines.append(Text("▕") + bar + Text("▏"))
 

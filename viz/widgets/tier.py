@@ -1,7 +1,8 @@
 """The KV connector beside the free block queue: its tier's slots and the step's traffic.
 
 Shown only when the engine runs a KV connector (`app.py` marks the screen `-tier`). For the
-OffloadingConnector every host slot is one character, in slot order, eight to a group and each
+OffloadingConnector (its host tier is CPU memory, the heading says so) every host slot is one
+character, in slot order, eight to a group and each
 row labelled with its first slot (`t16`): `■` holds a prefix, `·` empty, `+` (green) saved this
 step, `⇡` (purple) copied into a device block this step, `▾` the least recently used entry,
 the one a full tier drops next; what the latest move touched is white. Above them the counts
@@ -23,8 +24,20 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.narrative import count
 from nanovllm.viz.state import StepRecord, VizState
-from nanovllm.viz.style import ALERT, CACHED, DIM, FLASH, FREE, HEADING, NEW, PULLED
+from nanovllm.viz.style import (
+    ALERT,
+    CACHED,
+    DIM,
+    FLASH,
+    FREE,
+    HEADING,
+    NEW,
+    PULLED,
+    fit,
+    wrap_items,
+)
 from nanovllm.viz.widgets.base import StateView
 
 MAX_LINES = 3  # of slots, when the panel may grow
@@ -80,9 +93,9 @@ class TierView(StateView):
         super().show(state, selected, status)
         tier = state.tier
         title = tier.connector or "KV connector"
-        subtitle = "t: tier slot · b: device block" if tier.has_slots else "b: device block"
-        if (self.border_title, self.border_subtitle) != (title, subtitle):
-            self.border_title, self.border_subtitle = title, subtitle
+        subtitle = "t: host slot · b: device block" if tier.has_slots else "b: device block"
+        if self._titles != (title, subtitle):
+            self.set_titles(title, subtitle)
 
     def _record(self) -> StepRecord | None:
         state = self.state
@@ -115,18 +128,18 @@ class TierView(StateView):
         """The counts, in words when they fit, else in the legend's marks."""
         t = self.state.tier
         failed = f" · failed {t.num_failed}" if t.num_failed else ""
-        if t.has_slots:
+        if t.has_slots:  # the OffloadingConnector's host tier: slots in CPU memory
             text = (
-                f"{t.num_filled}/{t.num_blocks} slots · saved {t.num_saved} · loaded "
+                f"CPU memory {t.num_filled}/{t.num_blocks} slots · saved {t.num_saved} · loaded "
                 f"{t.num_loaded} · dropped {t.num_dropped}{failed}"
             )
             if len(text) > width:
                 text = (
-                    f"{t.num_filled}/{t.num_blocks} · {SAVED}{t.num_saved} {LOADED}{t.num_loaded} "
-                    f"{DROPPED}{t.num_dropped}{failed}"
+                    f"CPU {t.num_filled}/{t.num_blocks} · {SAVED}{t.num_saved} "
+                    f"{LOADED}{t.num_loaded} {DROPPED}{t.num_dropped}{failed}"
                 )
         else:
-            text = f"{t.role} · saved {t.num_saved} · loaded {t.num_loaded} blocks{failed}"
+            text = f"{t.role} · saved {t.num_saved} · loaded {count(t.num_loaded, 'block')}{failed}"
         return Text(text, HEADING)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
@@ -135,7 +148,19 @@ class TierView(StateView):
         if tier.connector is None or width < 1:
             return 1
         slots = len(slot_rows(self._cells(), width, MAX_LINES)) if tier.has_slots else 0
-        return 3 + slots
+        return 2 + slots + len(wrap_items(self._legend(), width))
+
+    def _legend(self) -> list[str]:
+        if self.state.tier.has_slots:
+            return [
+                f"{FILLED} holds a prefix",
+                f"{SAVED} saved",
+                f"{LOADED} loaded",
+                f"{NEXT_DROPPED} dropped next",
+                f"{EMPTY} empty",
+                f"{DROPPED} dropped",
+            ]
+        return ["saved: KV written to files", "loaded: read back, not computed"]
 
     def render(self) -> Text:
         tier = self.state.tier
@@ -152,18 +177,13 @@ class TierView(StateView):
             style = MOVED
         traffic = Text(traffic_line(record) if record else "no step yet", style)
         lines = [self._heading(width)]
+        # The legend, whole, over as many lines as it needs; the slots get what is left (at
+        # least a line), and in a very short panel the legend gives way, a line at a time.
+        legend = wrap_items(self._legend(), width, DIM)
         if tier.has_slots:
-            room = height - 2 - (1 if height >= 4 else 0)  # heading, traffic, legend if it fits
-            lines += slot_rows(self._cells(), width, max(1, room))
-            legend = (
-                f"{FILLED} holds a prefix · {SAVED} saved · {LOADED} loaded · "
-                f"{NEXT_DROPPED} dropped next · {EMPTY} empty · {DROPPED} dropped"
-            )
-        else:
-            legend = "saved: KV written to files · loaded: read back, not computed"
+            room = max(1, height - 2 - len(legend))  # the heading and the traffic
+            lines += slot_rows(self._cells(), width, room)
         lines.append(traffic)
-        if height >= 4 or not tier.has_slots:
-            lines.append(Text(legend, DIM))
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
+        lines += legend
+        lines = [fit(line, width) for line in lines]
         return Text("\n").join(lines[:height])

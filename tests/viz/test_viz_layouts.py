@@ -1,0 +1,71 @@
+"""Layouts (issue 41, section 4): every scenario, live on the embedded model, at 80x24, 100x30,
+120x40 and 160x48, the terminal resized in place (`viz/screenshots.py`'s `play`, a few steps a
+scenario). No label is cut mid-word (a letter or digit right before `…`), the `disagg` link
+narrows below 150 columns, the tier's panel has its whole legend and names CPU memory, and
+switching scenario says what to watch."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from nanovllm.viz.app import VizApp, screen_text
+from nanovllm.viz.scenarios import SCENARIOS
+from nanovllm.viz.screenshots import SIZES, play, screenshot_app
+
+CUT = re.compile(r"[^\W_]…")  # `decod…`: a word cut short
+MARKER = re.compile(r"…\d+ more…")  # the free queue's count of the blocks it leaves out
+
+
+def cut_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if CUT.search(MARKER.sub("", line))]
+
+
+def test_cut_lines_finds_a_word_cut_short():
+    assert cut_lines("╰─ P prefill · p chunk · = decod… ─╯\n│ ▸ 1 …19 more… 4 ◂ │") == [
+        "╰─ P prefill · p chunk · = decod… ─╯"
+    ]
+
+
+@pytest.mark.slow
+def test_every_scenario_at_every_size():
+    screens: dict[tuple[str, tuple[int, int]], str] = {}
+    widths: dict[tuple[int, int], tuple[int, int, int]] = {}
+    notices: list[str] = []
+
+    def shoot(app: VizApp, name: str, size: tuple[int, int]) -> None:
+        screens[name, size] = screen_text(app)
+        if name == "disagg":
+            widths[size] = tuple(  # type: ignore[assignment]
+                app.query_one(f"#{i}").outer_size.width for i in ("prefill", "link", "decode")
+            )
+
+    async def go(pilot) -> None:
+        await play(pilot, SCENARIOS, dict.fromkeys(SCENARIOS, 3), SIZES, shoot, notices=notices)
+        pilot.app.exit()
+
+    start = time.monotonic()
+    screenshot_app(next(iter(SCENARIOS))).run(headless=True, size=SIZES[-1], auto_pilot=go)
+    took = time.monotonic() - start
+    assert len(screens) == len(SCENARIOS) * len(SIZES), took
+
+    bad = [f"{name} {w}x{h}: {line}" for (name, (w, h)), text in screens.items()
+           for line in cut_lines(text)]  # fmt: skip
+    assert not bad, "\n".join(bad)
+    # Below 150 columns the link narrows; each engine gets the rest.
+    for (w, _h), (prefill, link, decode) in widths.items():
+        if w < 150:
+            assert link <= 26 and min(prefill, decode) >= (w - link) // 2 - 1, (w, widths)
+    # The tier's panel: CPU memory, and its whole legend from 40 rows (below, the lines left).
+    for size in SIZES:
+        text = screens["offload", size]
+        assert "CPU" in text, size
+        if size[1] >= 40:
+            for item in ("holds a prefix", "+ saved", "⇡ loaded", "▾ dropped next", "· empty"):
+                assert item in text, (size, item, text)
+            assert "✕ dropped" in text, (size, text)
+    # Switching scenario says what to watch.
+    for scenario in SCENARIOS.values():
+        assert any(scenario.what_to_watch in n for n in notices), scenario.name
