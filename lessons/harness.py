@@ -46,7 +46,7 @@ from hypothesis import Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
-from nanovllm.lessons.testing import MODE, Mutant, RunMode, shown_inputs
+from nanovllm.lessons.testing import MODE, Mutant, RunMode, as_it_was, shown_inputs
 
 EXAMPLE_DEADLINE_S = 30.0  # one example of a property (a first one may compile a kernel)
 LOAD_DEADLINE_S = 60.0  # loading a learner's file (its top level runs, imports torch's parts)
@@ -105,11 +105,12 @@ def timed(test: Callable[..., Any], seconds: float) -> Callable[..., Any]:
 
     @functools.wraps(test)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        before = {key: as_it_was(value) for key, value in shown_inputs(kwargs).items()}
         try:
             with deadline(seconds):
                 return test(*args, **kwargs)
         except ExampleTimeout as exc:
-            exc.lesson_inputs = shown_inputs(kwargs)
+            exc.lesson_inputs = before  # as they were before the example ran
             raise
 
     return timed
