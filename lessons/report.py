@@ -242,7 +242,8 @@ def render(console, report: CheckReport, target: Path) -> None:
     if failure.calls:
         console.print("  Calls")
         for line in failure.calls:
-            console.print(f"    {escape(line)}", highlight=False)
+            # Never wrapped: a line of code cut in two would not run as written.
+            console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
     if failure.inputs:
         console.print("  Input")
         width = max(len(key) for key, _ in failure.inputs)

@@ -427,6 +427,7 @@ class TierMachine(RuleBasedStateMachine):
         self.model.drop(block_hash)
         self.last = f"remove({NAMES[block_hash]})"
 
+    @precondition(lambda self: self.model.order)  # clearing an empty tier shows nothing
     @rule()
     @recorded
     def clear(self):
@@ -501,6 +502,7 @@ def _filled(impl, num_blocks: int, uses: list[int]) -> tuple[object, Model]:
 
 
 @lesson_settings(40)
+@example(num_blocks=2, uses=[0], pins=[False] * 6)  # h0 used again: h1 is evicted, not h0
 @given(
     num_blocks=st.integers(1, 6),
     uses=st.lists(st.integers(0, 5), max_size=8),
