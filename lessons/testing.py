@@ -152,6 +152,11 @@ def as_it_was(value: Any) -> Any:
         return value
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """Add `note` to `exc`'s notes (what pytest prints under the error), on any Python."""
+    _add_note(exc, note)
+
+
 def _add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):  # Python 3.11+
         exc.add_note(note)

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from nanovllm.core.block_hash import hash_block_tokens, short
 from nanovllm.lessons.harness import EXAMPLE_DEADLINE_S, deadline
 from nanovllm.lessons.testing import (
+    add_note,
     driven_settings,
     expect_raises,
     lesson_settings,
@@ -251,8 +252,8 @@ def check_slots(tier, after: str) -> None:
         why = "; ".join(
             text
             for text in (
-                f"slot {', '.join(map(str, lost))} is neither free nor held" if lost else "",
-                f"slot {', '.join(map(str, twice))} is counted twice" if twice else "",
+                f"{_slots_said(lost)} neither free nor held" if lost else "",
+                f"{_slots_said(twice)} counted twice" if twice else "",
                 f"{stray} are not slots of range({tier.num_blocks})" if stray else "",
             )
             if text
@@ -263,6 +264,13 @@ def check_slots(tier, after: str) -> None:
             f"returned ({sorted(held, key=repr)}, {free}): {why}",
             "sorted(tier.slot_of.values()), tier.free_slots",
         )
+
+
+def _slots_said(slots: list[int]) -> str:
+    """ "slot 3 is" or "slots 0, 1 are"."""
+    if len(slots) == 1:
+        return f"slot {slots[0]} is"
+    return f"slots {', '.join(map(str, slots))} are"
 
 
 class Transcript:
@@ -298,6 +306,8 @@ class Transcript:
             exc.lesson_calls = head + lines  # type: ignore[attr-defined]
         except AttributeError:  # an exception type that takes no new attributes
             pass
+        # pytest's report (`--check --full`) shows notes: the same calls, under hypothesis' steps.
+        add_note(exc, "The calls, as code you can run:\n    " + "\n    ".join(head + lines))
 
 
 class Timed:
