@@ -19,7 +19,9 @@ The hashes are real block hashes (`core/block_hash.py`) of a few one-token block
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from contextvars import ContextVar
 
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
@@ -498,10 +500,85 @@ def test_the_tier_behaves_like_a_list_in_lru_order(impl):
 # --- the same rules, one at a time -----------------------------------------------------------
 
 
+_CALLS: ContextVar[Transcript | None] = ContextVar("lesson15_calls", default=None)
+
+
+class Recorded:
+    """A tier whose method calls are written down as code in a `Transcript` (`tier.insert(h0)`),
+    for a property that is not the state machine: its failure shows the calls too."""
+
+    def __init__(self, tier, transcript: Transcript) -> None:
+        self.tier = tier
+        self.transcript = transcript
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.tier, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args):
+            shown = list(args)
+            if name == "insert" and len(shown) == 2 and not shown[1]:
+                shown.pop()  # no pins: the default
+            hashes = [h for a in args for h in (a if isinstance(a, set | list) else [a])]
+            self.transcript.call(
+                f"tier.{name}({', '.join(_as_code(a) for a in shown)})",
+                *(h for h in hashes if h in NAMES),
+            )
+            return attr(*args)
+
+        return call
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.tier
+
+
+def _as_code(value) -> str:
+    """An argument as code, its hashes by name."""
+    if isinstance(value, bytes) and value in NAMES:
+        return NAMES[value]
+    if isinstance(value, set):
+        return _code(value) if value else "set()"
+    if isinstance(value, list):
+        return "[" + ", ".join(_as_code(v) for v in value) + "]"
+    return repr(value)
+
+
+def new_tier(impl, num_blocks: int):
+    """`impl.HostBlockTier(num_blocks)`, its calls written down when a `calls_shown` property
+    runs."""
+    transcript = _CALLS.get()
+    if transcript is None:
+        return impl.HostBlockTier(num_blocks)
+    transcript.call(f"tier = HostBlockTier({num_blocks})")
+    return Recorded(impl.HostBlockTier(num_blocks), transcript)
+
+
+def calls_shown(prop):
+    """A property whose failure shows the calls it made on its tier as code (`Transcript`)."""
+
+    @functools.wraps(prop)
+    def wrapper(*args, **kwargs):
+        transcript = Transcript()
+        token = _CALLS.set(transcript)
+        try:
+            return prop(*args, **kwargs)
+        except Exception as exc:
+            transcript.attach(exc)
+            raise
+        finally:
+            _CALLS.reset(token)
+
+    return wrapper
+
+
 def _filled(impl, num_blocks: int, uses: list[int]) -> tuple[object, Model]:
     """A tier of `num_blocks` slots filled with HASHES[0..num_blocks), then the entries at the
     indices `uses` touched in that order; and the model of it."""
-    tier, model = impl.HostBlockTier(num_blocks), Model(num_blocks)
+    tier, model = new_tier(impl, num_blocks), Model(num_blocks)
     for h in HASHES[:num_blocks]:
         check_insert(tier, model, h, set())
     for i in uses:
@@ -519,6 +596,7 @@ def _filled(impl, num_blocks: int, uses: list[int]) -> tuple[object, Model]:
     pins=st.lists(st.booleans(), min_size=6, max_size=6),
 )
 @show_inputs
+@calls_shown
 def test_insert_evicts_the_least_recently_used_unpinned_entry(impl, num_blocks, uses, pins):
     """A full tier, its entries used in some order, some of them pinned: a new hash takes the
     slot of the least recently used entry that is not pinned, and that entry is gone."""
@@ -531,6 +609,7 @@ def test_insert_evicts_the_least_recently_used_unpinned_entry(impl, num_blocks, 
 @lesson_settings(30)
 @given(num_blocks=st.integers(1, 6), uses=st.lists(st.integers(0, 5), max_size=8))
 @show_inputs
+@calls_shown
 def test_a_tier_whose_every_entry_is_pinned_refuses_and_changes_nothing(impl, num_blocks, uses):
     """With every entry pinned, insert returns None and changes nothing; unpin one, and that is
     the one evicted."""
@@ -549,10 +628,11 @@ def test_a_tier_whose_every_entry_is_pinned_refuses_and_changes_nothing(impl, nu
     asked=st.lists(st.integers(0, 7), max_size=8),
 )
 @show_inputs
+@calls_shown
 def test_num_matched_is_the_length_of_the_prefix_hit(impl, held, asked):
     """num_matched counts the hashes from the first while the tier holds each, stops at the
     first it does not hold, and changes no order."""
-    tier, model = impl.HostBlockTier(5), Model(5)
+    tier, model = new_tier(impl, 5), Model(5)
     for i in sorted(held):
         check_insert(tier, model, HASHES[i], set())
     hashes = [HASHES[i] for i in asked]
@@ -573,6 +653,7 @@ def test_num_matched_is_the_length_of_the_prefix_hit(impl, held, asked):
 @example(num_blocks=2, removed=0)
 @given(num_blocks=st.integers(1, 5), removed=st.integers(0, 4))
 @show_inputs
+@calls_shown
 def test_remove_and_clear_give_every_slot_back(impl, num_blocks, removed):
     """A full tier gives a removed entry's slot to the next insert (evicting nothing), and after
     `clear` it takes `num_blocks` new hashes, each in a free slot of its own, before it evicts
@@ -602,6 +683,7 @@ def test_remove_and_clear_give_every_slot_back(impl, num_blocks, removed):
     names=st.lists(st.sampled_from(["h0", "h1", "h2", "h3", "h4"]), min_size=1, max_size=5),
 )
 @show_inputs
+@calls_shown
 def test_lookup_and_num_matched_leave_the_next_to_evict_alone(impl, num_blocks, names):
     """Looking up the least recently used entry, or matching a prefix that starts with it, does
     not save it: the next insert into the full tier still evicts it (only `touch` marks an entry
