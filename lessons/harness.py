@@ -46,7 +46,7 @@ from hypothesis import Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
 from nanovllm.lessons.catalog import Lesson, all_lessons, lesson_module, load_file
-from nanovllm.lessons.testing import MODE, Mutant, RunMode, shown_inputs
+from nanovllm.lessons.testing import MODE, Mutant, RunMode, as_it_was, shown_inputs
 
 EXAMPLE_DEADLINE_S = 30.0  # one example of a property (a first one may compile a kernel)
 LOAD_DEADLINE_S = 60.0  # loading a learner's file (its top level runs, imports torch's parts)
@@ -105,11 +105,12 @@ def timed(test: Callable[..., Any], seconds: float) -> Callable[..., Any]:
 
     @functools.wraps(test)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        before = {key: as_it_was(value) for key, value in shown_inputs(kwargs).items()}
         try:
             with deadline(seconds):
                 return test(*args, **kwargs)
         except ExampleTimeout as exc:
-            exc.lesson_inputs = shown_inputs(kwargs)
+            exc.lesson_inputs = before  # as they were before the example ran
             raise
 
     return timed
@@ -302,21 +303,34 @@ def mutants(lesson: Lesson) -> list[Mutant]:
     return list(lesson_module(lesson, "mutants").MUTANTS)
 
 
-def try_mutant(lesson: Lesson, mutant: Mutant) -> MutantResult:
+def try_mutant(lesson: Lesson, mutant: Mutant, *, fresh: bool = False) -> MutantResult:
     """Run the lesson's properties against one planted bug, stopping at the first that fails.
 
     Most bugs show within a few examples, so every property first gets a short run; only a bug
-    that survives all of them is put through the full runs.
+    that survives all of them is put through the full runs. fresh: new random examples (as a
+    learner's `--check` draws them), not the same ones every run.
     """
     start = time.perf_counter()
-    impl = mutant.build(lesson_module(lesson, "reference"))
+    impl = planted(lesson, mutant)
     for budget in (QUICK_EXAMPLES, None):
-        for result in check(lesson, impl, stop_at_first_failure=True, max_examples=budget):
+        results = check(lesson, impl, stop_at_first_failure=True, max_examples=budget, fresh=fresh)
+        for result in results:
             if not result.passed:
                 return MutantResult(
                     lesson, mutant, result.name, result.error, time.perf_counter() - start
                 )
     return MutantResult(lesson, mutant, None, None, time.perf_counter() - start)
+
+
+def planted(lesson: Lesson, mutant: Mutant) -> Any:
+    """The implementation with `mutant`'s bug, marked with what it is (`rebuild` builds the
+    same in another process)."""
+    impl = mutant.build(lesson_module(lesson, "reference"))
+    try:
+        impl.__lesson_mutant__ = (lesson.name, mutant.name)
+    except AttributeError:  # an object that takes no new attributes: not rebuilt elsewhere
+        pass
+    return impl
 
 
 def try_all_mutants(lessons: tuple[Lesson, ...] | None = None) -> list[MutantResult]:

@@ -50,6 +50,9 @@ class Failure:
     inputs: list[tuple[str, str]]  # (field, value) pairs, in order
     message: str  # "AssertionError: ..."
     where: str | None  # "exercise.py, line 21, in slot_for": the last line of yours it ran
+    # The calls that led to the failure, as code (a state machine's, `lesson_calls`): shown
+    # instead of the inputs.
+    calls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -110,6 +113,11 @@ def describe_failure(
     name: str, prop: Any, exc: BaseException | None, path: Path | None = None
 ) -> Failure:
     exc = _innermost(exc) if exc is not None else None
+    message = plain_message(exc) if exc is not None else "failed"
+    where = last_line_in(exc, path) if exc else None
+    calls = list(getattr(exc, "lesson_calls", None) or [])
+    if calls:  # the calls say it all: hypothesis' draws would only repeat them, less clearly
+        return Failure(name, meaning(prop), [], message, where, calls)
     inputs: list[tuple[str, str]] = []
     for key, value in (getattr(exc, "lesson_inputs", None) or {}).items():
         inputs.extend(named_fields(key, value))
@@ -120,8 +128,7 @@ def describe_failure(
         if match:
             number, label, value = match.groups()
             inputs.append((label or f"draw {number}", value))
-    message = plain_message(exc) if exc is not None else "failed"
-    return Failure(name, meaning(prop), inputs, message, last_line_in(exc, path) if exc else None)
+    return Failure(name, meaning(prop), inputs, message, where)
 
 
 def meaning(prop: Any) -> str:
@@ -176,7 +183,9 @@ def plain_message(exc: BaseException) -> str:
             f"{type(exc).__name__}: your code asked for more memory than this machine has{size}: "
             "is a size computed wrong, or does a list grow without end?"
         )
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # A property's own kind of AssertionError is said as one (its name means nothing to you).
+    kind = "AssertionError" if isinstance(exc, AssertionError) else type(exc).__name__
+    return f"{kind}: {text}" if text else kind
 
 
 def last_line_in(exc: BaseException, path: Path | None) -> str | None:
@@ -230,6 +239,11 @@ def render(console, report: CheckReport, target: Path) -> None:
     console.print(f"[red]✗ {failure.name}[/]  [dim]({number} of {report.total})[/]")
     if failure.meaning:
         console.print(f"  [italic]{escape(failure.meaning)}[/]")
+    if failure.calls:
+        console.print("  Calls")
+        for line in failure.calls:
+            # Never wrapped: a line of code cut in two would not run as written.
+            console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
     if failure.inputs:
         console.print("  Input")
         width = max(len(key) for key, _ in failure.inputs)

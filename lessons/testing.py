@@ -15,6 +15,7 @@ without starting pytest again and again. Under pytest (`nanovllm lesson N --chec
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,16 +103,21 @@ def show_inputs(prop: Callable[..., Any]) -> Callable[..., Any]:
     `add_note` keeps, by hand.) What the property kept with `returned` goes on the error as
     `exc.lesson_returned`, (label, value) pairs in order. Goes between `@given` and the
     function.
+
+    The inputs are shown as they were before the property ran: a copy is taken first, since
+    code that changes its input in place (a top-k that masks the caller's logits) would
+    otherwise be shown its own output as the input it was given.
     """
 
     @functools.wraps(prop)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # pytest: show the property's frame, not this one
         token = _RETURNED.set([])
+        before = {key: as_it_was(value) for key, value in shown_inputs(kwargs).items()}
         try:
             return prop(*args, **kwargs)
         except Exception as exc:
-            inputs = shown_inputs(kwargs)
+            inputs = before
             try:
                 exc.lesson_inputs = inputs  # type: ignore[attr-defined]
                 exc.lesson_returned = list(_RETURNED.get() or [])  # type: ignore[attr-defined]
@@ -132,6 +138,23 @@ def shown_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A property call's inputs as a failure shows them: all but `impl` and hypothesis' `data`
     object (whose draws hypothesis reports itself)."""
     return {k: v for k, v in kwargs.items() if k != "impl" and not _is_data(v)}
+
+
+def as_it_was(value: Any) -> Any:
+    """A copy of `value` that later changes to `value` leave alone: a tensor's clone, else a deep
+    copy (`value` itself when it cannot be copied)."""
+    clone = getattr(value, "clone", None)
+    if callable(clone) and type(value).__module__.startswith("torch"):
+        return clone()
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - an object that cannot be copied is shown as it is now
+        return value
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add `note` to `exc`'s notes (what pytest prints under the error), on any Python."""
+    _add_note(exc, note)
 
 
 def _add_note(exc: BaseException, note: str) -> None:

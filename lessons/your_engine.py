@@ -121,12 +121,15 @@ def run_lesson(
     if getattr(spec, "YOUR_DRAWS", False):
         compared = {a.request_id for a in arrivals if a.seed is None}
 
+    # Steps before which the prefix cache is reset (`RESET_PREFIX_CACHE_AT` in run.py), in both
+    # engines: a run that must reach the code that forgets (lesson 15's `clear`).
+    resets = tuple(getattr(spec, "RESET_PREFIX_CACHE_AT", ()))
     stock = make_engine(**spec.ENGINE)
     stock_events: list = []
     stock.subscribe(stock_events.append)
     start = time.perf_counter()
     try:
-        stock_out = serve(stock, arrivals, logprobs=2)
+        stock_out = serve(stock, arrivals, logprobs=2, resets=resets)
         stock_seconds = time.perf_counter() - start
         stock_after = after_serving(stock) if after_serving is not None else []
     finally:
@@ -146,7 +149,7 @@ def run_lesson(
             report.swapped = list(spec.plug_in(yours, impl))
             yours.subscribe(your_events.append)
             start = time.perf_counter()
-            your_out = serve(yours, arrivals)
+            your_out = serve(yours, arrivals, resets=resets)
             report.seconds = time.perf_counter() - start
             your_after = after_serving(yours) if after_serving is not None else []
     except ExampleTimeout as exc:
@@ -197,16 +200,24 @@ def record_stock(lesson: Lesson, path: Path) -> list:
     events: list = []
     engine.subscribe(events.append)
     try:
-        serve(engine, make_workload(spec.WORKLOAD))
+        serve(
+            engine,
+            make_workload(spec.WORKLOAD),
+            resets=tuple(getattr(spec, "RESET_PREFIX_CACHE_AT", ())),
+        )
     finally:
         engine.shutdown()
         write_events(path, events)
     return events
 
 
-def serve(engine, arrivals: list[Arrival], logprobs: int | None = None) -> dict[str, Any]:
+def serve(
+    engine, arrivals: list[Arrival], logprobs: int | None = None, resets: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """Add each request before the step it arrives at; step until all are done. Returns the
-    final `RequestOutput` of each request."""
+    final `RequestOutput` of each request. Before each step in `resets`, the prefix cache is
+    reset (`LLMEngine.reset_prefix_cache`; RuntimeError if the engine refuses, as it does while
+    a block is in use: a reset must be put where a wave has finished)."""
     from nanovllm.sampling_params import SamplingParams
 
     pending = sorted(arrivals, key=lambda a: a.step)
@@ -222,6 +233,8 @@ def serve(engine, arrivals: list[Arrival], logprobs: int | None = None) -> dict[
             raise RuntimeError(
                 f"not finished after {tick} steps: requests are waiting that are never scheduled"
             )
+        if tick in resets and not engine.reset_prefix_cache():
+            raise RuntimeError(f"the prefix cache could not be reset before step {tick}")
         while pending and pending[0].step <= tick:
             a = pending.pop(0)
             # ignore_eos: every request as long as the workload planned, in both engines.

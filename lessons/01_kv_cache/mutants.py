@@ -19,6 +19,11 @@ def _attention(q, k, v, scale, *, shift: int = 0, mask: bool = True, softmax_dim
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
 
 
+def _scales_q_in_place(q, k, v, scale):
+    """The right output, but the caller's queries are scaled in place (q.mul_)."""
+    return _attention(q.mul_(scale), k, v, 1.0)
+
+
 def _unstable_attention(q, k, v, scale):
     """softmax written as exp / sum, without subtracting the maximum: overflows to inf/inf."""
     q_len, kv_len = q.shape[0], k.shape[0]
@@ -57,6 +62,11 @@ def _attend_then_append(reference):
 
 
 MUTANTS = [
+    Mutant(
+        "scales-q-in-place",
+        "attention scales the caller's queries in place (q.mul_(scale)): right output, q changed",
+        lambda ref: variant(ref, attention=_scales_q_in_place),
+    ),
     Mutant(
         "no-causal-mask",
         "attention lets every query see every position, the future included",

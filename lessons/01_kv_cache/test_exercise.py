@@ -29,13 +29,20 @@ def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
 @given(num_heads=heads, head_dim=head_dims, kv_len=lengths, data=st.data(), seed=seeds)
 @show_inputs
 def test_attention_matches_the_formula(impl, num_heads, head_dim, kv_len, data, seed):
-    """out[i] = softmax(scale * q_i . k_0..p) @ v_0..p, for the last q_len positions p."""
+    """out[i] = softmax(scale * q_i . k_0..p) @ v_0..p, for the last q_len positions p; q, k and
+    v are left as they were."""
     q_len = data.draw(st.integers(1, kv_len), label="q_len")
     q = randn(seed, q_len, num_heads, head_dim)
     k = randn(seed + 1, kv_len, num_heads, head_dim)
     v = randn(seed + 2, kv_len, num_heads, head_dim)
     scale = 1 / math.sqrt(head_dim)
+    given = q.clone(), k.clone(), v.clone()
     out = impl.attention(q, k, v, scale)
+    for name, tensor, before in zip("qkv", (q, k, v), given):
+        assert torch.equal(tensor, before), (
+            f"attention changed the caller's {name} in place (q.mul_, +=, ...): the engine "
+            "uses it again; compute into a new tensor"
+        )
     expected = causal_attention_oracle(q, k, v, scale)
     assert _close(out, expected), (
         f"attention differs from the formula (max error {(out.double() - expected).abs().max():.3g})"

@@ -64,6 +64,14 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "slot-mapping-stays-in-the-first-block",
+        "slot_mapping counts on from start's slot: right within one block, wrong past its end",
+        lambda ref: variant(
+            ref,
+            slot_mapping=lambda t, s, e, bs: [_slot(t, s, bs) + i for i in range(e - s)],
+        ),
+    ),
+    Mutant(
         "slot-mapping-from-zero",
         "slot_mapping starts at position 0 instead of `start`",
         lambda ref: variant(

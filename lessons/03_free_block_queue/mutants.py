@@ -31,6 +31,15 @@ class _AppendAtHead(FreeBlockQueue):
         self.num_free_blocks += 1
 
 
+class _AppendLinksToItself(FreeBlockQueue):
+    """Makes the appended block its own next (`block.next_free = block`): the list becomes a
+    cycle, and a walk from the head never ends."""
+
+    def append(self, block):
+        super().append(block)
+        block.next_free = block
+
+
 class _RemoveKeepsCount(FreeBlockQueue):
     def remove(self, block):
         super().remove(block)
@@ -101,6 +110,11 @@ MUTANTS = [
         "append-at-head",
         "freed blocks go to the head and are reused first (wrong eviction order)",
         lambda ref: variant(ref, FreeBlockQueue=_AppendAtHead),
+    ),
+    Mutant(
+        "append-links-to-itself",
+        "append makes the block its own next: the list is a cycle, a walk never ends",
+        lambda ref: variant(ref, FreeBlockQueue=_AppendLinksToItself),
     ),
     Mutant(
         "remove-keeps-count",

@@ -78,6 +78,17 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "contiguous-from-the-first-block",
+        "reads on from the first block's start, as if the later blocks followed it: right while "
+        "the sequence fits one block",
+        lambda ref: _with_gather(
+            ref,
+            lambda kc, vc, t, n: _gather(
+                kc, vc, t, n, table=[(t[0] + i) % kc.shape[0] for i in range(len(t))]
+            ),
+        ),
+    ),
+    Mutant(
         "blocks-reversed",
         "walks the block table backwards",
         lambda ref: _with_gather(

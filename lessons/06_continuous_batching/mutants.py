@@ -36,7 +36,7 @@ def _schedule(running, waiting, max_num_seqs, budget, *, bug: str = ""):
             if bug != "forgets-to-move":
                 running.append(r)
             scheduled[r.id] = r.num_tokens
-            budget -= r.num_tokens
+            budget -= r.num_tokens * (2 if bug == "prompt-counted-twice" else 1)
 
     if bug == "waiting-first":
         admit()
@@ -62,4 +62,8 @@ MUTANTS = [
     _bug("waiting-first", "admits waiting requests before serving the running ones"),
     _bug("static-batching", "admits nobody while any request is still running"),
     _bug("forgets-to-move", "admitted requests are scheduled but never join `running`"),
+    _bug(
+        "prompt-counted-twice",
+        "an admitted prompt's tokens are taken from the budget twice: requests wait that fit",
+    ),
 ]

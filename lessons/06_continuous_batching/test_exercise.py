@@ -80,6 +80,7 @@ def test_admission_is_first_come_first_served(impl, state):
 @lesson_settings(30)
 @given(state=sched_states())
 @example(state=SchedState(running=((5, 1, 5),), waiting=((3, 0),), max_num_seqs=4, token_budget=10))
+@example(state=SchedState(running=(), waiting=((3, 0), (3, 0)), max_num_seqs=4, token_budget=8))
 @show_inputs
 def test_admission_stops_only_for_a_reason(impl, state):
     """A request is left waiting only when the seats are full or its prompt does not fit the

@@ -22,6 +22,27 @@ TIGHT = SchedState(
     block_size=4,
 )
 
+# One decoding request holding 2 of 3 blocks (of 4 tokens): its next token needs one more, and
+# exactly one is free, so nothing is preempted (`need > free`, not `>=`).
+EXACT = SchedState(
+    running=((8, 1, 8),),
+    waiting=(),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=3,
+    block_size=4,
+)
+
+# A waiting prompt of 9 tokens needs 3 blocks of 4; the cache has 2: it is not admitted.
+TOO_BIG = SchedState(
+    running=(),
+    waiting=((9, 0),),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=2,
+    block_size=4,
+)
+
 
 def _step(impl, state: SchedState):
     running, waiting = state.build()
@@ -49,6 +70,7 @@ def _blocks_after(running, scheduled, computed, block_size) -> int:
 @lesson_settings(30)
 @given(state=states)
 @example(state=TIGHT)
+@example(state=TOO_BIG)
 @show_inputs
 def test_memory_is_never_overcommitted(impl, state):
     """After the step the running requests' blocks fit in the cache, within the token budget."""
@@ -89,6 +111,7 @@ def test_victims_are_the_newest_and_go_to_the_front(impl, state):
 @lesson_settings(30)
 @given(state=states)
 @example(state=TIGHT)
+@example(state=EXACT)
 @show_inputs
 def test_no_needless_preemption(impl, state):
     """Had the last victim been kept (with its tokens for this step), memory would not have
@@ -98,9 +121,8 @@ def test_no_needless_preemption(impl, state):
         return
     last = next(r for r in before["running"] if r.id == preempted[-1])
     left = state.token_budget - sum(scheduled.values())
-    need = blocks_for(
-        before["computed"][last.id] + min(last.remaining, max(left, 1)), state.block_size
-    )
+    computed = before["computed"][last.id]  # a victim's own num_computed is 0 by now
+    need = blocks_for(computed + min(last.num_tokens - computed, max(left, 1)), state.block_size)
     used = _blocks_after(running, scheduled, before["computed"], state.block_size)
     assert used + need > state.num_blocks, (
         f"{last.id} was preempted although {state.num_blocks - used} blocks were free and it "

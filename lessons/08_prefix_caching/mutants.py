@@ -14,6 +14,27 @@ def _hash(parent, token_ids, *, chained=True, ordered=True):
     return digest.digest()
 
 
+def _digits_hash(parent, token_ids):
+    """The tokens' decimal digits, run together: [1, 23] and [12, 3] are both "123"."""
+    text = "".join(str(t) for t in token_ids)
+    return hashlib.sha256((parent or b"root") + text.encode()).digest()
+
+
+def _salted_hash(parent, token_ids):
+    """Python's hash() of the parent and the tokens: the same in every call of one process,
+    different in another (bytes are hashed with a per-process salt)."""
+    salted = hash((parent, tuple(token_ids)))
+    return hashlib.sha256(str(salted).encode()).digest()
+
+
+def _two_byte_hash(parent, token_ids):
+    """Each token in two bytes: ids past 65535 wrap, so tokens 1 and 65537 are alike."""
+    digest = hashlib.sha256(parent or b"root")
+    for t in token_ids:
+        digest.update((int(t) & 0xFFFF).to_bytes(2, "little"))
+    return digest.digest()
+
+
 def _hashes(hash_fn, token_ids, block_size, *, partial=False):
     out, parent = [], None
     n = -(-len(token_ids) // block_size) if partial else len(token_ids) // block_size
@@ -35,10 +56,11 @@ def _lookup(token_ids, block_size, cache, *, cap=True, stop_at_miss=True):
     return found
 
 
-def _hash_variant(reference, **kw):
+def _hash_variant(reference, hash_fn=None, **kw):
     def fn(parent, tokens):
         return _hash(parent, tokens, **kw)
 
+    fn = hash_fn or fn
     return variant(
         reference,
         hash_block_tokens=fn,
@@ -66,6 +88,21 @@ def _lookup_variant(reference, **kw):
 
 
 MUTANTS = [
+    Mutant(
+        "digits-joined",
+        "the tokens' decimal digits run together: [1, 23] and [12, 3] hash the same",
+        lambda ref: _hash_variant(ref, _digits_hash),
+    ),
+    Mutant(
+        "salted-hash",
+        "built on Python's hash(), salted per process: another process hashes differently",
+        lambda ref: _hash_variant(ref, _salted_hash),
+    ),
+    Mutant(
+        "two-byte-tokens",
+        "each token id in two bytes: right for small ids, ids past 65535 collide",
+        lambda ref: _hash_variant(ref, _two_byte_hash),
+    ),
     Mutant(
         "unchained",
         "a block's hash ignores its parent: equal blocks after different prefixes collide",

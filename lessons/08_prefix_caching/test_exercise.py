@@ -1,12 +1,20 @@
-"""Lesson 08 properties: chained, deterministic block hashes and the prefix lookup."""
+"""Lesson 08 properties: chained, deterministic block hashes and the prefix lookup.
+
+A block hash names a block's contents for as long as the prefix cache lives, so two things no
+single call shows are checked on their own: that different blocks never share an encoding
+(`[1, 23]` and `[12, 3]` written as the digits "123" do; a token id past 65535 cut to two
+bytes does), and that the hash is the same in another process, whose `PYTHONHASHSEED` differs
+(Python's `hash()` of bytes or a str is salted per process).
+"""
 
 from __future__ import annotations
 
 import random
 
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from nanovllm.lessons.processes import call_elsewhere, recipe
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
 tokens = st.lists(st.integers(0, 50_000), max_size=40)
@@ -45,6 +53,45 @@ def test_every_token_its_order_and_the_parent_count(impl, block, data):
     assert impl.hash_block_tokens(parent, block) != impl.hash_block_tokens(other, block), (
         "different parents must give different hashes"
     )
+
+
+def _regrouped(block: list[int], cuts: list[int]) -> list[int]:
+    """The decimal digits of `block`'s tokens, written one after another, cut into tokens
+    again at the positions `cuts` (a cut inside a token's digits makes two tokens of it)."""
+    digits = "".join(str(t) for t in block)
+    edges = sorted({0, len(digits), *(c % len(digits) for c in cuts)})
+    parts = [digits[a:b] for a, b in zip(edges, edges[1:])]
+    if any(len(part) > 1 and part.startswith("0") for part in parts):
+        return block  # "05" is token 5, whose digits are "5": not the same digits
+    return [int(part) for part in parts]
+
+
+@lesson_settings(40)
+@example(block=[1, 23], cuts=[2], wide=False)
+@example(block=[12, 3], cuts=[1], wide=False)
+@example(block=[5], cuts=[], wide=True)
+@given(
+    block=st.lists(st.integers(0, 999), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(0, 20), max_size=4),
+    wide=st.booleans(),
+)
+@show_inputs
+def test_different_blocks_never_share_an_encoding(impl, block, cuts, wide):
+    """Different token lists hash differently even where a careless encoding makes them alike:
+    the same decimal digits cut elsewhere ([1, 23] and [12, 3] are both "123"), and token ids
+    that agree in their low 16 bits (a vocabulary has 150,000 tokens and more)."""
+    other = _regrouped(block, cuts)
+    if other != block:
+        assert impl.hash_block_tokens(None, block) != impl.hash_block_tokens(None, other), (
+            f"{block} and {other} are different blocks with the same hash: their tokens' digits "
+            "run together the same; separate the tokens, or encode each in a fixed width"
+        )
+    if wide:
+        far = [t + (1 << 16) for t in block]  # the same low 16 bits
+        assert impl.hash_block_tokens(None, block) != impl.hash_block_tokens(None, far), (
+            f"{block} and {far} have the same hash: a token id past 65535 is cut to its low "
+            "16 bits; real vocabularies have 150,000 tokens and more"
+        )
 
 
 @lesson_settings(40)
@@ -129,6 +176,28 @@ def test_reuses_exactly_the_shared_full_blocks(impl, prompt, block_size, seed, d
     )
 
 
+@lesson_settings(20)
+@example(prompt=[5, 6, 7, 8], block_size=2, seed=0)
+@given(
+    prompt=st.lists(st.integers(0, 99), min_size=1, max_size=40),
+    block_size=block_sizes,
+    seed=st.integers(0, 1000),
+)
+@show_inputs
+def test_a_prompt_cached_to_its_last_block_end_leaves_a_token(impl, prompt, block_size, seed):
+    """A request whose every block is cached, its last block full, still computes its last
+    token (the model needs it to give the next token's logits): one block fewer is reused."""
+    prompt = prompt[: len(prompt) // block_size * block_size]  # ends at a block's end
+    assume(prompt)
+    cache, ids = _cache_for(impl, prompt, block_size, seed)
+    expected = ids[: (len(prompt) - 1) // block_size]
+    got = impl.cached_prefix(prompt, block_size, cache)
+    assert list(got) == expected, (
+        f"all {len(prompt) // block_size} blocks of the request are cached: reuse "
+        f"{len(expected)} of them ({expected}), leaving the last block to compute; got {list(got)}"
+    )
+
+
 @lesson_settings(40)
 @given(
     prompt=st.lists(st.integers(0, 99), min_size=2, max_size=40),
@@ -148,3 +217,29 @@ def test_lookup_stops_at_the_first_miss(impl, prompt, block_size, seed, data):
     assert list(got) == ids[:dropped], (
         f"block {dropped} was evicted: only the blocks before it can be reused"
     )
+
+
+# Blocks whose hashes another process must agree on: a first block, a chained one, a parent of
+# bytes, and a run of blocks.
+_FIXED_CALLS = [
+    ("hash_block_tokens", (None, [1, 2, 3, 4])),
+    ("hash_block_tokens", (bytes(range(32)), [1, 2, 3, 4])),
+    ("hash_block_tokens", (b"\x07" * 32, (50_000, 0))),
+    ("block_hashes", (list(range(100, 117)), 4)),
+]
+
+
+def test_the_hash_is_the_same_in_another_process(impl):
+    """The same blocks hash the same in this process and in two others with other
+    PYTHONHASHSEEDs: a block hash names a block's contents, whichever process computed it, and
+    Python's own `hash()` of bytes, a str or a tuple is salted per process."""
+    here = [getattr(impl, name)(*args) for name, args in _FIXED_CALLS]
+    if recipe(impl) is None:  # an implementation built in memory: no other process can build it
+        return
+    for seed, there in zip((1, 2), call_elsewhere(impl, _FIXED_CALLS, hash_seeds=(1, 2))):
+        for (name, args), mine, theirs in zip(_FIXED_CALLS, here, there):
+            assert mine == theirs, (
+                f"{name}{args!r} differs between this process and one with PYTHONHASHSEED="
+                f"{seed}: the hash depends on the process (Python's hash() is salted per "
+                "process; use hashlib)"
+            )

@@ -34,12 +34,16 @@ def _prepare(batch, block_size, *, bug=""):
             ids.append(seq.token_ids[p])
             pos.append(p)
             slot = seq.block_table[p // block_size] * block_size + p % block_size
+            if bug == "slots-from-the-first-block":
+                slot = seq.block_table[0] * block_size + p  # right until block 0 is full
             slots.append(slot + (1 if bug == "slot-off-by-one" else 0))
         qsl.append(qsl[-1] + n)
         lens.append(n if bug == "seq-len-is-chunk" else c + n)
         samples = c + n == len(seq.token_ids)
         if bug == "logits-for-every-request" or samples:
             rows.append(qsl[-2] if bug == "logits-first-row" else qsl[-1] - 1)
+            if bug == "logits-row-in-the-request":
+                rows[-1] = n - 1  # its row within its own tokens: right for the first request
     return StepInputs(ids, pos, slots, qsl, lens, rows)
 
 
@@ -72,4 +76,12 @@ MUTANTS = [
     _prep_bug("seq-len-is-chunk", "seq_lens holds the chunk length, not the context length"),
     _prep_bug("logits-for-every-request", "logits are computed for chunks that sample nothing"),
     _prep_bug("logits-first-row", "the logits row is a request's first row, not its last"),
+    _prep_bug(
+        "slots-from-the-first-block",
+        "slots counted on from block 0: right until a position passes the first block",
+    ),
+    _prep_bug(
+        "logits-row-in-the-request",
+        "a logits row counted within its own request: right for the first one only",
+    ),
 ]

@@ -15,6 +15,8 @@ def _top_k(logits, k, *, bug=""):
         mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)
         return logits.masked_fill(~mask, float("-inf"))
     kth = logits.topk(min(k, vocab), dim=-1).values[:, -1:]
+    if bug == "top-k-in-place":
+        return logits.masked_fill_(logits < kth, float("-inf"))  # the caller's tensor, masked
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -32,6 +34,8 @@ def _top_p(logits, p, *, bug=""):
     else:
         drop = cum - probs >= p
     masked = sorted_logits.masked_fill(drop, float("-inf"))
+    if bug == "top-p-in-place":
+        return logits.scatter_(-1, order, masked)  # written back into the caller's tensor
     return torch.full_like(logits, float("-inf")).scatter(-1, order, masked)
 
 
@@ -88,6 +92,8 @@ MUTANTS = [
     _k("top-k-one-extra", "top-k keeps k + 1 tokens"),
     _k("top-k-smallest", "top-k keeps the k smallest logits"),
     _k("top-k-drops-ties", "top-k keeps exactly k tokens, dropping some tied with the k-th"),
+    _k("top-k-in-place", "top-k masks the caller's logits in place (masked_fill_)"),
+    _p("top-p-in-place", "top-p writes its result into the caller's logits"),
     _p("top-p-drops-the-crossing-token", "top-p drops the token that brings the sum to p"),
     _p("top-p-may-keep-nothing", "top-p can drop even the most likely token"),
     _p("top-p-softmax-twice", "top-p sums a softmax of the probabilities (far too flat)"),

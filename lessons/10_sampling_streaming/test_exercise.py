@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nanovllm.engine.detokenizer import DetokenizerState
 from nanovllm.lessons.strategies import ToyTokenizer, toy_token_ids
-from nanovllm.lessons.testing import lesson_settings, show_inputs
+from nanovllm.lessons.testing import lesson_settings, returned, show_inputs
 
 
 @st.composite
@@ -22,6 +22,17 @@ def logit_rows(draw) -> torch.Tensor:
         st.lists(st.lists(values, min_size=vocab, max_size=vocab), min_size=rows, max_size=rows)
     )
     return torch.tensor(data, dtype=torch.float32)
+
+
+def _unchanged(logits: torch.Tensor, original: torch.Tensor, name: str) -> None:
+    """The caller's logits are as they were before `name` ran (the input shown is the copy)."""
+    if not torch.equal(logits, original):
+        returned("logits after the call", logits)
+        raise AssertionError(
+            f"{name} changed the logits it was given (the input above is as it was before the "
+            "call): the caller's tensor must stay as it is; return a new one (masked_fill, not "
+            "masked_fill_)"
+        )
 
 
 def _kept(filtered: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -39,8 +50,9 @@ def test_top_k_keeps_the_k_largest_and_their_ties(impl, logits, k):
     """top-k keeps every logit >= the row's k-th largest (k of them, more when logits tie at the
     boundary, as in vLLM), unchanged, and sets the rest to -inf."""
     original = logits.clone()
-    kept = _kept(impl.apply_top_k(logits, k), logits)
-    assert torch.equal(logits, original), "the input logits were modified"
+    filtered = impl.apply_top_k(logits, k)
+    _unchanged(logits, original, "apply_top_k")
+    kept = _kept(filtered, logits)
     for row, mask in zip(logits, kept):
         kth = sorted(row.tolist(), reverse=True)[min(k, len(row)) - 1]
         expected = row >= kth
@@ -57,8 +69,9 @@ def test_top_p_keeps_the_smallest_nucleus(impl, logits, p):
     """top-p keeps the smallest set of most likely tokens whose probability reaches p, the most
     likely always."""
     original = logits.clone()
-    kept = _kept(impl.apply_top_p(logits, p), logits)
-    assert torch.equal(logits, original), "the input logits were modified"
+    filtered = impl.apply_top_p(logits, p)
+    _unchanged(logits, original, "apply_top_p")
+    kept = _kept(filtered, logits)
     eps = 1e-5
     for row, mask in zip(logits, kept):
         probs = torch.softmax(row.double(), dim=-1)
@@ -69,8 +82,13 @@ def test_top_p_keeps_the_smallest_nucleus(impl, logits, p):
             f"not the smallest set: without its least likely token it still holds >= p={p:.4f}"
         )
         if (~mask).any():
-            assert probs[mask].min() >= probs[~mask].max() - 1e-12, (
-                "a removed token is more likely than a kept one"
+            low = int(torch.where(mask, probs, torch.inf).argmin())
+            high = int(torch.where(mask, -torch.inf, probs).argmax())
+            assert probs[low] >= probs[high] - 1e-12, (
+                f"token {high} (logit {float(row[high])!r}) was removed, but token {low} (logit "
+                f"{float(row[low])!r}), which is less likely, was kept: the rule orders tokens by "
+                "logit, highest first (probabilities can round equal where logits differ; "
+                "sort the logits)"
             )
 
 

@@ -12,6 +12,9 @@ def _percentile(values, q, *, bug=""):
     if not values:
         return math.nan
     xs = list(values) if bug == "percentile-unsorted" else sorted(values)
+    if bug == "percentile-sorts-in-place":
+        values.sort()  # the caller's list, reordered
+        xs = values
     pos = (len(xs) - 1) * q / 100
     if bug == "percentile-nearest-rank":
         return xs[round(pos)]
@@ -33,6 +36,7 @@ MUTANTS = [
     _p("percentile-unsorted", "the values are not sorted first"),
     _p("percentile-nearest-rank", "rounds to the nearest rank instead of interpolating"),
     _p("percentile-floor", "takes the lower neighbour instead of interpolating"),
+    _p("percentile-sorts-in-place", "sorts the caller's list (values.sort()), not a copy"),
     Mutant(
         "ttft-to-last-token",
         "TTFT measured to the last token (that is the whole latency)",

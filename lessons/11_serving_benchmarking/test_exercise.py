@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nanovllm.lessons.testing import lesson_settings, show_inputs
@@ -18,8 +18,14 @@ qs = st.floats(0, 100)
 @given(xs=values, q=qs, data=st.data())
 @show_inputs
 def test_percentile_is_an_order_statistic(impl, xs, q, data):
-    """A percentile lies between the minimum and maximum, ignores order, and grows with q."""
+    """A percentile lies between the minimum and maximum, ignores order, and grows with q; the
+    caller's list is left as it was (sort a copy: `sorted(values)`, not `values.sort()`)."""
+    given_order = list(xs)
     p = impl.percentile(xs, q)
+    assert xs == given_order, (
+        f"percentile reordered the caller's list (to {xs}; the input above is as it was): sort "
+        "a copy, sorted(values), not values.sort()"
+    )
     assert min(xs) <= p <= max(xs), f"percentile {p} outside [{min(xs)}, {max(xs)}]"
     assert impl.percentile(xs, 0) == min(xs), "the 0th percentile is the minimum"
     assert impl.percentile(xs, 100) == max(xs), "the 100th percentile is the maximum"
@@ -30,12 +36,20 @@ def test_percentile_is_an_order_statistic(impl, xs, q, data):
 
 
 @lesson_settings(40)
+@example(a=1.0, b=2.0, q=50.0)
 @given(a=st.floats(-1e3, 1e3), b=st.floats(-1e3, 1e3), q=qs)
 @show_inputs
 def test_percentile_interpolates_linearly(impl, a, b, q):
-    """Between two values, the q-th percentile is linear interpolation (NumPy's default)."""
+    """Between two values, the q-th percentile is linear interpolation (NumPy's default); the
+    caller's list keeps its order."""
     lo, hi = sorted((a, b))
     expected = lo + (hi - lo) * q / 100
+    backwards = [hi, lo]
+    impl.percentile(backwards, q)
+    assert backwards == [hi, lo], (
+        f"percentile([{hi}, {lo}], {q}) reordered the caller's list to {backwards}: sort a copy, "
+        "sorted(values), not values.sort()"
+    )
     assert math.isclose(impl.percentile([a, b], q), expected, rel_tol=1e-9, abs_tol=1e-9), (
         f"between {lo} and {hi}, the {q}th percentile is {expected}"
     )

@@ -121,6 +121,63 @@ class _ClearKeepsSlotsTaken(HostBlockTier):
         self.slot_of.clear()
 
 
+class _ClearAddsEverySlot(HostBlockTier):
+    """clear adds every slot to the free list, also those already free: a slot free twice is
+    given to two hashes."""
+
+    def clear(self):
+        self.slot_of.clear()
+        self.free_slots.extend(range(self.num_blocks))
+
+
+class _ClearKeepsTheEntries(HostBlockTier):
+    """clear frees every slot but keeps the entries: a slot is free and held at once."""
+
+    def clear(self):
+        self.free_slots = list(range(self.num_blocks - 1, -1, -1))
+
+
+class _InsertsFifo(HostBlockTier):
+    """Evicts in the order entries came in (FIFO), whatever was used since: `touch` records the
+    use, insert never looks at it."""
+
+    def __init__(self, num_blocks):
+        super().__init__(num_blocks)
+        self.arrival: list[bytes] = []
+
+    def insert(self, block_hash, pinned=()):
+        if self.free_slots:
+            self.arrival.append(block_hash)
+            return super().insert(block_hash, pinned)
+        evicted = next((h for h in self.arrival if h in self.slot_of and h not in pinned), None)
+        if evicted is None:
+            return None
+        self.arrival.remove(evicted)
+        self.arrival.append(block_hash)
+        slot = self.slot_of.pop(evicted)
+        self.slot_of[block_hash] = slot
+        return slot, evicted
+
+    def remove(self, block_hash):
+        super().remove(block_hash)
+        self.arrival.remove(block_hash)
+
+    def clear(self):
+        super().clear()
+        self.arrival.clear()
+
+
+class _InsertPinsItself(HostBlockTier):
+    """insert adds the new hash to the caller's `pinned` set: the engine's set of slots it reads
+    this step, changed behind its back."""
+
+    def insert(self, block_hash, pinned=()):
+        placed = super().insert(block_hash, pinned)
+        if placed is not None and isinstance(pinned, set):
+            pinned.add(block_hash)
+        return placed
+
+
 def _m(name: str, description: str, cls: type) -> Mutant:
     return Mutant(name, description, lambda ref: variant(ref, HostBlockTier=cls))
 
@@ -138,4 +195,10 @@ MUTANTS = [
     _m("num-matched-touches", "num_matched changes the LRU order", _MatchTouches),
     _m("remove-leaks-the-slot", "remove does not free the slot", _RemoveLeaksTheSlot),
     _m("clear-keeps-slots-taken", "clear does not free the slots", _ClearKeepsSlotsTaken),
+    _m("clear-adds-every-slot", "clear frees the free slots again", _ClearAddsEverySlot),
+    _m(
+        "clear-keeps-the-entries", "clear frees the slots, keeps the entries", _ClearKeepsTheEntries
+    ),
+    _m("evicts-fifo", "a full tier evicts the oldest entry, used since or not", _InsertsFifo),
+    _m("insert-changes-pinned", "insert adds to the caller's pinned set", _InsertPinsItself),
 ]

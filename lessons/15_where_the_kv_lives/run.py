@@ -9,7 +9,9 @@ workload asks questions about ten documents in waves, so a document's blocks com
 the device pool has handed them to others. Besides the greedy completions, the run compares
 every block saved to the tier, dropped from it and loaded back with the stock engine's, by
 hash (which free slot your tier takes is up to you), and reports how many prompt tokens the
-tier's hits spared computing.
+tier's hits spared computing. Halfway, between two waves, both engines reset their prefix cache
+(`LLMEngine.reset_prefix_cache`, which clears the host tier: your `clear`), and the waves after it
+fill the tier again from empty.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ ENGINE = dict(enable_prefix_caching=True, num_kv_blocks=40, kv_transfer_config=K
 WORKLOAD = "revisits"
 COMPARE = "tier"
 MOMENT = "first_tier_hit"
+# Before step 48, wave 4 of 8 arrives; wave 3 (steps 36 to 47) has finished by then.
+RESET_PREFIX_CACHE_AT = (48,)
 
 
 def building(impl):
@@ -39,5 +43,6 @@ def plug_in(engine, impl) -> list[str]:
         raise LessonRunError("the engine was built without your HostBlockTier")
     return [
         f"the host tier's bookkeeping ({NUM_CPU_BLOCKS} slots): your `HostBlockTier` "
-        "(num_matched, lookup, touch and insert, every step)"
+        "(num_matched, lookup, touch and insert, every step; clear, when the prefix cache is "
+        "reset halfway)"
     ]

@@ -288,8 +288,36 @@ WRONG_FOR_RUN = [
     ),
     # lesson 2: one block too many
     (2, "n-over-bs-plus-one", ONE_BLOCK_TOO_MANY),
-    # lesson 15: the host tier evicts its most recently used entry
+    # lesson 15: the host tier evicts its most recently used entry; its clear forgets the held
+    # slots (they are neither free nor held after it)
     (15, "evicts-mru", (("for old in self.slot_of:", "for old in reversed(self.slot_of):"),)),
+    (
+        15,
+        "clear-forgets-the-held-slots",
+        (("self.free_slots = list(range(self.num_blocks))", "pass"),),
+    ),
+    # lesson 8: a block hash of the tokens' digits run together ([1, 23] and [12, 3] alike); one
+    # built on Python's hash(), salted per process
+    (
+        8,
+        "digits-joined",
+        (
+            (
+                'digest.update(int(t).to_bytes(8, "little", signed=True))',
+                "digest.update(str(t).encode())",
+            ),
+        ),
+    ),
+    (
+        8,
+        "salted-hash",
+        (
+            (
+                "return digest.digest()",
+                "return hashlib.sha256(str(hash((parent_hash, tuple(token_ids)))).encode()).digest()",
+            ),
+        ),
+    ),
     # lesson 13: three rules of sampled verification
     (13, "accepts-without-q", (("if u * q_x < float(p[x]):", "if u < float(p[x]):"),)),
     (
@@ -374,6 +402,10 @@ SHOWN_BY_THE_ENGINE = {
         "r1 was handed blocks 2, 3 in the stock engine, blocks 2, 3, 4 in yours",
         "r1 then held 2 blocks in the stock engine, 3 in yours (it had 32 tokens after the step)",
     ),
+    "clear-forgets-the-held-slots": (
+        "Your engine stopped",
+        "returned None, but the tier has a free slot",
+    ),
     "evicts-mru": (
         "every block saved to the host tier, dropped from it and loaded back differ, first at "
         "step 30:",
@@ -384,7 +416,9 @@ SHOWN_BY_THE_ENGINE = {
 }
 # The engine's proposers are certain (q is 1 at the proposal), where u * q(x) < p(x) and
 # u < p(x) are the same test: no run of this engine can show that wrong rule, only the check.
-NOT_SHOWN_BY_THE_ENGINE = {"accepts-without-q"}
+# A hash that is not one-to-one shows only where two prompts' blocks collide, which no workload's
+# do; a hash salted per process is the same in every call of the one process a run serves in.
+NOT_SHOWN_BY_THE_ENGINE = {"accepts-without-q", "digits-joined", "salted-hash"}
 
 
 def _command(home: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:

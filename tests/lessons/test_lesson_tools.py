@@ -499,3 +499,63 @@ def test_every_lessons_moment_happens_in_its_run(lesson, tmp_path):
     key = lesson_module(lesson, "run").MOMENT
     events = your_engine.record_stock(lesson, tmp_path / "trace.jsonl")
     assert MOMENTS[key].find(events) is not None
+
+
+# --- reports that read as code --------------------------------------------------------------
+
+
+def test_a_failing_sequence_of_calls_is_printed_as_code_that_runs(home):
+    """Lesson 15's state machine shows a failure as the calls that led to it, runnable as
+    written (`tier = HostBlockTier(1)`, `tier.insert(h0)`, `tier.clear()`), the wrong answer
+    marked on its line: no draws by label (`hash = ...`, `pins = ...`), no `@seed(...)`. Run as
+    written against the same class, the last line gives what its comment says."""
+    import io
+
+    from rich.console import Console
+
+    from nanovllm.lessons import report
+
+    lesson = get_lesson(15)
+    path = solve(lesson, home / "lessons")
+    path.write_text(
+        path.read_text().replace("self.free_slots = list(range(self.num_blocks))", "pass")
+    )
+    impl = harness.implementation(lesson, path)
+    name, prop = harness.properties(lesson)[0]  # the state machine
+    result = harness.run_property(name, prop, impl, shrink=True)  # the same examples every run
+    assert not result.passed
+    failure = report.describe_failure(name, prop, result.exception, path)
+    console = Console(file=io.StringIO(), width=60)
+    report.render(console, report.CheckReport(lesson, failure=failure, total=1), path)
+    out = console.file.getvalue()
+    assert "  Calls\n" in out and "    tier = HostBlockTier(" in out and "    tier.clear()" in out
+    for stray in ("hash =", "pins =", "@seed", "Input"):
+        assert stray not in out, out
+    for line in failure.calls:
+        assert f"    {line}\n" in out, f"{line!r} is not printed whole: {out}"
+    *before, last = failure.calls
+    namespace = {"HostBlockTier": impl.HostBlockTier}
+    exec("\n".join(before), namespace)
+    code, comment = last.split("  # ", 1)
+    assert comment.startswith(f"returned {eval(code, namespace)!r}"), last
+
+
+def test_an_input_changed_in_place_is_shown_as_it_was_before_the_call(home, capsys):
+    """A top-k that masks the caller's logits in place (masked_fill_) is shown the logits it
+    was given, not its own output, and the logits after the call beside them."""
+    lesson = get_lesson(10)
+    path = solve(lesson, home / "lessons")
+    source = path.read_text()
+    masked = 'return logits.masked_fill(logits < kth, float("-inf"))'
+    assert source.count(masked) == 1
+    path.write_text(source.replace(masked, masked.replace("masked_fill", "masked_fill_")))
+    assert _cli("10", "--check") == 1
+    out = capsys.readouterr().out
+    assert "✗ test_top_k_keeps_the_k_largest_and_their_ties" in out, out
+    rows = dict(
+        line.strip().split(" = ", 1) for line in out.splitlines() if line.startswith("    ")
+    )
+    rows = {key.strip(): value for key, value in rows.items()}
+    assert "-inf" not in rows["logits"], out
+    assert "-inf" in rows["logits after the call"], out
+    assert "changed the logits it was given" in out

@@ -138,6 +138,24 @@ def test_planted_bug_is_caught(lesson, mutant):
     assert result.caught, f"{lesson.name}: planted bug {mutant.name!r} escaped every property"
 
 
+FRESH_SEEDS = 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)
+def test_every_planted_bug_is_caught_on_every_fresh_seed(lesson):
+    """A learner's `--check` draws new examples every time: a planted bug caught with the
+    derandomized examples but not with others would pass some learner's check. Each bug is put
+    through the lesson's properties `FRESH_SEEDS` times, each time with new random examples,
+    and must be caught every time."""
+    escaped = []
+    for mutant in harness.mutants(lesson):
+        for attempt in range(FRESH_SEEDS):
+            if not harness.try_mutant(lesson, mutant, fresh=True).caught:
+                escaped.append(f"{mutant.name} (attempt {attempt + 1} of {FRESH_SEEDS})")
+    assert not escaped, f"{lesson.name}: planted bugs that escaped a fresh run: {escaped}"
+
+
 def test_lesson_01_demo_counts_every_token_pass_once():
     """The demo's total equals its rows: the prompt in one pass, then one token per step, and
     no pass for the last token (nothing ever attends to its K/V)."""
