@@ -145,6 +145,7 @@ class ModelRunner:
         """Run one step: build the inputs, forward pass, sample."""
         start = time.perf_counter()
         inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompt logprobs' rows)
+        self.last_inputs = inputs  # (what the step's events tell: `step_events.py`)
         logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
