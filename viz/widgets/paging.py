@@ -34,6 +34,7 @@ from nanovllm.viz.style import (
     superscript,
     token_cell,
 )
+from nanovllm.viz.waiting import why_waiting
 from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
@@ -81,6 +82,9 @@ class PagingView(StateView):
         heads = [head, *self._about_request(info, width)]
         if not info.block_table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
+            waits = why_waiting(state, info.request_id)  # the scheduler's reason
+            if waits is not None:
+                why["waiting"] = f"waiting, no blocks yet: {waits[1]}"
             return Text("\n").join([*heads, Text(why.get(info.status, "no blocks"), DIM)])
         label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
         avail = max(1, width - label_width)
