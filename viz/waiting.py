@@ -37,6 +37,8 @@ def why_waiting(state: VizState, request_id: str) -> tuple[str, str] | None:
         return None
     info = state.requests.get(request_id)
     preempted = info is not None and info.num_preemptions > 0
+    if request_id in state.draft.preempted:  # this very step (the summary is still to come)
+        return SHORT["preempted"], "preempted this step: it lost its blocks, nobody is admitted"
     reason, head = state.waiting_reason, state.waiting_head
     if reason is None or head not in state.waiting:
         return NEW, "arrived after the last step: the next step decides"

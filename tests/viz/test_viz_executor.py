@@ -273,7 +273,7 @@ def test_the_event_stream_carries_the_executor_events():
         3, {"a": 2}, 2, 1, 2, 1, 4, 0, 4, 16, 10, 0.0, 0.0,
         waiting_reason="no_free_block", waiting_head="c", budget_cut={"a": 5},
     )  # fmt: skip
-    for event in (
+    for sent in (
         inputs,
         KVWritten(3, (8, 9, 29), 2),
         AttentionComputed(3, ("a", "b"), (6, 10), "torch"),
@@ -281,9 +281,9 @@ def test_the_event_stream_carries_the_executor_events():
         TokensSampled(3, ("a", "b"), ((7,), (9, 11))),
         summary,
     ):
-        line = _sse(event_to_dict(event))
+        line = _sse(event_to_dict(sent))
         assert line.startswith("data: ")
-        assert event_from_dict(json.loads(line[len("data: ") :])) == event
+        assert event_from_dict(json.loads(line[len("data: ") :])) == sent
 
 
 @pytest.mark.parametrize("size", [(160, 48)])
@@ -327,3 +327,23 @@ def test_the_panel_draws_the_figures(trace_path: Path, size):
     reads = block_reads(first, inputs.block_size)
     assert f"L0→#{reads[0][1]}[{reads[0][2]}]" in text
     assert "logits [" in text and " ".join(map(str, inputs.logits_rows)) in text
+
+
+@pytest.mark.parametrize("lesson", ["4", "9"])
+def test_lessons_open_on_the_executor_panel(lesson, tmp_path, monkeypatch, capsys):
+    """`nanovllm lesson 4 --viz` (attention reading scattered blocks) and `lesson 9 --viz` (a
+    chunk beside decodes in one flat batch) open paused at their moment, on the executor
+    panel, showing that step's flat batch."""
+    from nanovllm.lessons.cli import main
+
+    monkeypatch.setenv("NANOVLLM_HOME", str(tmp_path))
+    shot = tmp_path / "moment.txt"
+    assert main([lesson, "--viz", "--screenshot", str(shot)]) == 0
+    out = capsys.readouterr().out
+    step = int(out.split("paused after step ")[1].split(":")[0])
+    screen = shot.read_text()
+    assert "Model executor" in screen and f"step {step} ▸inputs" in screen
+    if lesson == "4":
+        assert "⇢" in screen  # the selected request's reads hop over its blocks
+    else:
+        assert "chunk" in screen and "flat batch" in screen

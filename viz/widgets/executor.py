@@ -87,9 +87,10 @@ class ExecutorView(StateView):
         spans = request_spans(ex.inputs)
         selected = self._selected_span(spans)
         lines.extend(self._table(ex, columns, selected, width))
-        lines.extend(self._requests(ex, spans, selected, width, room=max(1, height - 10)))
-        lines.extend(self._attention(ex, selected, width))
-        lines.extend(self._logits(ex, width))
+        tail = self._attention(ex, selected, width) + self._logits(ex, width)
+        room = max(1, height - len(lines) - len(tail) - 1)  # (- the list's heading)
+        lines.extend(self._requests(ex, spans, selected, width, room=room))
+        lines.extend(tail)
         for line in lines:
             line.truncate(width, overflow="ellipsis")
         return Text("\n").join(lines[:height])
@@ -189,12 +190,12 @@ class ExecutorView(StateView):
                 line.append(f" · sampled {tokens}", FLASH if ex.stage == SAMPLED else "bold")
             lines.append(line)
         if len(spans) > room:
-            lines.append(Text(f"… {len(spans) - room} more requests", DIM))
+            lines[-1] = Text(f"… {len(spans) - room + 1} more requests", DIM)
         return lines
 
     def _attention(self, ex: ExecutorStep, span: RequestSpan | None, width: int) -> list[Text]:
         """The selected request's context read block by block through its block table, wrapped
-        over as many lines as it needs (at most 4)."""
+        over as many lines as it needs (at most 3)."""
         if span is None:
             return []
         reads = block_reads(span, ex.inputs.block_size)
@@ -209,7 +210,7 @@ class ExecutorView(StateView):
             if i < len(reads) - 1:
                 item.append(" ⇢ ", DIM)
             if len(lines[-1]) + len(item) > width and len(lines[-1]) > 2:
-                if len(lines) == 5:
+                if len(lines) == 3:
                     lines[-1].append(f"… {len(reads) - i} more blocks", DIM)
                     break
                 lines.append(Text("  "))

@@ -85,7 +85,8 @@ class QueuesView(StateView):
                 if info.num_preemptions:
                     detail += f" ⟲{info.num_preemptions}"
                 why = why_waiting(self.state, rid)  # the scheduler's reason, in short
-                detail += f" ⧗{why[0]}" if why else ""
+                tag = f" ⧗{why[0]}" if why else ""
+                detail += tag if len(line) + len(detail) + len(tag) <= width else ""
             else:
                 detail = f" {info.num_output_tokens}/{info.max_tokens}"
                 if info.num_computed_tokens < info.num_prompt_tokens:
