@@ -163,6 +163,13 @@ def block_reads(span: RequestSpan, block_size: int) -> list[tuple[int, int, int]
     return reads
 
 
+def written_slots(events: tuple[Event, ...]) -> frozenset[int]:
+    """The slots the step's K/V went to while `KVWritten` is the latest of `events` (the
+    step's so far): the views light them up."""
+    last = events[-1] if events else None
+    return frozenset(last.slot_mapping) if isinstance(last, KVWritten) else frozenset()
+
+
 def slot_label(slot: int, block_size: int) -> str:
     """A slot as `block·block_size+offset`, e.g. `12·16+3`."""
     return f"{slot // block_size}·{block_size}+{slot % block_size}"

@@ -347,3 +347,21 @@ def test_lessons_open_on_the_executor_panel(lesson, tmp_path, monkeypatch, capsy
         assert "⇢" in screen  # the selected request's reads hop over its blocks
     else:
         assert "chunk" in screen and "flat batch" in screen
+
+
+def test_kv_writes_light_their_slots_and_blocks(trace_events):
+    """While `KVWritten` is the latest event, its slots light up (paging diagram) and so do
+    their blocks (KV grid); the next stage puts them out."""
+    from nanovllm.viz.executor import written_slots
+    from nanovllm.viz.state import latest_changes
+
+    state = VizState()
+    i = next(i for i, e in enumerate(trace_events) if isinstance(e, KVWritten))
+    for e in trace_events[: i + 1]:
+        state = reduce(state, e)
+    written, size = trace_events[i], state.block_size
+    assert written_slots(state.draft.events) == set(written.slot_mapping)
+    assert latest_changes(state).blocks == {s // size for s in written.slot_mapping}
+    state = reduce(state, trace_events[i + 1])  # attention
+    assert isinstance(trace_events[i + 1], AttentionComputed)
+    assert written_slots(state.draft.events) == frozenset()

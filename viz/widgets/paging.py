@@ -24,6 +24,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.executor import written_slots
 from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -139,6 +140,7 @@ class PagingView(StateView):
         filled = max(0, min(bs, info.num_tokens - first))
         computed = block_fill(state, info, logical)  # as the block tables count it
         accepted = info.accepted_positions() if info.accepted else frozenset()
+        written = written_slots(state.draft.events)
         label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
         about = Text(" " * label_width)
         refs = block.ref_count if block else 1
@@ -179,6 +181,8 @@ class PagingView(StateView):
                 style = Style(color="grey50", bgcolor=bg)
             else:
                 style = Style(color="grey35")
+            if block_id * bs + i in written:  # the executor just wrote its K/V
+                style = FLASH
             line.append(text, style)
         slots.append(line)
         return slots + [about]
