@@ -171,7 +171,8 @@ def run(tiny_llama: Path, config: dict, prompts: list[list[int]], max_tokens: in
     kinds = [type(e) for e in events if type(e) in EXECUTOR_KINDS]
     assert kinds == EXECUTOR_KINDS * (len(kinds) // 5)  # the stages in the engine's order
     assert len(STAGES) == 5
-    return reasons | ({"chunk"} if chunks else set())
+    preempted = {"preemption"} if engine.scheduler.num_preemptions else set()
+    return reasons | ({"chunk"} if chunks else set()) | preempted
 
 
 def test_panel_and_waiting_reasons_along_a_trace(tiny_llama: Path):
@@ -193,16 +194,17 @@ def test_panel_and_waiting_reasons_along_a_trace(tiny_llama: Path):
 @given(
     block_size=st.sampled_from([1, 2, 4, 8, 16]),
     chunked=st.booleans(),
-    num_kv_blocks=st.integers(6, 24),
+    kv_tokens=st.integers(24, 96),  # the KV cache in tokens: tiny ones preempt
     budget=st.sampled_from([8, 16, 32]),
     max_num_seqs=st.integers(1, 4),
     lengths=st.lists(st.integers(1, 30), min_size=1, max_size=5),
-    max_tokens=st.integers(1, 10),
+    max_tokens=st.integers(1, 16),
 )
 def test_panel_equals_the_engines_step_inputs(
-    tiny_llama: Path, block_size, chunked, num_kv_blocks, budget, max_num_seqs, lengths, max_tokens
+    tiny_llama: Path, block_size, chunked, kv_tokens, budget, max_num_seqs, lengths, max_tokens
 ):
     """Block size, chunked prefill on or off, a KV cache from roomy to tiny (preemption)."""
+    num_kv_blocks = max(2, kv_tokens // block_size)
     capacity = num_kv_blocks * block_size
     extra = {}
     if not chunked:  # without chunking, a whole request (recomputed too) must fit one step
