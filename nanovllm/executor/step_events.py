@@ -9,7 +9,8 @@ plain tuples after the step ran.
 
 `ObservedExecutor` wraps the engine's executor (a runner, the tensor-parallel executor or the KV
 connector's) and does this only while someone subscribes (`EventBus.active`): with no
-subscriber a step costs one attribute read more, and nothing is copied or kept.
+subscriber a step costs one call and one attribute read more, and nothing is copied (the runner
+keeps a reference to its last step's inputs, `last_inputs`, whoever listens).
 """
 
 from __future__ import annotations
