@@ -30,6 +30,7 @@ from rich.text import Text
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.executor import (
     ATTENTION,
+    INPUTS,
     KV,
     LOGITS,
     SAMPLED,
@@ -51,6 +52,14 @@ from nanovllm.viz.widgets.base import StateView
 LABELS = ("row", "req", "token", "pos", "slot", "logits")
 LABEL_WIDTH = 7
 HOP_SECONDS = 0.4  # the attention cursor's time on each block (only during the attention stage)
+# The stages' names on a narrow panel.
+SHORT_STAGE_NAMES = {
+    INPUTS: "in",
+    KV: "K/V",
+    ATTENTION: "attn",
+    LOGITS: "logits",
+    SAMPLED: "sampled",
+}
 READING = Style(color="black", bgcolor="#e5c07b", bold=True)  # the block attention reads now
 
 
@@ -87,10 +96,14 @@ class ExecutorView(StateView):
         spans = request_spans(ex.inputs)
         selected = self._selected_span(spans)
         lines.extend(self._table(ex, columns, selected, width))
-        tail = self._attention(ex, selected, width) + self._logits(ex, width)
-        room = max(1, height - len(lines) - len(tail) - 1)  # (- the list's heading)
-        lines.extend(self._requests(ex, spans, selected, width, room=room))
-        lines.extend(tail)
+        # What is left goes first to the logits line, then to attention's reads (at least its
+        # first line), then to the requests' list (a heading and a line at least).
+        left = height - len(lines) - 1
+        attention = self._attention(ex, selected, width)[: max(1, left - 2)]
+        left -= len(attention)
+        if left >= 2:
+            lines.extend(self._requests(ex, spans, selected, width, room=left - 1))
+        lines.extend(attention + self._logits(ex, width))
         for line in lines:
             line.truncate(width, overflow="ellipsis")
         return Text("\n").join(lines[:height])
@@ -108,9 +121,11 @@ class ExecutorView(StateView):
         return Text(request_glyph(info.slot), owner_style(info.slot))
 
     def _stages(self, ex: ExecutorStep, width: int) -> Text:
+        full = len(f"step {ex.step} ") + sum(len(n) + 2 for n in STAGE_NAMES.values())
+        names = STAGE_NAMES if full <= width else SHORT_STAGE_NAMES
         head = Text(f"step {ex.step} ", HEADING)
         for stage in STAGES:
-            name = STAGE_NAMES[stage]
+            name = names[stage]
             if stage == ex.stage:
                 head.append(f"▸{name}", FLASH)
             elif ex.reached(stage):
@@ -159,7 +174,7 @@ class ExecutorView(StateView):
                 lit = ex.stage == LOGITS or (ex.stage == SAMPLED and c.sampled)
                 rows[5].append(("✓" if c.sampled else "lp").ljust(cell), FLASH if lit else "bold")
         if after:
-            rows[0].append(f"{after} more▸", DIM)
+            rows[0].append(f"+{after}▸", DIM)
         return [title, *rows]
 
     def _requests(
@@ -172,7 +187,7 @@ class ExecutorView(StateView):
     ) -> list[Text]:
         cut = budget_cut(self.state) if self.state.last_step is not None else {}
         sampled = dict(ex.sampled)
-        lines = [Text("per request: query start · tokens · context length · block table", DIM)]
+        lines = [Text("per request: q@query start ×tokens · ctx context · block table", DIM)]
         order = spans
         if selected is not None and selected in spans[room:]:
             order = [selected] + [s for s in spans if s is not selected]
@@ -194,15 +209,15 @@ class ExecutorView(StateView):
         return lines
 
     def _attention(self, ex: ExecutorStep, span: RequestSpan | None, width: int) -> list[Text]:
-        """The selected request's context read block by block through its block table, wrapped
-        over as many lines as it needs (at most 3)."""
+        """The selected request's context read block by block through its block table,
+        `logical→#physical[tokens read]`, wrapped over at most 3 lines."""
         if span is None:
             return []
         reads = block_reads(span, ex.inputs.block_size)
         line = Text("attention ", HEADING)
         line.append(self._letter(span.request_id))
-        line.append(f" {span.request_id} reads {span.seq_len} tokens, logical → physical [tokens]:")
-        lines = [line, Text("  ")]
+        line.append(f" {span.request_id} reads ctx {span.seq_len}: ")
+        lines = [line]
         now = self.hop % len(reads) if reads and ex.stage == ATTENTION else None
         for i, (logical, block, n) in enumerate(reads):
             item = Text(f"L{logical}→#{block}[{n}]")
