@@ -13,6 +13,8 @@ Everything the step loop (`llm_engine.py`) runs on is made here, once, in this o
 6. the KV cache allocated on every rank (and the draft's, with the same block ids), then, on a
    GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs;
 7. with a KV connector (`kv_transfer/`), its worker side given the KV cache, around the step.
+8. given the engine's event bus, the executor wrapped so that it tells its step as events while
+   someone subscribes (`executor/step_events.py`).
 
 The result is plain data, `EngineSetup`; nothing here runs a step.
 """
@@ -145,7 +147,7 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
 
 
 def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> EngineSetup:
-    """Steps 1-6 of the module docstring."""
+    """The steps of the module docstring."""
     kv_transfer_config = None
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
         kv_transfer_config = checked_config(config.kv_transfer_config)
