@@ -523,10 +523,10 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
 
     if args.screenshot is None and not sys.stdout.isatty():
         console.print(
-            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step))}[/]"
+            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step, panel=moment.panel))}[/]"
         )
         return 2
-    return viz_adapter.show(trace, step, args.screenshot)
+    return viz_adapter.show(trace, step, args.screenshot, moment.panel)
 
 
 def _single_thread() -> None:

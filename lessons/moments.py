@@ -10,14 +10,18 @@ asked of a recorded run, step by step (a step's events end with its `StepSummary
                          the others decode (06)
     preemption           the first preemption (07)
     first_hit            the first prefix-cache hit (08)
-    chunk                the first prefill chunk: a prompt only partly computed this step (09)
+    chunk                the first prefill chunk: a prompt only partly computed this step
+    chunk_with_decodes   a prefill chunk and decodes in one flat batch, on the executor panel (09)
+    scattered_reads      attention reads a request's context from blocks that are not neighbours
+                         in memory, on the executor panel (04)
     rejected_block_freed speculative decoding rejects proposals, and a block that held only
                          their slots goes back to the free queue (13)
     busiest_step         the step that computed the most tokens, with each tensor-parallel
                          rank's forward time (14)
     first_tier_hit       the first KV loaded back from the host tier instead of computed (15)
 
-The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
+A moment with `panel="executor"` opens the visualizer on its executor panel (the step's flat
+inputs, from the executor's own events). The free queue's order is not in the events directly; `hit_from_the_middle` follows it from
 them (blocks leave when handed out or hit, and join the tail when freed).
 """
 
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 class Moment:
     words: str  # "the first preemption"
     find: Callable[[list], int | None]  # the step it happens at, or None
+    panel: str | None = None  # "executor": the visualizer opens on its executor panel
 
 
 def steps(events: list) -> Iterator[tuple[int, list]]:
@@ -113,6 +118,29 @@ def _rejected_block_freed(events: list) -> int | None:
     return None
 
 
+def _chunk_with_decodes(events: list) -> int | None:
+    for step, frame in steps(events):
+        scheduled = [e for e in frame if _kind(e) == "RequestScheduled"]
+        if any(e.is_chunk for e in scheduled) and any(not e.is_prefill for e in scheduled):
+            return step
+    return None
+
+
+def _scattered_reads(events: list) -> int | None:
+    """A step whose flat batch has a decode reading 3+ blocks that are not in id order one
+    after the other (paging: the context is scattered over the cache)."""
+    for step, frame in steps(events):
+        for e in frame:
+            if _kind(e) != "StepInputsPrepared":
+                continue
+            for i, table in enumerate(e.block_tables):
+                decode = e.query_start_loc[i + 1] - e.query_start_loc[i] == 1
+                jumps = any(b != a + 1 for a, b in zip(table, table[1:]))
+                if decode and len(table) >= 3 and jumps:
+                    return step
+    return None
+
+
 def _busiest_step(events: list) -> int | None:
     best, most = None, 0
     for e in events:
@@ -151,5 +179,16 @@ MOMENTS: dict[str, Moment] = {
     "chunk": Moment(
         "the first prefill chunk",
         lambda events: _first(events, lambda e: _kind(e) == "RequestScheduled" and e.is_chunk),
+    ),
+    "chunk_with_decodes": Moment(
+        "a prefill chunk and decodes share one flat batch (the executor panel)",
+        _chunk_with_decodes,
+        panel="executor",
+    ),
+    "scattered_reads": Moment(
+        "attention reads a request's KV from scattered blocks through its block table "
+        "(the executor panel)",
+        _scattered_reads,
+        panel="executor",
     ),
 }

@@ -12,19 +12,24 @@ import argparse
 from pathlib import Path
 
 
-def viz_argv(trace: Path, step: int, screenshot: Path | None = None) -> list[str]:
+def viz_argv(
+    trace: Path, step: int, screenshot: Path | None = None, panel: str | None = None
+) -> list[str]:
     """`nanovllm viz` arguments that replay `trace` as fast as it goes and pause after `step`
-    (with `screenshot`: headless, save the paused screen there instead)."""
+    (with `screenshot`: headless, save the paused screen there instead; with `panel`, open on
+    that panel)."""
     argv = ["--replay", str(trace), "--steps", str(step), "--speed", "0"]
+    if panel is not None:
+        argv += ["--panel", panel]
     if screenshot is not None:
         argv += ["--screenshot", str(screenshot)]
     return argv
 
 
-def show(trace: Path, step: int, screenshot: Path | None = None) -> int:
-    """Open the visualizer on `trace`, paused after `step`; returns its exit status."""
+def show(trace: Path, step: int, screenshot: Path | None = None, panel: str | None = None) -> int:
+    """Open the visualizer on `trace`, paused after `step` (on `panel`); its exit status."""
     from nanovllm.viz import cli
 
     parser = argparse.ArgumentParser(prog="nanovllm viz")
     cli.add_arguments(parser)
-    return int(cli.run(parser.parse_args(viz_argv(trace, step, screenshot))) or 0)
+    return int(cli.run(parser.parse_args(viz_argv(trace, step, screenshot, panel))) or 0)

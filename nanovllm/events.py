@@ -295,6 +295,15 @@ class GrammarMasked(Event):
     vocab_size: int
 
 
+# Why waiting requests wait (`StepSummary.waiting_reason`), in the scheduler's words.
+WAITING_REASONS: dict[str, str] = {
+    "max_num_seqs": "max_num_seqs requests already run",
+    "no_free_block": "no free KV block for its tokens",
+    "token_budget": "the step's token budget is spent",
+    "preempted": "a request was preempted this step: memory is tight, nobody is admitted",
+}
+
+
 @dataclass(frozen=True)
 class StepSummary(Event):
     """What one engine step did, and what the KV cache looks like afterwards.
@@ -324,6 +333,83 @@ class StepSummary(Event):
     free_queue_head: tuple[int, ...] = field(default_factory=tuple)
     # Each tensor-parallel rank's forward time this step, in rank order (one without TP).
     rank_forward_times: tuple[float, ...] = field(default_factory=tuple)
+    # Why the scheduler admitted no more (`nanovllm/core/waiting_reasons.py`): one of
+    # WAITING_REASONS, None when nobody waits; `waiting_head` is the request it stopped at
+    # (those behind it wait in arrival order). `budget_cut`: request id -> tokens it still
+    # needed, for each request the token budget cut to a chunk this step.
+    waiting_reason: str | None = None
+    waiting_head: str | None = None
+    budget_cut: dict[str, int] = field(default_factory=dict)
+
+
+# --- the model executor's step (`nanovllm/executor/step_events.py`) ---------------------------
+
+
+@dataclass(frozen=True)
+class StepInputsPrepared(Event):
+    """The flat inputs the model runner built for `step`, as the model reads them: one entry
+    per token (`input_ids`, `positions`, `slot_mapping` = block * `block_size` + offset), one per
+    request in batch order (`request_ids`, `seq_lens`: its context length after the step,
+    `block_tables`: the blocks its attention reads, `ceil(seq_len / block_size)` of them) and
+    `query_start_loc` (request i's tokens are rows `query_start_loc[i]:query_start_loc[i + 1]`).
+    `logits_rows` are the rows whose logits are computed; the first `num_sampled_rows` are
+    sampled (the rest score prompt logprobs). A prefill chunk that does not reach the end of its
+    prompt has no row."""
+
+    kind: ClassVar[str] = "step_inputs_prepared"
+    step: int
+    block_size: int
+    request_ids: tuple[str, ...]
+    input_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    slot_mapping: tuple[int, ...]
+    query_start_loc: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    block_tables: tuple[tuple[int, ...], ...]
+    logits_rows: tuple[int, ...]
+    num_sampled_rows: int
+
+
+@dataclass(frozen=True)
+class KVWritten(Event):
+    """Every layer wrote each new token's key and value into its slot (`slot_mapping`)."""
+
+    kind: ClassVar[str] = "kv_written"
+    step: int
+    slot_mapping: tuple[int, ...]
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class AttentionComputed(Event):
+    """Paged attention ran: each request's queries read its `seq_lens[i]` tokens of context
+    through its block table (`StepInputsPrepared.block_tables`), in every layer."""
+
+    kind: ClassVar[str] = "attention_computed"
+    step: int
+    request_ids: tuple[str, ...]
+    seq_lens: tuple[int, ...]
+    attention_backend: str
+
+
+@dataclass(frozen=True)
+class LogitsComputed(Event):
+    """The LM head ran on `logits_rows` only: [len(logits_rows), vocab_size] logits."""
+
+    kind: ClassVar[str] = "logits_computed"
+    step: int
+    logits_rows: tuple[int, ...]
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class TokensSampled(Event):
+    """The sampler's tokens, per sampling request in batch order (1 to k + 1 each)."""
+
+    kind: ClassVar[str] = "tokens_sampled"
+    step: int
+    request_ids: tuple[str, ...]
+    token_ids: tuple[tuple[int, ...], ...]
 
 
 # --- a late subscriber's starting point -----------------------------------------------------------
@@ -405,6 +491,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
         GrammarMasked,
         StepSummary,
         EngineSnapshot,
+        StepInputsPrepared,
+        KVWritten,
+        AttentionComputed,
+        LogitsComputed,
+        TokensSampled,
     )
 }
 

@@ -54,6 +54,7 @@ from nanovllm.viz.screens import AddRequestScreen, HelpScreen
 from nanovllm.viz.state import RUNNING, VizState
 from nanovllm.viz.widgets import (
     BlockTablesView,
+    ExecutorView,
     FreeQueueView,
     KVCacheView,
     LinkView,
@@ -124,6 +125,7 @@ class VizApp(App[object]):
         Binding("down,j", "select(1)", "select", show=False),
         Binding("a", "add_request", "add"),
         Binding("c", "next_scenario", "scenario"),
+        Binding("x", "toggle_executor", "executor"),
         *(
             Binding(str(i), f"scenario({i - 1})", name, show=False)
             for i, name in enumerate(SCENARIOS, 1)
@@ -137,8 +139,10 @@ class VizApp(App[object]):
         screenshot: str | Path | None = None,
         screenshot_steps: int | None = None,
         measure: float | None = None,
+        panel: str | None = None,
     ) -> None:
         super().__init__()
+        self.show_executor = panel == "executor"  # the executor panel, in the timeline's place
         self.driver = make_driver(self._publish, self._notify)
         self.state = VizState()
         self.status: DriverStatus | None = None
@@ -172,6 +176,7 @@ class VizApp(App[object]):
                 yield NarrativeView(id="story-left", classes="story")
                 yield RequestTextView(id="text")
             with Vertical(id="center"):
+                yield ExecutorView(id="executor")  # shown by `x`, in the timeline's place
                 yield TimelineView(id="timeline")
                 yield StepView(id="step")
                 yield KVCacheView(id="kv")
@@ -216,6 +221,7 @@ class VizApp(App[object]):
             ),
             NarrativeView: ("What happened", "in the engine's order"),
             RequestTextView: ("Selected request", ""),
+            ExecutorView: ("Model executor: the step's flat batch", "one column a token · x hides"),
         }
         self._views = list(self.query(StateView))
         for view in self._views:
@@ -232,6 +238,7 @@ class VizApp(App[object]):
             and all(v not in vs for vs in self._engine_views.values())
         ]
         self._check_size(self.size.width, self.size.height)
+        self.screen.set_class(self.show_executor, "-executor")
         self.run_driver()
 
     def on_resize(self, event: Resize) -> None:
@@ -408,6 +415,10 @@ class VizApp(App[object]):
         current = self.status.scenario if self.status else None
         i = names.index(current) + 1 if current in names else 0
         self.action_scenario(i % len(names))
+
+    def action_toggle_executor(self) -> None:
+        self.show_executor = not self.show_executor
+        self.screen.set_class(self.show_executor, "-executor")
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

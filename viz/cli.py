@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--paused", action="store_true", help="start paused (space resumes)")
     g.add_argument(
+        "--panel",
+        choices=["executor"],
+        default=None,
+        help="open with the executor panel (the step's flat batch) shown; x toggles it",
+    )
+    g.add_argument(
         "--measure",
         type=float,
         metavar="SECONDS",
@@ -198,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         screenshot=args.screenshot,
         screenshot_steps=steps,
         measure=args.measure,
+        panel=args.panel,
     )
     if args.animate is not None:
         result = app.run(headless=True, size=size, auto_pilot=partial(_animate, args, steps))

@@ -61,6 +61,7 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.executor import EXECUTOR_EVENTS, executor_words, waiting_words
 from nanovllm.viz.families import follows
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
 TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
 SPEC, GRAMMAR = "spec", "grammar"
+EXEC = "exec"  # a stage of the model executor's step (`executor.py`)
 SAVE, DROP, LOAD, LOAD_FAILED = "save", "drop", "load", "load_failed"  # the KV connector
 SEND, RECEIVE, FETCH, LOCAL = "send", "receive", "fetch", "local"  # ... the P2pConnector
 P2P = "P2pConnector"
@@ -172,6 +174,8 @@ def narrate(state: VizState, event: Event) -> Note | None:
         return Note(GRAMMAR, None, i, i, items, detail=str(event.vocab_size), count=len(items))
     if isinstance(event, TokenEmitted):
         return Note(TOKENS, None, i, i, ((event.request_id, event.text_delta),), count=1)
+    if isinstance(event, EXECUTOR_EVENTS):
+        return Note(EXEC, None, i, i, detail=executor_words(event) or "")
     if isinstance(event, StepSummary):
         # Split as the step view splits it (a decode's proposals are decode tokens).
         scheduled = state.draft.scheduled
@@ -186,6 +190,7 @@ def narrate(state: VizState, event: Event) -> Note | None:
             f"{event.num_running} running, {event.num_waiting} waiting, "
             f"{count(event.num_free_blocks, 'block')} free"
         )
+        detail += waiting_words(event.waiting_reason, event.waiting_head, event.num_waiting)
         return Note(SUMMARY, None, i, i, detail=detail)
     if isinstance(event, EngineSnapshot):
         detail = (
@@ -228,6 +233,8 @@ def merge(a: Note, b: Note) -> Note | None:
     same = a.request_id == b.request_id
     if a.kind == b.kind and a.kind in (DECODE, TOKENS):
         return _join(a, b)
+    if a.kind == b.kind == EXEC:  # the executor's stages of one step: one line
+        return _join(a, b, detail=f"{a.detail} → {b.detail}")
     if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, SAVE, LOAD, SEND):
         return _join(a, b)
     if a.kind == b.kind and same and a.kind in (RECEIVE, FETCH):
@@ -325,6 +332,8 @@ def _schedule(n: Note) -> str:
     if computed:
         span = f"token {computed}" if tokens == 1 else f"tokens {computed}-{computed + tokens - 1}"
         text += f" ({span}; {computed} already in the cache)"
+    if chunk:  # the scheduler cuts a prompt only to fit the step's token budget
+        text += ", all the token budget left: the rest waits for the next step"
     return text
 
 
@@ -540,4 +549,5 @@ _TEXT = {
     LOCAL: _local,
     SUMMARY: _plain,
     SNAPSHOT: _plain,
+    EXEC: _plain,
 }

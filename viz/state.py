@@ -48,6 +48,7 @@ from nanovllm.events import (
     KVBlockSaved,
     KVLoadFailed,
     KVTierEvicted,
+    KVWritten,
     RequestAdded,
     RequestFinished,
     RequestPreempted,
@@ -58,6 +59,7 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.viz import tier as tiers
+from nanovllm.viz.executor import EXECUTOR_EVENTS, ExecutorStep, reduce_executor
 from nanovllm.viz.families import follows, group_children, parse_child_id
 from nanovllm.viz.narrative import Note, add_note, narrate
 from nanovllm.viz.tier import TierState, tier_from
@@ -272,6 +274,11 @@ class VizState:
     families: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
     last_added: str | None = None  # the latest RequestAdded's id (children arrive in a row)
     tier: TierState = field(default_factory=TierState)  # the KV connector's (`tier.py`)
+    # The model executor's latest step: its flat inputs and the stage reached (`executor.py`).
+    executor: ExecutorStep | None = None
+    # Why the waiting requests wait, as the last `StepSummary` said (`waiting.py`).
+    waiting_reason: str | None = None
+    waiting_head: str | None = None
 
     @property
     def step(self) -> int:
@@ -441,6 +448,8 @@ def latest_changes(state: VizState) -> Changes:
         request_id = getattr(event, "request_id", None)
         if request_id is not None:
             requests.add(request_id)
+        if isinstance(event, KVWritten):  # the blocks whose slots the step's K/V went to
+            blocks.update(slot // state.block_size for slot in event.slot_mapping)
     if not blocks and not requests:
         return NO_CHANGES
     return Changes(frozenset(blocks), frozenset(requests))
@@ -859,6 +868,8 @@ def _on_step_summary(state: VizState, e: StepSummary) -> VizState:
         timeline=(state.timeline + (column,))[-MAX_TIMELINE:],
         metrics=metrics,
         tier=tiers.end_step(state.tier),
+        waiting_reason=e.waiting_reason,
+        waiting_head=e.waiting_head,
     )
 
 
@@ -921,7 +932,12 @@ def _on_engine_snapshot(state: VizState, e: EngineSnapshot) -> VizState:
     )
 
 
+def _on_executor_event(state: VizState, e: Event) -> VizState:
+    return replace(state, executor=reduce_executor(state.executor, e))
+
+
 _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
+    **{cls: _on_executor_event for cls in EXECUTOR_EVENTS},
     EngineSnapshot: _on_engine_snapshot,
     RequestAdded: _on_request_added,
     RequestRejected: _on_request_rejected,

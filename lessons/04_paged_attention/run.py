@@ -14,7 +14,7 @@ from nanovllm.models.attention import store_kv
 ENGINE = dict(max_num_batched_tokens=64)  # chunked prefills: context read back by gather_kv
 WORKLOAD = "batch"
 COMPARE = None  # completions only: your attention's rounding may differ from the engine's
-MOMENT = None
+MOMENT = "scattered_reads"  # attention hops over a decode's scattered blocks (executor panel)
 
 
 def plug_in(engine, impl) -> list[str]:

@@ -19,7 +19,7 @@ ENGINE = dict(
 )
 WORKLOAD = "long"
 COMPARE = "schedule"
-MOMENT = "chunk"
+MOMENT = "chunk_with_decodes"  # a chunk beside decodes in one flat batch (executor panel)
 
 
 def plug_in(engine, impl) -> list[str]:

@@ -15,12 +15,11 @@ Everything is phrased with one number per request, `num_computed_tokens`: a requ
 `num_tokens - num_computed_tokens` tokens (capped by the budget). When it has caught up, the step
 samples its next token.
 
-When the KV cache cannot hold the next tokens of the running requests, the most recently
-admitted running request is *preempted*: its blocks are freed, it goes back to the front of the
-waiting queue with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus the
-tokens it had already produced. The recomputed KV equals the first up to float rounding (the
-batch it is computed in differs), so its greedy output matches in practice
-what it would have been without preemption.
+When the KV cache cannot hold the next tokens of the running requests, the most recently admitted
+running request is *preempted*: its blocks are freed, it goes back to the front of the waiting queue
+with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus the tokens it had
+already produced. The recomputed KV equals the first up to float rounding (the batch it is computed
+in differs), so its greedy output matches in practice what it would have been without preemption.
 
 A KV connector (`kv_transfer/`) is one more source of computed tokens: at admission, the blocks
 after the prefix-cache hit that it can load into the request's new blocks before the step runs.
@@ -76,6 +75,7 @@ class SchedulerOutput:
     # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: KVConnectorMetadata | None = None
+    waiting_reason: str | None = None  # "token_budget": an unchunked prompt did not fit
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -196,10 +196,10 @@ class Scheduler:
                 if self.connector is not None:  # the blocks right after them, from outside
                     num_external, _ = self.connector.get_num_new_matched_tokens(request, num_cached)
             num_new = request.num_tokens - num_cached - num_external
-            if num_new > budget:
-                if not self.config.enable_chunked_prefill:
-                    break  # without chunking a prompt must fit in one step's budget
-                num_new = budget
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                out.waiting_reason = "token_budget"  # unchunked, a prompt must fit the budget
+                break
+            num_new = min(num_new, budget)
             # The external tokens need new blocks (their KV is copied in) but no compute.
             num_slots = num_new + num_external
             if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:

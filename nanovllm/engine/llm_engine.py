@@ -49,7 +49,7 @@ class LLMEngine:
         self.config = config
         self.events = EventBus()
         # The model on every rank, its KV cache and the proposer: `setup.py`.
-        self.setup = setup = set_up_engine(config)
+        self.setup = setup = set_up_engine(config, self.events)
         self.model_path, self.model_args = setup.model_path, setup.model_args
         self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
         self.attention_backend = setup.attention_backend

@@ -13,6 +13,8 @@ Everything the step loop (`llm_engine.py`) runs on is made here, once, in this o
 6. the KV cache allocated on every rank (and the draft's, with the same block ids), then, on a
    GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs;
 7. with a KV connector (`kv_transfer/`), its worker side given the KV cache, around the step.
+8. given the engine's event bus, the executor wrapped so that it tells its step as events while
+   someone subscribes (`executor/step_events.py`).
 
 The result is plain data, `EngineSetup`; nothing here runs a step.
 """
@@ -35,9 +37,10 @@ from nanovllm.engine.tensor_parallel import (
     TensorParallelExecutor,
     start_runners,
 )
-from nanovllm.events import EngineStarted
+from nanovllm.events import EngineStarted, EventBus
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.step_events import ObservedExecutor
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.executor import KVConnectorExecutor
 from nanovllm.kv_transfer.factory import checked_config, create_connector
@@ -78,7 +81,8 @@ class EngineSetup:
     proposer: NgramProposer | DraftModelProposer | None
     runner: ModelRunner  # rank 0's
     group: WorkerGroup | None  # every rank, with tensor parallelism
-    executor: ModelRunner | TensorParallelExecutor | KVConnectorExecutor  # `execute(sched)`
+    # `execute(sched)`; wrapped in an `ObservedExecutor` when the engine gives its event bus
+    executor: ModelRunner | TensorParallelExecutor | KVConnectorExecutor | ObservedExecutor
     num_kv_blocks: int
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
@@ -148,8 +152,8 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
     return max_model_len
 
 
-def set_up_engine(config: EngineConfig) -> EngineSetup:
-    """Steps 1-6 of the module docstring."""
+def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> EngineSetup:
+    """The steps of the module docstring."""
     kv_transfer_config = None
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
         kv_transfer_config = checked_config(config.kv_transfer_config)
@@ -202,6 +206,8 @@ def set_up_engine(config: EngineConfig) -> EngineSetup:
         draft_caches = draft.kv_caches if draft is not None else []
         worker.register_kv_caches(runner.kv_caches + draft_caches)  # (the draft's KV moves too)
         setup.executor = KVConnectorExecutor(setup.executor, worker)
+    if events is not None:  # the executor's stages as events, while someone subscribes
+        setup.executor = ObservedExecutor(setup.executor, runner, events, backend_name)
     capacity = setup.num_kv_blocks * config.block_size
     logger.info(
         "nanovllm: %s on %s (%s), attention backend %r; KV cache size: %d tokens "

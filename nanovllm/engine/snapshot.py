@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
+from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
 from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot, StepSummary
 from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.request import Request, RequestStatus
@@ -90,6 +91,7 @@ def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float)
     cache's block counts after it, and its times."""
     kv = engine.kv_cache_manager
     scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
+    reason, head = waiting_reason(engine.scheduler, sched)
     num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
     return StepSummary(
         step=sched.step,
@@ -110,4 +112,7 @@ def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float)
         free_queue_head=tuple(kv.free_block_queue.peek(8)),
         # (a round trip to every rank: only asked when someone listens to events)
         rank_forward_times=tuple(engine.setup.on_every_rank("rank_forward_time", all=True)),
+        waiting_reason=reason,
+        waiting_head=head,
+        budget_cut=budget_cut(sched),
     )

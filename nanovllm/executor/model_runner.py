@@ -143,9 +143,9 @@ class ModelRunner:
         return self.last_rank_forward_time
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: build the inputs, forward pass, sample."""
+        """Run one step: build the inputs (kept as `last_inputs` for events), forward pass, sample."""
         start = time.perf_counter()
-        inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompt logprobs' rows)
+        inputs = self.last_inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompts')
         logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens

@@ -484,7 +484,7 @@ def test_every_lessons_learner_solution_runs_the_real_engine(lesson, home):
     assert report.passed, (report.error, report.divergences, report.decisions_differ)
 
 
-# A lesson whose idea happens inside a step (`MOMENT = None`: attention, the kernel, sampling)
+# A lesson whose idea happens inside a step (`MOMENT = None`: the KV cache, the kernel, sampling)
 # has no moment for the visualizer to find, so it has no test here.
 MOMENT_LESSONS = [
     lesson for lesson in ENGINE_LESSONS if lesson_module(lesson, "run").MOMENT is not None

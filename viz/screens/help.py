@@ -25,6 +25,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
 | `1`-`8`, `c` | switch scenario / next scenario (live runs) |
+| `x` | the executor panel (the step's flat batch) in place of the timeline and the step |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 
@@ -34,6 +35,14 @@ What the latest event changed is drawn in white.
 
 - **Queues**: waiting, running, finished. A preempted request goes back to the *front* of
   the waiting queue (`⟲` counts its preemptions); `n=3` marks a child of parallel sampling.
+- **Model executor** (`x`): the step's flat batch, one column a token: row, request, token,
+  position, slot `block·block_size+offset`, logits row (`✓` sampled); each request's query
+  start `q@`, tokens, context `ctx` and block table (a chunk samples nothing); the selected
+  request's attention reading its blocks one after the other; the logits rows. The step
+  plays stage by stage: inputs, K/V write (slots light up), attention, logits, sampled.
+- **Why it waits** (queues): `⧗seqs` max_num_seqs already run, `⧗block` no free KV block,
+  `⧗budget` the token budget is spent, `⧗preempt` a preemption this step, `⧗new` not yet
+  considered; the paging view says it in words for a selected waiting request.
 - **Batch timeline**: a row per request, a column per step. `P` prefill, `p` prefill chunk,
   `=` decode, `≡` decode + proposed tokens verified, `X` preempted, `·` waiting.
 - **Step**: the step's tokens by request against the token budget, in proportion;

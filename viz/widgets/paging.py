@@ -26,6 +26,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
+from nanovllm.viz.executor import written_slots
 from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
@@ -38,6 +39,7 @@ from nanovllm.viz.style import (
     superscript,
     token_cell,
 )
+from nanovllm.viz.waiting import why_waiting
 from nanovllm.viz.widgets.base import StateView
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
@@ -86,6 +88,9 @@ class PagingView(StateView):
         heads = [head, *self._about_request(info, width)]
         if not info.block_table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
+            waits = why_waiting(state, info.request_id)  # the scheduler's reason
+            if waits is not None:
+                why["waiting"] = f"waiting, no blocks yet: {waits[1]}"
             return Text("\n").join([*heads, Text(why.get(info.status, "no blocks"), DIM)])
         label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
         avail = max(1, width - label_width)
@@ -138,6 +143,7 @@ class PagingView(StateView):
         filled = max(0, min(bs, info.num_tokens - first))
         computed = block_fill(state, info, logical)  # as the block tables count it
         accepted = info.accepted_positions() if info.accepted else frozenset()
+        written = written_slots(state.draft.events)
         label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
         about = Text(" " * label_width)
         refs = block.ref_count if block else 1
@@ -179,6 +185,8 @@ class PagingView(StateView):
                 style = Style(color="grey50", bgcolor=bg)
             else:
                 style = Style(color="grey35")
+            if block_id * bs + i in written:  # the executor just wrote its K/V
+                style = FLASH
             line.append(text, style)
         slots.append(line)
         return slots + [about]

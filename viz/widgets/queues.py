@@ -3,6 +3,11 @@
 A preemption shows as a request leaving RUNNING for the *front* of WAITING (marked with how
 many times it was preempted). A child of parallel sampling (`1_p`: child 1 of request `p`) is
 marked with the size of its family, `n=3`. Click a request, or use the arrow keys, to select it.
+
+A waiting request says why it waits, as the scheduler said at the last step (`waiting.py`):
+`⧗seqs` max_num_seqs requests already run, `⧗block` no free KV block for the head's tokens,
+`⧗budget` the token budget is spent, `⧗preempt` a preemption this step admits nobody, `⧗new`
+arrived after the last step (the paging diagram says it in words for the selected request).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from textual.message import Message
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import VizState, family_of
 from nanovllm.viz.style import DIM, HEADING, SELECTED, fit, request_label
+from nanovllm.viz.waiting import why_waiting
 from nanovllm.viz.widgets.base import StateView
 
 
@@ -32,7 +38,8 @@ class QueuesView(StateView):
         self._rows: list[str | None] = []  # request id drawn on each line, for clicks
 
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.requests, state.waiting, state.running, state.finished, state.families)
+        return (state.requests, state.waiting, state.running, state.finished, state.families,
+                state.waiting_reason, state.waiting_head)  # fmt: skip
 
     def sections(self) -> list[tuple[str, list[str]]]:
         state = self.state
@@ -80,6 +87,9 @@ class QueuesView(StateView):
                     detail += f" · out {info.num_output_tokens}"
                 if info.num_preemptions:  # first: what a narrow panel keeps
                     detail = f"⟲ preempted {info.num_preemptions}× · {detail}"
+                why = why_waiting(self.state, rid)  # the scheduler's reason, in short: first
+                if why:
+                    detail = f"⧗{why[0]} · {detail}"
             else:
                 detail = f"out {info.num_output_tokens}/{info.max_tokens}"
                 if info.num_computed_tokens < info.num_prompt_tokens:
