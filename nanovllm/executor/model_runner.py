@@ -143,7 +143,7 @@ class ModelRunner:
         return self.last_rank_forward_time
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: build the inputs (kept as `last_inputs` for events), forward pass, sample."""
+        """Run one step: build the inputs (kept as `last_inputs`), forward pass, sample."""
         start = time.perf_counter()
         inputs = self.last_inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompts')
         logits = self.forward_logits(*inputs)
