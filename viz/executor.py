@@ -24,6 +24,7 @@ from nanovllm.events import (
     StepInputsPrepared,
     TokensSampled,
 )
+from nanovllm.viz.words import count
 
 # The stages, in the engine's order, and what each is called on screen.
 INPUTS, KV, ATTENTION, LOGITS, SAMPLED = "inputs", "kv", "attention", "logits", "sampled"
@@ -183,13 +184,16 @@ def executor_words(event: Event) -> str | None:
     line (`narrative.merge` joins them with arrows)."""
     if isinstance(event, StepInputsPrepared):
         spans = request_spans(event)
-        text = f"executor: {len(event.input_ids)} tokens of {len(spans)} requests in one flat batch"
+        tokens, requests = count(len(event.input_ids), "token"), count(len(spans), "request")
+        text = f"executor: {tokens} of {requests} in one flat batch"
         chunks = [s.request_id for s in spans if not s.samples]
         if chunks:
             text += f" ({' '.join(chunks)}: a chunk, no logits row)"
         return text
     if isinstance(event, KVWritten):
-        return f"K/V into {len(event.slot_mapping)} slots ×{event.num_layers} layers"
+        return (
+            f"K/V into {count(len(event.slot_mapping), 'slot')} ×{count(event.num_layers, 'layer')}"
+        )
     if isinstance(event, AttentionComputed):
         return "attention through the block tables"
     if isinstance(event, LogitsComputed):

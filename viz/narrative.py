@@ -63,6 +63,7 @@ from nanovllm.events import (
 )
 from nanovllm.viz.executor import EXECUTOR_EVENTS, executor_words, waiting_words
 from nanovllm.viz.families import follows
+from nanovllm.viz.words import count
 
 if TYPE_CHECKING:
     from nanovllm.viz.state import VizState
@@ -284,11 +285,6 @@ def add_note(notes: tuple[Note, ...], note: Note | None) -> tuple[Note, ...]:
 
 
 # --- text ---------------------------------------------------------------------------------------
-
-
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """`1 token`, `2 tokens`: a number with its noun, singular or plural as English wants."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _ids(values) -> str:

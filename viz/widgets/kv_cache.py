@@ -20,7 +20,6 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.narrative import count
 from nanovllm.viz.state import BlockInfo, VizState, kv_figures, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -36,6 +35,7 @@ from nanovllm.viz.style import (
     superscript,
 )
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.words import count
 
 UNKNOWN = Style(reverse=True)
 UNKNOWN_CACHED = "#"  # a cached-free block whose request the events never named

@@ -27,7 +27,6 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.executor import written_slots
-from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
 from nanovllm.viz.style import (
     DIM,
@@ -41,6 +40,7 @@ from nanovllm.viz.style import (
 )
 from nanovllm.viz.waiting import why_waiting
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.words import count
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
 MIN_SLOT = 3  # characters a slot needs to show a little text (two, and a space)

@@ -12,10 +12,10 @@ from rich.style import Style
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.narrative import count
 from nanovllm.viz.state import VizState
 from nanovllm.viz.style import DIM, request_label, text_style
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.words import count
 
 
 class RequestTextView(StateView):

@@ -23,10 +23,10 @@ from typing import Any
 from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.narrative import count
 from nanovllm.viz.state import CHUNK, DECODE, PREFILL, VizState, latest_changes, shown_step
 from nanovllm.viz.style import DIM, FLASH, HEADING, fit, owner_style, request_glyph, request_label
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.words import count
 
 KIND_NAMES = {PREFILL: "prefill", CHUNK: "chunk", DECODE: "decode"}
 

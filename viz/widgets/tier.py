@@ -24,7 +24,6 @@ from rich.text import Text
 from textual.geometry import Size
 
 from nanovllm.viz.driver import DriverStatus
-from nanovllm.viz.narrative import count
 from nanovllm.viz.state import StepRecord, VizState
 from nanovllm.viz.style import (
     ALERT,
@@ -39,6 +38,7 @@ from nanovllm.viz.style import (
     wrap_items,
 )
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.words import count
 
 MAX_LINES = 3  # of slots, when the panel may grow
 FILLED, SAVED, LOADED, NEXT_DROPPED, EMPTY, DROPPED = "■", "+", "⇡", "▾", "·", "✕"
