@@ -10,7 +10,12 @@ engine needs are declared here, where they show up in the schema:
   OpenAI does, rather than silently ignored;
 - `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
   the engine, and one HTTP request must not be able to fill it;
-- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them;
+- types are strict: `max_tokens: true` or `"1"` is a 400, not 1 (pydantic's default would
+  coerce both; so does vLLM's server, whose models are not strict). JSON Schema says the same:
+  a boolean or a string is not an integer;
+- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them,
+  and only canonically: "5", never "05", " 5" or "٥", which `int()` would all read as 5. A
+  refusal names the first few bad keys and how many there are, never all of them;
 - OpenAI fields the engine does not implement (`best_of`, `suffix`) are accepted at their
   neutral value and refused with a 400 otherwise.
 
@@ -27,7 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.engine.logits_checks import some
+from nanovllm.sampling_params import SamplingParams, token_id_key
 from nanovllm.serve.errors import APIError, param_from_message
 from nanovllm.serve.response_format import (
     ResponseFormat,
@@ -54,8 +60,12 @@ def _check_utf8(value: object) -> object:
     return value
 
 
+# A token id as a JSON object key (`logit_bias`): its decimal digits, no sign, no leading zero.
+TOKEN_ID_KEY_PATTERN = "^(0|[1-9][0-9]*)$"
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -83,7 +93,14 @@ class _GenerationRequest(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None,
+        json_schema_extra={
+            "propertyNames": {"pattern": TOKEN_ID_KEY_PATTERN},
+            "description": "token id (decimal digits, as a string) -> bias, clamped to "
+            "[-100, 100]; every id must be in the model's vocabulary",
+        },
+    )
     min_tokens: int = 0
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
@@ -98,6 +115,17 @@ class _GenerationRequest(_Strict):
     @classmethod
     def _stop_is_text(cls, value: object) -> object:
         return _check_utf8(value)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _canonical_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        bad = [key for key in value or {} if token_id_key(key) is None]
+        if bad:
+            raise ValueError(
+                f'keys must be token ids written as decimal digits ("5", not "05" or '
+                f'" 5"); {len(bad):,} are not: {some(bad)}'
+            )
+        return value
 
     @property
     def include_usage(self) -> bool:

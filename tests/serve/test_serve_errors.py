@@ -48,6 +48,16 @@ BAD_BODIES = [
     ({"temperature": float("nan")}, "temperature"),
     ({"stream": "yes please"}, "stream"),
     ({"echo": True, "logprobs": 1}, "echo"),
+    # Strict types: a boolean or a string is not a number (pydantic's default coerces both).
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_tokens": "1"}, "max_tokens"),
+    ({"n": True}, "n"),
+    ({"ignore_eos": "true"}, "ignore_eos"),
+    # A token id is written one way only: int() reads each of these as 5.
+    ({"logit_bias": {"05": 1.0}}, "logit_bias"),
+    ({"logit_bias": {" 5": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"\u0665": 1.0}}, "logit_bias"),  # an Arabic-Indic five
+    ({"stop_token_ids": [1000000]}, "stop_token_ids"),  # outside the vocabulary
 ]
 
 
@@ -124,3 +134,17 @@ def test_protocol_errors_are_openai_shaped(server):
         assert unknown.status_code == 404 and "error" in unknown.json()
         wrong_method = client.get("/v1/completions")
         assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+@pytest.mark.parametrize("key", [lambda i: str(10**6 + i), lambda i: f"0{i}"])
+def test_a_huge_bad_logit_bias_gets_a_short_error_naming_a_few(server, key):
+    """100,000 bad keys: the error names the first few and the count, not every one."""
+    bias = {key(i): 1.0 for i in range(100_000)}
+    response = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "x", "logit_bias": bias}, timeout=60
+    )
+    assert response.status_code == 400
+    assert len(response.content) < 1000, len(response.content)
+    error = response.json()["error"]
+    assert error["param"] == "logit_bias"
+    assert key(0) in error["message"] and "99,995 more" in error["message"], error
