@@ -35,6 +35,7 @@ from nanovllm.serve.guard import (
     guarded_app,
 )
 from nanovllm.serve.metrics import ServerMetrics
+from nanovllm.serve.openapi import describe_server
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
 from nanovllm.serve.sse import ClosingStreamingResponse
@@ -90,6 +91,13 @@ def build_app(
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
         max_concurrent_requests=max_concurrent_requests,
+    )
+    describe_server(  # the schema with this server's own bounds (openapi.py)
+        app,
+        model_name=model_name,
+        max_model_len=engine.engine.max_model_len,
+        vocab_size=engine.engine.model_args.vocab_size,
+        api_key=bool(api_key),
     )
     app.state.engine = engine
     app.state.serving = serving

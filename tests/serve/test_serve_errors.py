@@ -35,8 +35,8 @@ BAD_BODIES = [
     ({"logit_bias": {"1000000": 1.0}}, "logit_bias"),  # outside the vocabulary
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [1000000]}, "allowed_token_ids"),
-    ({"bad_words": [""]}, "bad_words"),
-    ({"bad_words": ["\ud800"]}, "bad_words"),
+    ({"bad_words": [""]}, "bad_words.0"),
+    ({"bad_words": ["\ud800"]}, "bad_words.0"),
     ({"no_such_field": 1}, "no_such_field"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -148,3 +148,16 @@ def test_a_huge_bad_logit_bias_gets_a_short_error_naming_a_few(server, key):
     error = response.json()["error"]
     assert error["param"] == "logit_bias"
     assert key(0) in error["message"] and "99,995 more" in error["message"], error
+
+
+def test_a_masked_tokens_logprob_is_json(server, async_engine):
+    """A grammar's mask gives every token it forbids logprob -inf, which JSON has no number for
+    (it was a 500): sent as -9999.0, as vLLM does."""
+    pytest.importorskip("xgrammar")
+    body = {"prompt": "x", "max_tokens": 3, "logprobs": 5, "temperature": 0, "prompt_logprobs": 1,
+            "repetition_penalty": 1e16, "structured_outputs": {"json_object": True}}  # fmt: skip
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    top = response.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert min(v for entry in top for v in entry.values()) == -9999.0, top
+    wait_idle(async_engine)
