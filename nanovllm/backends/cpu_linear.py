@@ -29,7 +29,7 @@ Costs and limits, stated plainly:
 - oneDNN makes a matmul "primitive" (JIT-compiled code and its buffers) for every shape of x,
   and a serving engine's x changes shape every step (the step's token count). torch keeps them
   in two caches, oneDNN's primitive cache and ideep's, of 1,024 entries each, and each entry
-  holds about 100 KB: at a steady 16 requests, 220 MB more RSS at step 3,000 than at step 500
+  holds about 100 KB: at a steady 16 requests, 125 MB (+16%) more RSS at step 3,000 than at 500
   (`nanovllm stress --memory`, figures in nanovllm/bench/README.md). `bound_onednn_caches`
   caps both at `ONEDNN_CACHE_CAPACITY` entries, before the first primitive is made: room for
   every decode shape of a large batch, and memory that stops growing within the first steps.

@@ -345,14 +345,12 @@ class ChatCompletionRequest(_GenerationRequest):
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
-                # top_logprobs needs logprobs: true
-                _not_both({"top_logprobs": {"type": "integer"}}, {"logprobs": {"const": False}}),
-                {
-                    "if": {
-                        "required": ["top_logprobs"],
-                        "properties": {"top_logprobs": {"type": "integer"}},
-                    },
-                    "then": {"required": ["logprobs"]},
+                {  # top_logprobs needs logprobs: true
+                    "anyOf": [
+                        {"not": {"required": ["top_logprobs"]}},
+                        {"properties": {"top_logprobs": {"type": "null"}}},
+                        {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+                    ]
                 },
             ]
         }

@@ -34,11 +34,19 @@ class ResponseFormat(BaseModel):
         extra="forbid",
         strict=True,
         json_schema_extra={  # "json_schema" needs its schema
-            "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-            "then": {
-                "required": ["json_schema"],
-                "properties": {"json_schema": {"type": "object", "required": ["schema"]}},
-            },
+            "anyOf": [
+                {"properties": {"type": {"enum": ["text", "json_object"]}}},
+                {
+                    "required": ["json_schema"],
+                    "properties": {
+                        "json_schema": {
+                            "type": "object",
+                            "required": ["schema"],
+                            "properties": {"schema": {"type": "object"}},
+                        }
+                    },
+                },
+            ]
         },
     )
 
