@@ -262,12 +262,12 @@ class SamplingParams:
             raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
         clamped = {}
         for token, value in bias.items():
-            try:  # (OpenAI's clients send the ids as strings)
-                token_id = int(token)
-            except (TypeError, ValueError):
-                token_id = -1
-            if isinstance(token, bool | float) or token_id < 0:
-                raise ValueError(f"logit_bias key {token!r} is not a token id (an int >= 0)")
+            token_id = token_id_key(token)
+            if token_id is None:
+                raise ValueError(
+                    f"logit_bias key {token!r} is not a token id (an int >= 0, or its decimal "
+                    "digits as OpenAI's clients send it)"
+                )
             if not _is_number(value):
                 raise ValueError(f"logit_bias[{token!r}] must be a finite number, got {value!r}")
             clamped[token_id] = min(100.0, max(-100.0, float(value)))
@@ -323,6 +323,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+
+def token_id_key(key: object) -> int | None:
+    """A `logit_bias` key as a token id: an int >= 0, or the canonical decimal string of one
+    ("5"; OpenAI's clients send the ids as JSON object keys). None for anything else: Python's
+    `int()` would also read "05", " 5", "5_0" and "٥" (an Arabic-Indic five), so that several
+    keys could name one token."""
+    if isinstance(key, str):
+        if not (key == "0" or (key[:1] in "123456789" and key.isascii() and key.isdigit())):
+            return None
+        return int(key)
+    return key if _is_int(key) and key >= 0 else None
 
 
 def _is_int(value: object) -> bool:

@@ -50,6 +50,18 @@ BAD = [
     ("prompt of the wrong type", 3.5, GREEDY, "got float"),
     ("dict without a prompt", {"text": "a"}, GREEDY, r"got keys \['text'\]"),
     ("longer than the KV cache", [1] * 30, SamplingParams(max_tokens=2), "more than the whole"),
+    (
+        "stop token outside the vocabulary",
+        [1],
+        SamplingParams(stop_token_ids=[2, VOCAB]),
+        rf"stop_token_ids token id\(s\) \[{VOCAB}\] are outside",
+    ),
+    (
+        "many ids outside, a few named",
+        [1],
+        SamplingParams(allowed_token_ids=list(range(10**5))),
+        rf"\[{VOCAB}, {VOCAB + 1}, {VOCAB + 2}, {VOCAB + 3}, {VOCAB + 4}, \.\.\. \([0-9,]+ more\)\]",
+    ),
 ]
 
 
@@ -136,3 +148,16 @@ def test_prompts_are_text_token_ids_or_a_dict_of_either() -> None:
     assert inputs.tokenize([3, 4]) == (None, [3, 4])
     assert inputs.tokenize({"prompt_token_ids": (3, 4), "prompt": "x"}) == ("x", [3, 4])
     assert inputs.tokenize({"prompt": "ab"}) == inputs.tokenize("ab")
+
+
+@pytest.mark.parametrize(
+    "key", ["05", " 5", "5 ", "+5", "5_0", "\u0665", "\uff15", "", -1, True, 5.0]
+)
+def test_a_logit_bias_key_is_a_token_id_written_one_way(key) -> None:
+    """int() reads "05", " 5" and "\u0665" (an Arabic-Indic five) as 5: several keys for one
+    token. Only an int or its canonical decimal digits name a token."""
+    with pytest.raises(ValueError, match="logit_bias key"):
+        SamplingParams(logit_bias={key: 1.0})
+    assert SamplingParams(logit_bias={"5": 1.0, 6: -1.0, "0": 2.0}).logit_bias == {
+        5: 1.0, 6: -1.0, 0: 2.0
+    }  # fmt: skip

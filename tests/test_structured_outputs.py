@@ -316,6 +316,10 @@ BAD = [
     (StructuredOutputsParams(json={"type": "no such type"}), "no such type"),
     (StructuredOutputsParams(json="{not json"), "{not json"),
     (StructuredOutputsParams(grammar="root ::= undefined_rule"), "undefined_rule"),
+    # Grammars xgrammar compiles but that match no finite string: a request could never end.
+    (StructuredOutputsParams(grammar="root ::= root"), "matches no finite string"),
+    (StructuredOutputsParams(grammar='root ::= "a" root'), "rule 'root' never ends"),
+    (StructuredOutputsParams(grammar='root ::= "a" x\nx ::= x "b"'), "nor 'x'"),
 ]
 
 

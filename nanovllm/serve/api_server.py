@@ -37,6 +37,7 @@ from nanovllm.serve.guard import (
     guarded_app,
 )
 from nanovllm.serve.metrics import ServerMetrics
+from nanovllm.serve.openapi import describe_server
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
 from nanovllm.serve.sse import ClosingStreamingResponse
@@ -104,6 +105,13 @@ def build_app(
         max_concurrent_requests=max_concurrent_requests,
         body_timeout=body_timeout,
         max_model_len=engine.engine.max_model_len,
+    )
+    describe_server(  # the schema with this server's own bounds (openapi.py)
+        app,
+        model_name=model_name,
+        max_model_len=engine.engine.max_model_len,
+        vocab_size=engine.engine.model_args.vocab_size,
+        api_key=bool(api_key),
     )
     app.state.engine = engine
     app.state.serving = serving

@@ -530,7 +530,7 @@ class AsyncLLMEngine:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         new_tokens = 0
         for output in outputs:
-            new_tokens += len(output.delta_token_ids)
+            new_tokens += sum(len(c.delta_token_ids) for c in output.outputs)  # (n > 1: all)
             entry = self._streams.get(output.request_id)
             if entry is None:
                 continue  # aborted: nobody is listening

@@ -4,13 +4,18 @@ FastAPI validates every body against these models and publishes them as the Open
 so the schema a client (or schemathesis) reads is the one the server enforces. Bounds that the
 engine needs are declared here, where they show up in the schema:
 
-- `seed` fits a 64-bit torch generator, `top_k` a 32-bit int, `logprobs` at most 20 (the
-  sampler takes a top-k of that size from the vocabulary);
+- `seed` is at most 2**53 - 1 (JSON's safe integers), `top_k` fits a 32-bit int, `logprobs`
+  is at most 20 (the sampler takes a top-k of that size from the vocabulary);
 - unknown fields are refused by name ("Unrecognized request argument supplied: foo"), as
   OpenAI does, rather than silently ignored;
 - `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
   the engine, and one HTTP request must not be able to fill it;
-- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them;
+- types are strict: `max_tokens: true` or `"1"` is a 400, not 1 (pydantic's default would
+  coerce both; so does vLLM's server, whose models are not strict). JSON Schema says the same:
+  a boolean or a string is not an integer;
+- `logit_bias` keys are token ids written as strings (JSON object keys), as OpenAI sends them,
+  and only canonically: "5", never "05", " 5" or "٥", which `int()` would all read as 5. A
+  refusal names the first few bad keys and how many there are, never all of them;
 - OpenAI fields the engine does not implement (`best_of`, `suffix`) are accepted at their
   neutral value and refused with a 400 otherwise.
 
@@ -25,9 +30,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.engine.logits_checks import some
+from nanovllm.sampling_params import SamplingParams, token_id_key
 from nanovllm.serve.errors import APIError, param_from_message
 from nanovllm.serve.response_format import (
     ResponseFormat,
@@ -37,6 +43,10 @@ from nanovllm.serve.response_format import (
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
+# The largest seed: JSON's largest safe integer (2**53 - 1), which every client reads exactly,
+# also those that hold JSON numbers as doubles (JavaScript's, a schema-driven fuzzer's): near
+# 2**63, the engine's own bound, a double cannot tell neighbouring seeds apart.
+MAX_SEED = 2**53 - 1
 MAX_LOGPROBS = 20
 MAX_N = 16  # completions per request (parallel sampling)
 
@@ -54,40 +64,92 @@ def _check_utf8(value: object) -> object:
     return value
 
 
+# A token id as a JSON object key (`logit_bias`): its decimal digits, no sign, no leading zero.
+TOKEN_ID_KEY_PATTERN = "^(0|[1-9][0-9]*)$"
+
+
+def _json_integer(value: object) -> object:
+    """JSON Schema's integer: a number with no fractional part (1.0 is one), never a boolean or
+    a string (pydantic's lax mode reads `true` and `"1"` as 1; its strict mode refuses 1.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def Int(**bounds: int) -> Any:  # noqa: N802 - used as a type
+    """An integer field's type, with its bounds (`ge`, `le`): strict, but a float with no
+    fraction is taken (JSON Schema's integer). The bounds sit before the coercion, where
+    pydantic writes them into the JSON schema as `minimum` and `maximum`."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_json_integer)]
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = Int(ge=0)  # (the app's schema adds the vocabulary's bound: openapi.py)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _not_both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for "not field a with value a[...] together with field b with b[...]"."""
+    return {"not": {"required": [*a, *b], "properties": {**a, **b}}}
+
+
+# Cross-field rules JSON Schema can state, in each request's schema (as the checks that refuse
+# them do: `to_sampling_params`, `engine_prompt`, `_logprobs`, `structured_outputs_params`).
+_STRUCTURED_ONCE = _not_both(
+    {"response_format": {"type": "object", "properties": {"type": {"not": {"const": "text"}}}}},
+    {"structured_outputs": {"type": "object"}},
+)
+_NO_PROMPT_LOGPROBS_STREAM = _not_both(
+    {"prompt_logprobs": {"type": "integer"}}, {"stream": {"const": True}}
+)
+
+
 class _GenerationRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Int(ge=1) | None = Field(
+        default=None,
+        description="with the prompt's tokens, at most max_model_len (a rule JSON Schema "
+        "cannot state)",
+    )
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    top_k: Int(ge=-1, le=INT32_MAX) | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    seed: Int(ge=0, le=MAX_SEED) | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Int(ge=1, le=MAX_N) = 1
     # vLLM's: what a disaggregated proxy tells each engine (`kv_transfer/p2p.py`).
     kv_transfer_params: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    min_tokens: int = 0
-    bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = None
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    logit_bias: dict[str, float] | None = Field(
+        default=None,
+        json_schema_extra={
+            "propertyNames": {"pattern": TOKEN_ID_KEY_PATTERN},
+            "description": "token id (decimal digits, as a string) -> bias, clamped to "
+            "[-100, 100]; every id must be in the model's vocabulary",
+        },
+    )
+    min_tokens: Int(ge=0) = Field(
+        default=0, description="at most max_tokens (a rule JSON Schema cannot state)"
+    )
+    bad_words: list[NonEmptyStr] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -98,6 +160,17 @@ class _GenerationRequest(_Strict):
     @classmethod
     def _stop_is_text(cls, value: object) -> object:
         return _check_utf8(value)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _canonical_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        bad = [key for key in value or {} if token_id_key(key) is None]
+        if bad:
+            raise ValueError(
+                f'keys must be token ids written as decimal digits ("5", not "05" or '
+                f'" 5"); {len(bad):,} are not: {some(bad)}'
+            )
+        return value
 
     @property
     def include_usage(self) -> bool:
@@ -157,12 +230,30 @@ class _GenerationRequest(_Strict):
 class CompletionRequest(_GenerationRequest):
     """POST /v1/completions. One prompt per request: text, token ids, or a list holding one."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _STRUCTURED_ONCE,
+                _NO_PROMPT_LOGPROBS_STREAM,
+                _not_both({"echo": {"const": True}}, {"logprobs": {"type": "integer"}}),
+            ]
+        }
+    )
+
+    # One prompt: text, token ids, or a list holding one of either (OpenAI's batch form).
+    prompt: (
+        NonEmptyStr
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1)]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)
+        ]
+    )
+    max_tokens: Int(ge=1) | None = 16  # OpenAI's default for completions
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    suffix: str | None = Field(default=None, max_length=0, description="not supported")
+    best_of: Int(ge=1, le=1) | None = Field(default=None, description="only 1 is supported")
 
     @field_validator("prompt")
     @classmethod
@@ -201,7 +292,14 @@ class CompletionRequest(_GenerationRequest):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Any part parses; only text parts are taken (`ChatMessage.text`), as the schema says.
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+            "required": ["type", "text"],
+        },
+    )
     type: str
     text: str | None = None
 
@@ -242,10 +340,26 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_GenerationRequest):
     """POST /v1/chat/completions."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _STRUCTURED_ONCE,
+                _NO_PROMPT_LOGPROBS_STREAM,
+                {  # top_logprobs needs logprobs: true
+                    "anyOf": [
+                        {"not": {"required": ["top_logprobs"]}},
+                        {"properties": {"top_logprobs": {"type": "null"}}},
+                        {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+                    ]
+                },
+            ]
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     add_generation_prompt: bool = True
 
     def _max_tokens(self) -> int | None:

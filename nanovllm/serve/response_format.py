@@ -12,7 +12,7 @@ when the engine compiles it at `add_request`: a 400 naming the value (`serving.p
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +21,7 @@ from nanovllm.serve.errors import APIError
 
 
 class JSONSchema(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     name: str
     description: str | None = None
@@ -30,7 +30,25 @@ class JSONSchema(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={  # "json_schema" needs its schema
+            "anyOf": [
+                {"properties": {"type": {"enum": ["text", "json_object"]}}},
+                {
+                    "required": ["json_schema"],
+                    "properties": {
+                        "json_schema": {
+                            "type": "object",
+                            "required": ["schema"],
+                            "properties": {"schema": {"type": "object"}},
+                        }
+                    },
+                },
+            ]
+        },
+    )
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchema | None = None
@@ -39,11 +57,23 @@ class ResponseFormat(BaseModel):
 class StructuredOutputs(BaseModel):
     """vLLM's `structured_outputs` request field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "description": "exactly one constraint; it must compile (a 400 naming it if not: "
+            "a rule JSON Schema cannot state)",
+            "oneOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("json", "regex", "choice", "grammar")
+            ]
+            + [{"required": ["json_object"], "properties": {"json_object": {"const": True}}}],
+        },
+    )
 
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
+    regex: Annotated[str, Field(min_length=1)] | None = None
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False

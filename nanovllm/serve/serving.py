@@ -406,7 +406,7 @@ class OpenAIServing:
 
     def _top(self, entry: dict[int, Logprob], n: int) -> list[tuple[str, float]]:
         best = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:n]
-        return [(self._token_text(t), lp.logprob) for t, lp in best]
+        return [(self._token_text(t), json_logprob(lp.logprob)) for t, lp in best]
 
     def _completion_logprobs(
         self,
@@ -420,7 +420,9 @@ class OpenAIServing:
         for token_id, entry in zip(token_ids, entries or []):
             text = self._token_text(token_id)
             tokens.append(text)
-            token_logprobs.append(entry[token_id].logprob if token_id in entry else None)
+            token_logprobs.append(
+                json_logprob(entry[token_id].logprob) if token_id in entry else None
+            )
             top: dict[str, float] = {}
             for token_text, logprob in self._top(entry, n):
                 # Tokens can share a text (two halves of different UTF-8 characters both show as
@@ -446,7 +448,7 @@ class OpenAIServing:
             content.append(
                 {
                     "token": text,
-                    "logprob": entry[token_id].logprob if token_id in entry else None,
+                    "logprob": json_logprob(entry[token_id].logprob) if token_id in entry else None,
                     "bytes": list(text.encode("utf-8")),
                     "top_logprobs": [
                         {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
@@ -501,6 +503,12 @@ def max_chars_per_token(tokenizer: Any) -> int:
     return 2 * max(longest, 1)
 
 
+def json_logprob(logprob: float) -> float:
+    """A logprob JSON can carry: a token the request masked out (`allowed_token_ids`) has
+    logprob -inf, which JSON has no number for; it is sent as -9999.0, as vLLM's server does."""
+    return max(logprob, -9999.0)
+
+
 def _engine_error_code(exc: EngineError) -> str:
     if isinstance(exc, EngineDeadError):
         return "engine_unavailable"
@@ -541,7 +549,12 @@ def _prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> li
     if entries is None:
         return None
     return [
-        None if entry is None else {str(t): dataclasses.asdict(lp) for t, lp in entry.items()}
+        None
+        if entry is None
+        else {
+            str(t): dataclasses.asdict(dataclasses.replace(lp, logprob=json_logprob(lp.logprob)))
+            for t, lp in entry.items()
+        }
         for entry in entries
     ]
 

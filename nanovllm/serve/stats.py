@@ -101,6 +101,10 @@ class RequestTimer:
         self._times[request_id] = RequestTimes(arrival, num_prompt_tokens, n, max_tokens)
         self._unscheduled.add(request_id)
 
+    def __len__(self) -> int:
+        """How many requests are followed (0 once all have finished or been aborted)."""
+        return len(self._times) + len(self._unscheduled - self._times.keys())
+
     def forget(self, request_id: str) -> None:
         """An aborted or failed request: no statistics."""
         self._times.pop(request_id, None)
@@ -127,24 +131,28 @@ class RequestTimer:
                     self._unscheduled.discard(request_id)
         for output in outputs:
             times = self._times.get(output.request_id)
+            if times is None:
+                continue  # not ours, or an abort's output (forgotten when it was aborted)
             num_new = sum(len(c.delta_token_ids) for c in output.outputs)
-            if times is None or not num_new:
-                continue  # not ours, or an abort's output
-            if times.scheduled is None:  # scheduled and finished within this one step
-                times.scheduled = step_start
-                self._unscheduled.discard(output.request_id)
-            if times.first_token is None:
-                times.first_token = step_end
-                stats.time_to_first_tokens.append(step_end - times.arrival)
-                stats.num_prompt_tokens += times.num_prompt_tokens
-            else:
-                stats.inter_token_latencies.append(step_end - times.last_token)
-            times.last_token = step_end
-            times.num_generation_tokens += num_new
-            stats.num_generation_tokens += num_new
+            if num_new:
+                if times.scheduled is None:  # scheduled and finished within this one step
+                    times.scheduled = step_start
+                    self._unscheduled.discard(output.request_id)
+                if times.first_token is None:
+                    times.first_token = step_end
+                    stats.time_to_first_tokens.append(step_end - times.arrival)
+                    stats.num_prompt_tokens += times.num_prompt_tokens
+                else:
+                    stats.inter_token_latencies.append(step_end - times.last_token)
+                times.last_token = step_end
+                times.num_generation_tokens += num_new
+                stats.num_generation_tokens += num_new
             if output.finished:
-                del self._times[output.request_id]
-                stats.finished_requests.append(_finished(times, output, step_end))
+                # Forgotten however it ended, a token in its last output or not (an error ends
+                # a request without one): nothing is kept for a request that is gone.
+                self.forget(output.request_id)
+                if times.first_token is not None:
+                    stats.finished_requests.append(_finished(times, output, step_end))
         return stats
 
 

@@ -24,6 +24,11 @@ import torch
 
 from nanovllm.sampling_params import StructuredOutputsParams
 
+# xgrammar's grammar expression kinds, as its `Grammar.serialize_json` numbers them (its C++
+# `GrammarExprType`): each expression is [kind, length, data...] in `grammar_expr_data`.
+_BYTE_STRING, _CHAR_CLASS, _CHAR_CLASS_STAR, _EMPTY_STR = 0, 1, 2, 3
+_RULE_REF, _SEQUENCE, _CHOICES, _TAG_DISPATCH, _REPEAT = 4, 5, 6, 7, 8
+
 INSTALL_HINT = "pip install xgrammar (or pip install 'nanovllm[structured]')"
 
 
@@ -49,6 +54,53 @@ def _first_line(exc: Exception) -> str:
     if not lines:
         return type(exc).__name__
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0])
+
+
+def unproductive_rules(grammar_json: str) -> list[str] | None:
+    """The names of the rules that derive no finite string, root first if it is one of them;
+    None when the serialized grammar is not in the shape this reads (then nothing is claimed).
+
+    The textbook fixed point: a rule is productive once one of its alternatives is a sequence
+    whose every element is (a literal, a character class, the empty string, a productive rule,
+    a repetition of one, or of any rule at least zero times). A grammar whose root is not
+    productive, such as `root ::= root` or `root ::= "a" root`, matches no string a request
+    could ever finish with. Unknown expression kinds count as productive, so a newer xgrammar
+    can only make this check miss, never refuse a good grammar."""
+    try:
+        data = json.loads(grammar_json)
+        rules, exprs, starts = data["rules"], data["grammar_expr_data"], data["grammar_expr_indptr"]
+        root = data["root_rule_id"]
+
+        def expr(i: int) -> tuple[int, list[int]]:
+            start = starts[i]
+            return exprs[start], exprs[start + 2 : start + 2 + exprs[start + 1]]
+
+        productive = [False] * len(rules)
+
+        def derives(i: int) -> bool:
+            kind, args = expr(i)
+            if kind == _RULE_REF:
+                return productive[args[0]]
+            if kind == _SEQUENCE:
+                return all(derives(j) for j in args)
+            if kind == _CHOICES:
+                return any(derives(j) for j in args)
+            if kind == _REPEAT:  # [rule, min, max]
+                return args[1] == 0 or productive[args[0]]
+            return True  # literals, character classes, empty, tag dispatch, newer kinds
+
+        changed = True
+        while changed:
+            changed = False
+            for r, rule in enumerate(rules):
+                if not productive[r] and derives(rule[1]):
+                    productive[r] = changed = True
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    if productive[root]:
+        return []
+    order = [root] + [r for r in range(len(rules)) if r != root and not productive[r]]
+    return [rules[r][0] for r in order]
 
 
 class Grammar:
@@ -102,7 +154,6 @@ class XgrammarBackend:
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar of `params`; a ValueError naming the value it cannot compile."""
-        kind, spec = params.key
         compact = params.disable_any_whitespace
         try:
             if params.json is not None:
@@ -115,15 +166,30 @@ class XgrammarBackend:
                 return self.compiler.compile_regex(params.regex)
             if params.choice is not None:
                 return self.compiler.compile_grammar(choice_as_grammar(list(params.choice)))
-            return self.compiler.compile_grammar(params.grammar)
+            compiled = self.compiler.compile_grammar(params.grammar)
         except Exception as exc:  # xgrammar raises RuntimeError, ValueError, its own errors
-            value = params.json if params.json is not None else spec
-            name = kind.split("/")[0]
-            reason = _first_line(exc)
-            raise ValueError(
-                f"structured_outputs.{name}={value!r} cannot be compiled: {reason}"
-            ) from exc
+            raise _not_compiled(params, _first_line(exc)) from exc
+        # xgrammar compiles a grammar that matches no finite string (`root ::= root`); its
+        # requests could only run into a dead end or max_tokens, so it is refused here, like
+        # one that does not parse.
+        stuck = unproductive_rules(compiled.grammar.serialize_json())
+        if stuck:
+            raise _not_compiled(
+                params,
+                f"the grammar matches no finite string: rule {stuck[0]!r} never ends"
+                + (f" (nor {', '.join(map(repr, stuck[1:4]))})" if stuck[1:] else ""),
+            )
+        return compiled
 
     def matcher(self, compiled: Any) -> Grammar:
         """A fresh matcher at the start of `compiled`, for one request."""
         return Grammar(self.xgr.GrammarMatcher(compiled), self.vocab_size)
+
+
+def _not_compiled(params: StructuredOutputsParams, reason: str) -> ValueError:
+    """The error for a constraint that cannot be used, naming it and why."""
+    kind, spec = params.key
+    value = params.json if params.json is not None else spec
+    return ValueError(
+        f"structured_outputs.{kind.split('/')[0]}={value!r} cannot be compiled: {reason}"
+    )

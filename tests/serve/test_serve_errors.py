@@ -35,8 +35,8 @@ BAD_BODIES = [
     ({"logit_bias": {"1000000": 1.0}}, "logit_bias"),  # outside the vocabulary
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [1000000]}, "allowed_token_ids"),
-    ({"bad_words": [""]}, "bad_words"),
-    ({"bad_words": ["\ud800"]}, "bad_words"),
+    ({"bad_words": [""]}, "bad_words.0"),
+    ({"bad_words": ["\ud800"]}, "bad_words.0"),
     ({"no_such_field": 1}, "no_such_field"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -48,6 +48,16 @@ BAD_BODIES = [
     ({"temperature": float("nan")}, "temperature"),
     ({"stream": "yes please"}, "stream"),
     ({"echo": True, "logprobs": 1}, "echo"),
+    # Strict types: a boolean or a string is not a number (pydantic's default coerces both).
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_tokens": "1"}, "max_tokens"),
+    ({"n": True}, "n"),
+    ({"ignore_eos": "true"}, "ignore_eos"),
+    # A token id is written one way only: int() reads each of these as 5.
+    ({"logit_bias": {"05": 1.0}}, "logit_bias"),
+    ({"logit_bias": {" 5": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"\u0665": 1.0}}, "logit_bias"),  # an Arabic-Indic five
+    ({"stop_token_ids": [1000000]}, "stop_token_ids"),  # outside the vocabulary
 ]
 
 
@@ -124,3 +134,30 @@ def test_protocol_errors_are_openai_shaped(server):
         assert unknown.status_code == 404 and "error" in unknown.json()
         wrong_method = client.get("/v1/completions")
         assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+@pytest.mark.parametrize("key", [lambda i: str(10**6 + i), lambda i: f"0{i}"])
+def test_a_huge_bad_logit_bias_gets_a_short_error_naming_a_few(server, key):
+    """100,000 bad keys: the error names the first few and the count, not every one."""
+    bias = {key(i): 1.0 for i in range(100_000)}
+    response = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "x", "logit_bias": bias}, timeout=60
+    )
+    assert response.status_code == 400
+    assert len(response.content) < 1000, len(response.content)
+    error = response.json()["error"]
+    assert error["param"] == "logit_bias"
+    assert key(0) in error["message"] and "99,995 more" in error["message"], error
+
+
+def test_a_masked_tokens_logprob_is_json(server, async_engine):
+    """A grammar's mask gives every token it forbids logprob -inf, which JSON has no number for
+    (it was a 500): sent as -9999.0, as vLLM does."""
+    pytest.importorskip("xgrammar")
+    body = {"prompt": "x", "max_tokens": 3, "logprobs": 5, "temperature": 0, "prompt_logprobs": 1,
+            "repetition_penalty": 1e16, "structured_outputs": {"json_object": True}}  # fmt: skip
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    top = response.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert min(v for entry in top for v in entry.values()) == -9999.0, top
+    wait_idle(async_engine)

@@ -76,11 +76,16 @@ def test_metrics_count_requests_and_tokens(server, async_engine):
             timeout=60,
         )
         assert response.status_code == 200
+    # n > 1: every completion's tokens count (they were once left out).
+    body = {"prompt": PROMPTS[5], "max_tokens": 4, "n": 3, "temperature": 1, "ignore_eos": True}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert [len(c["text"]) > 0 for c in response.json()["choices"]] == [True] * 3
+    assert response.json()["usage"]["completion_tokens"] == 12
     wait_idle(async_engine)
     after = scrape(server, async_engine.model_name)
-    assert delta(after, before, "generation_tokens_total") == 10
-    assert delta(after, before, "prompt_tokens_total") == 2 * len(prompt)
-    assert delta(after, before, "request_success_total[length]") == 2
+    assert delta(after, before, "generation_tokens_total") == 10 + 12
+    assert delta(after, before, "prompt_tokens_total") == 2 * len(prompt) + len(PROMPTS[5])
+    assert delta(after, before, "request_success_total[length]") == 3
     assert delta(after, before, "prefix_cache_hits_total") > 0
     assert after[M + "generation_tokens_per_second"] > 0
     assert after[M + "num_requests_running"] == 0

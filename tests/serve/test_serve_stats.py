@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from nanovllm import EngineConfig, LLMEngine, SamplingParams
+from nanovllm.engine.outputs import CompletionOutput, RequestOutput
 from nanovllm.serve.stats import RequestTimer
 
 
@@ -58,3 +59,22 @@ def test_an_aborted_request_is_not_summarised(model_path):
     timer.forget("x")
     stats = timer.step(2.0, 2.5, engine.scheduler.running, engine.step())
     assert not stats
+
+
+def test_a_request_that_ends_without_a_token_is_forgotten():
+    """An error can end a request before its first token, or with none in its last output:
+    its timeline must go with it, or a server's timer grows with every such request."""
+    timer = RequestTimer()
+
+    def output(request_id: str, new: list[int], finish: str | None) -> RequestOutput:
+        done = CompletionOutput(0, "", new, finish_reason=finish, delta_token_ids=new)
+        return RequestOutput(request_id, None, [3], [done], finished=finish is not None)
+
+    for i in range(100):
+        timer.add(f"early-{i}", 0.0, 1)
+        timer.add(f"late-{i}", 0.0, 1)
+        timer.step(1.0, 1.5, [], [output(f"late-{i}", [7], None)])
+        stats = timer.step(2.0, 2.5, [], [output(f"early-{i}", [], "error"),
+                                          output(f"late-{i}", [], "error")])  # fmt: skip
+        assert [f.num_generation_tokens for f in stats.finished_requests] == [1]
+    assert len(timer) == 0

@@ -75,6 +75,8 @@ BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "json_schema.schema"),
     ({"structured_outputs": {"regex": "(unclosed"}}, "response_format", "(unclosed"),
+    ({"structured_outputs": {"grammar": "root ::= root"}}, "response_format",
+     "matches no finite string"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "regex"),
     ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
      "structured_outputs", "both"),

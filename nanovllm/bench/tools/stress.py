@@ -9,8 +9,12 @@ Two measurements that back the robustness guarantees in the README:
   random aborts, pushed through a small KV cache (so preemption happens). Afterwards every block
   must be free again, and the process's memory must return to where it started (compared
   after a warm-up soak, so allocator caches and lazy imports are already paid for).
+- `--memory`: a steady stream of about 16 concurrent requests (random prompt and output lengths,
+  so every step's shapes differ) for 3,000 steps; the process's RSS at step 500, 1,000, ...,
+  3,000 and its growth from step 500. Memory that grows with the number of steps served is a
+  leak however slow; `--tracemalloc` also prints where the Python heap grew in between.
 
-Both run on the embedded model by default (`--model` for another checkpoint).
+All run on the embedded model by default (`--model` for another checkpoint).
 """
 
 from __future__ import annotations
@@ -145,14 +149,98 @@ def run_soak(model: str | None, num_requests: int) -> dict[str, float]:
     }
 
 
+def memory_run(
+    engine: LLMEngine,
+    num_steps: int,
+    concurrency: int = 16,
+    every: int = 500,
+    seed: int = 0,
+    trace: bool = False,
+) -> list[tuple[int, float, float]]:
+    """Keep `concurrency` requests in flight for `num_steps` steps; every `every` steps, the
+    RSS (MB) and the mean step time (ms) since the previous sample.
+
+    Prompts and outputs have random lengths and half the requests are text prompts (tokenized
+    and detokenized), so the batch's shapes change from step to step as a server's do."""
+    rng = random.Random(seed)
+    vocab = engine.model_args.vocab_size
+    words = ["the", "king", "and", "queen", "of", "love", "night", "my", "lord", "sweet"]
+    samples: list[tuple[int, float, float]] = []  # (step, RSS MB, mean ms per step)
+    snapshot = None
+    step_time = 0.0
+    next_id = 0
+    for step in range(1, num_steps + 1):
+        while engine.get_num_unfinished_requests() < concurrency:
+            params = SamplingParams(
+                temperature=rng.choice([0.0, 0.8]),
+                top_p=rng.choice([1.0, 0.9]),
+                max_tokens=rng.randint(8, 96),
+                ignore_eos=True,
+                logprobs=rng.choice([None, None, 2]),
+            )
+            if rng.random() < 0.5:
+                prompt: str | list[int] = " ".join(rng.choices(words, k=rng.randint(4, 60)))
+            else:
+                prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 120))]
+            engine.add_request(f"mem-{next_id}", prompt, params)
+            next_id += 1
+        start = time.perf_counter()
+        engine.step()
+        step_time += time.perf_counter() - start
+        if step % every == 0:
+            gc.collect()
+            samples.append((step, rss_mb(), 1e3 * step_time / every))
+            step_time = 0.0
+            if trace:
+                import tracemalloc
+
+                if snapshot is None:
+                    tracemalloc.start(8)
+                else:
+                    top = tracemalloc.take_snapshot().compare_to(snapshot, "lineno")
+                    heap = tracemalloc.get_traced_memory()[0] / 2**20
+                    print(f"  Python heap {heap:.1f} MB at step {step}; where it grew:")
+                    for stat in top[:6]:
+                        print(f"    {stat}")
+                snapshot = tracemalloc.take_snapshot()
+    return samples
+
+
+def run_memory(model: str | None, steps: int, trace: bool) -> list[tuple[int, float, float]]:
+    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, max_num_batched_tokens=512))
+    return memory_run(engine, steps, trace=trace)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint folder (default: embedded model)")
     parser.add_argument("--load", action="store_true", help="step time with 100 vs 10,000 waiting")
     parser.add_argument("--soak", type=int, default=0, metavar="N", help="soak with N requests")
     parser.add_argument("--steps", type=int, default=30, help="steps timed per queue length")
+    parser.add_argument(
+        "--memory",
+        type=int,
+        nargs="?",
+        const=3000,
+        default=0,
+        metavar="STEPS",
+        help="RSS over a steady stream of 16 requests for STEPS steps (default 3,000)",
+    )
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="with --memory: where the Python heap grew"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memory:
+        samples = run_memory(args.model, args.memory, args.tracemalloc)
+        base = samples[0][1]
+        for step, rss, ms in samples:
+            print(
+                f"memory: step {step:>5}  RSS {rss:7.1f} MB  {100 * (rss - base) / base:+5.1f}%"
+                f"  ({ms:.1f} ms/step)"
+            )
+        if not args.load and not args.soak:
+            return 0
     if not args.load and not args.soak:
         args.load, args.soak = True, 2000
     if args.load:
