@@ -197,8 +197,7 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
-            if item is None:  # closed: leave the group (no call is in it), and end
-                self.group = None
+            if item is None:  # closed: end (the group itself is dropped with the transport)
                 self.connected.clear()
                 return
             if self.closed.is_set():

@@ -206,3 +206,20 @@ def test_disagg_scenario_in_the_app(tiny_llama: Path):
             assert not app.screen.has_class("-disagg")
 
     asyncio.run(go())
+
+
+def test_the_disagg_scenario_exits_cleanly(tmp_path: Path):
+    """Two engines joined by the real link in one process, then the process exits: a gloo group
+    torn down while its thread is still in a call aborts the process ("terminate called without
+    an active exception", exit -6), which once happened when the producer dropped its group."""
+    import subprocess
+    import sys
+
+    shot = tmp_path / "disagg.svg"
+    run = subprocess.run(
+        [sys.executable, "-m", "nanovllm", "viz", "--scenario", "disagg", "--screenshot",
+         str(shot), "--steps", "3", "--size", "160x48"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-800:] + run.stderr[-800:]
+    assert shot.exists()
