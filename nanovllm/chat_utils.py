@@ -71,25 +71,11 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 
 def render_chat(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    chat_template: str,
-    *,
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    tools: list[dict[str, Any]] | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], chat_template: str, **options: Any
 ) -> TokensPrompt:
-    """The conversation as a prompt: its text and its token ids (special tokens not re-added)."""
-    text = render_chat_text(
-        tokenizer,
-        messages,
-        chat_template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tools=tools,
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    """The conversation as a prompt: its text (`render_chat_text`, with the same keyword
+    options) and its token ids (special tokens not re-added)."""
+    text = render_chat_text(tokenizer, messages, chat_template, **options)
     return TokensPrompt(
         prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False)
     )
