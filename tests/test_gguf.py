@@ -137,7 +137,7 @@ def test_gguf_serves_the_same_text(gguf_file, monkeypatch):
     expected = LLM(str(gguf_file), num_kv_blocks=32).generate(prompt, greedy(), use_tqdm=False)
     answers = []
 
-    def serve(app, host, port, log_level):
+    def serve(app, host, port, log_level, **_):
         with TestClient(app) as client:
             body = {"model": gguf_file.name, "prompt": prompt, "max_tokens": MAX_TOKENS}
             body |= {"temperature": 0.0, "ignore_eos": True}

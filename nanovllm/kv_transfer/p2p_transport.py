@@ -56,6 +56,7 @@ connection breaks, or a timeout passes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime
 import hmac
 import logging
@@ -64,6 +65,7 @@ import queue
 import socket
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -82,6 +84,24 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PRODUCER, CONSUMER = 0, 1  # ranks
 RECONNECT_S = 0.5  # the pause between failed connection attempts (either end)
 FOREVER = datetime.timedelta(days=365)  # a consumer waits for producers (and messages) unboundedly
+EXIT_WAIT_S = 0.5  # at exit, how long a closed link's thread is given to leave its group
+
+# Every link of this process. When both ends live in one process (the visualizer's `disagg`
+# scenario, the tests), closing the producer drops its group and the consumer's thread then
+# leaves its own; if the interpreter tears down meanwhile, gloo aborts the process ("terminate
+# called without an active exception"). So at exit each closed link's thread gets a moment to
+# end first. One whose producer lives on in another process stays in its call: the bounded wait
+# runs out, and the daemon thread is left to the process's end, as before.
+_LINKS: weakref.WeakSet[P2pTransport] = weakref.WeakSet()
+
+
+@atexit.register
+def _let_closed_links_end() -> None:
+    for link in list(_LINKS):
+        if link.closed.is_set():
+            link.thread.join(timeout=EXIT_WAIT_S)
+
+
 MAX_TRANSFERS = 4096  # finished transfers remembered (for a late waiter), oldest forgotten first
 HANDSHAKE_S = 30.0  # how long either end waits for the other's answer to its challenge
 CHALLENGE_LEN = 32
@@ -137,6 +157,7 @@ class P2pTransport:
             target = self._send_loop
         self.thread = threading.Thread(target=target, name=f"kv-p2p-{rank}", daemon=True)
         self.thread.start()
+        _LINKS.add(self)
 
     def close(self) -> None:
         """Stop sending and receiving, end every wait, and free the consumer's port at once (a
@@ -197,7 +218,8 @@ class P2pTransport:
         next_attempt = 0.0
         while True:
             item = self.outbox.get()
-            if item is None:  # closed: end (the group itself is dropped with the transport)
+            if item is None:  # closed: leave the group (no call is in it), and end
+                self.group = None
                 self.connected.clear()
                 return
             if self.closed.is_set():
