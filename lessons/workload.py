@@ -19,8 +19,10 @@ completions look like something.
     short    8 requests of 6 tokens after 14-16: for a slow path (Triton's interpreter on a CPU)
     repeats  8 requests of 96 tokens each, after one of the lines below: long greedy outputs, in
              which the model repeats itself (speculative decoding finds n-grams to propose)
-    speculate  `repeats`, then the same 8 prompts sampled, with a seed each (s0-s7): proposals
-             verified greedily and by rejection sampling
+    speculate  `repeats`, then the same 8 prompts sampled (s0-s7), with seeds 8-15: proposals
+             verified greedily and by rejection sampling (under these seeds the engine's own
+             draws reach a bonus token that a wrong row of lesson 13 gives probability 0; under
+             seeds 0-7 they did not, since the CPU's draws became vLLM's)
     revisits 48 requests in 8 waves of 6, each a question (one line) about one of 10
              "documents" (4 lines each, 50-75 tokens): a document comes back waves later,
              after a small KV cache has handed its blocks to others (a second tier finds them)
@@ -103,7 +105,7 @@ def make_workload(kind: str, seed: int = 0) -> list[Arrival]:
     if kind == "repeats":
         return [Arrival(f"r{i}", LINES[i], 96) for i in range(8)]
     if kind == "speculate":
-        sampled = [Arrival(f"s{i}", LINES[i], 96, seed=i) for i in range(8)]
+        sampled = [Arrival(f"s{i}", LINES[i], 96, seed=8 + i) for i in range(8)]
         return make_workload("repeats") + sampled
     if kind == "revisits":
         documents = ["\n".join(rng.sample(LINES, 4)) for _ in range(10)]
