@@ -73,10 +73,11 @@ def swap_free_block_queue(engine, queue_class: type) -> None:
 class BoundedFreeBlockQueue:
     """A learner's free block queue as the engine uses it: `popleft`, `append`, `remove` and
     `num_free_blocks` are the learner's; the walks of the list (`get_all_free_blocks`, and
-    `peek`, which the engine's step summary calls) follow its links from the sentinels its
+    `peek`, which the engine's step summary calls) first follow its links from the sentinels its
     constructor linked the first and last block to, reading at most one link per block
     (`testing.walk_free_list`): a cycle or a list longer than the blocks is a LessonRunError
-    that names the block, not a walk without end."""
+    that names the block, not a walk without end. Only then is the learner's
+    `get_all_free_blocks` called, and it must list the blocks the links do."""
 
     def __init__(self, queue: Any, blocks: list) -> None:
         if not blocks:
@@ -99,9 +100,19 @@ class BoundedFreeBlockQueue:
         from nanovllm.lessons.testing import walk_free_list
 
         try:
-            return walk_free_list(self.head, self.tail, self.num_blocks)
+            linked = walk_free_list(self.head, self.tail, self.num_blocks)
         except AssertionError as exc:
             raise LessonRunError(str(exc)) from None
+        listed = list(self.queue.get_all_free_blocks())
+        if listed != linked:
+            ids = [getattr(block, "block_id", block) for block in listed]
+            raise LessonRunError(
+                f"your get_all_free_blocks lists {ids[:8]}{'...' if len(ids) > 8 else ''} "
+                f"({len(ids)} blocks), but the list's links go through "
+                f"{[block.block_id for block in linked[:8]]}{'...' if len(linked) > 8 else ''} "
+                f"({len(linked)} blocks)"
+            )
+        return linked
 
     def peek(self, n: int) -> list[int]:
         return [block.block_id for block in self.get_all_free_blocks()[:n]]
