@@ -373,17 +373,43 @@ WRONG_FOR_RUN = [
             ),
         ),
     ),
+    # (slot_mapping and block_hashes written without slot_for and hash_block_tokens, so only
+    # the run's own calls of these two can show them)
     (
         2,
-        "slot-for-ignores-the-block-table",
+        "slot-for-alone-ignores-the-block-table",
         (
             (
                 "return block_table[logical] * block_size + offset",
                 "return logical * block_size + offset",
             ),
+            (
+                "return [slot_for(block_table, p, block_size) for p in range(start, end)]",
+                "return [block_table[p // block_size] * block_size + p % block_size"
+                " for p in range(start, end)]",
+            ),
         ),
     ),
-    (8, "hash-object-not-bytes", (("return digest.digest()", "return digest"),)),
+    (
+        8,
+        "hash-alone-ignores-the-parent",
+        (
+            (
+                'digest = hashlib.sha256(parent_hash or b"\\0" * 32)',
+                'digest = hashlib.sha256(b"\\0" * 32)',
+            ),
+            ("parent = hash_block_tokens(parent, token_ids", "parent = _chained(parent, token_ids"),
+            (
+                "def block_hashes(",
+                "def _chained(parent_hash, token_ids):\n"
+                '    digest = hashlib.sha256(parent_hash or b"\\0" * 32)\n'
+                "    for t in token_ids:\n"
+                '        digest.update(int(t).to_bytes(8, "little", signed=True))\n'
+                "    return digest.digest()\n\n\n"
+                "def block_hashes(",
+            ),
+        ),
+    ),
     (
         15,
         "remove-keeps-the-slot",
@@ -474,8 +500,14 @@ SHOWN_BY_THE_ENGINE = {
     "bonus-from-the-last-proposal": ("Your engine stopped", "(the bonus), has probability 0"),
     "kv-append-values-first": ("0 of 64 completions are the same as the stock engine's",),
     "decode-step-counts-the-new-token-twice": ("completions are the same as the stock engine's",),
-    "slot-for-ignores-the-block-table": ("0 of 64 completions are the same as the stock engine's",),
-    "hash-object-not-bytes": ("Your engine stopped", "in hash_block_tokens"),
+    "slot-for-alone-ignores-the-block-table": (
+        "0 of 64 completions are the same as the stock engine's",
+    ),
+    "hash-alone-ignores-the-parent": (
+        "Your engine stopped",
+        "block_hashes of r0's 64 tokens differs from hash_block_tokens chained block by block: "
+        "first at block 1",
+    ),
     "remove-keeps-the-slot": (
         "Your engine stopped",
         "returned None, but the tier has a free slot",
