@@ -822,23 +822,30 @@ def your_host_tier(tier_class: type) -> Iterator[None]:
 
 
 def forget_the_host_tier(engine) -> list[str]:
-    """Lesson 15, once every request is done: the host tier forgets its entries one at a time
-    (`remove`, what the tier does when a block's KV turns out unusable), then takes as many new
-    entries as it has slots. What it holds and gives is listed in words, to compare with the
-    stock engine's; a learner's tier is also checked call by call (`CheckedHostTier`)."""
+    """Lesson 15, once every request is done: the host tier forgets every other entry (in
+    the order of their hashes), one at a time (`remove`, what the tier does when a block's KV
+    turns out unusable), then takes as many new entries as it has slots: the freed slots
+    first, then the slots of the entries it kept, least recently used first. What it holds,
+    gives and evicts is listed in words, to compare with the stock engine's; a learner's tier
+    is also checked call by call (`CheckedHostTier`)."""
     tier = host_tier_of(engine)
     held = sorted(tier.owner.values() if isinstance(tier, CheckedHostTier) else tier.slot_of)
-    for block_hash in held:
+    removed, kept = held[::2], held[1::2]
+    for block_hash in removed:
         tier.remove(block_hash)
-    kept = sum(block_hash in tier for block_hash in held)
+    still = sum(block_hash in tier for block_hash in removed)
+    gone = sum(block_hash not in tier for block_hash in kept)
+    left = len(tier)
     num_slots = engine.kv_connector.num_cpu_blocks
     fresh = [bytes([i % 256, i // 256]) * 16 for i in range(num_slots)]  # no block's hash
     placed = [tier.insert(block_hash) for block_hash in fresh]
     into_free = sum(p is not None and p[1] is None for p in placed)
+    evicted = [short(p[1]) for p in placed if p is not None and p[1] is not None]
     return [
-        f"removing its {len(held)} entries one at a time left {len(tier)} entries "
-        f"({kept} of the removed hashes still in it)",
-        f"then {num_slots} new entries: {into_free} took a free slot",
+        f"removing {len(removed)} of its {len(held)} entries one at a time left {left} "
+        f"({still} of the removed still in it, {gone} of the others gone)",
+        f"then {num_slots} new entries: {into_free} took a free slot, and these were evicted, "
+        f"in order: {', '.join(evicted) or 'none'}",
     ]
 
 

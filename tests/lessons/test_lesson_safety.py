@@ -420,6 +420,16 @@ WRONG_FOR_RUN = [
             ),
         ),
     ),
+    (
+        15,
+        "remove-pops-the-lru",
+        (
+            (
+                "self.free_slots.append(self.slot_of.pop(block_hash))",
+                "self.free_slots.append(self.slot_of.popitem(last=False)[1])",
+            ),
+        ),
+    ),
 ]
 
 
@@ -509,8 +519,14 @@ SHOWN_BY_THE_ENGINE = {
         "first at block 1",
     ),
     "remove-keeps-the-slot": (
+        "the host tier forgetting half its entries one at a time, then filling up differs, after "
+        "the run:",
+        "the stock engine: then 24 new entries: 12 took a free slot",
+        "yours: then 24 new entries: 0 took a free slot",
+    ),
+    "remove-pops-the-lru": (
         "Your engine stopped",
-        "returned None, but the tier has a free slot",
+        "your insert(000000000000) gave slot 18, which holds 9c9207267ea3, and evicted nothing",
     ),
 }
 # The engine's proposers are certain (q is 1 at the proposal), where u * q(x) < p(x) and
