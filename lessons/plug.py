@@ -73,10 +73,11 @@ def swap_free_block_queue(engine, queue_class: type) -> None:
 class BoundedFreeBlockQueue:
     """A learner's free block queue as the engine uses it: `popleft`, `append`, `remove` and
     `num_free_blocks` are the learner's; the walks of the list (`get_all_free_blocks`, and
-    `peek`, which the engine's step summary calls) follow its links from the sentinels its
+    `peek`, which the engine's step summary calls) first follow its links from the sentinels its
     constructor linked the first and last block to, reading at most one link per block
     (`testing.walk_free_list`): a cycle or a list longer than the blocks is a LessonRunError
-    that names the block, not a walk without end."""
+    that names the block, not a walk without end. Only then is the learner's
+    `get_all_free_blocks` called, and it must list the blocks the links do."""
 
     def __init__(self, queue: Any, blocks: list) -> None:
         if not blocks:
@@ -99,9 +100,19 @@ class BoundedFreeBlockQueue:
         from nanovllm.lessons.testing import walk_free_list
 
         try:
-            return walk_free_list(self.head, self.tail, self.num_blocks)
+            linked = walk_free_list(self.head, self.tail, self.num_blocks)
         except AssertionError as exc:
             raise LessonRunError(str(exc)) from None
+        listed = list(self.queue.get_all_free_blocks())
+        if listed != linked:
+            ids = [getattr(block, "block_id", block) for block in listed]
+            raise LessonRunError(
+                f"your get_all_free_blocks lists {ids[:8]}{'...' if len(ids) > 8 else ''} "
+                f"({len(ids)} blocks), but the list's links go through "
+                f"{[block.block_id for block in linked[:8]]}{'...' if len(linked) > 8 else ''} "
+                f"({len(linked)} blocks)"
+            )
+        return linked
 
     def peek(self, n: int) -> list[int]:
         return [block.block_id for block in self.get_all_free_blocks()[:n]]
@@ -161,7 +172,7 @@ def misuse_free_block_queue(engine) -> list[str]:
 def swap_slot_mapping(engine, impl) -> None:
     """Lesson 02: every request is given `impl.blocks_needed` blocks for its tokens, its block
     table is cut to that many, and every step's slot mapping is `impl.slot_mapping` of each
-    request's new positions.
+    request's new positions (`impl.slot_for` of a decode's one position).
 
     The KV cache manager takes ceil((tokens + lookahead) / block_size) blocks for a request's
     tokens and the lookahead slots reserved after them (`allocate_slots`). Asked to reserve
@@ -200,7 +211,10 @@ def swap_slot_mapping(engine, impl) -> None:
         for s in scheduled:
             start = s.num_computed_tokens
             table = list(s.block_table)  # (the lesson's functions take lists)
-            new = impl.slot_mapping(table, start, start + s.num_new_tokens, block_size)
+            if s.num_new_tokens == 1:  # a decode: one token, one slot
+                new = [impl.slot_for(table, start, block_size)]
+            else:
+                new = impl.slot_mapping(table, start, start + s.num_new_tokens, block_size)
             slots.extend(int(slot) for slot in new)
         meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runner.device)
         return input_ids, positions, meta, logits_rows
@@ -372,24 +386,43 @@ def swap_schedule_step(engine, call: Callable[[list[Req], list[Req], Any], Any])
 
 
 def swap_prefix_cache(engine, impl) -> None:
-    """Lesson 08: every block hash is `impl.block_hashes`'s, and every lookup at admission is
+    """Lesson 08: every block hash is yours, and every lookup at admission is
     `impl.cached_prefix` over the cache's {hash: block id} table.
 
-    The manager registers full blocks under the hashes it finds in its per-request list and
-    only computes those missing, so filling that list with the learner's hashes first makes
-    the registry theirs too.
+    As in the engine (`extend_block_hashes`), a request's full blocks are hashed once each, as
+    its tokens arrive, with `impl.hash_block_tokens` chained to the block before; at admission
+    `impl.block_hashes` of its tokens must give the same list (LessonRunError otherwise). The
+    manager registers full blocks under the hashes it finds in its per-request list and only
+    computes those missing, so filling that list with the learner's hashes first makes the
+    registry theirs too.
     """
     kv = engine.kv_cache_manager
     stock_allocate = kv.allocate_slots
     block_size = kv.block_size
 
-    def fill_hashes(request) -> None:
-        kv.req_to_block_hashes[request.request_id] = list(
-            impl.block_hashes(list(request.all_token_ids), block_size)
-        )
+    def fill_hashes(request) -> list:
+        hashes = kv.req_to_block_hashes.setdefault(request.request_id, [])
+        tokens = list(request.all_token_ids)
+        for i in range(len(hashes), len(tokens) // block_size):
+            parent = hashes[i - 1] if i > 0 else None
+            block = tokens[i * block_size : (i + 1) * block_size]
+            hashes.append(impl.hash_block_tokens(parent, block))
+        return hashes
 
     def get_computed_blocks(request):
-        fill_hashes(request)
+        hashes = fill_hashes(request)
+        listed = list(impl.block_hashes(list(request.all_token_ids), block_size))
+        if listed != hashes:
+            i = next((i for i, pair in enumerate(zip(listed, hashes)) if pair[0] != pair[1]), None)
+            where = (
+                f"first at block {i}"
+                if i is not None
+                else f"{len(listed)} hashes, not {len(hashes)}"
+            )
+            raise LessonRunError(
+                f"block_hashes of {request.request_id}'s {len(request.all_token_ids)} tokens "
+                f"differs from hash_block_tokens chained block by block: {where}"
+            )
         table = {h: block.block_id for h, block in kv.cached_block_hash_to_block.items()}
         ids = list(impl.cached_prefix(list(request.all_token_ids), block_size, table))
         blocks = [kv.blocks[i] for i in ids]
@@ -786,6 +819,34 @@ def your_host_tier(tier_class: type) -> Iterator[None]:
         yield
     finally:
         OffloadingConnector.tier_class = stock
+
+
+def forget_the_host_tier(engine) -> list[str]:
+    """Lesson 15, once every request is done: the host tier forgets every other entry (in
+    the order of their hashes), one at a time (`remove`, what the tier does when a block's KV
+    turns out unusable), then takes as many new entries as it has slots: the freed slots
+    first, then the slots of the entries it kept, least recently used first. What it holds,
+    gives and evicts is listed in words, to compare with the stock engine's; a learner's tier
+    is also checked call by call (`CheckedHostTier`)."""
+    tier = host_tier_of(engine)
+    held = sorted(tier.owner.values() if isinstance(tier, CheckedHostTier) else tier.slot_of)
+    removed, kept = held[::2], held[1::2]
+    for block_hash in removed:
+        tier.remove(block_hash)
+    still = sum(block_hash in tier for block_hash in removed)
+    gone = sum(block_hash not in tier for block_hash in kept)
+    left = len(tier)
+    num_slots = engine.kv_connector.num_cpu_blocks
+    fresh = [bytes([i % 256, i // 256]) * 16 for i in range(num_slots)]  # no block's hash
+    placed = [tier.insert(block_hash) for block_hash in fresh]
+    into_free = sum(p is not None and p[1] is None for p in placed)
+    evicted = [short(p[1]) for p in placed if p is not None and p[1] is not None]
+    return [
+        f"removing {len(removed)} of its {len(held)} entries one at a time left {left} "
+        f"({still} of the removed still in it, {gone} of the others gone)",
+        f"then {num_slots} new entries: {into_free} took a free slot, and these were evicted, "
+        f"in order: {', '.join(evicted) or 'none'}",
+    ]
 
 
 def host_tier_of(engine) -> Any:

@@ -1,12 +1,13 @@
-"""Lesson 01 in the real engine: your `attention` computes every attention of the model.
+"""Lesson 01 in the real engine: your `attention` computes every prefill of the model, your
+`KVCache` and `decode_step` every decode.
 
 `nanovllm lesson 1 --run` replaces the attention backend of each of the model's layers with one
-that, for every sequence of every step (prefills, chunks and decodes alike), reads the sequence's
-context out of the paged cache and hands it to your `attention`. (The engine's cache is paged,
-lesson 02, so your contiguous `KVCache` stays in the lesson; the engine's own `store_kv` and
-`gather_context` move K/V in and out of the pool.) The model has fewer KV heads than query heads
-(grouped-query attention, lesson 04): each KV head is repeated for its group before your function
-sees it.
+that, for every sequence of every step, reads the sequence's context out of the paged cache
+(lesson 02: the engine's own `store_kv` and `gather_context` move K/V in and out of the pool).
+A prefill or a chunk goes to your `attention`; a decode (one new token) fills one of your
+`KVCache`s with the context before the new token and hands the new token to your
+`decode_step`. The model has fewer KV heads than query heads (grouped-query attention, lesson
+04): each KV head is repeated for its group before your code sees it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ def plug_in(engine, impl) -> list[str]:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             return impl.attention(q, k, v, scale)
 
-        return PerSequenceAttention(store_kv, gather_context, attend)
+        def decode(q, key_cache, value_cache, table, seq_len):
+            k, v = gather_context(key_cache, value_cache, table, seq_len)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            cache = impl.KVCache(num_heads, head_dim, dtype=k.dtype)
+            cache.append(k[:-1], v[:-1])  # the context before the new token
+            return impl.decode_step(cache, q, k[-1:], v[-1:], scale)
+
+        return PerSequenceAttention(store_kv, gather_context, attend, decode)
 
     layers = swap_attention(engine, make)
-    return [f"attention: your `attention`, for every sequence in all {layers} layers"]
+    return [
+        f"prefill attention: your `attention`, for every sequence in all {layers} layers",
+        f"decode attention: your `KVCache` and `decode_step`, in all {layers} layers",
+    ]

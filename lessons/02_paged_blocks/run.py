@@ -3,7 +3,8 @@ your slot mapping where every token's K and V go.
 
 `nanovllm lesson 2 --run` makes the KV cache manager give each request `blocks_needed(its
 tokens)` blocks (see `swap_slot_mapping` in `lessons/plug.py`), cuts every block table to that,
-and writes every step's new K/V to your `slot_mapping` of their positions. Many of the prompts
+and writes every step's new K/V to your `slot_mapping` of their positions (a decode's one new
+token to your `slot_for` of its position). Many of the prompts
 and outputs end exactly at a block's end (16, 32, 48 tokens), where a count one too high or too
 low shows. Besides the completions, the run compares every block handed out and given back
 with the stock engine's, step by step: a wrong slot overwrites another token's K/V, a wrong
@@ -25,5 +26,5 @@ def plug_in(engine, impl) -> list[str]:
     return [
         "blocks per request: your `blocks_needed`",
         "block tables cut by your `blocks_needed`",
-        "every slot by your `slot_mapping`",
+        "every slot by your `slot_mapping` (a decode's by your `slot_for`)",
     ]

@@ -11,12 +11,20 @@ every block saved to the tier, dropped from it and loaded back with the stock en
 hash (which free slot your tier takes is up to you), and reports how many prompt tokens the
 tier's hits spared computing. Halfway, between two waves, both engines reset their prefix cache
 (`LLMEngine.reset_prefix_cache`, which clears the host tier: your `clear`), and the waves after it
-fill the tier again from empty.
+fill the tier again from empty. Once every request is done, both tiers forget every other
+entry, one at a time (your `remove`: `plug.forget_the_host_tier`), and then take as many new
+ones as they have slots: the freed slots first, then the kept entries' in LRU order.
 """
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import CheckedHostTier, LessonRunError, host_tier_of, your_host_tier
+from nanovllm.lessons.plug import (
+    CheckedHostTier,
+    LessonRunError,
+    forget_the_host_tier,
+    host_tier_of,
+    your_host_tier,
+)
 
 NUM_CPU_BLOCKS = 24
 KV_TRANSFER_CONFIG = {
@@ -30,6 +38,7 @@ COMPARE = "tier"
 MOMENT = "first_tier_hit"
 # Before step 48, wave 4 of 8 arrives; wave 3 (steps 36 to 47) has finished by then.
 RESET_PREFIX_CACHE_AT = (48,)
+AFTER_SERVING = "the host tier forgetting half its entries one at a time, then filling up"
 
 
 def building(impl):
@@ -44,5 +53,9 @@ def plug_in(engine, impl) -> list[str]:
     return [
         f"the host tier's bookkeeping ({NUM_CPU_BLOCKS} slots): your `HostBlockTier` "
         "(num_matched, lookup, touch and insert, every step; clear, when the prefix cache is "
-        "reset halfway)"
+        "reset halfway; remove, entry by entry, once the run is done)"
     ]
+
+
+def after_serving(engine) -> list[str]:
+    return forget_the_host_tier(engine)

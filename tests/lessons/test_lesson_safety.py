@@ -134,6 +134,22 @@ def test_the_engine_walks_your_free_list_boundedly():
         queue.peek(8)
 
 
+def test_the_engine_calls_your_get_all_free_blocks_and_checks_it():
+    """`get_all_free_blocks` is the learner's too (the engine's reset of the prefix cache and
+    its step summary call it), checked against the list's links: one that skips the head is a
+    LessonRunError that says which blocks it listed."""
+    from nanovllm.lessons.plug import BoundedFreeBlockQueue, LessonRunError
+
+    class SkipsTheHead(FreeBlockQueue):
+        def get_all_free_blocks(self):
+            return super().get_all_free_blocks()[1:]
+
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    queue = BoundedFreeBlockQueue(SkipsTheHead(blocks), blocks)
+    with pytest.raises(LessonRunError, match=r"get_all_free_blocks lists \[1, 2, 3\] \(3 blocks\)"):
+        queue.get_all_free_blocks()
+
+
 def _check_in_a_process(
     home: Path,
     number: int,
@@ -335,6 +351,85 @@ WRONG_FOR_RUN = [
             ),
         ),
     ),
+    # Functions `--run` once never called (issue 40): lesson 1's KVCache and decode_step, lesson
+    # 2's slot_for, lesson 8's hash_block_tokens, lesson 15's remove
+    (
+        1,
+        "kv-append-values-first",
+        (
+            (
+                "self.values = torch.cat([self.values, v])",
+                "self.values = torch.cat([v, self.values])",
+            ),
+        ),
+    ),
+    (
+        1,
+        "decode-step-counts-the-new-token-twice",
+        (
+            (
+                "return attention(q, cache.keys, cache.values, scale)",
+                "return attention(q, torch.cat([cache.keys, k]), torch.cat([cache.values, v]), scale)",
+            ),
+        ),
+    ),
+    # (slot_mapping and block_hashes written without slot_for and hash_block_tokens, so only
+    # the run's own calls of these two can show them)
+    (
+        2,
+        "slot-for-alone-ignores-the-block-table",
+        (
+            (
+                "return block_table[logical] * block_size + offset",
+                "return logical * block_size + offset",
+            ),
+            (
+                "return [slot_for(block_table, p, block_size) for p in range(start, end)]",
+                "return [block_table[p // block_size] * block_size + p % block_size"
+                " for p in range(start, end)]",
+            ),
+        ),
+    ),
+    (
+        8,
+        "hash-alone-ignores-the-parent",
+        (
+            (
+                'digest = hashlib.sha256(parent_hash or b"\\0" * 32)',
+                'digest = hashlib.sha256(b"\\0" * 32)',
+            ),
+            ("parent = hash_block_tokens(parent, token_ids", "parent = _chained(parent, token_ids"),
+            (
+                "def block_hashes(",
+                "def _chained(parent_hash, token_ids):\n"
+                '    digest = hashlib.sha256(parent_hash or b"\\0" * 32)\n'
+                "    for t in token_ids:\n"
+                '        digest.update(int(t).to_bytes(8, "little", signed=True))\n'
+                "    return digest.digest()\n\n\n"
+                "def block_hashes(",
+            ),
+        ),
+    ),
+    (
+        15,
+        "remove-keeps-the-slot",
+        (
+            (
+                "self.free_slots.append(self.slot_of.pop(block_hash))",
+                "self.slot_of.pop(block_hash)",
+            ),
+        ),
+    ),
+    (
+        15,
+        "remove-pops-the-lru",
+        (
+            (
+                "self.free_slots.append(self.slot_of.pop(block_hash))",
+                "self.free_slots.append(self.slot_of.popitem(last=False)[1])",
+            ),
+        ),
+    ),
 ]
 
 
@@ -413,6 +508,26 @@ SHOWN_BY_THE_ENGINE = {
     ),
     "residual-is-p": ("Your engine stopped", "yet emitted that very token there"),
     "bonus-from-the-last-proposal": ("Your engine stopped", "(the bonus), has probability 0"),
+    "kv-append-values-first": ("0 of 64 completions are the same as the stock engine's",),
+    "decode-step-counts-the-new-token-twice": ("completions are the same as the stock engine's",),
+    "slot-for-alone-ignores-the-block-table": (
+        "0 of 64 completions are the same as the stock engine's",
+    ),
+    "hash-alone-ignores-the-parent": (
+        "Your engine stopped",
+        "block_hashes of r0's 64 tokens differs from hash_block_tokens chained block by block: "
+        "first at block 1",
+    ),
+    "remove-keeps-the-slot": (
+        "the host tier forgetting half its entries one at a time, then filling up differs, after "
+        "the run:",
+        "the stock engine: then 24 new entries: 12 took a free slot",
+        "yours: then 24 new entries: 0 took a free slot",
+    ),
+    "remove-pops-the-lru": (
+        "Your engine stopped",
+        "your insert(000000000000) gave slot 18, which holds 9c9207267ea3, and evicted nothing",
+    ),
 }
 # The engine's proposers are certain (q is 1 at the proposal), where u * q(x) < p(x) and
 # u < p(x) are the same test: no run of this engine can show that wrong rule, only the check.
@@ -476,6 +591,101 @@ def test_the_reference_passes_run_through_the_command(lesson, tmp_path):
     out = _flat(done.stdout)
     assert done.returncode == 0, out + done.stderr[-2000:]
     assert "Your engine produced the same" in out, out
+
+
+def _interface(lesson) -> list[str]:
+    """The exercise's public functions and classes, and each class's public methods, as
+    `name` and `Class.method`, read from its exercise.py."""
+    import ast
+
+    names = []
+    for node in ast.parse(lesson.file("exercise.py").read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+            names.append(node.name)
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            names += [
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_")
+            ]
+    return names
+
+
+def _recording(impl, names: list[str], calls: set[str]):
+    """`impl` with each of `names` wrapped to add its name to `calls` when called (a class:
+    when built, and its listed methods when called)."""
+
+    def wrap(function, name):
+        @functools.wraps(function)
+        def recorded(*args, **kwargs):
+            calls.add(name)
+            return function(*args, **kwargs)
+
+        return recorded
+
+    replacements = {}
+    for name in (n for n in names if "." not in n):
+        value = getattr(impl, name)
+        if isinstance(value, type):
+            methods = {m.split(".")[1] for m in names if m.startswith(f"{name}.")}
+            attrs = {m: wrap(getattr(value, m), f"{name}.{m}") for m in methods}
+            attrs["__init__"] = wrap(value.__init__, name)
+            replacements[name] = type(name, (value,), attrs)
+        else:
+            replacements[name] = wrap(value, name)
+    return testing.variant(impl, **replacements)
+
+
+def _recording_in_every_rank(lesson, names: list[str], folder: Path, monkeypatch):
+    """Lesson 14's reference as a file (every rank's process loads it), each function adding
+    its name to `folder/calls`, in whichever process calls it; the check `--run` makes on the
+    model before building the engine is skipped, so only the engine's calls are recorded."""
+    from nanovllm.lessons import plug_tensor_parallel
+
+    monkeypatch.setattr(plug_tensor_parallel, "check_on_the_model", lambda *args: None)
+    lines = [
+        "import importlib.util",
+        f"_spec = importlib.util.spec_from_file_location('_ref', {str(lesson.file('reference.py'))!r})",
+        "_ref = importlib.util.module_from_spec(_spec)",
+        "_spec.loader.exec_module(_ref)",
+        f"__all__ = {names!r}",
+    ]
+    for name in names:
+        lines += [
+            f"def {name}(*args, **kwargs):",
+            f"    with open({str(folder / 'calls')!r}, 'a') as f:",
+            f"        f.write({name!r} + '\\n')",
+            f"    return _ref.{name}(*args, **kwargs)",
+        ]
+    path = folder / "recording.py"
+    path.write_text("\n".join(lines) + "\n")
+    return harness.implementation(lesson, path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "lesson",
+    [lesson for lesson in all_lessons() if your_engine.has_run(lesson)],
+    ids=lambda lesson: lesson.name,
+)
+def test_run_calls_every_function_of_the_exercise(lesson, tmp_path, monkeypatch):
+    """`--run` exercises the whole interface: every public function, class and method of the
+    exercise is called while the engine serves the lesson's workload (with the reference), so
+    no wrong one can go unseen by the run (issue 40: lesson 15's `remove`, lesson 1's `KVCache`
+    and `decode_step`, lesson 2's `slot_for` and lesson 8's `hash_block_tokens` once were)."""
+    if lesson.name == "05_triton_kernel":
+        pytest.importorskip("triton")
+    names = _interface(lesson)
+    calls: set[str] = set()
+    if lesson.name == "14_tensor_parallelism":
+        impl = _recording_in_every_rank(lesson, names, tmp_path, monkeypatch)
+    else:
+        impl = _recording(harness.implementation(lesson, "reference"), names, calls)
+    report = your_engine.run_lesson(lesson, impl)
+    assert report.error is None and report.passed, report.error or report.differences
+    if lesson.name == "14_tensor_parallelism":
+        calls = set((tmp_path / "calls").read_text().split())
+    assert sorted(set(names) - calls) == [], f"never called by --run: {sorted(set(names) - calls)}"
 
 
 @functools.cache

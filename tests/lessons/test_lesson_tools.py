@@ -283,11 +283,12 @@ def test_run_names_a_tier_that_gives_a_slot_twice_and_shows_one_that_evicts_wron
 
 def test_run_catches_what_the_properties_would(home):
     """A slot mapping that ignores where the step starts writes K/V over earlier tokens'; the
-    run's completions show it (8 short requests keep this quick)."""
+    run's completions show it. (A decode's slot is `slot_for`'s, so it shows in the prefills
+    that start after a prefix-cache hit, which the lesson's own workload has.)"""
     lesson = get_lesson(2)
     (broken,) = [m for m in harness.mutants(lesson) if m.name == "slot-mapping-from-zero"]
     impl = broken.build(harness.implementation(lesson, "reference"))
-    report = your_engine.run_lesson(lesson, impl, workload="short")
+    report = your_engine.run_lesson(lesson, impl)
     assert not report.passed
     assert report.divergences or report.error
 
