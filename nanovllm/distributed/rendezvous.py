@@ -67,6 +67,18 @@ def stop_listening(fd: int) -> None:
         os.dup2(placeholder.fileno(), fd)
 
 
+def ipv4_interfaces() -> Iterator[tuple[str, bytes]]:
+    """Each network interface with an IPv4 address: (name, the address's 4 bytes). Linux's
+    ioctl; nothing elsewhere."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                yield name, fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24]
+            except OSError:
+                continue  # an interface with no IPv4 address
+
+
 def interface_of(host: str) -> str | None:
     """The network interface whose IPv4 address is `host`'s, or None (not found, IPv6, or a
     system without Linux's ioctl)."""
@@ -74,16 +86,7 @@ def interface_of(host: str) -> str | None:
         target = socket.inet_aton(socket.gethostbyname(host))
     except OSError:
         return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                address = fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24]
-            except OSError:
-                continue  # an interface with no IPv4 address
-            if address == target:
-                return name
-    return None
+    return next((name for name, address in ipv4_interfaces() if address == target), None)
 
 
 @contextmanager

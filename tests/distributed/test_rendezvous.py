@@ -8,10 +8,7 @@ could write (posing as a rank).
 from __future__ import annotations
 
 import datetime
-import fcntl
 import os
-import socket
-import struct
 import sys
 from pathlib import Path
 
@@ -22,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))  # for `listeners`
 from listeners import beyond_loopback  # noqa: E402
 
 from nanovllm.distributed import WorkerGroup  # noqa: E402
-from nanovllm.distributed.rendezvous import GLOO_IFNAME_ENV, SIOCGIFADDR  # noqa: E402
+from nanovllm.distributed.rendezvous import GLOO_IFNAME_ENV, ipv4_interfaces  # noqa: E402
 
 # The keys torch's gloo rendezvous writes for the default group: each rank's address.
 GLOO_KEYS = ["0//cpu//0/0", "0//cpu//0/1"]
@@ -30,16 +27,7 @@ GLOO_KEYS = ["0//cpu//0/0", "0//cpu//0/1"]
 
 def network_interface() -> str | None:
     """An interface with an IPv4 address beyond loopback, if this machine has one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                address = fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24]
-            except OSError:
-                continue
-            if address[0] != 127:
-                return name
-    return None
+    return next((name for name, address in ipv4_interfaces() if address[0] != 127), None)
 
 
 def test_a_group_listens_on_loopback_alone_and_its_store_shows_strangers_nothing(monkeypatch):
