@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nanovllm.engine.detokenizer import DetokenizerState
@@ -64,6 +64,8 @@ def test_top_k_keeps_the_k_largest_and_their_ties(impl, logits, k):
 
 @lesson_settings(40)
 @given(logits=logit_rows(), p=st.floats(0.01, 1.0))
+# The most likely token (p 0.67) alone is not enough for p = 0.9: it is still kept, first.
+@example(logits=torch.tensor([[1.0, 0.0, -1.0]]), p=0.9)
 @show_inputs
 def test_top_p_keeps_the_smallest_nucleus(impl, logits, p):
     """top-p keeps the smallest set of most likely tokens whose probability reaches p, the most
