@@ -23,6 +23,12 @@ def _step(impl, state: SchedState):
 
 @lesson_settings(30)
 @given(state=sched_states())
+# One seat left and two requests that fit: the second must wait (max_num_seqs + 1 would run).
+@example(
+    state=SchedState(
+        running=((5, 1, 5),), waiting=((2, 0), (2, 0)), max_num_seqs=2, token_budget=20
+    )
+)
 @show_inputs
 def test_budget_and_seats_are_respected(impl, state):
     """A step stays within its token budget, every scheduled request gets 1+ tokens, and at most
@@ -35,6 +41,8 @@ def test_budget_and_seats_are_respected(impl, state):
 
 @lesson_settings(30)
 @given(state=sched_states())
+# A running request and a waiting one, room for both: the running one is scheduled first.
+@example(state=SchedState(running=((5, 1, 5),), waiting=((3, 0),), max_num_seqs=4, token_budget=10))
 @show_inputs
 def test_running_requests_go_first_in_order(impl, state):
     """Running requests are scheduled first, oldest first, each min(remaining, budget left)
