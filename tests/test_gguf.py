@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("gguf")
 
 from tiny_gguf import write_gguf  # noqa: E402
-from tiny_models import make_model  # noqa: E402
+from tiny_models import greedy_continuation, make_model  # noqa: E402
 
 from nanovllm import LLM, SamplingParams  # noqa: E402
 from nanovllm.models.loader import ModelLoadError  # noqa: E402
@@ -46,17 +46,7 @@ def hf_model(path):
 
 
 def hf_greedy(model, prompt: list[int]) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_TOKENS,
-            min_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_continuation(model, prompt, MAX_TOKENS)
 
 
 def greedy() -> SamplingParams:

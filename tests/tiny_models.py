@@ -211,25 +211,28 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list
     return outs
 
 
+def greedy_continuation(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy `generate` of exactly `max_new_tokens` tokens after `prompt`."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
 def _hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.generation_config.eos_token_id = None
     model.config.eos_token_id = None
-    outs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        outs.append(gen[0, len(prompt) :].tolist())
+    outs = [greedy_continuation(model, prompt, max_new_tokens) for prompt in prompts]
     return outs
 
 
