@@ -373,5 +373,17 @@ def test_metrics_count_the_tokens_a_kv_connector_supplied(model_path):
             assert counts[:3] == [0, 0, 0]
             assert counts[3] > 0
             assert counts[3] == engine.engine.scheduler.external_prefix_cache_hits
+            # The same tokens, by source; and what the connector was asked for (past the local
+            # hit, at each admission), against the scheduler's own counts.
+            values = scrape(server, engine.model_name)
+            scheduler = engine.engine.scheduler
+            assert values[M + "prompt_tokens_by_source_total[external_kv_transfer]"] == counts[3]
+            assert values[M + "prompt_tokens_cached_by_source_total[host]"] == counts[3]
+            assert values[M + "prompt_tokens_cached_by_source_total[device]"] == (
+                scheduler.prefix_cache_hits
+            )
+            assert values[M + "external_prefix_cache_queries_total"] == (
+                scheduler.prefix_cache_queries - scheduler.prefix_cache_hits
+            )
     finally:
         engine.shutdown()
