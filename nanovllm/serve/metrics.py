@@ -33,6 +33,13 @@ thread's `EngineStats` snapshot:
     vllm:cache_config_info                    gauge     1; the KV cache's configuration as
                                                         labels (vLLM's, no model_name)
 
+Estimated on the engine thread for every step, as vLLM estimates them (perf.py): its FLOPs,
+and the bytes it reads and writes (`rate(...[1m]) / 1e12` is TFLOP/s):
+
+    vllm:estimated_flops_per_gpu_total         counter
+    vllm:estimated_read_bytes_per_gpu_total    counter
+    vllm:estimated_write_bytes_per_gpu_total   counter
+
 Counted on the engine thread, as each request is first scheduled (stats.py):
 
     vllm:prompt_tokens_cached_total           counter   its prompt tokens the model did not
@@ -88,6 +95,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from nanovllm.serve.async_engine import AsyncLLMEngine, EngineStats
+from nanovllm.serve.perf import ModelShape
 from nanovllm.serve.stats import IterationStats
 
 PREFIX = "vllm:"  # vLLM's families
@@ -219,7 +227,27 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.prompt_tokens_by_source = {s: by_source.labels(*labels, s) for s in PROMPT_SOURCES}
-        self._scheduler = engine.engine.scheduler  # read on the engine thread only (record)
+        llm_engine = engine.engine
+        self._shape = ModelShape.of(
+            llm_engine.model_args,
+            llm_engine.dtype.itemsize,
+            llm_engine.config.tensor_parallel_size,
+        )
+        perf = [
+            ("estimated_flops_per_gpu", "floating point operations"),
+            ("estimated_read_bytes_per_gpu", "bytes read from memory"),
+            ("estimated_write_bytes_per_gpu", "bytes written to memory"),
+        ]
+        self.flops, self.read_bytes, self.write_bytes = (
+            Counter(
+                PREFIX + name,
+                f"Estimated number of {what} per GPU (for Model Flops Utilization calculations).",
+                LABELS,
+                registry=self.registry,
+            ).labels(*labels)
+            for name, what in perf
+        )
+        self._scheduler = llm_engine.scheduler  # read on the engine thread only (record)
         self._external_hits_seen = self._scheduler.external_prefix_cache_hits
         self.registry.register(_EngineStateCollector(engine, model_name))
         self.registry.register(_CacheConfigCollector(engine))
@@ -231,6 +259,11 @@ class ServerMetrics:
             self.ttft.observe(ttft)
         for itl in stats.inter_token_latencies:
             self.itl.observe(itl)
+        if stats.batch:
+            perf = self._shape.step(stats.batch)
+            self.flops.inc(perf.flops)
+            self.read_bytes.inc(perf.read_bytes)
+            self.write_bytes.inc(perf.write_bytes)
         external_hits = self._scheduler.external_prefix_cache_hits
         self._count_prompt_sources(stats.admitted, external_hits - self._external_hits_seen)
         self._external_hits_seen = external_hits

@@ -36,6 +36,12 @@ connector's, which the model did not compute): vLLM's `prompt_tokens_cached` and
 preempted (all its `n` completions together: `Request.num_preemptions`, which the scheduler
 counts), and vLLM's mean time per output token: `decode_time / (tokens - 1)` over its longest
 completion (0 for a single token).
+
+And each step lists what it computed, one `(tokens, context length after them, is a prefill)`
+per request, from how far each request's `num_computed_tokens` moved since the previous step:
+the batch perf.py estimates the step's FLOPs and bytes from, as vLLM estimates them from its
+scheduler output. (With speculative decoding a step also computes the proposals it rejects;
+those are not counted.)
 """
 
 from __future__ import annotations
@@ -60,8 +66,10 @@ class RequestTimes:
     last_token: float | None = None
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens cached at its first admission
-    # The engine's requests serving it (n > 1: its children), read for their preemptions.
+    # The engine's requests serving it (n > 1: its children), read for their preemptions and
+    # progress; and each one's (num_computed_tokens, num_preemptions) when last looked at.
     requests: dict[str, Request] = field(default_factory=dict)
+    progress: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,9 @@ class IterationStats:
     num_generation_tokens: int = 0  # tokens generated in the step
     # (prompt tokens, cached prompt tokens) of each request scheduled for the first time.
     admitted: list[tuple[int, int]] = field(default_factory=list)
+    # (tokens computed, context length after them, is a prefill) of each request the step ran:
+    # what perf.py estimates the step's FLOPs and bytes from.
+    batch: list[tuple[int, int, bool]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -100,6 +111,7 @@ class IterationStats:
             or self.inter_token_latencies
             or self.finished_requests
             or self.admitted
+            or self.batch
         )
 
 
@@ -153,6 +165,9 @@ class RequestTimer:
                 times.scheduled = step_start
                 self._unscheduled.discard(request_id)
                 self._admit(stats, times, request.num_cached_tokens)
+        for times in self._times.values():
+            for request in times.requests.values():
+                self._progress(stats, times, request)
         for output in outputs:
             times = self._times.get(output.request_id)
             if times is None:
@@ -163,6 +178,9 @@ class RequestTimer:
                     times.scheduled = step_start
                     self._unscheduled.discard(output.request_id)
                     self._admit(stats, times, output.num_cached_tokens)
+                    computed = times.num_prompt_tokens - output.num_cached_tokens
+                    if computed > 0:  # (never seen running: its one step was its prefill)
+                        stats.batch.append((computed, times.num_prompt_tokens, True))
                 if times.first_token is None:
                     times.first_token = step_end
                     stats.time_to_first_tokens.append(step_end - times.arrival)
@@ -179,6 +197,22 @@ class RequestTimer:
                 if times.first_token is not None:
                     stats.finished_requests.append(_finished(times, output, step_end))
         return stats
+
+    @staticmethod
+    def _progress(stats: IterationStats, times: RequestTimes, request: Request) -> None:
+        """The tokens `request` computed in this step, from how far its KV got since the last
+        look. Admitted since then (first seen, or preempted since: it had no KV then, or its
+        count of preemptions grew): its cached tokens were not computed. Preempted and waiting,
+        it computed none (`num_computed_tokens` is 0)."""
+        num_computed, num_preemptions = request.num_computed_tokens, request.num_preemptions
+        before, seen_preemptions = times.progress.get(request.request_id, (-1, num_preemptions))
+        admitted = before <= 0 or seen_preemptions != num_preemptions
+        if admitted:
+            before = request.num_cached_tokens if num_computed else 0
+        times.progress[request.request_id] = (num_computed, num_preemptions)
+        if num_computed > before:
+            num_new = num_computed - before
+            stats.batch.append((num_new, num_computed, admitted or num_new > 1))
 
     @staticmethod
     def _admit(stats: IterationStats, times: RequestTimes, num_cached_tokens: int) -> None:

@@ -1,12 +1,13 @@
 """/metrics against vLLM's own list of metric families (tests/vllm_reference/metric_families.json,
 recorded from vLLM 0.32.0's stat logger by tests/vllm_reference/record_metric_names.py).
 
-One server on a small KV cache, with speculative decoding on (so its families are served too),
-gets a prompt twice (a prefix-cache hit) and then four prompts at once that do not fit together
-(preemptions). Then:
+One server on a small KV cache gets a prompt twice (a prefix-cache hit) and then four prompts at
+once that do not fit together (preemptions); a second, speculating, gets one request (so the
+speculative decoding families are served too). Then:
 - every `vllm:` family served is vLLM's: the same name, type, label names and buckets;
 - every vLLM family is served, or named in the serve README's list of those nanovllm cannot fill;
-- the counters equal an independent count: the engine's own events, and the requests sent.
+- the counters equal an independent count: the engine's own events, the requests sent, and
+  FLOPs counted from the model's own weights and the steps' scheduled tokens.
 """
 
 from __future__ import annotations
@@ -51,13 +52,9 @@ def not_served_in_readme() -> set[str]:
     return {m for line in section.splitlines() for m in re.findall(r"^\| `(vllm:\w+)`", line)}
 
 
-@pytest.fixture(scope="module")
-def run(model_path):
-    """Serve the requests; return (families by name, events the engine emitted, usages)."""
-    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
-    config = EngineConfig(
-        model=str(model_path), block_size=4, num_kv_blocks=14, speculative_config=spec
-    )
+def serve(config: EngineConfig, prompts: list[list[int]], concurrent: list[list[int]] = ()):
+    """Serve `prompts` one by one, then `concurrent` at once; return (families by name, the
+    events the engine emitted, the usages, the engine)."""
     llm_engine = LLMEngine(config)
     events: list[Event] = []
     llm_engine.subscribe(events.append)  # the oracle: the engine's own account
@@ -72,9 +69,10 @@ def run(model_path):
                 assert response.status_code == 200, response.text
                 return response.json()["usage"]
 
-            usages = [send(SHARED), send(SHARED)]
-            with ThreadPoolExecutor(len(CONCURRENT)) as pool:
-                usages += list(pool.map(send, CONCURRENT))
+            usages = [send(prompt) for prompt in prompts]
+            if concurrent:
+                with ThreadPoolExecutor(len(concurrent)) as pool:
+                    usages += list(pool.map(send, concurrent))
             wait_idle(engine)
             text = httpx.get(server.url + "/metrics").text
     finally:
@@ -83,7 +81,20 @@ def run(model_path):
     for name in list(families):  # `x_created` (a counter's or histogram's start time, as
         if name.endswith("_created") and name[: -len("_created")] in families:  # in vLLM's
             del families[name]  # /metrics) parses as a family of its own: not one
-    return families, events, usages, llm_engine.max_model_len
+    return families, events, usages, llm_engine
+
+
+@pytest.fixture(scope="module")
+def run(model_path):
+    config = EngineConfig(model=str(model_path), block_size=4, num_kv_blocks=14)
+    return serve(config, [SHARED, SHARED], CONCURRENT)
+
+
+@pytest.fixture(scope="module")
+def spec_run(model_path):
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    config = EngineConfig(model=str(model_path), speculative_config=spec)
+    return serve(config, [[58] * 6])
 
 
 def value(families, name: str, sample: str | None = None, **labels: str) -> float:
@@ -98,8 +109,9 @@ def value(families, name: str, sample: str | None = None, **labels: str) -> floa
 
 
 @pytest.mark.quick
-def test_served_families_are_vllms_and_vllms_are_served_or_named(run):
-    families, _, _, max_model_len = run
+def test_served_families_are_vllms_and_vllms_are_served_or_named(run, spec_run):
+    families = {**run[0], **spec_run[0]}
+    max_model_len = max(run[3].max_model_len, spec_run[3].max_model_len)
     ours = {name for name in families if name.startswith("vllm:")}
     assert ours, "no vllm: family served"
     for name in sorted(ours):
@@ -167,8 +179,38 @@ def test_counters_equal_the_engines_events(run):
     assert value(families, "vllm:request_success", "_total", finished_reason="length") == 6
     assert value(families, "vllm:num_requests_waiting_by_reason", reason="capacity") == 0
     assert value(families, "vllm:engine_sleep_state", sleep_state="awake") == 1
-    # Speculation: the drafts' per-position acceptances, as the engine verified them.
-    verified = [e for e in events if e.kind == "spec_tokens_verified"]
-    assert value(families, "vllm:spec_decode_num_drafts", "_total") == len(verified)
     # Every request finished with 12 tokens, so each has a mean time per output token.
     assert value(families, "vllm:request_time_per_output_token_seconds", "_count") == 6
+
+
+def test_estimated_flops_count_the_models_weights_and_the_steps_tokens(run):
+    """vLLM's FLOPs model, recounted from the model's own weight matrices and the tokens each
+    step scheduled (its RequestScheduled events): 2 per weight per token in every layer, 4 per
+    query dimension per token per context position (scores, and scores x V), and the LM head
+    for one row per request (a prefill's last token, a decode's token)."""
+    families, events, _, llm_engine = run
+    weights = dict(llm_engine.model.named_parameters())
+    layer_weights = sum(w.numel() for n, w in weights.items() if ".layers." in n and w.dim() == 2)
+    o_projs = [w for n, w in weights.items() if n.endswith("o_proj.weight")]
+    query_dims = sum(w.shape[1] for w in o_projs)  # q heads x head_dim, over the layers
+    lm_head = weights["lm_head.weight"].numel()
+    preempted = {(e.step, e.request_id) for e in events if e.kind == "request_preempted"}
+    steps: dict[int, list] = {}
+    for e in events:
+        if e.kind == "request_scheduled" and (e.step, e.request_id) not in preempted:
+            steps.setdefault(e.step, []).append(e)
+    flops = 0
+    for scheduled in steps.values():
+        tokens = sum(e.num_tokens for e in scheduled)
+        token_context = sum(
+            e.num_tokens * (e.num_computed_tokens + e.num_tokens) for e in scheduled
+        )
+        flops += 2 * tokens * layer_weights + 4 * query_dims * token_context
+        flops += 2 * len(scheduled) * lm_head
+    assert value(families, "vllm:estimated_flops_per_gpu", "_total") == flops
+    # Every weight is read at least once per step, and the new tokens' K and V are written.
+    weight_bytes = (layer_weights + lm_head) * llm_engine.dtype.itemsize
+    assert (
+        value(families, "vllm:estimated_read_bytes_per_gpu", "_total") > len(steps) * weight_bytes
+    )
+    assert value(families, "vllm:estimated_write_bytes_per_gpu", "_total") > 0
