@@ -16,6 +16,7 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from nanovllm import EngineConfig, LLMEngine
 from nanovllm.events import Event
 from nanovllm.serve.api_server import build_app
 from nanovllm.serve.async_engine import AsyncLLMEngine
+from nanovllm.serve.perf import ModelShape
 from nanovllm.serve.server import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +216,20 @@ def test_estimated_flops_count_the_models_weights_and_the_steps_tokens(run):
         value(families, "vllm:estimated_read_bytes_per_gpu", "_total") > len(steps) * weight_bytes
     )
     assert value(families, "vllm:estimated_write_bytes_per_gpu", "_total") > 0
+
+
+@pytest.mark.parametrize("case", VLLM["perf"], ids=lambda c: f"{c['shape'][0]}L-{c['batch']}")
+def test_step_estimate_equals_vllms(case):
+    """perf.py's FLOPs and bytes equal vLLM's own estimate (recorded from vllm/v1/metrics/perf.py)
+    for the same shape, tensor parallelism and batch."""
+    L, D, q, kv, d, inter, V, b, tp = case["shape"]
+    args = SimpleNamespace(
+        num_hidden_layers=L, hidden_size=D, num_attention_heads=q, num_key_value_heads=kv,
+        head_dim=d, intermediate_size=inter, vocab_size=V,
+    )  # fmt: skip
+    perf = ModelShape.of(args, b, tp).step([tuple(r) for r in case["batch"]])
+    assert (perf.flops, perf.read_bytes, perf.write_bytes) == (
+        case["num_flops"],
+        case["read_bytes"],
+        case["write_bytes"],
+    )

@@ -12,6 +12,10 @@ NaN counting), and writes each `vllm:` family prometheus_client's registry then 
 name as exposed (`_total` is a counter's sample suffix, not part of the family's name), type,
 label names and, for a histogram, its bucket bounds (`max_model_len` 1024 sizes the token
 buckets). `tests/serve/test_serve_vllm_metrics.py` compares nanovllm's `/metrics` with it.
+
+It also records vLLM's estimate of a step's FLOPs and bytes (`vllm/v1/metrics/perf.py`: its
+attention, MLP and LM-head components, summed, per GPU) for a few model shapes and batches, the
+oracle of nanovllm's `nanovllm/serve/perf.py`.
 """
 
 import json
@@ -20,6 +24,53 @@ import sys
 from types import SimpleNamespace as NS
 
 MAX_MODEL_LEN = 1024
+# (layers, hidden, heads, kv heads, head dim, intermediate, vocab, bytes, tensor parallel)
+PERF_SHAPES = [(2, 64, 4, 2, 16, 128, 320, 4, 1), (28, 1024, 16, 8, 128, 3072, 151936, 2, 2)]
+# Batches: (tokens, context length after them, is a prefill) per request.
+PERF_BATCHES = [
+    [(13, 13, True)],
+    [(1, 17, False), (1, 40, False), (5, 21, True)],
+    [(256, 512, True), (1, 1000, False)],
+]
+
+
+def perf_cases() -> list[dict]:
+    from vllm.v1.metrics.perf import (
+        AttentionMetrics,
+        ExecutionContext,
+        FfnMetrics,
+        UnembedMetrics,
+    )
+
+    cases = []
+    for L, D, q, kv, d, inter, V, b, tp in PERF_SHAPES:
+        common = dict(num_hidden_layers=L, hidden_size=D, activation_byte_size=b, pp_size=1)
+        components = [
+            AttentionMetrics(
+                **common, num_attention_heads=q, tp_size=tp, num_key_value_heads=kv,
+                head_dim=d, cache_byte_size=b, weight_byte_size=b,
+            ),
+            FfnMetrics(
+                **common, ffn_tp_size=tp, ffn_ep_size=1, intermediate_size=inter,
+                num_moe_layers=0, weight_byte_size=b,
+            ),
+            UnembedMetrics(
+                hidden_size=D, vocab_size=V, weight_byte_size=b, activation_byte_size=b,
+                tp_size=tp,
+            ),
+        ]  # fmt: skip
+        for batch in PERF_BATCHES:
+            ctx = ExecutionContext()
+            for n, c, prefill in batch:
+                ctx.add(n, c, prefill)
+            totals = {
+                what: sum(
+                    sum(getattr(m, f"get_{what}_breakdown")(ctx).values()) for m in components
+                )
+                for what in ("num_flops", "read_bytes", "write_bytes")
+            }
+            cases.append({"shape": [L, D, q, kv, d, inter, V, b, tp], "batch": batch, **totals})
+    return cases
 
 
 def main() -> None:
@@ -53,7 +104,12 @@ def main() -> None:
             bounds = {s.labels["le"] for s in metric.samples if s.name.endswith("_bucket")}
             family["buckets"] = sorted(float(b) for b in bounds if b != "+Inf")
         families[metric.name] = family
-    doc = {"vllm_version": vllm.__version__, "max_model_len": MAX_MODEL_LEN, "families": families}
+    doc = {
+        "vllm_version": vllm.__version__,
+        "max_model_len": MAX_MODEL_LEN,
+        "families": families,
+        "perf": perf_cases(),
+    }
     with open(sys.argv[1], "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
