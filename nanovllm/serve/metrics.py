@@ -103,7 +103,7 @@ OURS = "nanovllm:"  # what vLLM does not have
 LABELS = ["model_name", "engine"]  # vLLM's; `engine` is "0": one engine per server
 ENGINE = "0"
 
-# vLLM's buckets (vllm/v1/metrics/loggers.py).
+# vLLM's buckets (vllm/v1/metrics/buckets.py).
 TTFT_BUCKETS = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -115,6 +115,10 @@ ITL_BUCKETS = [
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 N_BUCKETS = [1, 2, 5, 10, 20]
 PREEMPTION_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
+REQUEST_LATENCY_BUCKETS = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+]  # fmt: skip
 # vLLM's label values (FinishReason, PromptTokenStats.ALL_SOURCES, CacheHitSource): all are
 # exported from the start, at 0, as vLLM's are.
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -126,10 +130,6 @@ CONNECTOR_SOURCE = {
     "P2pConnector": "p2p",
     "SharedStorageConnector": "disk",
 }
-REQUEST_LATENCY_BUCKETS = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
-]  # fmt: skip
 
 
 def token_buckets(max_value: int) -> list[int]:
@@ -148,7 +148,6 @@ class ServerMetrics:
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry()
-
         labels = [model_name, ENGINE]
 
         def histogram(name: str, doc: str, buckets: list) -> Histogram:
