@@ -22,7 +22,7 @@ stamped as it arrives):
 - output tok/s: every output token (steady and burst) that arrived in the window, over the
   window. Tokens are counted from `logprobs: 0` (one entry per token; a chunk can carry several
   when the client falls behind), which every request asks for.
-- the consumer's `nanovllm:external_prefix_cache_hits_total` (GET /metrics) over the run:
+- the consumer's `vllm:external_prefix_cache_hits_total` (GET /metrics) over the run:
   prompt tokens it loaded from the producer instead of computing them.
 
 The steady requests are then cancelled (closing their streams aborts them on the server). The
@@ -60,8 +60,8 @@ from nanovllm.bench.workload import _ids, _rng
 COLOCATED, DISAGG = "co-located", "disaggregated"
 # Streams of their own (workload.py's are 0-5, multi_turn.py's 6-8).
 _STEADY_TOKENS, _BURST_LENGTHS, _BURST_TOKENS = 9, 10, 11
-EXTERNAL_HITS = "nanovllm:external_prefix_cache_hits_total"
-RUNNING = "nanovllm:num_requests_running"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+RUNNING = "vllm:num_requests_running"
 
 
 # --- the workload -----------------------------------------------------------------------------

@@ -27,6 +27,21 @@ plus every token generated in it. And each finished request carries its sampling
 `n` and `max_tokens` (as the engine ran it: the rest of the context when none was given).
 A preempted request keeps its first `scheduled` time; the recompute shows up in the gap before
 its next token. Aborted requests (a client that left) are dropped, not summarised.
+
+At a request's first scheduling (its admission), the step records its prompt and how many of
+its prompt tokens were cached (`Request.num_cached_tokens`: the prefix cache's and a KV
+connector's, which the model did not compute): vLLM's `prompt_tokens_cached` and
+`prompt_tokens_by_source`. A finished request's summary also carries those cached tokens (so
+`num_prompt_tokens - num_cached_tokens` is the KV its prefill computed), how many times it was
+preempted (all its `n` completions together: `Request.num_preemptions`, which the scheduler
+counts), and vLLM's mean time per output token: `decode_time / (tokens - 1)` over its longest
+completion (0 for a single token).
+
+And each step lists what it computed, one `(tokens, context length after them, is a prefill)`
+per request, from how far each request's `num_computed_tokens` moved since the previous step:
+the batch perf.py estimates the step's FLOPs and bytes from, as vLLM estimates them from its
+scheduler output. (With speculative decoding a step also computes the proposals it rejects;
+those are not counted.)
 """
 
 from __future__ import annotations
@@ -50,6 +65,11 @@ class RequestTimes:
     first_token: float | None = None
     last_token: float | None = None
     num_generation_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens cached at its first admission
+    # The engine's requests serving it (n > 1: its children), read for their preemptions and
+    # progress; and each one's (num_computed_tokens, num_preemptions) when last looked at.
+    requests: dict[str, Request] = field(default_factory=dict)
+    progress: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,9 @@ class FinishedRequestStats:
     max_num_generation_tokens: int = 0  # the longest of the n completions
     n: int = 1
     max_tokens: int | None = None
+    num_preemptions: int = 0  # all n completions together
+    num_cached_tokens: int = 0  # prompt tokens not computed (prefix cache, KV connector)
+    mean_time_per_output_token: float = 0.0  # decode_time / (longest completion - 1)
 
 
 @dataclass
@@ -76,10 +99,19 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
     num_prompt_tokens: int = 0  # prompts of the requests that got their first token
     num_generation_tokens: int = 0  # tokens generated in the step
+    # (prompt tokens, cached prompt tokens) of each request scheduled for the first time.
+    admitted: list[tuple[int, int]] = field(default_factory=list)
+    # (tokens computed, context length after them, is a prefill) of each request the step ran:
+    # what perf.py estimates the step's FLOPs and bytes from.
+    batch: list[tuple[int, int, bool]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
-            self.time_to_first_tokens or self.inter_token_latencies or self.finished_requests
+            self.time_to_first_tokens
+            or self.inter_token_latencies
+            or self.finished_requests
+            or self.admitted
+            or self.batch
         )
 
 
@@ -123,12 +155,19 @@ class RequestTimer:
     ) -> IterationStats:
         """Account for one step, which began at `step_start` and returned at `step_end`."""
         stats = IterationStats()
-        if self._unscheduled:  # who was scheduled for the first time (a prefill, or a chunk of it)
-            for request in running:
-                request_id = request.parent_id or request.request_id  # n > 1: the parent's
-                if request_id in self._unscheduled:
-                    self._times[request_id].scheduled = step_start
-                    self._unscheduled.discard(request_id)
+        for request in running:
+            request_id = request.parent_id or request.request_id  # n > 1: the parent's
+            times = self._times.get(request_id)
+            if times is None:
+                continue
+            times.requests.setdefault(request.request_id, request)
+            if request_id in self._unscheduled:  # scheduled for the first time: admitted
+                times.scheduled = step_start
+                self._unscheduled.discard(request_id)
+                self._admit(stats, times, request.num_cached_tokens)
+        for times in self._times.values():
+            for request in times.requests.values():
+                self._progress(stats, times, request)
         for output in outputs:
             times = self._times.get(output.request_id)
             if times is None:
@@ -138,6 +177,10 @@ class RequestTimer:
                 if times.scheduled is None:  # scheduled and finished within this one step
                     times.scheduled = step_start
                     self._unscheduled.discard(output.request_id)
+                    self._admit(stats, times, output.num_cached_tokens)
+                    computed = times.num_prompt_tokens - output.num_cached_tokens
+                    if computed > 0:  # (never seen running: its one step was its prefill)
+                        stats.batch.append((computed, times.num_prompt_tokens, True))
                 if times.first_token is None:
                     times.first_token = step_end
                     stats.time_to_first_tokens.append(step_end - times.arrival)
@@ -155,19 +198,45 @@ class RequestTimer:
                     stats.finished_requests.append(_finished(times, output, step_end))
         return stats
 
+    @staticmethod
+    def _progress(stats: IterationStats, times: RequestTimes, request: Request) -> None:
+        """The tokens `request` computed in this step, from how far its KV got since the last
+        look. Admitted since then (first seen, or preempted since: it had no KV then, or its
+        count of preemptions grew): its cached tokens were not computed. Preempted and waiting,
+        it computed none (`num_computed_tokens` is 0)."""
+        num_computed, num_preemptions = request.num_computed_tokens, request.num_preemptions
+        before, seen_preemptions = times.progress.get(request.request_id, (-1, num_preemptions))
+        admitted = before <= 0 or seen_preemptions != num_preemptions
+        if admitted:
+            before = request.num_cached_tokens if num_computed else 0
+        times.progress[request.request_id] = (num_computed, num_preemptions)
+        if num_computed > before:
+            num_new = num_computed - before
+            stats.batch.append((num_new, num_computed, admitted or num_new > 1))
+
+    @staticmethod
+    def _admit(stats: IterationStats, times: RequestTimes, num_cached_tokens: int) -> None:
+        times.num_cached_tokens = num_cached_tokens
+        stats.admitted.append((times.num_prompt_tokens, num_cached_tokens))
+
 
 def _finished(times: RequestTimes, output: RequestOutput, now: float) -> FinishedRequestStats:
     assert times.scheduled is not None and times.first_token is not None
+    longest = max(len(c.token_ids) for c in output.outputs)
+    decode_time = now - times.first_token
     return FinishedRequestStats(
         finish_reason=output.outputs[0].finish_reason or "unknown",
         e2e_latency=now - times.arrival,
         queued_time=times.scheduled - times.arrival,
         prefill_time=times.first_token - times.scheduled,
-        decode_time=now - times.first_token,
+        decode_time=decode_time,
         inference_time=now - times.scheduled,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
-        max_num_generation_tokens=max(len(c.token_ids) for c in output.outputs),
+        max_num_generation_tokens=longest,
         n=times.n,
         max_tokens=times.max_tokens,
+        num_preemptions=sum(r.num_preemptions for r in times.requests.values()),
+        num_cached_tokens=times.num_cached_tokens,
+        mean_time_per_output_token=decode_time / (longest - 1) if longest > 1 else 0.0,
     )
