@@ -1,6 +1,7 @@
 """The suite catches every planted bug of `planted_bugs.py`.
 
-Each bug is planted in a copy of the package (a tree of links to the real files, with the one
+Each bug is planted (`planting.py`: in its function's normal form, written back over the
+function) in a copy of the package (a tree of links to the real files, with the one
 edited file written out), and the tests named for it run against that copy in a subprocess, with
 CI's hypothesis examples. They must fail. The same subprocess run without the bug must pass,
 which the rest of the suite already shows.
@@ -16,6 +17,7 @@ at once (`NUM_COPIES`), each planting one bug at a time in its own files.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from planted_bugs import PLANTED_BUGS, PlantedBug
+from planting import PlantError, normal_form_of, plant
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
@@ -64,14 +67,7 @@ def forget_bytecode(path: Path) -> None:
 @contextmanager
 def planted(bug: PlantedBug, dest: Path) -> Iterator[None]:
     """The copy at `dest` with `bug` planted in it for the duration; then the link again."""
-    source = (ROOT / bug.file).read_text()
-    for old, new in bug.edits:
-        count = source.count(old)
-        assert count == 1, (
-            f"{bug.name}: the text to edit occurs {count} times in {bug.file} (expected once); "
-            "rewrite the planted bug for the current code"
-        )
-        source = source.replace(old, new)
+    source = plant((ROOT / bug.file).read_text(), bug.function, bug.edits)
     target = installed(dest, bug.file)
     assert target.is_symlink(), f"{target} is not the repository's file: a bug was left planted"
     target.unlink()
@@ -164,3 +160,69 @@ def test_the_suite_catches_the_planted_bug(bug: PlantedBug, outcomes: dict) -> N
     run = outcomes[bug.name]
     assert run.returncode != 5, f"{bug.name}: {bug.tests} selected no test\n{run.tail}"
     assert run.returncode == 1, f"{bug.name} was not caught by {bug.tests} ({bug.why})\n{run.tail}"
+
+
+# -- Planted bugs survive a reformat --------------------------------------------------------
+# Each bug names its function and edits its normal form, so `ruff format` at any line length
+# (or another indent width) must leave every bug plantable, and planting the same bug.
+
+# The layouts the tree is reformatted to: other line lengths, and an indent of two spaces
+# (which moves every function's body: the planted function is written back at its own depth).
+LAYOUTS = {
+    "line-length 79": ["--line-length", "79"],
+    "line-length 120": ["--line-length", "120"],
+    "indent 2, line-length 60": ["--line-length", "60", "--config", "indent-width = 2"],
+}
+
+
+def planted_function(source: str, bug: PlantedBug) -> str:
+    """The normal form of `bug`'s function once planted in `source` (which must parse)."""
+    return normal_form_of(plant(source, bug.function, bug.edits), bug.function)
+
+
+@pytest.fixture(scope="module")
+def reformatted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The repository's source folders, copied and `ruff format`-ted in each layout."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    trees = {}
+    for layout, options in LAYOUTS.items():
+        dest = tmp_path_factory.mktemp("reformatted")
+        for folder in INSTALLED:
+            shutil.copytree(
+                ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        run = subprocess.run(
+            [ruff, "format", "--isolated", "--target-version", "py310", *options, str(dest)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        trees[layout] = dest
+    return trees
+
+
+@pytest.mark.quick
+def test_every_planted_bug_survives_a_reformat(reformatted: dict[str, Path]) -> None:
+    """Every bug finds its function and its old text once, in the tree as it is and in each
+    reformatted copy; it changes the function's syntax tree; and each copy gets the same
+    planted function as the tree itself. The reformats must have changed the files the bugs
+    live in, or this would show nothing."""
+    problems, unchanged = [], {layout: 0 for layout in LAYOUTS}
+    for bug in PLANTED_BUGS:
+        source = (ROOT / bug.file).read_text()
+        try:
+            want = planted_function(source, bug)
+        except PlantError as exc:
+            problems.append(f"{bug.name}: {exc}")
+            continue
+        for layout, dest in reformatted.items():
+            copy = (dest / bug.file).read_text()
+            unchanged[layout] += copy == source
+            try:
+                got = planted_function(copy, bug)
+            except PlantError as exc:
+                problems.append(f"{bug.name}, {layout}: {exc}")
+                continue
+            if got != want:
+                problems.append(f"{bug.name}, {layout}: planted another function\n{got}")
+    assert not problems, "\n\n".join(problems)
+    assert all(count < len(PLANTED_BUGS) // 2 for count in unchanged.values()), unchanged
