@@ -16,6 +16,8 @@ at once (`NUM_COPIES`), each planting one bug at a time in its own files.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,9 +30,10 @@ from pathlib import Path
 
 import pytest
 from planted_bugs import PLANTED_BUGS, PlantedBug
-from planting import PlantError, normal_form_of, plant
+from planting import PlantError, normal_form_of, plant, without_indented_docstrings
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 # Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
 INSTALLED = {
     "nanovllm": "nanovllm",
@@ -226,3 +229,109 @@ def test_every_planted_bug_survives_a_reformat(reformatted: dict[str, Path]) -> 
                 problems.append(f"{bug.name}, {layout}: planted another function\n{got}")
     assert not problems, "\n\n".join(problems)
     assert all(count < len(PLANTED_BUGS) // 2 for count in unchanged.values()), unchanged
+
+
+# -- The converter from the old form ---------------------------------------------------------
+# tests/tools/convert_planted_bugs.py turns entries that edit a file's exact text into entries
+# named by function. Here on a small module of its own, one entry per kind of place a bug can
+# live, and the entries it must refuse.
+
+CONVERTER_MODULE = '''"""A module."""
+
+import functools
+
+LIMIT = 4  # the limit
+
+
+class Queue:
+    """A queue.
+
+    Its docstring's later lines are indented.
+    """
+
+    size: int = 3
+
+    @functools.cache
+    def push(self, x):
+        items = [
+            x,
+            x + 1,
+        ]  # a comment
+        return items
+
+    def pop(self):
+        def helper(y):
+            return y + 1
+
+        return helper(1)
+
+
+def free(a, b):
+    if a:
+        return b
+    return a
+'''
+# name: (old-form edits, the function the converter must name; None: it must refuse)
+CONVERTER_CASES = {
+    "module-constant": ((("LIMIT = 4  # the limit", "LIMIT = 5"),), "LIMIT"),
+    "class-attribute": ((("    size: int = 3", "    size: int = 2"),), "Queue.size"),
+    "decorator": ((("    @functools.cache\n", ""),), "Queue.push"),
+    "inside-a-wrapped-list": ((("            x + 1,\n", "            x + 2,\n"),), "Queue.push"),
+    "nested-function": ((("            return y + 1\n", "            return y - 1\n"),), "Queue.pop.helper"),
+    "two-methods": (
+        (("            x + 1,\n", "            x + 2,\n"), ("            return y + 1\n", "            return y\n")),
+        "Queue",
+    ),
+    "moved-line": ((("    if a:\n        return b\n    return a\n", "    return a\n    if a:\n        return b\n"),), "free"),
+    "comment-only": ((("# a comment", "# another"),), None),
+    "text-not-there": ((("nothing like this", "x"),), None),
+    "two-functions": ((("LIMIT = 4", "LIMIT = 3"), ("    return a\n", "    return b\n")), None),
+}  # fmt: skip
+
+
+@pytest.mark.quick
+def test_the_converter_names_the_function_and_refuses_what_it_cannot_convert(
+    tmp_path: Path,
+) -> None:
+    """Each convertible entry is rewritten to name the right function; planted the new way, in
+    the module as it is and reformatted, it gives the module the old way's syntax tree. Each
+    other entry is left as it was, and the exit status says so."""
+    spec = importlib.util.spec_from_file_location(
+        "convert", TESTS / "tools/convert_planted_bugs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    convert = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = convert  # its dataclass looks its module up there
+    spec.loader.exec_module(convert)
+    (tmp_path / "pkg").mkdir()
+    module = tmp_path / "pkg/mod.py"
+    module.write_text(CONVERTER_MODULE)
+    entries = tmp_path / "entries.py"
+    entries.write_text(
+        "".join(
+            f"PlantedBug({name!r}, 'pkg/mod.py', {edits!r}, ('tests/x.py',), 'why')\n"
+            for name, (edits, _) in CONVERTER_CASES.items()
+        )
+    )
+    assert convert.main(["--root", str(tmp_path), "--in-place", str(entries)]) == 1
+
+    formatted = tmp_path / "formatted.py"
+    formatted.write_text(CONVERTER_MODULE)
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    subprocess.run(
+        [ruff, "format", "-q", "--isolated", "--line-length", "20", str(formatted)], check=True
+    )
+    for entry in convert.entries_in(ast.parse(entries.read_text())):
+        name = entry.value("name")
+        old_edits, function = CONVERTER_CASES[name]
+        if function is None:
+            assert entry.is_old and entry.value("edits") == old_edits, name
+            continue
+        assert not entry.is_old and entry.value("function") == function, name
+        old_way = CONVERTER_MODULE
+        for old, new in old_edits:
+            old_way = old_way.replace(old, new)
+        want = ast.dump(without_indented_docstrings(ast.parse(old_way)))
+        for source in (CONVERTER_MODULE, formatted.read_text()):
+            new_way = plant(source, function, entry.value("edits"))
+            assert ast.dump(without_indented_docstrings(ast.parse(new_way))) == want, name
