@@ -26,6 +26,7 @@ import ast
 import copy
 import inspect
 import io
+import sys
 import tokenize
 from collections.abc import Iterable, Sequence
 
@@ -100,10 +101,38 @@ def without_indented_docstrings(node: ast.AST) -> ast.AST:
     return node
 
 
+if sys.version_info >= (3, 11):
+    unparse = ast.unparse
+else:
+
+    class _Unparser310(ast._Unparser):  # type: ignore[name-defined]
+        """Python 3.10's `ast.unparse` with 3.11's tuple targets (`a, b = ...`, `for a, b in`,
+        not `(a, b) = ...`), so that a function's normal form is the same on every Python the
+        project supports. (3.12 and later differ in one thing: an f-string holding quotes in
+        its braces keeps its own quotes there; an edit had better not show one.)"""
+
+        def visit_Tuple(self, node: ast.Tuple) -> None:
+            wrap = len(node.elts) == 0 or self.get_precedence(node) > ast._Precedence.TUPLE
+            with self.delimit_if("(", ")", wrap):
+                self.items_view(self.traverse, node.elts)
+
+        def visit_Assign(self, node: ast.Assign) -> None:
+            for target in node.targets:
+                self.set_precedence(ast._Precedence.TUPLE, target)
+            super().visit_Assign(node)
+
+        def _for_helper(self, fill: str, node: ast.For | ast.AsyncFor) -> None:
+            self.set_precedence(ast._Precedence.TUPLE, node.target)
+            super()._for_helper(fill, node)
+
+    def unparse(node: ast.AST) -> str:
+        return _Unparser310().visit(node)
+
+
 def normal_form(node: ast.AST) -> str:
     """`node`'s source as `ast.unparse` prints it (docstrings cleaned of their indentation),
     each line ending in a newline."""
-    return ast.unparse(without_indented_docstrings(node)) + "\n"
+    return unparse(without_indented_docstrings(node)) + "\n"
 
 
 def normal_form_of(source: str, qualname: str) -> str:
@@ -195,8 +224,6 @@ def plant(source: str, qualname: str, edits: Sequence[tuple[str, str]]) -> str:
 
 
 if __name__ == "__main__":  # python tests/planting.py FILE QUALNAME: the function's normal form
-    import sys
-
     path, qualname = sys.argv[1:3]
     with open(path) as f:
         print(normal_form_of(f.read(), qualname), end="")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,11 @@ NEW_FIELDS = ("name", "file", "function", "edits", "tests", "why")
 # The longest piece of a string literal written into an entry: planted_bugs.py's edits sit 16
 # columns in, and its lines are at most 100 long.
 PIECE = 78
+
+
+# An f-string with a quote inside its braces (`f"{', '.join(x)}"`): the one thing
+# `ast.unparse` prints differently across the Pythons the project supports.
+QUOTES_IN_FSTRING = re.compile(r"""\bf(['"])[^\n]*?\{[^}\n]*['"]""")
 
 
 class ConvertError(Exception):
@@ -286,6 +292,12 @@ def convert(root: Path, file: str, old_edits: list[tuple[str, str]]) -> tuple[st
     except PlantError as exc:
         raise ConvertError(f"{qualname} is gone once the bug is planted: {exc}") from exc
     edits = normal_form_edits(before, after)
+    if any(QUOTES_IN_FSTRING.search(text) for edit in edits for text in edit):
+        print(
+            f"warning: an edit in {qualname} shows an f-string with quotes in its braces, which "
+            "Python 3.12+ prints otherwise than 3.10-3.11: edit around it by hand",
+            file=sys.stderr,
+        )
     # The check: planted the new way, the module is what the old way made it.
     replanted = plant(source, qualname, edits)
     planted_new_way = without_indented_docstrings(ast.parse(replanted))
