@@ -18,6 +18,8 @@ To plant a bug in a file's source:
 5. write the result over the function's lines (decorators included), indented as it was.
 The planted file is checked once more: parsed again, the function there must be the edited one.
 Comments inside the planted function are lost in the copy; nothing runs them.
+
+`python tests/planting.py FILE QUALNAME` prints a function's normal form, to write an entry.
 """
 
 from __future__ import annotations
