@@ -39,7 +39,7 @@ class PlantedBug:
     function: str  # the qualified name of the function (or class, or assignment) it edits
     edits: tuple[tuple[str, str], ...]  # (old text of its normal form, found once; new text)
     tests: tuple[str, ...]  # pytest arguments selecting the tests that must fail
-    why: str
+    why: str = ""  # required: the default only lets an old-form entry (5 fields) say so below
 
     def __post_init__(self) -> None:
         if not isinstance(self.function, str) or not all(
@@ -49,6 +49,8 @@ class PlantedBug:
                 f"{self.name}: an old-form entry (no function named): convert it with "
                 "tests/tools/convert_planted_bugs.py"
             )
+        if not self.why:
+            raise TypeError(f"{self.name}: say why the suite must catch it")
 
 
 PLANTED_BUGS = [
