@@ -15,17 +15,21 @@ Usage, from the repository root:
 FILE holds `PlantedBug(...)` entries in either form: a whole module such as
 tests/planted_bugs.py, or a fragment pasted from one (`-` reads it from stdin). Each old-form
 entry is planted in the repository's current code the old way, and the function that holds
-every edited line is found (the innermost def, class or assignment); the new-form edits are the
-line differences of that function's normal form before and after, each with the fewest lines
-of context that make its old text occur once. The conversion is checked: planted the new way,
-the bug must give the module the same syntax tree as planted the old way, so convert against
-the code the old-form entry was written for.
+every edited line is found (the innermost def or class, or a module- or class-level
+assignment); the new-form edits are the line differences of that function's normal form before
+and after, each with the fewest lines of context that make its old text occur once (a line
+moved is one edit, showing the lines it moves past; a long line shows only its changed words).
+The conversion is checked: planted the new way, the bug must give the module the same syntax
+tree as planted the old way (docstrings' indentation aside). So convert against the code the
+old-form entry was written for: at a merge, the merged tree.
 
 Without --in-place the converted entries are printed. With --in-place FILE is rewritten: each
 old-form entry is replaced by its new form, and everything else (new-form entries included) is
 left as it was. NAME ... limits the work to those entries. An entry that cannot be converted
 (its old text is not in the code once, its edits reach past one function, or they change no
-code) is reported on stderr and left as it was; the exit status is then 1.
+code) is reported on stderr and left as it was; the exit status is then 1. Read what it
+wrote: the edits should still show a learner the mistake (rewrite an unclear one by hand, in
+the function's normal form: `python tests/planting.py FILE QUALNAME` prints it).
 """
 
 from __future__ import annotations
