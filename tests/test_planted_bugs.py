@@ -289,7 +289,6 @@ CONVERTER_CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.quick
 def test_the_converter_names_the_function_and_refuses_what_it_cannot_convert(
     tmp_path: Path,
 ) -> None:
