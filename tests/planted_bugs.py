@@ -1,14 +1,30 @@
 """Planted bugs the test suite must catch.
 
-Each entry is a small, plausible mistake in the engine's source, written as exact text edits,
-and the tests that must fail once it is planted. `test_planted_bugs.py` plants each one in a
-copy of the package and runs those tests: a bug they miss is a hole in the suite.
+Each entry is a small, plausible mistake in the engine's source, and the tests that must fail
+once it is planted. `test_planted_bugs.py` plants each one in a copy of the package and runs
+those tests: a bug they miss is a hole in the suite.
+
+An entry names the function the bug lives in (`function`, `Class.method`, `outer.inner`, or a
+module- or class-level name bound by an assignment) and edits that function's *normal form*:
+its source as `ast.unparse` prints it, with the `def` at column 0 (so a method's body is
+indented 4), one statement per line, strings in single quotes, no comments. Each edit's old
+text occurs exactly once there. The normal form depends on the syntax tree alone, so a bug
+keeps working when the file is reformatted, its comments change, or the function moves within
+its file (`planting.py` says how it is planted; `test_planted_bugs.py` plants every bug in a
+copy of the tree reformatted at other line lengths). To see a function's normal form, from
+the repository root:
+
+    python tests/planting.py nanovllm/core/scheduler.py Scheduler.preempt
+
+Old-form entries (exact text of the file, no `function`) are converted by
+`tests/tools/convert_planted_bugs.py` (its docstring says how).
 
 Several of these once survived the suite: Qwen3's q/k norm after RoPE (invisible while every
 norm weight was 1.0), a rollback that skips blocks shared within the step, and a request reading
 a block shared in the same step before that step's writes (no test admitted two requests with
 the same prefix in one step). If a refactor changes the code an entry edits, the check fails
-with "not found": rewrite the entry for the new code; never delete it to make the suite pass.
+with "not defined" or "occurs 0 times": rewrite the entry for the new code; never delete it to
+make the suite pass.
 """
 
 from __future__ import annotations
@@ -20,23 +36,36 @@ from dataclasses import dataclass
 class PlantedBug:
     name: str
     file: str  # relative to the repository root
-    edits: tuple[tuple[str, str], ...]  # (exact old text, found once; new text)
+    function: str  # the qualified name of the function (or class, or assignment) it edits
+    edits: tuple[tuple[str, str], ...]  # (old text of its normal form, found once; new text)
     tests: tuple[str, ...]  # pytest arguments selecting the tests that must fail
-    why: str
+    why: str = ""  # required: the default only lets an old-form entry (5 fields) say so below
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.function, str) or not all(
+            isinstance(old, str) and isinstance(new, str) for old, new in self.edits
+        ):
+            raise TypeError(
+                f"{self.name}: an old-form entry (no function named): convert it with "
+                "tests/tools/convert_planted_bugs.py"
+            )
+        if not self.why:
+            raise TypeError(f"{self.name}: say why the suite must catch it")
 
 
 PLANTED_BUGS = [
     PlantedBug(
         "qwen3-qk-norm-after-rope",
         "nanovllm/models/llama.py",
+        "Attention.qkv",
         (
             (
-                "        if self.qk_norm:\n"
-                "            q, k = self.q_norm(q), self.k_norm(k)\n"
-                "        q, k = rotary(positions, q, k)\n",
-                "        q, k = rotary(positions, q, k)\n"
-                "        if self.qk_norm:\n"
-                "            q, k = self.q_norm(q), self.k_norm(k)\n",
+                "    if self.qk_norm:\n"
+                "        q, k = (self.q_norm(q), self.k_norm(k))\n"
+                "    q, k = rotary(positions, q, k)\n",
+                "    q, k = rotary(positions, q, k)\n"
+                "    if self.qk_norm:\n"
+                "        q, k = (self.q_norm(q), self.k_norm(k))\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and qwen3"),
@@ -45,10 +74,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "rollback-skips-blocks-shared-in-the-step",
         "nanovllm/core/kv_cache_manager.py",
+        "KVCacheManager.uncache_step_blocks",
         (
             (
-                "            if block.block_hash == block_hash:  # (still the same registration)",
-                "            if block.block_hash == block_hash and block.ref_cnt == 1:",
+                "        if block.block_hash == block_hash:\n",
+                "        if block.block_hash == block_hash and block.ref_cnt == 1:\n",
             ),
         ),
         ("tests/test_scheduler.py::TestScheduler",),
@@ -57,21 +87,20 @@ PLANTED_BUGS = [
     PlantedBug(
         "attention-reads-a-shared-block-before-the-steps-writes",
         "nanovllm/models/attention.py",
+        "TorchAttention.forward",
         (
             (
-                "        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n"
-                "        out = torch.empty_like(q)\n",
-                "        key_before, value_before = key_cache.clone(), value_cache.clone()\n"
-                "        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n"
-                "        out = torch.empty_like(q)\n",
+                "    store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n",
+                "    key_before, value_before = (key_cache.clone(), value_cache.clone())\n"
+                "    store_kv(k, v, key_cache, value_cache, meta.slot_mapping)\n",
             ),
             (
-                "                ctx_k, ctx_v = gather_context(key_cache, value_cache, "
+                "            ctx_k, ctx_v = gather_context(key_cache, value_cache, "
                 "meta.block_tables[i], seq_len)\n",
-                "                ctx_k, ctx_v = gather_context(key_before, value_before, "
+                "            ctx_k, ctx_v = gather_context(key_before, value_before, "
                 "meta.block_tables[i], seq_len)\n"
-                "                ctx_k = torch.cat((ctx_k[: seq_len - q_len], k[rows]))\n"
-                "                ctx_v = torch.cat((ctx_v[: seq_len - q_len], v[rows]))\n",
+                "            ctx_k = torch.cat((ctx_k[:seq_len - q_len], k[rows]))\n"
+                "            ctx_v = torch.cat((ctx_v[:seq_len - q_len], v[rows]))\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
@@ -80,19 +109,26 @@ PLANTED_BUGS = [
     PlantedBug(
         "decode-values-not-masked",
         "nanovllm/models/attention.py",
-        (("        values = values.masked_fill(invalid[:, :, None, None], 0.0)\n", ""),),
+        "TorchAttention._decode",
+        (
+            (
+                "    values = values.masked_fill(invalid[:, :, None, None], 0.0)\n",
+                "",
+            ),
+        ),
         ("tests/test_robustness.py", "-k", "nan_left_in_stale_slots"),
         "Masked scores give weight 0, but 0 x NaN is NaN.",
     ),
     PlantedBug(
         "decode-attends-one-slot-too-many",
         "nanovllm/models/attention.py",
+        "TorchAttention._decode",
         (
             (
-                "        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= "
-                "seq_lens[:, None]",
-                "        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] > "
-                "seq_lens[:, None]",
+                "    invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= "
+                "seq_lens[:, None]\n",
+                "    invalid = torch.arange(keys.shape[1], device=q.device)[None, :] > "
+                "seq_lens[:, None]\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
@@ -101,10 +137,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "slot-mapping-off-by-one",
         "nanovllm/backends/input_batch.py",
+        "InputBatch.prepare",
         (
             (
-                "            + positions % self.block_size\n",
-                "            + (positions + 1) % self.block_size\n",
+                "+ positions",
+                "+ (positions + 1)",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
@@ -113,10 +150,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "greedy-fast-path-takes-the-last-of-tied-maxima",
         "nanovllm/executor/sampler.py",
+        "greedy_tokens",
         (
             (
-                "        argmax = rows.argmax(axis=1)  # [num_rows]\n",
-                "        argmax = rows.shape[1] - 1 - rows[:, ::-1].argmax(axis=1)  # [num_rows]\n",
+                "        argmax = rows.argmax(axis=1)\n",
+                "        argmax = rows.shape[1] - 1 - rows[:, ::-1].argmax(axis=1)\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "greedy_tokens"),
@@ -125,10 +163,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "reference-slot-mapping-off-by-one",
         "nanovllm/executor/step_inputs.py",
+        "step_metadata",
         (
             (
-                "            table[pos // block_size] * block_size + pos % block_size",
-                "            table[pos // block_size] * block_size + (pos + 1) % block_size",
+                "+ pos",
+                "+ (pos + 1)",
             ),
         ),
         ("tests/test_input_batch.py",),
@@ -137,11 +176,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "persistent-batch-rewrites-only-appended-blocks",
         "nanovllm/backends/input_batch.py",
+        "InputBatch._write_row",
         (
             (
-                "        while first < common and old[first] == table[first]:\n"
-                "            first += 1\n",
-                "        first = common\n",
+                "    while first < common and old[first] == table[first]:\n        first += 1\n",
+                "    first = common\n",
             ),
         ),
         ("tests/test_input_batch.py",),
@@ -150,27 +189,34 @@ PLANTED_BUGS = [
     PlantedBug(
         "rotate-half-sign",
         "nanovllm/models/rotary.py",
-        (("    return torch.cat((-x2, x1), dim=-1)", "    return torch.cat((x2, -x1), dim=-1)"),),
+        "rotate_half",
+        (
+            (
+                "    return torch.cat((-x2, x1), dim=-1)\n",
+                "    return torch.cat((x2, -x1), dim=-1)\n",
+            ),
+        ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
         "RoPE rotating the wrong way.",
     ),
     PlantedBug(
         "free-queue-returns-blocks-to-the-head",
         "nanovllm/core/free_block_queue.py",
+        "FreeBlockQueue.append",
         (
             (
-                "        last = self._tail.prev_free\n"
-                "        assert last is not None\n"
-                "        last.next_free = block\n"
-                "        block.prev_free = last\n"
-                "        block.next_free = self._tail\n"
-                "        self._tail.prev_free = block\n",
-                "        first = self._head.next_free\n"
-                "        assert first is not None\n"
-                "        first.prev_free = block\n"
-                "        block.next_free = first\n"
-                "        block.prev_free = self._head\n"
-                "        self._head.next_free = block\n",
+                "    last = self._tail.prev_free\n"
+                "    assert last is not None\n"
+                "    last.next_free = block\n"
+                "    block.prev_free = last\n"
+                "    block.next_free = self._tail\n"
+                "    self._tail.prev_free = block\n",
+                "    first = self._head.next_free\n"
+                "    assert first is not None\n"
+                "    first.prev_free = block\n"
+                "    block.next_free = first\n"
+                "    block.prev_free = self._head\n"
+                "    self._head.next_free = block\n",
             ),
         ),
         ("tests/test_kv_cache_manager.py",),
@@ -179,10 +225,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "preemption-keeps-num-computed-tokens",
         "nanovllm/core/scheduler.py",
+        "Scheduler.preempt",
         (
             (
-                "        request.num_computed_tokens = 0\n        request.num_preemptions += 1",
-                "        request.num_preemptions += 1",
+                "    request.num_computed_tokens = 0\n",
+                "",
             ),
         ),
         ("tests/test_scheduler.py",),
@@ -191,10 +238,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "detokenizer-window-starts-at-the-output",
         "nanovllm/engine/detokenizer.py",
+        "DetokenizerState.after_prompt",
         (
             (
-                "            prefix_offset=max(n - PROMPT_CONTEXT_TOKENS, 0),",
-                "            prefix_offset=n,",
+                "return cls(prefix_offset=max(n - PROMPT_CONTEXT_TOKENS, 0),",
+                "return cls(prefix_offset=n,",
             ),
         ),
         ("tests/test_detokenizer.py",),
@@ -203,10 +251,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "eos-ignores-generation-config",
         "nanovllm/engine/eos.py",
+        "eos_token_ids",
         (
             (
-                '            ids |= _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))',
-                "            pass",
+                "            ids |= "
+                "_as_ids(json.loads(generation_config.read_text()).get('eos_token_id'))\n",
+                "            pass\n",
             ),
         ),
         ("tests/test_eos.py",),
@@ -215,6 +265,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "min-p-after-top-k",
         "nanovllm/executor/sampler.py",
+        "apply_filters",
         (
             (
                 "    logits = logits.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, "
@@ -233,11 +284,13 @@ PLANTED_BUGS = [
     PlantedBug(
         "top-k-drops-ties",
         "nanovllm/executor/sampler.py",
+        "apply_filters",
         (
             (
                 "    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)\n",
                 "    ranks = torch.arange(logits.shape[-1], device=logits.device)\n"
-                "    sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], neg_inf)\n",
+                "    sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], "
+                "neg_inf)\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "tied"),
@@ -246,11 +299,10 @@ PLANTED_BUGS = [
     PlantedBug(
         "one-generator-for-every-request",
         "nanovllm/executor/random_draw.py",
+        "exponential_race",
         (
             (
-                "    for row, generator in enumerate(generators):\n"
                 "        noise[row].exponential_(generator=generator)\n",
-                "    for row, generator in enumerate(generators):\n"
                 "        noise[row].exponential_(generator=generators[0])\n",
             ),
         ),
@@ -260,31 +312,51 @@ PLANTED_BUGS = [
     PlantedBug(
         "hashed-gumbel-noise-without-the-token-index",
         "nanovllm/executor/random_draw.py",
-        (("splitmix64(key + i * GOLDEN_GAMMA)", "splitmix64(key + GOLDEN_GAMMA)"),),
+        "gumbel_noise",
+        (
+            (
+                "    bits = _shift_right(splitmix64(key + i * GOLDEN_GAMMA), 11)\n",
+                "    bits = _shift_right(splitmix64(key + GOLDEN_GAMMA), 11)\n",
+            ),
+        ),
         ("tests/test_sampler.py", "-k", "vllms_cpu_kernel or follow_the_distribution"),
         "One noise value for every token is a plain argmax: the draw is no longer random.",
     ),
     PlantedBug(
         "seeded-draw-takes-its-step-seed-from-the-global-generator",
         "nanovllm/executor/random_draw.py",
-        (("(1,), generator=g)", "(1,))"),),
+        "hashed_gumbel_max",
+        (
+            (
+                "    seeds = torch.cat([torch.randint(0, 2 ** 31, (1,), generator=g) for g "
+                "in generators])\n",
+                "    seeds = torch.cat([torch.randint(0, 2 ** 31, (1,)) for g in generators])\n",
+            ),
+        ),
         ("tests/test_seeded_like_vllm.py",),
         "vLLM's CPU build takes each step's noise seed from the request's own generator.",
     ),
     PlantedBug(
         "abort-outputs-lost-when-a-step-fails",
         "nanovllm/engine/llm_engine.py",
-        (("            self._pending = outputs + self._pending", "            pass"),),
+        "LLMEngine.step",
+        (
+            (
+                "        self._pending = outputs + self._pending\n",
+                "        pass\n",
+            ),
+        ),
         ("tests/test_robustness.py", "-k", "abort_output"),
         "An aborted request's final output must reach the caller.",
     ),
     PlantedBug(
         "children-share-one-seed",
         "nanovllm/engine/parallel_sampling.py",
+        "child_params",
         (
             (
-                "    seed = None if params.seed is None else (params.seed + index) % 2**63",
-                "    seed = params.seed",
+                "    seed = None if params.seed is None else (params.seed + index) % 2 ** 63\n",
+                "    seed = params.seed\n",
             ),
         ),
         ("tests/test_parallel_sampling.py", "-k", "seed_plus_i"),
@@ -293,24 +365,37 @@ PLANTED_BUGS = [
     PlantedBug(
         "rejected-proposals-stay-computed",
         "nanovllm/core/scheduler.py",
-        (("                num_computed -= num_rejected\n", ""),),
+        "Scheduler.update_from_output",
+        (
+            (
+                "            num_computed -= num_rejected\n",
+                "",
+            ),
+        ),
         ("tests/test_spec_decode.py", "-k", "identical"),
         "The KV of a rejected proposal is wrong: num_computed_tokens must step back over it.",
     ),
     PlantedBug(
         "residual-keeps-the-rejected-token",
         "nanovllm/executor/rejection_sampler.py",
-        (("            residual[x] = 0.0  # max(0, p - onehot(x)): p without x\n", ""),),
+        "verify_random",
+        (
+            (
+                "            residual[x] = 0.0\n",
+                "",
+            ),
+        ),
         ("tests/test_spec_decode.py", "-k", "keeps_the_target_distribution"),
         "After a rejection, drawing from p itself over-weights the rejected token.",
     ),
     PlantedBug(
         "proposals-enter-the-prefix-cache",
         "nanovllm/core/kv_cache_manager.py",
+        "KVCacheManager.allocate_slots",
         (
             (
-                "num_full = min(total_tokens, request.num_tokens) // self.block_size",
-                "num_full = total_tokens // self.block_size",
+                "    num_full = min(total_tokens, request.num_tokens) // self.block_size\n",
+                "    num_full = total_tokens // self.block_size\n",
             ),
         ),
         ("tests/test_scheduler.py",),
@@ -319,10 +404,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "server-max-tokens-off-by-one",
         "nanovllm/serve/serving.py",
+        "context_length_check.check",
         (
             (
-                "        if room >= 1 and max_tokens > room:",
-                "        if room >= 1 and max_tokens >= room:",
+                "    if room >= 1 and max_tokens > room:\n",
+                "    if room >= 1 and max_tokens >= room:\n",
             ),
         ),
         ("tests/serve/test_serve_context_length.py", "-k", "boundary"),
@@ -331,6 +417,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "json-depth-counts-brackets-inside-strings",
         "nanovllm/serve/body.py",
+        "json_depth",
         (
             (
                 "    steps[inside] = 0\n",
@@ -343,11 +430,10 @@ PLANTED_BUGS = [
     PlantedBug(
         "server-survives-a-dead-rank-as-500s",
         "nanovllm/serve/async_engine.py",
+        "AsyncLLMEngine._step",
         (
             (
-                "        except WorkerGroupError:\n"
-                "            self._num_errors += 1\n"
-                "            raise  # a rank died: no step can run again, so the thread stops (`_run`)\n",
+                "    except WorkerGroupError:\n        self._num_errors += 1\n        raise\n",
                 "",
             ),
         ),
@@ -357,10 +443,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "proxy-waits-on-a-prefill-that-fails-its-health",
         "nanovllm/serve/disagg_proxy.py",
+        "DisaggProxy._prefill_then_decode",
         (
             (
-                "        if self.prefill_down is not None:\n",
-                "        if False:\n",
+                "    if self.prefill_down is not None:\n",
+                "    if False:\n",
             ),
         ),
         ("tests/serve/test_disagg_proxy.py", "-k", "hung or resumes"),
@@ -369,10 +456,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "drain-leaves-cut-streams-without-an-error-chunk",
         "nanovllm/serve/server.py",
+        "Server.on_tick",
         (
             (
-                "            if self.engine is not None and self.engine_dead is None:\n",
-                "            if False:\n",
+                "        if self.engine is not None and self.engine_dead is None:\n",
+                "        if False:\n",
             ),
         ),
         ("tests/serve/test_serve_drain.py",),
@@ -381,10 +469,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "cpu-kernel-sees-one-key-too-many",
         "kernels/cpu_paged_attention_numba.py",
+        "attend",
         (
             (
-                "                visible = min(block_size, q_pos + 1 - block_start)",
-                "                visible = min(block_size, q_pos + 2 - block_start)",
+                "                visible = min(block_size, q_pos + 1 - block_start)\n",
+                "                visible = min(block_size, q_pos + 2 - block_start)\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and cpu and llama-gqa2"),
@@ -393,9 +482,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "cpu-kernel-forgets-to-rescale",
         "kernels/cpu_paged_attention_numba.py",
+        "attend",
         (
             (
-                "                for d in range(head_dim):\n                    acc[r, d] *= alpha\n",
+                "                for d in range(head_dim):\n"
+                "                    acc[r, d] *= alpha\n",
                 "",
             ),
         ),
@@ -405,6 +496,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "cpu-kernel-reads-a-value-twice-in-eight-keys",
         "kernels/cpu_paged_attention_numba.py",
+        "accumulate_values",
         (
             (
                 "            x += p7 * value_cache[block, t + 7, kv_head, d]\n",
@@ -417,10 +509,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "cpu-kernel-skips-the-last-keys-after-four",
         "kernels/cpu_paged_attention_numba.py",
+        "accumulate_values",
         (
             (
-                "    while t < visible:\n        p = weights[t]\n",
-                "    while t < 0:\n        p = weights[t]\n",
+                "    while t < visible:\n",
+                "    while t < 0:\n",
             ),
         ),
         ("tests/kernels/test_kernel_cpu_paged_attention.py",),
@@ -429,10 +522,13 @@ PLANTED_BUGS = [
     PlantedBug(
         "packed-linear-drops-the-bias",
         "nanovllm/backends/cpu_linear.py",
+        "linear",
         (
             (
-                'return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")',
-                'return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "none", [], "")',
+                "    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "
+                "'none', [], '')\n",
+                "    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "
+                "'none', [], '')\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "qwen2"),
@@ -441,10 +537,13 @@ PLANTED_BUGS = [
     PlantedBug(
         "packed-weights-made-from-uninitialised-weights",
         "nanovllm/backends/cpu_linear.py",
+        "prepack_linear_weights",
         (
             (
-                "packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())",
-                "packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.empty_like(layer.weight))",
+                "            packed_weight = "
+                "torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())\n",
+                "            packed_weight = "
+                "torch.ops.mkldnn._reorder_linear_weight(torch.empty_like(layer.weight))\n",
             ),
         ),
         ("tests/test_cpu_linear.py",),
@@ -453,10 +552,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "rust-decode-ignores-skip-special-tokens",
         "nanovllm/engine/detokenizer.py",
+        "rust_decoder",
         (
             (
-                "return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)",
-                "return lambda ids, skip: backend.decode(ids, skip_special_tokens=True)",
+                "    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)\n",
+                "    return lambda ids, skip: backend.decode(ids, skip_special_tokens=True)\n",
             ),
         ),
         ("tests/test_detokenizer.py",),
@@ -465,10 +565,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "draft-model-skips-the-shadow-pass",
         "nanovllm/executor/model_runner.py",
+        "ModelRunner.execute",
         (
             (
-                "            self.draft.forward_logits(*inputs[:3], [])",
-                "            pass",
+                "        self.draft.forward_logits(*inputs[:3], [])\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_draft_model.py", "-k", "continuation"),
@@ -479,10 +580,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "draft-proposes-every-token-at-the-same-position",
         "nanovllm/spec_decode/draft_model_proposer.py",
+        "DraftModelProposer.propose",
         (
             (
-                "            positions = [requests[i].num_tokens - 1 + j for i in active]",
-                "            positions = [requests[i].num_tokens - 1 for i in active]",
+                "        positions = [requests[i].num_tokens - 1 + j for i in active]\n",
+                "        positions = [requests[i].num_tokens - 1 for i in active]\n",
             ),
         ),
         ("tests/test_draft_model.py", "-k", "continuation"),
@@ -491,10 +593,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "rejected-proposals-free-the-lookahead-slots",
         "nanovllm/core/scheduler.py",
+        "Scheduler.update_from_output",
         (
             (
-                "self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)",
-                "self.kv.free_slots_from(request, num_computed)",
+                "                    self.kv.free_slots_from(request, num_computed, "
+                "self.num_lookahead_tokens)\n",
+                "                    self.kv.free_slots_from(request, num_computed)\n",
             ),
         ),
         ("tests/test_scheduler.py", "-k", "lookahead"),
@@ -504,10 +608,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "compiled-regions-specialise-on-the-batch-size",
         "nanovllm/backends/compilation.py",
+        "_warm_up",
         (
             (
-                "            torch._dynamo.decorators.mark_unbacked(tensor, 0)",
-                "            pass",
+                "            torch._dynamo.decorators.mark_unbacked(tensor, 0)\n",
+                "            pass\n",
             ),
         ),
         ("tests/test_compile.py", "-k", "bounded"),
@@ -517,10 +622,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "delta-outputs-repeat-a-quiet-childs-last-delta",
         "nanovllm/engine/parallel_sampling.py",
+        "ParentRequest.output",
         (
             (
-                '            moved.update(text="", token_ids=[], logprobs=self._no_logprobs())\n',
-                "            pass\n",
+                "        moved.update(text='', token_ids=[], logprobs=self._no_logprobs())\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_output_kinds.py", "-k", "add_up"),
@@ -530,13 +636,20 @@ PLANTED_BUGS = [
     PlantedBug(
         "final-only-outputs-built-every-step",
         "nanovllm/engine/output_processor.py",
-        (("                and not request.is_finished\n", "                and False\n"),),
+        "OutputProcessor.make_request_outputs",
+        (
+            (
+                "and (not request.is_finished):",
+                "and False:",
+            ),
+        ),
         ("tests/test_output_kinds.py", "-k", "add_up or generate_asks"),
         "FINAL_ONLY means one output per request, when it finishes (and no work before).",
     ),
     PlantedBug(
         "numba-rope-turns-the-second-half-the-wrong-way",
         "kernels/cpu_token_ops_numba.py",
+        "_rotate",
         (
             (
                 "            x[t, h, i + half] = x2 * cos[p, i + half] + x1 * sin[p, i + half]\n",
@@ -549,10 +662,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "numba-rms-norm-forgets-eps",
         "kernels/cpu_token_ops_numba.py",
+        "rms_norm",
         (
             (
-                "np.sqrt(sum_sq / np.float32(hidden) + np.float32(eps))",
-                "np.sqrt(sum_sq / np.float32(hidden))",
+                "        inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden) + "
+                "np.float32(eps))\n",
+                "        inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden))\n",
             ),
         ),
         ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rms_norm"),
@@ -561,7 +676,13 @@ PLANTED_BUGS = [
     PlantedBug(
         "cuda-graph-padding-keeps-stale-slots",
         "nanovllm/backends/cuda_graphs.py",
-        (("        self.slot_mapping[n:batch_size].fill_(-1)\n", ""),),
+        "DecodeGraphs.run",
+        (
+            (
+                "    self.slot_mapping[n:batch_size].fill_(-1)\n",
+                "",
+            ),
+        ),
         ("tests/kernels/test_kernel_decode_graphs.py", "-k", "replay_equals"),
         "A smaller step after a larger one: its padding rows would write K/V into the larger "
         "step's slots, other requests' cache.",
@@ -569,10 +690,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "block-ids-kept-after-proposals-are-rejected",
         "nanovllm/core/kv_cache_manager.py",
+        "KVCacheManager.free_slots_from",
         (
             (
-                "            self.req_to_block_ids.pop(req_id, None)  # the table shrinks\n",
-                "            pass\n",
+                "        self.req_to_block_ids.pop(req_id, None)\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_scheduler.py", "-k", "rejection_keeps or TestScheduler"),
@@ -582,10 +704,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "block-ids-kept-when-the-table-grows",
         "nanovllm/core/kv_cache_manager.py",
+        "KVCacheManager.allocate_slots",
         (
             (
-                "            self.req_to_block_ids.pop(req_id, None)  # the table grows\n",
-                "            pass\n",
+                "        self.req_to_block_ids.pop(req_id, None)\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_kv_cache_manager.py",),
@@ -594,10 +717,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "greedy-shortcut-ignores-nan-rows",
         "nanovllm/executor/sampler.py",
+        "Sampler.__call__",
         (
             (
-                "if _plain_greedy(requests, spec_token_ids) and not bad.any():",
-                "if _plain_greedy(requests, spec_token_ids):",
+                "    if _plain_greedy(requests, spec_token_ids) and (not bad.any()):\n",
+                "    if _plain_greedy(requests, spec_token_ids):\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "greedy_batch"),
@@ -606,10 +730,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "greedy-shortcut-drops-logprobs",
         "nanovllm/executor/sampler.py",
+        "_plain_greedy",
         (
             (
-                "        r.sampling_params.greedy and r.sampling_params.logprobs is None for r in requests",
-                "        r.sampling_params.greedy for r in requests",
+                "all((r.sampling_params.greedy and r.sampling_params.logprobs is None for",
+                "all((r.sampling_params.greedy for",
             ),
         ),
         ("tests/test_sampler.py", "-k", "greedy_batch"),
@@ -618,10 +743,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "staging-hands-out-the-reused-buffer",
         "nanovllm/backends/staging.py",
+        "InputStaging.to_device",
         (
             (
-                "        on_device.copy_(self.buffer[:end], non_blocking=self.pinned)\n",
-                "        on_device = self.buffer[:end]\n",
+                "    on_device.copy_(self.buffer[:end], non_blocking=self.pinned)\n",
+                "    on_device = self.buffer[:end]\n",
             ),
         ),
         ("tests/test_staging.py",),
@@ -630,6 +756,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "kv-budget-forgets-the-graphs-pool",
         "nanovllm/executor/memory.py",
+        "budget_from_profile",
         (
             (
                 "    return int(total * utilization) - in_use - activation_peak - graph_pool\n",
@@ -642,10 +769,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "staged-metadata-left-on-the-host",
         "nanovllm/backends/cuda_runner.py",
+        "CudaModelRunner.inputs_on_device",
         (
             (
-                "        return input_ids, positions, dataclasses.replace(meta, **named), logits_rows\n",
-                "        return input_ids, positions, meta, logits_rows\n",
+                "    return (input_ids, positions, dataclasses.replace(meta, **named), "
+                "logits_rows)\n",
+                "    return (input_ids, positions, meta, logits_rows)\n",
             ),
         ),
         ("tests/test_staging.py", "-k", "runner"),
@@ -654,19 +783,26 @@ PLANTED_BUGS = [
     PlantedBug(
         "profile-step-shares-its-blocks",
         "nanovllm/backends/cuda_runner.py",
-        (("            first_block += num_blocks\n", "            first_block += 0\n"),),
+        "CudaModelRunner.profile_step",
+        (
+            (
+                "        first_block += num_blocks\n",
+                "        first_block += 0\n",
+            ),
+        ),
         ("tests/test_loading.py", "-k", "profile_step"),
         "The budget's measuring step must hold the cache a real step of that size would.",
     ),
     PlantedBug(
         "the-plain-backend-packs-its-matmuls",
         "nanovllm/backends/__init__.py",
+        "Backend.prepare_model",
         (
             (
-                '        """Make the loaded model fast where this backend can. Here: compile it if asked."""\n',
-                '        """Make the loaded model fast where this backend can. Here: compile it if asked."""\n'
-                "        from nanovllm.backends.cpu_linear import prepack_linear_weights\n\n"
-                "        prepack_linear_weights(model)\n",
+                "    if not enforce_eager:\n",
+                "    from nanovllm.backends.cpu_linear import prepack_linear_weights\n"
+                "    prepack_linear_weights(model)\n"
+                "    if not enforce_eager:\n",
             ),
         ),
         ("tests/test_backends.py", "-k", "plain_pytorch"),
@@ -675,27 +811,46 @@ PLANTED_BUGS = [
     PlantedBug(
         "the-cpu-backend-keeps-the-plain-norms",
         "nanovllm/backends/cpu.py",
-        (("            module.__class__ = fast\n", "            pass\n"),),
+        "use_numba_token_ops",
+        (
+            (
+                "            module.__class__ = fast\n",
+                "            pass\n",
+            ),
+        ),
         ("tests/test_backends.py", "-k", "cpu_backend"),
         "The CPU backend's numba norms and RoPE are chosen once, at build time.",
     ),
     PlantedBug(
         "grammar-not-rolled-back-after-the-speculative-rows",
         "nanovllm/structured_output/manager.py",
-        (("        grammar.rollback(advanced)\n", "        pass\n"),),
+        "grammar_bitmask",
+        (
+            (
+                "        grammar.rollback(advanced)\n",
+                "        pass\n",
+            ),
+        ),
         ("tests/test_structured_outputs.py", "-k", "speculative_rows"),
         "The proposals accepted to fill rows 1..k are tentative: the matcher must forget them.",
     ),
     PlantedBug(
         "grammar-mask-on-the-wrong-logits-row",
         "nanovllm/structured_output/manager.py",
-        (("            rows.append(first + j)\n", "            rows.append(len(rows))\n"),),
+        "grammar_bitmask",
+        (
+            (
+                "            rows.append(first + j)\n",
+                "            rows.append(len(rows))\n",
+            ),
+        ),
         ("tests/test_structured_outputs.py", "-k", "unconstrained_requests"),
         "A request's mask rows start at its own first logits row, not at the structured ones' count.",
     ),
     PlantedBug(
         "grammar-proposals-not-cut-to-what-the-grammar-allows",
         "nanovllm/spec_decode/propose.py",
+        "propose_next_tokens",
         (
             (
                 "        request.spec_token_ids = grammar_valid_prefix(request, proposal)\n",
@@ -708,12 +863,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "presence-and-frequency-count-the-prompt",
         "nanovllm/executor/logits_processors.py",
+        "_apply_penalties",
         (
             (
-                "    counts = output_token_counts([rows[i][1] for i in using], vocab, device)",
-                "    counts = output_token_counts(\n"
-                "        [rows[i][0].prompt_token_ids + rows[i][1] for i in using], vocab, device\n"
-                "    )",
+                "    counts = output_token_counts([rows[i][1] for i in using], vocab, device)\n",
+                "    counts = output_token_counts([rows[i][0].prompt_token_ids + rows[i][1] "
+                "for i in using], vocab, device)\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "definitions or alone"),
@@ -722,10 +877,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "logit-bias-on-every-row",
         "nanovllm/executor/logits_processors.py",
+        "_apply_logit_bias",
         (
             (
-                "        logits[row_ids, token_ids] += bias_t",
-                "        logits[:, token_ids] += bias_t",
+                "        logits[row_ids, token_ids] += bias_t\n",
+                "        logits[:, token_ids] += bias_t\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "mixed_batch"),
@@ -734,10 +890,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "verified-rows-forget-the-proposals-before-them",
         "nanovllm/executor/logits_processors.py",
+        "apply_logits_processors",
         (
             (
-                "            rows.append((request, request.output_token_ids + proposed[:j]))",
-                "            rows.append((request, list(request.output_token_ids)))",
+                "            rows.append((request, request.output_token_ids + proposed[:j]))\n",
+                "            rows.append((request, list(request.output_token_ids)))\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "definitions or speculative"),
@@ -746,10 +903,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "min-tokens-one-too-many",
         "nanovllm/executor/logits_processors.py",
+        "apply_logits_processors",
         (
             (
-                "        if len(output) < request.sampling_params.min_tokens:",
-                "        if len(output) <= request.sampling_params.min_tokens:",
+                "        if len(output) < request.sampling_params.min_tokens:\n",
+                "        if len(output) <= request.sampling_params.min_tokens:\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "min_tokens"),
@@ -758,10 +916,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "prompt-logprob-rows-forget-the-chunk-start",
         "nanovllm/executor/prompt_logprobs.py",
+        "prompt_logprob_rows",
         (
             (
-                "            rows.extend((request, offset + p - start, p) for p in range(start, end))",
-                "            rows.extend((request, offset + p, p) for p in range(start, end))",
+                "            rows.extend(((request, offset + p - start, p) for p in "
+                "range(start, end)))\n",
+                "            rows.extend(((request, offset + p, p) for p in range(start, end)))\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "prompt_logprobs_match"),
@@ -770,10 +930,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "prompt-logprobs-read-the-prefix-cache",
         "nanovllm/core/kv_cache_manager.py",
+        "KVCacheManager.get_computed_blocks",
         (
             (
-                "        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:",
-                "        if not self.enable_prefix_caching:",
+                "    if not self.enable_prefix_caching or "
+                "request.sampling_params.prompt_logprobs is not None:\n",
+                "    if not self.enable_prefix_caching:\n",
             ),
         ),
         ("tests/test_sampling_params_parity.py", "-k", "prefix_cache"),
@@ -782,31 +944,42 @@ PLANTED_BUGS = [
     PlantedBug(
         "lesson-run-compares-who-ran-not-how-much",
         "lessons/compare.py",
-        (("        if want == got:\n", "        if (want is None) == (got is None):\n"),),
+        "_schedule",
+        (
+            (
+                "        if want == got:\n",
+                "        if (want is None) == (got is None):\n",
+            ),
+        ),
         ("tests/lessons/test_lesson_safety.py", "-k", "first_step_that_differs"),
         "--run compares each request's tokens per step: one token where it has five is a fault.",
     ),
     PlantedBug(
         "tier-loads-before-it-saves",
         "nanovllm/kv_transfer/offloading.py",
+        "OffloadingConnector.start_load_kv",
         (
             (
-                "        if meta.saves_before:  # first: a block saved here may be one a load fills\n"
-                "            blocks, slots = self._indices(meta.saves_before, device_tensors[0].device)\n"
-                "            for device, host in zip(device_tensors, host_tensors):\n"
-                '                host[slots] = device[blocks].to("cpu")\n'
-                "        if meta.loads:\n"
-                "            blocks, slots = self._indices(meta.loads, device_tensors[0].device)\n"
-                "            for device, host in zip(device_tensors, host_tensors):\n"
-                "                device[blocks] = host[slots].to(device.device)\n",
-                "        if meta.loads:\n"
-                "            blocks, slots = self._indices(meta.loads, device_tensors[0].device)\n"
-                "            for device, host in zip(device_tensors, host_tensors):\n"
-                "                device[blocks] = host[slots].to(device.device)\n"
-                "        if meta.saves_before:  # first: a block saved here may be one a load fills\n"
-                "            blocks, slots = self._indices(meta.saves_before, device_tensors[0].device)\n"
-                "            for device, host in zip(device_tensors, host_tensors):\n"
-                '                host[slots] = device[blocks].to("cpu")\n',
+                "    if meta.saves_before:\n"
+                "        blocks, slots = self._indices(meta.saves_before, "
+                "device_tensors[0].device)\n"
+                "        for device, host in zip(device_tensors, host_tensors):\n"
+                "            host[slots] = device[blocks].to('cpu')\n"
+                "    if meta.loads:\n"
+                "        blocks, slots = self._indices(meta.loads, "
+                "device_tensors[0].device)\n"
+                "        for device, host in zip(device_tensors, host_tensors):\n"
+                "            device[blocks] = host[slots].to(device.device)\n",
+                "    if meta.loads:\n"
+                "        blocks, slots = self._indices(meta.loads, "
+                "device_tensors[0].device)\n"
+                "        for device, host in zip(device_tensors, host_tensors):\n"
+                "            device[blocks] = host[slots].to(device.device)\n"
+                "    if meta.saves_before:\n"
+                "        blocks, slots = self._indices(meta.saves_before, "
+                "device_tensors[0].device)\n"
+                "        for device, host in zip(device_tensors, host_tensors):\n"
+                "            host[slots] = device[blocks].to('cpu')\n",
             ),
         ),
         ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit or full_tier"),
@@ -815,10 +988,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "external-tokens-get-no-slots",
         "nanovllm/core/scheduler.py",
+        "Scheduler.schedule",
         (
             (
-                "            num_slots = num_new + num_external\n",
-                "            num_slots = num_new\n",
+                "        num_slots = num_new + num_external\n",
+                "        num_slots = num_new\n",
             ),
         ),
         ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit"),
@@ -827,10 +1001,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "storage-load-trusts-the-file-name",
         "nanovllm/kv_transfer/shared_storage.py",
+        "SharedStorageConnector.load_block",
         (
             (
-                "        if tokens is None or tuple(tokens.tolist()) != t.token_ids:",
-                "        if tokens is None:",
+                "    if tokens is None or tuple(tokens.tolist()) != t.token_ids:\n",
+                "    if tokens is None:\n",
             ),
         ),
         ("tests/test_kv_connector.py", "-k", "failed_load"),
@@ -839,10 +1014,13 @@ PLANTED_BUGS = [
     PlantedBug(
         "p2p-loads-k-into-v",
         "nanovllm/kv_transfer/p2p.py",
+        "P2pConnector.start_load_kv",
         (
             (
-                "k_cache[block_ids] = torch.stack([b.kv[layer][0] for _, b in found])",
-                "k_cache[block_ids] = torch.stack([b.kv[layer][1] for _, b in found])",
+                "        k_cache[block_ids] = torch.stack([b.kv[layer][0] for _, b in "
+                "found]).to(k_cache)\n",
+                "        k_cache[block_ids] = torch.stack([b.kv[layer][1] for _, b in "
+                "found]).to(k_cache)\n",
             ),
         ),
         ("tests/test_kv_p2p.py", "-k", "receives_the_prompt"),
@@ -851,11 +1029,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "p2p-disconnect-leaves-waiters-waiting",
         "nanovllm/kv_transfer/p2p_transport.py",
+        "P2pTransport._receive_loop",
         (
             (
-                '                    self._end(tid, state, "the producer disconnected before the '
-                'transfer ended")',
-                "                    pass",
+                "                self._end(tid, state, 'the producer disconnected before the "
+                "transfer ended')\n",
+                "                pass\n",
             ),
         ),
         ("tests/test_kv_p2p.py", "-k", "producer_killed"),
@@ -864,10 +1043,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "connector-saves-only-after-the-forward-pass",
         "nanovllm/kv_transfer/executor.py",
+        "KVConnectorExecutor.__init__",
         (
             (
-                "            layer.register_forward_hook(self._layer_done_hook(i))\n",
-                "            pass\n",
+                "        layer.register_forward_hook(self._layer_done_hook(i))\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_kv_p2p.py", "-k", "each_layer"),

@@ -1,6 +1,7 @@
 """The suite catches every planted bug of `planted_bugs.py`.
 
-Each bug is planted in a copy of the package (a tree of links to the real files, with the one
+Each bug is planted (`planting.py`: in its function's normal form, written back over the
+function) in a copy of the package (a tree of links to the real files, with the one
 edited file written out), and the tests named for it run against that copy in a subprocess, with
 CI's hypothesis examples. They must fail. The same subprocess run without the bug must pass,
 which the rest of the suite already shows.
@@ -15,7 +16,10 @@ at once (`NUM_COPIES`), each planting one bug at a time in its own files.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,8 +30,10 @@ from pathlib import Path
 
 import pytest
 from planted_bugs import PLANTED_BUGS, PlantedBug
+from planting import PlantError, normal_form_of, plant, without_indented_docstrings
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 # Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
 INSTALLED = {
     "nanovllm": "nanovllm",
@@ -64,14 +70,7 @@ def forget_bytecode(path: Path) -> None:
 @contextmanager
 def planted(bug: PlantedBug, dest: Path) -> Iterator[None]:
     """The copy at `dest` with `bug` planted in it for the duration; then the link again."""
-    source = (ROOT / bug.file).read_text()
-    for old, new in bug.edits:
-        count = source.count(old)
-        assert count == 1, (
-            f"{bug.name}: the text to edit occurs {count} times in {bug.file} (expected once); "
-            "rewrite the planted bug for the current code"
-        )
-        source = source.replace(old, new)
+    source = plant((ROOT / bug.file).read_text(), bug.function, bug.edits)
     target = installed(dest, bug.file)
     assert target.is_symlink(), f"{target} is not the repository's file: a bug was left planted"
     target.unlink()
@@ -164,3 +163,174 @@ def test_the_suite_catches_the_planted_bug(bug: PlantedBug, outcomes: dict) -> N
     run = outcomes[bug.name]
     assert run.returncode != 5, f"{bug.name}: {bug.tests} selected no test\n{run.tail}"
     assert run.returncode == 1, f"{bug.name} was not caught by {bug.tests} ({bug.why})\n{run.tail}"
+
+
+# -- Planted bugs survive a reformat --------------------------------------------------------
+# Each bug names its function and edits its normal form, so `ruff format` at any line length
+# (or another indent width) must leave every bug plantable, and planting the same bug.
+
+# The layouts the tree is reformatted to: other line lengths, and an indent of two spaces
+# (which moves every function's body: the planted function is written back at its own depth).
+LAYOUTS = {
+    "line-length 79": ["--line-length", "79"],
+    "line-length 120": ["--line-length", "120"],
+    "indent 2, line-length 60": ["--line-length", "60", "--config", "indent-width = 2"],
+}
+
+
+def planted_function(source: str, bug: PlantedBug) -> str:
+    """The normal form of `bug`'s function once planted in `source` (which must parse)."""
+    return normal_form_of(plant(source, bug.function, bug.edits), bug.function)
+
+
+@pytest.fixture(scope="module")
+def reformatted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The repository's source folders, copied and `ruff format`-ted in each layout."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    trees = {}
+    for layout, options in LAYOUTS.items():
+        dest = tmp_path_factory.mktemp("reformatted")
+        for folder in INSTALLED:
+            shutil.copytree(
+                ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        run = subprocess.run(
+            [ruff, "format", "--isolated", "--target-version", "py310", *options, str(dest)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        trees[layout] = dest
+    return trees
+
+
+@pytest.mark.quick
+def test_every_planted_bug_survives_a_reformat(reformatted: dict[str, Path]) -> None:
+    """Every bug finds its function and its old text once, in the tree as it is and in each
+    reformatted copy; it changes the function's syntax tree; and each copy gets the same
+    planted function as the tree itself. The reformats must have changed the files the bugs
+    live in, or this would show nothing."""
+    problems, unchanged = [], {layout: 0 for layout in LAYOUTS}
+    for bug in PLANTED_BUGS:
+        source = (ROOT / bug.file).read_text()
+        try:
+            want = planted_function(source, bug)
+        except PlantError as exc:
+            problems.append(f"{bug.name}: {exc}")
+            continue
+        for layout, dest in reformatted.items():
+            copy = (dest / bug.file).read_text()
+            unchanged[layout] += copy == source
+            try:
+                got = planted_function(copy, bug)
+            except PlantError as exc:
+                problems.append(f"{bug.name}, {layout}: {exc}")
+                continue
+            if got != want:
+                problems.append(f"{bug.name}, {layout}: planted another function\n{got}")
+    assert not problems, "\n\n".join(problems)
+    assert all(count < len(PLANTED_BUGS) // 2 for count in unchanged.values()), unchanged
+
+
+# -- The converter from the old form ---------------------------------------------------------
+# tests/tools/convert_planted_bugs.py turns entries that edit a file's exact text into entries
+# named by function. Here on a small module of its own, one entry per kind of place a bug can
+# live, and the entries it must refuse.
+
+CONVERTER_MODULE = '''"""A module."""
+
+import functools
+
+LIMIT = 4  # the limit
+
+
+class Queue:
+    """A queue.
+
+    Its docstring's later lines are indented.
+    """
+
+    size: int = 3
+
+    @functools.cache
+    def push(self, x):
+        items = [
+            x,
+            x + 1,
+        ]  # a comment
+        return items
+
+    def pop(self):
+        def helper(y):
+            return y + 1
+
+        return helper(1)
+
+
+def free(a, b):
+    if a:
+        return b
+    return a
+'''
+# name: (old-form edits, the function the converter must name; None: it must refuse)
+CONVERTER_CASES = {
+    "module-constant": ((("LIMIT = 4  # the limit", "LIMIT = 5"),), "LIMIT"),
+    "class-attribute": ((("    size: int = 3", "    size: int = 2"),), "Queue.size"),
+    "decorator": ((("    @functools.cache\n", ""),), "Queue.push"),
+    "inside-a-wrapped-list": ((("            x + 1,\n", "            x + 2,\n"),), "Queue.push"),
+    "nested-function": ((("            return y + 1\n", "            return y - 1\n"),), "Queue.pop.helper"),
+    "two-methods": (
+        (("            x + 1,\n", "            x + 2,\n"), ("            return y + 1\n", "            return y\n")),
+        "Queue",
+    ),
+    "moved-line": ((("    if a:\n        return b\n    return a\n", "    return a\n    if a:\n        return b\n"),), "free"),
+    "comment-only": ((("# a comment", "# another"),), None),
+    "text-not-there": ((("nothing like this", "x"),), None),
+    "two-functions": ((("LIMIT = 4", "LIMIT = 3"), ("    return a\n", "    return b\n")), None),
+}  # fmt: skip
+
+
+def test_the_converter_names_the_function_and_refuses_what_it_cannot_convert(
+    tmp_path: Path,
+) -> None:
+    """Each convertible entry is rewritten to name the right function; planted the new way, in
+    the module as it is and reformatted, it gives the module the old way's syntax tree. Each
+    other entry is left as it was, and the exit status says so."""
+    spec = importlib.util.spec_from_file_location(
+        "convert", TESTS / "tools/convert_planted_bugs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    convert = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = convert  # its dataclass looks its module up there
+    spec.loader.exec_module(convert)
+    (tmp_path / "pkg").mkdir()
+    module = tmp_path / "pkg/mod.py"
+    module.write_text(CONVERTER_MODULE)
+    entries = tmp_path / "entries.py"
+    entries.write_text(
+        "".join(
+            f"PlantedBug({name!r}, 'pkg/mod.py', {edits!r}, ('tests/x.py',), 'why')\n"
+            for name, (edits, _) in CONVERTER_CASES.items()
+        )
+    )
+    assert convert.main(["--root", str(tmp_path), "--in-place", str(entries)]) == 1
+
+    formatted = tmp_path / "formatted.py"
+    formatted.write_text(CONVERTER_MODULE)
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    subprocess.run(
+        [ruff, "format", "-q", "--isolated", "--line-length", "20", str(formatted)], check=True
+    )
+    for entry in convert.entries_in(ast.parse(entries.read_text())):
+        name = entry.value("name")
+        old_edits, function = CONVERTER_CASES[name]
+        if function is None:
+            assert entry.is_old and entry.value("edits") == old_edits, name
+            continue
+        assert not entry.is_old and entry.value("function") == function, name
+        old_way = CONVERTER_MODULE
+        for old, new in old_edits:
+            old_way = old_way.replace(old, new)
+        want = ast.dump(without_indented_docstrings(ast.parse(old_way)))
+        for source in (CONVERTER_MODULE, formatted.read_text()):
+            new_way = plant(source, function, entry.value("edits"))
+            assert ast.dump(without_indented_docstrings(ast.parse(new_way))) == want, name
