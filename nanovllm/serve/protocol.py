@@ -415,6 +415,12 @@ class ChatCompletionRequest(_GenerationRequest):
     add_generation_prompt: bool = True
     # vLLM's: the chat template writes the special tokens; the tokenizer adds none.
     add_special_tokens: Neutral(False, "the chat template writes the special tokens") = None
+    # Refused, not ignored (vLLM takes them): a template or its arguments from a client would be
+    # rendered by the server (serve/README.md, "Safety"), and this engine makes no tool calls.
+    chat_template: None = Field(default=None, description="not accepted: the server's only")
+    chat_template_kwargs: None = Field(default=None, description="not accepted")
+    tools: None = Field(default=None, description="not supported (no tool calls)")
+    documents: None = Field(default=None, description="not accepted")
 
     def _max_tokens(self) -> int | None:
         # OpenAI's newer name wins; None lets the engine fill the context.
