@@ -88,6 +88,10 @@ def _bound(schema: dict, model_name: str | list[str], max_model_len: int, vocab_
                 branch["propertyNames"] = {"pattern": decimal_below(vocab_size)}
                 branch["maxProperties"] = vocab_size
         properties.get("logit_bias", {}).pop("propertyNames", None)
+        for branch in _branches(properties.get("truncate_prompt_tokens", {})):
+            if branch.get("type") == "integer":  # -1, or 1 .. max_model_len (0 is refused)
+                branch["maximum"] = max_model_len
+                branch["not"] = {"const": 0}
         for field, value in properties.items():
             _bound_token_ids(value, vocab_size, max_model_len - 1 if field == "prompt" else None)
 

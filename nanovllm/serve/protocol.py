@@ -200,6 +200,18 @@ class _GenerationRequest(_Strict):
     return_token_ids: Neutral(False, "not supported") = None
     return_tokens_as_token_ids: Neutral(False, "not supported") = None
     truncation_side: Neutral("left", "truncate_prompt_tokens keeps the last tokens") = None
+    watermarking: Neutral(False, "not supported") = None
+    return_token_offsets: Neutral(False, "not supported") = None
+    logprob_token_ids: None = Field(default=None, description="not supported")
+    repetition_detection: None = Field(default=None, description="not supported")
+    thinking_token_budget: None = Field(default=None, description="not supported")
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keeps_a_token(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be -1 (as many as fit) or >= 1: 0 would leave no prompt")
+        return value
 
     @field_validator("stop", "bad_words")
     @classmethod
@@ -415,6 +427,8 @@ class ChatCompletionRequest(_GenerationRequest):
     add_generation_prompt: bool = True
     # vLLM's: the chat template writes the special tokens; the tokenizer adds none.
     add_special_tokens: Neutral(False, "the chat template writes the special tokens") = None
+    echo: Neutral(False, "not supported in chat") = None
+    continue_final_message: Neutral(False, "not supported") = None
     # Refused, not ignored (vLLM takes them): a template or its arguments from a client would be
     # rendered by the server (serve/README.md, "Safety"), and this engine makes no tool calls.
     chat_template: None = Field(default=None, description="not accepted: the server's only")
