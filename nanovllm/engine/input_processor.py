@@ -30,7 +30,7 @@ from nanovllm.engine.logits_checks import check_token_ids_in_vocab
 from nanovllm.engine.parallel_sampling import ParentRequest, child_params, child_request_id
 from nanovllm.events import EventBus, RequestRejected
 from nanovllm.request import Request
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, truncate_prompt
 from nanovllm.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int] | dict
@@ -79,7 +79,7 @@ class InputProcessor:
         try:
             if self.is_known(request_id):
                 raise ValueError(f"request id {request_id!r} is already in the engine")
-            text, token_ids = self.tokenize(prompt)
+            text, token_ids = truncate_prompt(self.tokenize(prompt), params, self.max_model_len)
             if not isinstance(params, SamplingParams) or params.n == 1:
                 return [self._make_request(request_id, text, token_ids, params)], None
             children = [

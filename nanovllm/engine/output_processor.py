@@ -137,6 +137,11 @@ class OutputProcessor:
         params = request.sampling_params
         state = self._detok.get(request.request_id)
         stop = None
+        # A stop token's own text is not output unless asked for (vLLM's detokenizer skips it).
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in request.eos_token_ids
+        ):
+            token_ids = token_ids if params.include_stop_str_in_output else token_ids[:-1]
         if state is not None:
             self.detokenizer.step(state, token_ids)
             # min_tokens: no stop string is looked for in the text of the first min_tokens tokens

@@ -2,7 +2,8 @@
 
     POST /v1/completions        text completion, `stream` true or false
     POST /v1/chat/completions   chat, through the tokenizer's chat template
-    GET  /v1/models             the one model served
+    GET  /v1/models             the model served: one card per served name, as vLLM's (`root`
+                                the model's path, `parent` null, `permission`, `max_model_len`)
     GET  /health                200 while the engine runs, else 503 naming why (a dead rank,
                                 a server draining after SIGTERM...)
     GET  /metrics               Prometheus' format, vLLM's metric names (see metrics.py)
@@ -20,6 +21,7 @@ share one engine. Each app has its own metrics registry, fed by that engine.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -66,7 +68,8 @@ _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 def build_app(
     engine: AsyncLLMEngine,
     *,
-    served_model_name: str | None = None,
+    served_model_name: str | list[str] | None = None,
+    model_root: str | None = None,
     chat_template: str | None = None,
     tokenizer: Any = None,
     api_key: str | None = None,
@@ -79,14 +82,21 @@ def build_app(
     `max_request_body_bytes`, `max_concurrent_requests` (None: no limit) and `body_timeout`
     are the guard's;
     `max_prompt_chars` (None: derived from max_model_len, serving.py) refuses longer text
-    prompts before they are tokenized."""
+    prompts before they are tokenized. `served_model_name` (one name or several, as vLLM's
+    `--served-model-name`): requests may name any, responses and metrics name the first;
+    None: the engine's model name. `model_root` is the model's path as the operator gave it
+    (the cards' `root`; default: the folder it was loaded from)."""
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer
 
         setup = engine.engine.setup  # our own tokenizer (see serving.py), from the same place
         tokenizer = load_tokenizer(setup.tokenizer_path or setup.model_path)
-    model_name = served_model_name or engine.model_name
-    serving = OpenAIServing(engine, tokenizer, model_name, chat_template, max_prompt_chars)
+    if isinstance(served_model_name, str):
+        served_model_name = [served_model_name]
+    model_names = list(served_model_name or [engine.model_name])
+    model_name = model_names[0]
+    root = model_root or str(engine.engine.setup.model_path)
+    serving = OpenAIServing(engine, tokenizer, model_names, chat_template, max_prompt_chars)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
 
@@ -108,7 +118,7 @@ def build_app(
     )
     describe_server(  # the schema with this server's own bounds (openapi.py)
         app,
-        model_name=model_name,
+        model_name=model_names,
         max_model_len=engine.engine.max_model_len,
         vocab_size=engine.engine.model_args.vocab_size,
         api_key=bool(api_key),
@@ -125,24 +135,41 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
 
-    def model_card() -> dict[str, Any]:
+    def model_card(name: str) -> dict[str, Any]:
+        # vLLM's ModelCard and ModelPermission, field for field.
+        permission = {
+            "id": f"modelperm-{uuid.uuid4().hex}",
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
         return {
-            "id": model_name,
+            "id": name,
             "object": "model",
             "created": created,
             "owned_by": "nanovllm",
+            "root": root,
+            "parent": None,
             "max_model_len": engine.engine.max_model_len,
+            "permission": [permission],
         }
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in model_names]}
 
-    @app.get("/v1/models/{model_id}", responses=_ERRORS)
+    @app.get("/v1/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str) -> dict[str, Any]:
-        if model_id != model_name:
-            serving.check_model(model_id)  # raises the 404
-        return model_card()
+        serving.check_model(model_id)  # the 404 for another name
+        return model_card(model_id)
 
     @app.get("/health", responses=_ERRORS)
     async def health() -> JSONResponse:

@@ -6,8 +6,9 @@ one vague "There was an error parsing the body" (code null) for bytes that are n
 JSON nested deeper than the parser can recurse. The guard (guard.py) runs `check_json_body` on
 the buffered body of every generation request first, so each of these is a clear error:
 
-    415 unsupported_media_type  the Content-Type is missing or is not JSON (`application/json`,
-                                or `application/<anything>+json` as FastAPI accepts). Not taken
+    400 unsupported_media_type  the Content-Type is missing or is not JSON (`application/json`,
+                                or `application/<anything>+json` as FastAPI accepts); 400 as
+                                vLLM answers it (HTTP's own word would be 415). Not taken
                                 leniently: `text/plain` is one of the types any web page may
                                 POST to another origin without a CORS preflight, so accepting it
                                 would let every page a user opens drive a server on their own
@@ -112,7 +113,7 @@ def check_json_body(content_type: str | None, body: bytes) -> None:
 def check_content_type(content_type: str | None) -> None:
     if not content_type:
         raise BodyError(
-            415,
+            400,
             "unsupported_media_type",
             "the request has no Content-Type header; send the JSON body with "
             "'Content-Type: application/json'",
@@ -124,7 +125,7 @@ def check_content_type(content_type: str | None) -> None:
         subtype == "json" or subtype.endswith("+json")
     ):
         raise BodyError(
-            415,
+            400,
             "unsupported_media_type",
             f"Content-Type {content_type!r} is not supported; send the JSON body with "
             "'Content-Type: application/json'",

@@ -49,7 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument(
-        "--served-model-name", default=None, help="the model's name in the API (default: folder)"
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model's name(s) in the API, as vLLM's: requests may name any, responses name "
+        "the first (default: MODEL as given; the embedded model's folder name without one)",
     )
     g.add_argument(
         "--chat-template",
@@ -161,6 +166,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="the fraction of GPU memory the engine may use, in (0, 1] (default: %(default)s)",
     )
+
+
+def served_model_names(args: argparse.Namespace) -> list[str] | None:
+    """The names the model is served as: `--served-model-name`, else MODEL as given (as
+    `vllm serve /path/to/ckpt` serves `/path/to/ckpt`), else None (the embedded model)."""
+    if args.served_model_name:
+        return list(args.served_model_name)
+    model = args.model_tag or args.model
+    return [model] if model else None
 
 
 def engine_config_options(args: argparse.Namespace) -> dict:
@@ -355,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = build_app(
             async_engine,
-            served_model_name=args.served_model_name,
+            served_model_name=served_model_names(args),
+            model_root=args.model_tag or args.model,
             chat_template=chat_template,
             max_prompt_chars=args.max_prompt_chars,
             **guard,

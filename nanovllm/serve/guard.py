@@ -17,7 +17,7 @@ the engine). In the order it checks:
                   a byte a second holds no connection for long. (The headers' bound is the
                   server's: server.py.)
     2b. JSON      a generation request's body must say it is JSON (Content-Type), be UTF-8
-                  without NUL bytes and nest at most 128 deep, else a 415 or 400 that says
+                  without NUL bytes and nest at most 128 deep, else a 400 that says
                   which (body.py), before FastAPI's parser sees it. With `max_model_len`
                   (the server's, not the proxy's), a large body's prompt of more token ids
                   than that is a 400 before the request models validate it (body.py).

@@ -51,7 +51,7 @@ def decimal_below(n: int) -> str:
     return "^(" + "|".join(dict.fromkeys(parts)) + ")$"
 
 
-def describe_server(app: FastAPI, *, model_name: str, max_model_len: int, vocab_size: int,
+def describe_server(app: FastAPI, *, model_name: str | list[str], max_model_len: int, vocab_size: int,
                     api_key: bool) -> None:  # fmt: skip
     """Make `app.openapi()` return the schema with this server's own bounds (above)."""
     make_schema = app.openapi
@@ -68,7 +68,8 @@ def describe_server(app: FastAPI, *, model_name: str, max_model_len: int, vocab_
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _bound(schema: dict, model_name: str, max_model_len: int, vocab_size: int) -> None:
+def _bound(schema: dict, model_name: str | list[str], max_model_len: int, vocab_size: int) -> None:
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
     schemas = schema["components"]["schemas"]
     for name in GENERATION_SCHEMAS:
         properties = schemas[name]["properties"]
@@ -78,7 +79,7 @@ def _bound(schema: dict, model_name: str, max_model_len: int, vocab_size: int) -
                     f"with the prompt's tokens, at most max_model_len = {max_model_len}"
                 )
         properties["model"] = {
-            "anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
+            "anyOf": [{"type": "string", "enum": names}, {"type": "null"}],
             "default": None,
             "description": "the model served (another name is a 404)",
         }
@@ -87,6 +88,10 @@ def _bound(schema: dict, model_name: str, max_model_len: int, vocab_size: int) -
                 branch["propertyNames"] = {"pattern": decimal_below(vocab_size)}
                 branch["maxProperties"] = vocab_size
         properties.get("logit_bias", {}).pop("propertyNames", None)
+        for branch in _branches(properties.get("truncate_prompt_tokens", {})):
+            if branch.get("type") == "integer":  # -1, or 1 .. max_model_len (0 is refused)
+                branch["maximum"] = max_model_len
+                branch["not"] = {"const": 0}
         for field, value in properties.items():
             _bound_token_ids(value, vocab_size, max_model_len - 1 if field == "prompt" else None)
 

@@ -6,8 +6,12 @@ engine needs are declared here, where they show up in the schema:
 
 - `seed` is at most 2**53 - 1 (JSON's safe integers), `top_k` fits a 32-bit int, `logprobs`
   is at most 20 (the sampler takes a top-k of that size from the vocabulary);
-- unknown fields are refused by name ("Unrecognized request argument supplied: foo"), as
-  OpenAI does, rather than silently ignored;
+- unknown fields are ignored, as vLLM does, each named in a warning in the server's log ("The
+  following fields were present in the request but ignored: ..."): a client written for another
+  server (or a newer OpenAI SDK) keeps working. vLLM's own fields that change the answer in a way
+  this engine cannot give (`use_beam_search`, `prompt_embeds`, `priority`, `add_special_tokens`,
+  `return_token_ids`, ...) are declared here, accepted at their neutral value only and refused
+  with a 400 naming them otherwise, so that no such request is silently answered differently;
 - `n` (completions per prompt, parallel sampling) is at most `MAX_N`: each one is a request in
   the engine, and one HTTP request must not be able to fill it;
 - types are strict: `max_tokens: true` or `"1"` is a 400, not 1 (pydantic's default would
@@ -28,9 +32,18 @@ in each completion choice, or beside the chat choices; not with `stream`), `stru
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    field_validator,
+    model_validator,
+)
 
 from nanovllm.engine.logits_checks import some
 from nanovllm.sampling_params import SamplingParams, token_id_key
@@ -40,6 +53,8 @@ from nanovllm.serve.response_format import (
     StructuredOutputs,
     structured_outputs_params,
 )
+
+logger = logging.getLogger("nanovllm.serve")
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -88,11 +103,32 @@ TokenId = Int(ge=0)  # (the app's schema adds the vocabulary's bound: openapi.py
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strict types; unknown fields ignored, as vLLM does, and named in a warning."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _warn_of_ignored_fields(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        result = handler(data)
+        if isinstance(data, dict):
+            ignored = data.keys() - cls.model_fields.keys()
+            if ignored:
+                logger.warning(
+                    "The following fields were present in the request but ignored: %s",
+                    sorted(ignored),
+                )
+        return result
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+def Neutral(value: Any, why: str) -> Any:  # noqa: N802 - used as a type
+    """A vLLM field nanovllm does not implement: its neutral `value` (or null) only, so the
+    schema says so and any other value is a 400 naming the field."""
+    return Annotated[Literal[value] | None, Field(description=f"only {value!r}: {why}")]
 
 
 def _not_both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +191,27 @@ class _GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None  # structured outputs (`response_format.py`)
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's: keep only the prompt's last k tokens (-1: as many as fit, max_model_len - 1).
+    truncate_prompt_tokens: Int(ge=-1, le=INT64_MAX) | None = None
+    # vLLM's fields this engine does not implement, accepted at their neutral value only.
+    use_beam_search: Neutral(False, "no beam search") = None
+    priority: Neutral(0, "first come, first served scheduling") = None
+    prompt_embeds: None = Field(default=None, description="not supported")
+    return_token_ids: Neutral(False, "not supported") = None
+    return_tokens_as_token_ids: Neutral(False, "not supported") = None
+    truncation_side: Neutral("left", "truncate_prompt_tokens keeps the last tokens") = None
+    watermarking: Neutral(False, "not supported") = None
+    return_token_offsets: Neutral(False, "not supported") = None
+    logprob_token_ids: None = Field(default=None, description="not supported")
+    repetition_detection: None = Field(default=None, description="not supported")
+    thinking_token_budget: None = Field(default=None, description="not supported")
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keeps_a_token(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be -1 (as many as fit) or >= 1: 0 would leave no prompt")
+        return value
 
     @field_validator("stop", "bad_words")
     @classmethod
@@ -181,6 +238,9 @@ class _GenerationRequest(_Strict):
 
     def _logprobs(self) -> int | None:
         return None
+
+    def _prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
 
     def to_sampling_params(self) -> SamplingParams:
         """The engine's view of this request; a 400 naming the field when a value is refused."""
@@ -214,7 +274,8 @@ class _GenerationRequest(_Strict):
             min_tokens=self.min_tokens,
             bad_words=self.bad_words,
             allowed_token_ids=self.allowed_token_ids,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self._prompt_logprobs(),
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             extra_args=(
                 {"kv_transfer_params": self.kv_transfer_params}
                 if self.kv_transfer_params is not None
@@ -235,7 +296,6 @@ class CompletionRequest(_GenerationRequest):
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
-                _not_both({"echo": {"const": True}}, {"logprobs": {"type": "integer"}}),
             ]
         }
     )
@@ -260,8 +320,18 @@ class CompletionRequest(_GenerationRequest):
     def _prompt_is_text(cls, value: object) -> object:
         return _check_utf8(value)
 
+    # vLLM's: the prompt's special tokens (BOS) added when it is tokenized (text prompts).
+    add_special_tokens: Neutral(True, "the tokenizer's special tokens are always added") = None
+
     def _logprobs(self) -> int | None:
         return self.logprobs
+
+    def _prompt_logprobs(self) -> int | None:
+        # `echo` with `logprobs` answers the prompt's logprobs too (as vLLM does): the engine
+        # computes them as prompt_logprobs, at least `logprobs` of them.
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def engine_prompt(self) -> str | list[int]:
         prompt = self.prompt
@@ -279,12 +349,6 @@ class CompletionRequest(_GenerationRequest):
         if self.best_of not in (None, 1):
             raise APIError(
                 "best_of > 1 is not supported", param="best_of", code="unsupported_parameter"
-            )
-        if self.echo and self.logprobs is not None:
-            raise APIError(
-                "echo with logprobs is not supported (prompt_logprobs gives the prompt's)",
-                param="echo",
-                code="unsupported_parameter",
             )
         if not prompt:
             raise APIError("prompt must not be empty", param="prompt")
@@ -361,6 +425,16 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the chat template writes the special tokens; the tokenizer adds none.
+    add_special_tokens: Neutral(False, "the chat template writes the special tokens") = None
+    echo: Neutral(False, "not supported in chat") = None
+    continue_final_message: Neutral(False, "not supported") = None
+    # Refused, not ignored (vLLM takes them): a template or its arguments from a client would be
+    # rendered by the server (serve/README.md, "Safety"), and this engine makes no tool calls.
+    chat_template: None = Field(default=None, description="not accepted: the server's only")
+    chat_template_kwargs: None = Field(default=None, description="not accepted")
+    tools: None = Field(default=None, description="not supported (no tool calls)")
+    documents: None = Field(default=None, description="not accepted")
 
     def _max_tokens(self) -> int | None:
         # OpenAI's newer name wins; None lets the engine fill the context.

@@ -7,8 +7,17 @@ Each HTTP request becomes one engine request:
         stream=true:  each output -> one SSE chunk (its completions' `delta_text`) ... -> [DONE]
 
 With `n` > 1 the engine samples n completions of the prompt (parallel sampling): the response
-has one choice per completion, `index` 0 .. n-1, and a stream's chunks carry the choices that
-moved.
+has one choice per completion, `index` 0 .. n-1. A stream sends one choice per chunk, as vLLM
+does: a client loop that reads `chunk.choices[0]` sees every completion's tokens, each chunk
+saying by its `index` whose they are. A completion chunk carries `stop_reason` (null until the
+chunk that finishes the choice: then the stop string or token id that ended it, as in vLLM);
+a chat chunk carries it on the finishing chunk only (as vLLM's do).
+
+`echo` puts the prompt before the first text of each choice (in a stream, in its first chunk);
+with `logprobs`, the prompt's tokens come first in the logprobs too, the first one with a null
+logprob (nothing comes before it), as vLLM answers: the engine computes them as prompt logprobs.
+`truncate_prompt_tokens` keeps the prompt's last k tokens before any length check
+(`sampling_params.truncate_prompt`), and echo then shows the text of those tokens.
 
 The engine is asked first and the response starts only after it accepted the request, so a
 refused request (prompt too long, bad stop string ...) is a proper 400, never a broken stream.
@@ -49,7 +58,7 @@ from fastapi.responses import JSONResponse, Response
 from nanovllm.chat_utils import render_chat_text, resolve_chat_template
 from nanovllm.engine.llm_engine import Prompt
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, truncate_prompt
 from nanovllm.serve.async_engine import (
     AsyncLLMEngine,
     EngineDeadError,
@@ -67,13 +76,15 @@ class OpenAIServing:
         self,
         engine: AsyncLLMEngine,
         tokenizer: Any,
-        model_name: str,
+        model_name: str | list[str],
         chat_template: str | None = None,
         max_prompt_chars: int | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.model_name = model_name
+        # Requests may name any of the served names; responses name the first (vLLM's rule).
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        self.model_name = self.model_names[0]
         self.chat_template = chat_template  # None: the tokenizer's own (chat_utils.py)
         self.max_model_len = engine.engine.max_model_len
         if max_prompt_chars is None:
@@ -95,10 +106,12 @@ class OpenAIServing:
         params = body.to_sampling_params()
         prompt = body.engine_prompt()
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await self._add(request_id, prompt, params, "prompt", "max_tokens")
-        echo = ""
+        stream, text, token_ids = await self._add(
+            request_id, prompt, params, "prompt", "max_tokens"
+        )
+        echo = None
         if body.echo:
-            echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+            echo = Echo(text if text is not None else self.tokenizer.decode(token_ids), token_ids)
         created = int(time.time())
         if body.stream:
             return ClosingStreamingResponse(
@@ -108,14 +121,15 @@ class OpenAIServing:
         choices = []
         for out in final.outputs:
             logprobs = None
+            out_ids, entries = list(out.token_ids), list(out.logprobs or [])
+            if echo is not None:
+                out_ids, entries = echo.before(out_ids, entries, final.prompt_logprobs)
             if params.logprobs is not None:
-                logprobs, _ = self._completion_logprobs(
-                    out.token_ids, out.logprobs, params.logprobs, 0
-                )
+                logprobs, _ = self._completion_logprobs(out_ids, entries, params.logprobs, 0)
             choices.append(
                 {
                     "index": out.index,
-                    "text": echo + out.text,
+                    "text": (echo.text if echo is not None else "") + out.text,
                     "logprobs": logprobs,
                     "finish_reason": out.finish_reason,
                     "stop_reason": out.stop_reason,
@@ -134,31 +148,32 @@ class OpenAIServing:
         )
 
     async def _completion_chunks(
-        self, stream: RequestStream, body: CompletionRequest, created: int, echo: str
+        self, stream: RequestStream, body: CompletionRequest, created: int, echo: Echo | None
     ) -> AsyncIterator[str]:
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
             return self._chunk("text_completion", stream.request_id, created, choices, usage)
 
-        offsets = [len(echo)] * body.n  # where each choice's next text starts
+        offsets = [0] * body.n  # where each choice's next logprob token starts in its text
         finished: set[int] = set()
+        echoed: set[int] = set()
         try:
-            if echo:
-                yield chunk([_text_choice(i, echo, None, None) for i in range(body.n)])
             async for output in stream:
                 last, moved = _merge([output, *stream.drain_ready()])
-                choices = []
                 for out, text, token_ids in moved:
+                    entries = out.logprobs[-len(token_ids) :] if token_ids and out.logprobs else []
+                    if echo is not None and out.index not in echoed:
+                        echoed.add(out.index)
+                        text = echo.text + text
+                        token_ids, entries = echo.before(token_ids, entries, last.prompt_logprobs)
                     logprobs = None
                     if body.logprobs is not None and token_ids:
-                        entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
                         logprobs, offsets[out.index] = self._completion_logprobs(
                             token_ids, entries, body.logprobs, offsets[out.index]
                         )
                     finish = _finish_once(out, finished)
                     if text or finish or logprobs:
-                        choices.append(_text_choice(out.index, text, logprobs, finish))
-                if choices:
-                    yield chunk(choices)
+                        stop = out.stop_reason if finish else None
+                        yield chunk([_text_choice(out.index, text, logprobs, finish, stop)])
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
@@ -173,7 +188,7 @@ class OpenAIServing:
         prompt = await self._chat_prompt(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        stream = await self._add(request_id, prompt, params, "messages", max_tokens_param)
+        stream, _, _ = await self._add(request_id, prompt, params, "messages", max_tokens_param)
         created = int(time.time())
         if body.stream:
             return ClosingStreamingResponse(
@@ -248,10 +263,10 @@ class OpenAIServing:
         finished: set[int] = set()
         try:
             role = {"role": "assistant", "content": ""}
-            yield chunk([choice(i, role, None, None) for i in range(body.n)])
+            for i in range(body.n):
+                yield chunk([choice(i, role, None, None)])
             async for output in stream:
                 last, moved = _merge([output, *stream.drain_ready()])
-                choices = []
                 for out, text, token_ids in moved:
                     logprobs = None
                     if top_n is not None and token_ids:
@@ -260,9 +275,10 @@ class OpenAIServing:
                     finish = _finish_once(out, finished)
                     if text or finish or logprobs:
                         delta = {"content": text} if text else {}
-                        choices.append(choice(out.index, delta, logprobs, finish))
-                if choices:
-                    yield chunk(choices)
+                        moved_choice = choice(out.index, delta, logprobs, finish)
+                        if finish:
+                            moved_choice["stop_reason"] = out.stop_reason
+                        yield chunk([moved_choice])
                 if last.finished and body.include_usage:
                     yield chunk([], _usage(last))
         except EngineError as exc:
@@ -287,9 +303,10 @@ class OpenAIServing:
         return sse_data(payload)
 
     def check_model(self, model: str | None) -> None:
-        if model and model != self.model_name:
+        if model and model not in self.model_names:
+            served = ", ".join(f"`{name}`" for name in self.model_names)
             raise APIError(
-                f"The model `{model}` does not exist (this server serves `{self.model_name}`)",
+                f"The model `{model}` does not exist (this server serves {served})",
                 status_code=404,
                 param="model",
                 code="model_not_found",
@@ -302,8 +319,10 @@ class OpenAIServing:
         params: SamplingParams,
         prompt_param: str,
         max_tokens_param: str,
-    ) -> RequestStream:
-        text, token_ids = await self._tokenize(prompt, prompt_param)
+    ) -> tuple[RequestStream, str | None, list[int]]:
+        """The request's stream, with its prompt's text (None when unknown) and token ids, as
+        the engine got them (after `truncate_prompt_tokens`)."""
+        text, token_ids = await self._tokenize(prompt, prompt_param, params)
         check = context_length_check(params.max_tokens, self.max_model_len, max_tokens_param)
         if check is not None:
             check(len(token_ids))
@@ -327,7 +346,7 @@ class OpenAIServing:
         if text is not None:
             engine_prompt["prompt"] = text
         try:
-            return await self.engine.add_request(request_id, engine_prompt, params)
+            stream = await self.engine.add_request(request_id, engine_prompt, params)
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
         except ValueError as exc:
@@ -337,19 +356,38 @@ class OpenAIServing:
             if message.startswith("structured_outputs"):  # a constraint that does not compile
                 param = "response_format"
             raise APIError(message, param=param) from exc
+        return stream, text, token_ids
 
-    async def _tokenize(self, prompt: Prompt, param: str) -> tuple[str | None, list[int]]:
-        """(text, token ids) of a prompt; a 400 naming its size, before any heavy work, when it
-        cannot fit the context whatever its tokens. (A chat's prompt comes tokenized.)"""
+    async def _tokenize(
+        self, prompt: Prompt, param: str, params: SamplingParams
+    ) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt, cut to `truncate_prompt_tokens`; a 400 naming its
+        size, before any heavy work, when it cannot fit the context whatever its tokens. (A
+        chat's prompt comes tokenized.)"""
+        k = params.truncate_prompt_tokens
+        if k is not None and k > self.max_model_len:
+            raise APIError(
+                f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
+                f"{self.max_model_len}",
+                param="truncate_prompt_tokens",
+            )
         if isinstance(prompt, str):
             self._check_chars(prompt, param)
             loop = asyncio.get_running_loop()
             token_ids = await loop.run_in_executor(
                 self._tokenizer_thread, self.tokenizer.encode, prompt
             )
-            return prompt, list(token_ids)
+            if k is not None and 0 < (k if k > 0 else self.max_model_len - 1) < len(token_ids):
+                # The tokenizer cuts it, as vLLM's server has it do: from the left, keeping the
+                # special tokens it adds (a BOS stays first, and counts in the k).
+                token_ids = await loop.run_in_executor(
+                    self._tokenizer_thread, self._encode_truncated, prompt, k
+                )
+                return None, list(token_ids)
+            return truncate_prompt((prompt, list(token_ids)), params, self.max_model_len)
         text = prompt.get("prompt") if isinstance(prompt, dict) else None
         token_ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+        text, token_ids = truncate_prompt((text, list(token_ids)), params, self.max_model_len)
         if len(token_ids) > self.max_model_len:
             raise APIError(
                 f"prompt of {len(token_ids)} tokens does not fit max_model_len="
@@ -357,7 +395,12 @@ class OpenAIServing:
                 param=param,
                 code="context_length_exceeded",
             )
-        return text, list(token_ids)
+        return text, token_ids
+
+    def _encode_truncated(self, text: str, k: int) -> list[int]:
+        max_length = self.max_model_len - 1 if k == -1 else k
+        self.tokenizer.truncation_side = "left"  # (vLLM's for generation; only used here)
+        return self.tokenizer.encode(text, truncation=True, max_length=max_length)
 
     def _check_chars(self, text: str, param: str) -> None:
         if len(text) > self.max_prompt_chars:
@@ -411,7 +454,7 @@ class OpenAIServing:
     def _completion_logprobs(
         self,
         token_ids: list[int],
-        entries: list[dict[int, Logprob]] | None,
+        entries: list[dict[int, Logprob] | None] | None,
         n: int,
         offset: int,
     ) -> tuple[dict, int]:
@@ -420,17 +463,23 @@ class OpenAIServing:
         for token_id, entry in zip(token_ids, entries or []):
             text = self._token_text(token_id)
             tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            if entry is None:  # an echoed prompt's first token: nothing comes before it
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
             token_logprobs.append(
                 json_logprob(entry[token_id].logprob) if token_id in entry else None
             )
             top: dict[str, float] = {}
-            for token_text, logprob in self._top(entry, n):
+            # The sampled token and the n most likely (vLLM's: n + 1 entries when the sampled
+            # token is not among those n).
+            for token_text, logprob in self._top(entry, n + 1):
                 # Tokens can share a text (two halves of different UTF-8 characters both show as
                 # U+FFFD): keep the most likely, which `_top` lists first.
                 top.setdefault(token_text, logprob)
             top_logprobs.append(top)
-            offsets.append(offset)
-            offset += len(text)
         logprobs = {
             "tokens": tokens,
             "token_logprobs": token_logprobs,
@@ -540,8 +589,34 @@ def _finish_once(completion: CompletionOutput, finished: set[int]) -> str | None
     return completion.finish_reason
 
 
-def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+def _text_choice(
+    index: int, text: str, logprobs: dict | None, finish: str | None, stop: int | str | None
+) -> dict:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": stop,
+    }
+
+
+@dataclasses.dataclass
+class Echo:
+    """`echo`: the prompt's text, put before a choice's text, and its token ids, put before
+    the choice's tokens in its logprobs (with the prompt's logprobs, the first one None)."""
+
+    text: str
+    token_ids: list[int]
+
+    def before(
+        self,
+        token_ids: list[int],
+        entries: list[dict[int, Logprob] | None],
+        prompt_logprobs: list[dict[int, Logprob] | None] | None,
+    ) -> tuple[list[int], list[dict[int, Logprob] | None]]:
+        prompt_entries = list(prompt_logprobs or [None] * len(self.token_ids))
+        return [*self.token_ids, *token_ids], [*prompt_entries, *entries]
 
 
 def _prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:

@@ -37,7 +37,8 @@ BAD_BODIES = [
     ({"allowed_token_ids": [1000000]}, "allowed_token_ids"),
     ({"bad_words": [""]}, "bad_words.0"),
     ({"bad_words": ["\ud800"]}, "bad_words.0"),
-    ({"no_such_field": 1}, "no_such_field"),
+    ({"use_beam_search": True}, "use_beam_search"),  # vLLM's, not implemented: never ignored
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
@@ -47,7 +48,7 @@ BAD_BODIES = [
     ({"prompt": None}, "prompt"),
     ({"temperature": float("nan")}, "temperature"),
     ({"stream": "yes please"}, "stream"),
-    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"priority": 1}, "priority"),
     # Strict types: a boolean or a string is not a number (pydantic's default coerces both).
     ({"max_tokens": True}, "max_tokens"),
     ({"max_tokens": "1"}, "max_tokens"),

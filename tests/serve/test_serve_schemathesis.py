@@ -79,5 +79,9 @@ def test_no_check_fails_and_valid_generation_requests_reach_the_engine(small_ser
     check()
     generation = [code for ok, path, code in seen if ok and "completions" in path]
     assert generation and sum(code == 200 for code in generation) > len(generation) / 2, seen
-    assert any(code == 400 for ok, _, code in seen if not ok)
+    # Negative mode's requests are refused: a 400 for a bad body, a 401 for the bad auth header
+    # it also makes up. (Unknown body fields are no longer schema-invalid: they are ignored, as
+    # vLLM does, so they no longer give most of its 400s; a run of few examples may then draw
+    # no bad body, which is why 401s count here.)
+    assert any(code in (400, 401) for ok, _, code in seen if not ok), seen
     wait_idle(engine)
