@@ -31,7 +31,17 @@ A bad value is a `ValueError` that names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nanovllm.engine.parts import EngineParts
+
+
+def _default_parts() -> EngineParts:
+    from nanovllm.engine.parts import EngineParts
+
+    return EngineParts()
 
 
 @dataclass
@@ -60,6 +70,8 @@ class EngineConfig:
     enforce_eager: bool = True
     # A KV connector, vLLM's shape: {"kv_connector": NAME, "kv_role": ..., ...} (`kv_transfer/`)
     kv_transfer_config: dict | None = None
+    # The parts the engine is built from (`engine/parts.py`): a lesson gives the learner's.
+    parts: EngineParts = field(default_factory=_default_parts)
 
     def __post_init__(self) -> None:
         for name in (

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,7 @@ class EngineSetup:
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
+    host_tier_cls: Callable[[int], object] | None = None  # an offloading connector's (`parts.py`)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -132,7 +134,9 @@ class EngineSetup:
         if self.kv_transfer_config is None:
             return None
         config, block_size = self.kv_transfer_config, self.runner.block_size
-        return create_connector(config, role, block_size, self.model_tag, events)
+        return create_connector(
+            config, role, block_size, self.model_tag, events, self.host_tier_cls
+        )
 
 
 def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
@@ -176,9 +180,10 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
     threads = config.num_threads
     if tp > 1 and not threads and device.type == "cpu":
         threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
+    parts = config.parts  # (`parts.py`: the runner's go to every rank)
     spec = RunnerSpec(
         path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
-        config.enforce_eager,
+        config.enforce_eager, parts.attention_cls, parts.step_inputs, parts.sampler,
     )  # fmt: skip
     speculative_config = proposer = draft = None
     if config.speculative_config is not None:
@@ -192,6 +197,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         path, args, max_model_len, device, dtype, backend_name, tokenizer,
         eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
+        host_tier_cls=parts.host_tier_cls,
     )  # fmt: skip
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
