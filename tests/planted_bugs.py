@@ -653,8 +653,8 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "profile-step-shares-its-blocks",
-        "nanovllm/backends/cuda_runner.py",
-        (("            first_block += num_blocks\n", "            first_block += 0\n"),),
+        "nanovllm/backends/gpu_memory.py",
+        (("        first_block += num_blocks\n", "        first_block += 0\n"),),
         ("tests/test_loading.py", "-k", "profile_step"),
         "The budget's measuring step must hold the cache a real step of that size would.",
     ),

@@ -271,8 +271,7 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     budget = config.kv_cache_memory_bytes
     if budget is None:  # the smallest any rank can give
         if setup.device.type == "cuda":  # measured (each rank holds its heads' share)
-            args = (config, setup.max_model_len, graphs)
-            budget = min(setup.on_every_rank("measure_kv_budget", *args, all=True))
+            budget = measure_kv_budget(config, setup, graphs)
         else:
             budget = CPU_KV_CACHE_BYTES
     blocks = budget // per_block
@@ -285,6 +284,22 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     max_len = setup.max_model_len + setup.num_lookahead_tokens
     useful = config.max_num_seqs * -(-max_len // config.block_size)
     return int(min(blocks, useful))
+
+
+def measure_kv_budget(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int:
+    """The KV budget measured on the GPU (`backends/gpu_memory.py`): one rank's runner, or the
+    smallest of every rank's, each measuring its own at the same time (its method)."""
+    from nanovllm.backends import gpu_memory
+
+    args = (config, setup.max_model_len, graphs)
+    if setup.group is None:
+        return gpu_memory.measure_kv_budget(setup.runner, *args)
+    if not hasattr(setup.runner, "measure_kv_budget"):
+        raise ValueError(
+            f"attention_backend={setup.attention_backend!r} with tensor_parallel_size > 1 on a "
+            "GPU cannot measure the KV budget: give num_kv_blocks or kv_cache_memory_bytes"
+        )
+    return min(setup.on_every_rank("measure_kv_budget", *args, all=True))
 
 
 def capture_decode_graphs(config: EngineConfig, setup: EngineSetup) -> None:
