@@ -31,17 +31,8 @@ A bad value is a `ValueError` that names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nanovllm.engine.parts import EngineParts
-
-
-def _default_parts() -> EngineParts:
-    from nanovllm.engine.parts import EngineParts
-
-    return EngineParts()
+from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -70,8 +61,9 @@ class EngineConfig:
     enforce_eager: bool = True
     # A KV connector, vLLM's shape: {"kv_connector": NAME, "kv_role": ..., ...} (`kv_transfer/`)
     kv_transfer_config: dict | None = None
-    # The parts the engine is built from (`engine/parts.py`): a lesson gives the learner's.
-    parts: EngineParts = field(default_factory=_default_parts)
+    # The parts the engine is built from, an `EngineParts` (`engine/parts.py`: a lesson gives
+    # the learner's); None: the engine's own.
+    parts: Any = None
 
     def __post_init__(self) -> None:
         for name in (

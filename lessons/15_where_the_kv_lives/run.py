@@ -3,9 +3,10 @@
 `nanovllm lesson 15 --run` builds both engines with an OffloadingConnector: a device pool of 40
 blocks of 16 tokens (too few to keep ten documents' prefixes) over a host tier of 24 blocks
 (too few to keep them all either), and in yours the tier's bookkeeping is your `HostBlockTier`
-(the part `host_tier_cls`, given when your engine is built: `plug.your_host_tier`; every answer of yours is checked before the engine acts on it: `plug.CheckedHostTier`). The
-workload asks questions about ten documents in waves, so a document's blocks come back after
-the device pool has handed them to others. Besides the greedy completions, the run compares
+(the part `host_tier_cls`, given when your engine is built: `plug.your_host_tier`; every
+answer of yours is checked before the engine acts on it: `plug.CheckedHostTier`). The workload
+asks questions about ten documents in waves, so a document's blocks come back after the device
+pool has handed them to others. Besides the greedy completions, the run compares
 every block saved to the tier, dropped from it and loaded back with the stock engine's, by
 hash (which free slot your tier takes is up to you), and reports how many prompt tokens the
 tier's hits spared computing. Halfway, between two waves, both engines reset their prefix cache

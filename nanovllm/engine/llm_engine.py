@@ -62,7 +62,7 @@ class LLMEngine:
         self.spec_stats = SpecDecodingStats()
         self.last_propose_time = 0.0  # seconds the last step spent proposing
         self._dead: BaseException | None = None  # set when a rank died: no step can run
-        parts = config.parts  # what the engine is built from (`parts.py`; a lesson's own)
+        parts = setup.parts  # what the engine is built from (`parts.py`; a lesson's own)
         kv = self.kv_cache_manager = parts.kv_cache_manager_cls(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
             parts.free_block_queue,

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.engine.eos import eos_token_ids
+from nanovllm.engine.parts import EngineParts
 from nanovllm.engine.tensor_parallel import (
     RunnerSpec,
     TensorParallelExecutor,
@@ -88,7 +88,7 @@ class EngineSetup:
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
-    host_tier_cls: Callable[[int], object] | None = None  # an offloading connector's (`parts.py`)
+    parts: EngineParts = field(default_factory=EngineParts)  # what the engine is built from
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -135,7 +135,7 @@ class EngineSetup:
             return None
         config, block_size = self.kv_transfer_config, self.runner.block_size
         return create_connector(
-            config, role, block_size, self.model_tag, events, self.host_tier_cls
+            config, role, block_size, self.model_tag, events, self.parts.host_tier_cls
         )
 
 
@@ -180,7 +180,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
     threads = config.num_threads
     if tp > 1 and not threads and device.type == "cpu":
         threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
-    parts = config.parts  # (`parts.py`: the runner's go to every rank)
+    parts = config.parts or EngineParts()  # (`parts.py`: the runner's go to every rank)
     spec = RunnerSpec(
         path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
         config.enforce_eager, parts.attention_cls, parts.step_inputs, parts.sampler,
@@ -197,7 +197,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         path, args, max_model_len, device, dtype, backend_name, tokenizer,
         eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
-        host_tier_cls=parts.host_tier_cls,
+        parts=parts,
     )  # fmt: skip
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
