@@ -162,7 +162,6 @@ def violations(source: str) -> list[str]:
     return sorted(set(check.found))
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("path", plumbing(), ids=lambda p: str(p.relative_to(LESSONS)))
 def test_lessons_assign_nothing_into_a_built_engine_or_another_module(path: Path) -> None:
     assert violations(path.read_text()) == []
