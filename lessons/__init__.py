@@ -35,10 +35,10 @@ Package modules (importable):
     pytest_plugin  the `impl` fixture and the `--lesson-impl` option, for `--check --full`
     sim            the scheduler's and the model runner's simplified view (lessons 06, 07, 09)
     scripts        operation scripts for the block allocator and their driver (lesson 12)
-    plug           swaps a learner's component into a built engine (`--run`)
+    plug           a learner's component as a part the engine is built from (`EngineParts`,
+                   `--run`), checked answer by answer
     plug_tensor_parallel  lesson 14's `--run`: the learner's sharding in every rank's process,
-                   before the model is built (lesson 15's host tier is swapped around the
-                   engine's build too: `plug.your_host_tier`)
+                   before the model is built
     workload       the requests `--run` and `--viz` send
     your_engine    `--run`: the learner's engine against the stock one, token for token
     compare        `--run`: the two runs' steps from their events, and the first step where the

@@ -1,47 +1,53 @@
-"""Plugging a learner's code into the real engine, one component at a time.
+"""The learner's code as parts of the real engine, one part at a time.
 
-`nanovllm lesson N --run` builds an ordinary `LLMEngine`, then, before the first request, hands
-one of its parts to the learner's code from lesson N. Nothing in the engine's files changes: each
-swap sets an attribute on an engine object, which the engine then calls as its own:
+`nanovllm lesson N --run` builds an ordinary `LLMEngine` from its parts (`EngineParts`,
+`nanovllm/engine/parts.py`), giving the learner's code from lesson N as one of them:
+`run.plug_in(impl)` returns the parts, and the engine is built with them. Nothing is assigned
+into a built engine and no module's globals change: each adapter here builds a part from the
+learner's functions and checks each of its answers before the engine acts on it.
 
-    free block queue       kv_cache_manager.free_block_queue = YourQueue(its blocks),    lesson 03
-                           its walks bounded (BoundedFreeBlockQueue)
-    blocks, slots          kv_cache_manager.allocate_slots takes your blocks_needed,     lesson 02
-                           runner.prepare_inputs your slot mapping around the stock
-    flat step inputs       runner.prepare_inputs = your prepare_inputs                   lesson 09
-    scheduler step         scheduler.schedule = your schedule_step, applied              06, 07, 09
-    prefix-cache lookup    kv_cache_manager.get_computed_blocks, allocate_slots          lesson 08
-    attention              every layer's attention backend = PerSequenceAttention        01, 04, 05
-    sampling, detokenizing runner.sampler, output_processor.detokenizer                  lesson 10
-    verifying proposals    runner.sampler, calling your verification rules               lesson 13
-    the host tier          OffloadingConnector.tier_class, while the engine is built     lesson 15
+    free block queue       free_block_queue: your FreeBlockQueue, its walks bounded        03
+                           (`BoundedFreeBlockQueue`)
+    blocks, slots          kv_cache_manager_cls: `BlocksNeeded` (your blocks_needed),      02
+                           step_inputs: `your_slot_mapping` around the engine's
+    flat step inputs       step_inputs: `your_step_inputs`                                  09
+    scheduler step         scheduler_cls: `YourScheduler` (your schedule_step)       06, 07, 09
+    prefix-cache lookup    kv_cache_manager_cls: `YourPrefixCache`                          08
+    attention              attention_cls: `PerSequenceAttention` of your functions   01, 04, 05
+    sampling, detokenizing sampler: `Sampler` with your filters; detokenizer:               10
+                           `YourDetokenizer`
+    verifying proposals    sampler: `YourVerification`, your verification rules             13
+    the host tier          host_tier_cls: `CheckedHostTier` around your HostBlockTier       15
 
-Lesson 14 cannot swap anything into a built engine: its code cuts the weights as every rank's
-model is built, in every rank's process. `plug_tensor_parallel.py` does that one.
+Lesson 14 cuts the weights as every rank's model is built, in every rank's process:
+`plug_tensor_parallel.py` does that one.
 
-A scheduler step written for a lesson works on `sim.Req` views of the engine's requests; the
-swap builds those views, calls the learner's function, checks the decisions (a request lost, a
-request given more tokens than it has left, a step that needs more blocks than the cache has:
-`LessonRunError`, named), and carries them out with the scheduler's own bookkeeping
-(`Scheduler.preempt` and `Scheduler.add_to_step`, which also emit the events the visualizer
-shows).
+A scheduler step written for a lesson works on `sim.Req` views of the engine's requests;
+`YourScheduler` builds those views, calls the learner's function, checks the decisions (a
+request lost, a request given more tokens than it has left, a step that needs more blocks than
+the cache has: `LessonRunError`, named), and carries them out with the scheduler's own
+bookkeeping (`Scheduler.preempt` and `Scheduler.add_to_step`, which also emit the events the
+visualizer shows).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from nanovllm.core.block_hash import short
-from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.executor.sampler import Sampler
+from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepPlan
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.request import RequestStatus
@@ -55,19 +61,16 @@ class LessonRunError(RuntimeError):
 # --- the free block queue (lesson 03) ---------------------------------------------------------
 
 
-def swap_free_block_queue(engine, queue_class: type) -> None:
-    """Replace the KV cache manager's free block queue with `queue_class` over the same blocks.
+def your_free_block_queue(queue_class: type) -> Callable[[list], BoundedFreeBlockQueue]:
+    """Lesson 03's part `free_block_queue`: the KV cache manager's queue over its blocks is
+    `queue_class(blocks)`, built as the engine is (every block free, in id order), and the
+    engine gets it as a `BoundedFreeBlockQueue`: the learner's operations, and walks of the
+    list that cannot go on for ever."""
 
-    Done before any block is handed out, so the new queue starts as the old one did: every
-    block free, in id order. The engine gets it as a `BoundedFreeBlockQueue`: the learner's
-    operations, and walks of the list that cannot go on for ever.
-    """
-    kv = engine.kv_cache_manager
-    if kv.num_free_blocks != kv.num_blocks:
-        raise LessonRunError("the free block queue can only be swapped before the first request")
-    for block in kv.blocks:  # unlink them from the stock queue, whose sentinels are dropped
-        block.prev_free = block.next_free = None
-    kv.free_block_queue = BoundedFreeBlockQueue(queue_class(kv.blocks), kv.blocks)
+    def build(blocks: list) -> BoundedFreeBlockQueue:
+        return BoundedFreeBlockQueue(queue_class(blocks), blocks)
+
+    return build
 
 
 class BoundedFreeBlockQueue:
@@ -169,10 +172,9 @@ def misuse_free_block_queue(engine) -> list[str]:
 # --- the model runner's inputs (lessons 02 and 09) ---------------------------------------------
 
 
-def swap_slot_mapping(engine, impl) -> None:
-    """Lesson 02: every request is given `impl.blocks_needed` blocks for its tokens, its block
-    table is cut to that many, and every step's slot mapping is `impl.slot_mapping` of each
-    request's new positions (`impl.slot_for` of a decode's one position).
+class BlocksNeeded(KVCacheManager):
+    """Lesson 02's part `kv_cache_manager_cls`: every request is given `impl.blocks_needed`
+    blocks for its tokens (`functools.partial(BlocksNeeded, impl=impl)`).
 
     The KV cache manager takes ceil((tokens + lookahead) / block_size) blocks for a request's
     tokens and the lookahead slots reserved after them (`allocate_slots`). Asked to reserve
@@ -181,32 +183,43 @@ def swap_slot_mapping(engine, impl) -> None:
     block handed out that the stock engine does not hand out, one too low as a slot with no
     block.
     """
-    kv, runner = engine.kv_cache_manager, engine.runner
-    stock_allocate = kv.allocate_slots
-    stock = runner.prepare_inputs
-    block_size = runner.block_size
 
-    def allocate_slots(request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0):
+    def __init__(self, *args: Any, impl: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.impl = impl
+
+    def allocate_slots(
+        self, request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0
+    ):
         hits = len(new_computed_blocks or [])
-        computed = request.num_computed_tokens + hits * block_size
+        computed = request.num_computed_tokens + hits * self.block_size
         tokens = computed + num_new_tokens + num_lookahead_tokens
-        yours = impl.blocks_needed(tokens, block_size)
+        yours = self.impl.blocks_needed(tokens, self.block_size)
         if not isinstance(yours, int) or yours < 0:
             raise LessonRunError(
-                f"blocks_needed({tokens}, {block_size}) returned {yours!r}, not a count of blocks"
+                f"blocks_needed({tokens}, {self.block_size}) returned {yours!r}, not a count of "
+                "blocks"
             )
-        extra = yours * block_size - tokens
-        return stock_allocate(
+        extra = yours * self.block_size - tokens
+        return super().allocate_slots(
             request, num_new_tokens, new_computed_blocks, num_lookahead_tokens + extra
         )
 
-    def prepare_inputs(out: SchedulerOutput):
+
+def your_slot_mapping(impl) -> Callable[[SchedulerOutput, int], Any]:
+    """Lesson 02's part `step_inputs`: the engine's step inputs, with every block table cut to
+    `impl.blocks_needed` of its tokens and the slot mapping `impl.slot_mapping` of each
+    request's new positions (`impl.slot_for` of a decode's one position)."""
+
+    def build(out: SchedulerOutput, block_size: int):
         scheduled = []
         for s in out.scheduled:
             end = s.num_computed_tokens + s.num_new_tokens
             table = s.block_table[: impl.blocks_needed(end, block_size)]
             scheduled.append(replace(s, block_table=table))
-        input_ids, positions, meta, logits_rows = stock(replace(out, scheduled=scheduled))
+        input_ids, positions, meta, logits_rows = step_inputs(
+            replace(out, scheduled=scheduled), block_size
+        )
         slots = []
         for s in scheduled:
             start = s.num_computed_tokens
@@ -216,19 +229,17 @@ def swap_slot_mapping(engine, impl) -> None:
             else:
                 new = impl.slot_mapping(table, start, start + s.num_new_tokens, block_size)
             slots.extend(int(slot) for slot in new)
-        meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runner.device)
-        return input_ids, positions, meta, logits_rows
+        slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        return input_ids, positions, replace(meta, slot_mapping=slot_mapping), logits_rows
 
-    kv.allocate_slots = allocate_slots
-    runner.prepare_inputs = prepare_inputs
+    return build
 
 
-def swap_prepare_inputs(engine, impl) -> None:
-    """Lesson 09: the step's flat inputs (token ids, positions, slots, query starts, context
-    lengths, logits rows) are all `impl.prepare_inputs`'s."""
-    runner = engine.runner
+def your_step_inputs(impl) -> Callable[[SchedulerOutput, int], Any]:
+    """Lesson 09's part `step_inputs`: the step's flat inputs (token ids, positions, slots,
+    query starts, context lengths, logits rows) are all `impl.prepare_inputs`'s."""
 
-    def prepare_inputs(out: SchedulerOutput):
+    def build(out: SchedulerOutput, block_size: int):
         batch = [
             ScheduledSeq(
                 list(s.request.all_token_ids),
@@ -238,20 +249,20 @@ def swap_prepare_inputs(engine, impl) -> None:
             )
             for s in out.scheduled
         ]
-        inputs = impl.prepare_inputs(batch, runner.block_size)
-        device = runner.device
+        inputs = impl.prepare_inputs(batch, block_size)
+        host = torch.device("cpu")  # (the runner moves the step's inputs to its device)
         meta = metadata_from(
             list(inputs.slot_mapping),
             list(inputs.query_start_loc),
             list(inputs.seq_lens),
             [s.block_table for s in out.scheduled],
-            device,
+            host,
         )
-        input_ids = torch.tensor(list(inputs.input_ids), dtype=torch.int64, device=device)
-        positions = torch.tensor(list(inputs.positions), dtype=torch.int64, device=device)
+        input_ids = torch.tensor(list(inputs.input_ids), dtype=torch.int64)
+        positions = torch.tensor(list(inputs.positions), dtype=torch.int64)
         return input_ids, positions, meta, [int(r) for r in inputs.logits_rows]
 
-    runner.prepare_inputs = prepare_inputs
+    return build
 
 
 def metadata_from(
@@ -292,49 +303,46 @@ def metadata_from(
 # --- the scheduler step (lessons 06, 07 and 09) --------------------------------------------------
 
 
-class YourScheduleStep:
-    """`Scheduler.schedule`, with every decision made by a lesson's `schedule_step`.
+class YourScheduler(Scheduler):
+    """Lessons 06, 07 and 09's part `scheduler_cls`: the engine's `Scheduler`, with every
+    decision of `schedule` made by a lesson's `schedule_step`
+    (`functools.partial(YourScheduler, schedule_step=call)`).
 
     `call(running, waiting, scheduler)` runs the learner's function on the `Req` views (the
     lessons' signatures differ: lesson 07's takes the cache's size) and returns its plan.
     """
 
-    def __init__(self, scheduler, call: Callable[[list[Req], list[Req], Any], Any]) -> None:
-        for name in ("preempt", "add_to_step"):
-            if not hasattr(scheduler, name):
-                raise LessonRunError(
-                    f"the engine's Scheduler has no {name} any more: lessons/plug.py needs "
-                    "updating to the new scheduler"
-                )
-        self.scheduler = scheduler
-        self.call = call
+    def __init__(
+        self, *args: Any, schedule_step: Callable[[list[Req], list[Req], Any], Any], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.schedule_step = schedule_step
 
-    def __call__(self) -> SchedulerOutput:
-        s = self.scheduler
+    def schedule(self) -> SchedulerOutput:
         start = time.perf_counter()
-        s.step_count += 1
-        s.kv.begin_step()
-        out = SchedulerOutput(step=s.step_count)
-        live_waiting = [r for r in s.waiting if r.status != RequestStatus.FINISHED]
-        engine_of = {r.request_id: r for r in s.running + live_waiting}
-        running = [_view(r) for r in s.running]
+        self.step_count += 1
+        self.kv.begin_step()
+        out = SchedulerOutput(step=self.step_count)
+        live_waiting = [r for r in self.waiting if r.status != RequestStatus.FINISHED]
+        engine_of = {r.request_id: r for r in self.running + live_waiting}
+        running = [_view(r) for r in self.running]
         waiting = [_view(r) for r in live_waiting]
-        plan = self.call(running, waiting, s)
+        plan = self.schedule_step(running, waiting, self)
         if isinstance(plan, StepPlan):
             scheduled, preempted = dict(plan.scheduled), list(plan.preempted)
         else:
             scheduled, preempted = dict(plan), []
-        where = f"step {s.step_count}"
+        where = f"step {self.step_count}"
 
         ids = sorted(r.id for r in running + waiting)
         if ids != sorted(engine_of):
             raise LessonRunError(f"{where}: requests were lost or duplicated between the queues")
         for rid in preempted:
             request = engine_of.get(rid)
-            if request is None or request not in s.running:
+            if request is None or request not in self.running:
                 raise LessonRunError(f"{where}: {rid} was preempted but was not running")
-            s.running.remove(request)
-            s.preempt(request)
+            self.running.remove(request)
+            self.preempt(request)
             out.preempted.append(request)
 
         new_running = [engine_of[r.id] for r in running]
@@ -343,9 +351,9 @@ class YourScheduleStep:
                 request.status = RequestStatus.RUNNING
                 request.num_cached_tokens = 0
         running_ids = {r.id for r in running}
-        s.running = new_running
-        s.waiting = deque(engine_of[r.id] for r in waiting)
-        s.num_waiting = len(waiting)
+        self.running = new_running
+        self.waiting = deque(engine_of[r.id] for r in waiting)
+        self.num_waiting = len(waiting)
         for rid, n in scheduled.items():
             request = engine_of.get(rid)
             if request is None or rid not in running_ids:
@@ -355,12 +363,12 @@ class YourScheduleStep:
                 raise LessonRunError(
                     f"{where}: {rid} was given {n} tokens; it has {left} left to compute"
                 )
-            if s.kv.allocate_slots(request, n) is None:
+            if self.kv.allocate_slots(request, n) is None:
                 raise LessonRunError(
                     f"{where}: no free KV block for {rid}'s {n} tokens: the step needs more "
-                    f"blocks than the cache's {s.kv.num_blocks}"
+                    f"blocks than the cache's {self.kv.num_blocks}"
                 )
-            s.add_to_step(out, request, n)
+            self.add_to_step(out, request, n)
         out.schedule_time = time.perf_counter() - start
         return out
 
@@ -378,16 +386,18 @@ def _view(request) -> Req:
     )
 
 
-def swap_schedule_step(engine, call: Callable[[list[Req], list[Req], Any], Any]) -> None:
-    engine.scheduler.schedule = YourScheduleStep(engine.scheduler, call)
+def your_scheduler(call: Callable[[list[Req], list[Req], Any], Any]) -> Callable[..., Scheduler]:
+    """The part `scheduler_cls` whose every decision is `call`'s (see `YourScheduler`)."""
+    return functools.partial(YourScheduler, schedule_step=call)
 
 
 # --- the prefix cache (lesson 08) ----------------------------------------------------------------
 
 
-def swap_prefix_cache(engine, impl) -> None:
-    """Lesson 08: every block hash is yours, and every lookup at admission is
-    `impl.cached_prefix` over the cache's {hash: block id} table.
+class YourPrefixCache(KVCacheManager):
+    """Lesson 08's part `kv_cache_manager_cls`: every block hash is yours, and every lookup at
+    admission is `impl.cached_prefix` over the cache's {hash: block id} table
+    (`functools.partial(YourPrefixCache, impl=impl)`).
 
     As in the engine (`extend_block_hashes`), a request's full blocks are hashed once each, as
     its tokens arrive, with `impl.hash_block_tokens` chained to the block before; at admission
@@ -396,22 +406,23 @@ def swap_prefix_cache(engine, impl) -> None:
     computes those missing, so filling that list with the learner's hashes first makes the
     registry theirs too.
     """
-    kv = engine.kv_cache_manager
-    stock_allocate = kv.allocate_slots
-    block_size = kv.block_size
 
-    def fill_hashes(request) -> list:
-        hashes = kv.req_to_block_hashes.setdefault(request.request_id, [])
-        tokens = list(request.all_token_ids)
+    def __init__(self, *args: Any, impl: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.impl = impl
+
+    def fill_hashes(self, request) -> list:
+        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        tokens, block_size = list(request.all_token_ids), self.block_size
         for i in range(len(hashes), len(tokens) // block_size):
             parent = hashes[i - 1] if i > 0 else None
             block = tokens[i * block_size : (i + 1) * block_size]
-            hashes.append(impl.hash_block_tokens(parent, block))
+            hashes.append(self.impl.hash_block_tokens(parent, block))
         return hashes
 
-    def get_computed_blocks(request):
-        hashes = fill_hashes(request)
-        listed = list(impl.block_hashes(list(request.all_token_ids), block_size))
+    def get_computed_blocks(self, request):
+        hashes, block_size = self.fill_hashes(request), self.block_size
+        listed = list(self.impl.block_hashes(list(request.all_token_ids), block_size))
         if listed != hashes:
             i = next((i for i, pair in enumerate(zip(listed, hashes)) if pair[0] != pair[1]), None)
             where = (
@@ -423,9 +434,9 @@ def swap_prefix_cache(engine, impl) -> None:
                 f"block_hashes of {request.request_id}'s {len(request.all_token_ids)} tokens "
                 f"differs from hash_block_tokens chained block by block: {where}"
             )
-        table = {h: block.block_id for h, block in kv.cached_block_hash_to_block.items()}
-        ids = list(impl.cached_prefix(list(request.all_token_ids), block_size, table))
-        blocks = [kv.blocks[i] for i in ids]
+        table = {h: block.block_id for h, block in self.cached_block_hash_to_block.items()}
+        ids = list(self.impl.cached_prefix(list(request.all_token_ids), block_size, table))
+        blocks = [self.blocks[i] for i in ids]
         for i, block in enumerate(blocks):
             tokens = tuple(request.all_token_ids[i * block_size : (i + 1) * block_size])
             if block.token_ids != tokens:
@@ -435,12 +446,13 @@ def swap_prefix_cache(engine, impl) -> None:
                 )
         return blocks, len(blocks) * block_size
 
-    def allocate_slots(request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0):
-        fill_hashes(request)
-        return stock_allocate(request, num_new_tokens, new_computed_blocks, num_lookahead_tokens)
-
-    kv.get_computed_blocks = get_computed_blocks
-    kv.allocate_slots = allocate_slots
+    def allocate_slots(
+        self, request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0
+    ):
+        self.fill_hashes(request)
+        return super().allocate_slots(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+        )
 
 
 # --- attention (lessons 01, 04 and 05) -----------------------------------------------------------
@@ -494,28 +506,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out.transpose(0, 1)
 
 
-def attention_backends(engine) -> list[tuple[Any, str, Any]]:
-    """(module, attribute name, backend) for every layer's paged attention (`self_attn.attn`,
-    whichever backend built it)."""
-    found = [(layer.self_attn, "attn", layer.self_attn.attn) for layer in engine.model.model.layers]
-    if not found:
-        raise LessonRunError("found no attention backend in the engine's model")
-    return found
-
-
-def swap_attention(engine, make: Callable[[int, int, int, float], PerSequenceAttention]) -> int:
-    """Replace every layer's attention backend with `make(num_heads, num_kv_heads, head_dim,
-    scale)`. Returns how many layers were swapped."""
-    args = engine.model_args
-    backends = attention_backends(engine)
-    for module, name, backend in backends:
-        scale = backend.scale
-        setattr(
-            module,
-            name,
-            make(args.num_attention_heads, args.num_key_value_heads, args.head_dim, scale),
+def count_your_attention(engine) -> int:
+    """How many of the built engine's layers attend with a `PerSequenceAttention` (the part
+    `attention_cls` the lesson gave); LessonRunError if not all of them do."""
+    layers = engine.model.model.layers
+    yours = sum(isinstance(layer.self_attn.attn, PerSequenceAttention) for layer in layers)
+    if not layers or yours != len(layers):
+        raise LessonRunError(
+            f"only {yours} of the engine's {len(layers)} layers have your attention"
         )
-    return len(backends)
+    return yours
 
 
 # --- sampling and detokenizing (lesson 10) -------------------------------------------------------
@@ -569,27 +569,27 @@ class _Decoding:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=self.skip)
 
 
-def swap_sampling(engine, impl) -> None:
+def your_sampling(impl) -> dict[str, Callable]:
+    """Lesson 10's parts: `sampler`, the engine's with your filters, and `detokenizer`, the
+    engine's with every step's text by your `detokenize_step`."""
+
+    def detokenizer(tokenizer) -> YourDetokenizer:
+        return YourDetokenizer(IncrementalDetokenizer(tokenizer), impl.detokenize_step)
+
     filters = your_filters(impl.apply_top_k, impl.apply_top_p)
-    engine.runner.sampler = Sampler(filters=filters, draw=engine.runner.sampler.draw)
-    outputs = engine.output_processor
-    outputs.detokenizer = YourDetokenizer(outputs.detokenizer, impl.detokenize_step)
+    return dict(sampler=functools.partial(Sampler, filters=filters), detokenizer=detokenizer)
 
 
 # --- verifying proposed tokens (lesson 13) -------------------------------------------------------
 
 
-class YourVerification:
-    """The engine's sampler, with every proposal verified by the learner's `verify_greedy` and
-    `verify_random`.
-
-    The stock `Sampler` calls the verification rules by their names in its own module
-    (`nanovllm.executor.sampler`); for the duration of each of this engine's sampler calls those
-    names point to the learner's functions, and afterwards back to the engine's, so another
-    engine in the process (the stock one of `--run`) is untouched. Each result is checked before
-    the engine sees it: a list of 1 to s + 1 vocabulary ids, the proposals it was given unchanged
-    (the engine reads them again afterwards), and for `verify_random` the probabilities too
-    (`LessonRunError` otherwise, naming the proposals and what came back).
+class YourVerification(Sampler):
+    """Lesson 13's part `sampler`: the engine's sampler, with every proposal verified by the
+    learner's `verify_greedy` and `verify_random` (`your_verification(impl)`), given to the
+    `Sampler` as its `verify` rules. Each result is checked before the engine sees it: a list
+    of 1 to s + 1 vocabulary ids, the proposals it was given unchanged (the engine reads them
+    again afterwards), and for `verify_random` the probabilities too (`LessonRunError`
+    otherwise, naming the proposals and what came back).
 
     The engine's proposers are certain (the n-gram lookup, a draft model's greedy tokens), so
     it passes no `draft_probs`; your `verify_random` is given them spelled out, 1 at each
@@ -598,42 +598,35 @@ class YourVerification:
     verification is checked against what the rule can emit (`_rule_broken`).
     """
 
-    def __init__(self, sampler, verify_greedy, verify_random) -> None:
-        self.sampler = sampler
-        self.verify_greedy, self.verify_random = verify_greedy, verify_random
+    def __init__(self, *args: Any, verify_greedy, verify_random, **kwargs: Any) -> None:
+        super().__init__(*args, verify=(self.greedy, self.random), **kwargs)
+        self.yours = verify_greedy, verify_random
+        self.vocab = 0  # the vocabulary's size, from the logits of the call under way
 
     def __call__(self, logits: torch.Tensor, requests, spec_token_ids=None):
-        from nanovllm.executor import sampler as module
+        self.vocab = logits.shape[-1]
+        return super().__call__(logits, requests, spec_token_ids)
 
-        vocab = logits.shape[-1]
+    def greedy(self, target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
+        given = list(draft_token_ids)
+        out = self.yours[0](target_argmax, draft_token_ids)
+        return _checked("verify_greedy", out, given, draft_token_ids, self.vocab)
 
-        def greedy(target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
-            given = list(draft_token_ids)
-            out = self.verify_greedy(target_argmax, draft_token_ids)
-            return _checked("verify_greedy", out, given, draft_token_ids, vocab)
-
-        def random(target_probs, draft_token_ids, generator, draft_probs=None) -> list[int]:
-            given, probs = list(draft_token_ids), target_probs.clone()
-            if draft_probs is None:  # a certain proposer: q is 1 at each proposal, 0 elsewhere
-                ids = torch.tensor(given, dtype=torch.int64, device=target_probs.device)
-                draft_probs = F.one_hot(ids, vocab).to(target_probs.dtype)  # [s, vocab]
-            out = self.verify_random(target_probs, draft_token_ids, generator, draft_probs)
-            if not torch.equal(probs, target_probs):
-                raise LessonRunError("your verify_random changed the target_probs it was given")
-            tokens = _checked("verify_random", out, given, draft_token_ids, vocab)
-            broken = _rule_broken(tokens, given, probs)
-            if broken is not None:
-                raise LessonRunError(
-                    f"your verify_random emitted {tokens} for the proposals {given}: {broken}"
-                )
-            return tokens
-
-        stock = module.verify_greedy, module.verify_random
-        module.verify_greedy, module.verify_random = greedy, random
-        try:
-            return self.sampler(logits, requests, spec_token_ids)
-        finally:
-            module.verify_greedy, module.verify_random = stock
+    def random(self, target_probs, draft_token_ids, generator, draft_probs=None) -> list[int]:
+        given, probs, vocab = list(draft_token_ids), target_probs.clone(), self.vocab
+        if draft_probs is None:  # a certain proposer: q is 1 at each proposal, 0 elsewhere
+            ids = torch.tensor(given, dtype=torch.int64, device=target_probs.device)
+            draft_probs = F.one_hot(ids, vocab).to(target_probs.dtype)  # [s, vocab]
+        out = self.yours[1](target_probs, draft_token_ids, generator, draft_probs)
+        if not torch.equal(probs, target_probs):
+            raise LessonRunError("your verify_random changed the target_probs it was given")
+        tokens = _checked("verify_random", out, given, draft_token_ids, vocab)
+        broken = _rule_broken(tokens, given, probs)
+        if broken is not None:
+            raise LessonRunError(
+                f"your verify_random emitted {tokens} for the proposals {given}: {broken}"
+            )
+        return tokens
 
 
 def _rule_broken(tokens: list[int], proposals: list[int], target_probs: torch.Tensor) -> str | None:
@@ -688,11 +681,10 @@ def _checked(name: str, out: Any, given: list[int], after: list[int], vocab: int
     return tokens
 
 
-def swap_verification(engine, impl) -> None:
-    if engine.speculative_config is None:
-        raise LessonRunError("the engine does not speculate: give it a speculative_config")
-    engine.runner.sampler = YourVerification(
-        engine.runner.sampler, impl.verify_greedy, impl.verify_random
+def your_verification(impl) -> Callable[..., Sampler]:
+    """The part `sampler` that verifies every proposal with your rules (`YourVerification`)."""
+    return functools.partial(
+        YourVerification, verify_greedy=impl.verify_greedy, verify_random=impl.verify_random
     )
 
 
@@ -700,7 +692,8 @@ def swap_verification(engine, impl) -> None:
 
 
 class CheckedHostTier:
-    """A learner's `HostBlockTier` as the OffloadingConnector uses it: every call is the
+    """Lesson 15's part `host_tier_cls` (`your_host_tier`): a learner's `HostBlockTier` as the
+    OffloadingConnector uses it: every call is the
     learner's, and what comes back is checked before the engine acts on it, since a wrong slot
     would not fail: it would copy one block's KV over another's, or load the wrong KV, and show
     only as different tokens later. The check keeps which hash each slot was given (`owner`):
@@ -714,10 +707,9 @@ class CheckedHostTier:
     `LessonRunError` otherwise, naming the hash (its first 12 hex digits) and the slot.
     """
 
-    yours: ClassVar[type]  # the learner's class (`your_host_tier` sets it)
-
-    def __init__(self, num_blocks: int) -> None:
-        self.tier = self.yours(num_blocks)
+    def __init__(self, yours: type, num_blocks: int) -> None:
+        self.yours = yours  # the learner's class
+        self.tier = yours(num_blocks)
         self.num_blocks = num_blocks
         self.owner: dict[int, bytes] = {}  # slot -> the hash your insert put there
 
@@ -803,22 +795,10 @@ class CheckedHostTier:
         self.owner.clear()
 
 
-@contextmanager
-def your_host_tier(tier_class: type) -> Iterator[None]:
-    """Lesson 15: the engines built inside this context keep their host tier in `tier_class`
-    (checked: `CheckedHostTier`). The OffloadingConnector builds its tier from its class
-    attribute `tier_class` when the engine is built, so the swap is done around the build and
-    undone afterwards: the stock engine, built before or after, keeps the engine's own."""
-    from nanovllm.kv_transfer.offloading import OffloadingConnector
-
-    stock = OffloadingConnector.tier_class
-    OffloadingConnector.tier_class = type(
-        "YourHostBlockTier", (CheckedHostTier,), {"yours": tier_class}
-    )
-    try:
-        yield
-    finally:
-        OffloadingConnector.tier_class = stock
+def your_host_tier(tier_class: type) -> Callable[[int], CheckedHostTier]:
+    """Lesson 15's part `host_tier_cls`: the OffloadingConnector keeps its host tier in
+    `tier_class`, checked (`CheckedHostTier`)."""
+    return functools.partial(CheckedHostTier, tier_class)
 
 
 def forget_the_host_tier(engine) -> list[str]:

@@ -1,10 +1,12 @@
 """`nanovllm lesson N --run`: your code inside the real engine, checked against the stock engine.
 
-Two engines are built alike (the demo model, the lesson's options from its `run.py`); in one,
-the lesson's `run.plug_in` swaps the learner's code in (see `plug.py`), or, where it must be there
-before the model is built (lesson 14, in every tensor-parallel rank's process), `run.building`
-does, around the engine's construction (see `plug_tensor_parallel.py`). The stock engine is
-shut down before the learner's starts. Both serve the same requests (`workload.py`), and then:
+Two engines are built alike (the demo model, the lesson's options from its `run.py`); the
+learner's is built from the parts the lesson's `run.plug_in(impl)` returns (`EngineParts`, with
+the learner's code in one of them: see `plug.py`), or, where the code must be in every
+tensor-parallel rank's process before its model is built (lesson 14), inside `run.building`
+(see `plug_tensor_parallel.py`). `run.swapped(engine)` then says, in words, what of the built
+engine is the learner's (and refuses an engine built without it). The stock engine is shut
+down before the learner's starts. Both serve the same requests (`workload.py`), and then:
 
 - every completion is compared token for token (and, for lesson 10, its text). Greedy decoding
   is an argmax, and two engines that round differently (your attention is not the engine's) can
@@ -136,17 +138,19 @@ def run_lesson(
         # Its tensor-parallel workers, if any, go first: a process leads one group at a time.
         stock.shutdown()
 
-    # `building(impl)`, when run.py has it: a context in which the engine is built with the
-    # learner's code (lesson 14's goes into every rank's process before the model is loaded).
-    building = getattr(spec, "building", None)
+    # `plug_in(impl)`: the engine's parts, the learner's among them. `building(impl)`, when
+    # run.py has it: a context in which the engine is built with the learner's code (lesson
+    # 14's goes into every rank's process before the model is loaded).
+    plug_in, building = getattr(spec, "plug_in", None), getattr(spec, "building", None)
     report = RunReport(lesson, [], stock_seconds=stock_seconds)
     your_events: list = []
     yours = None
     try:
         with deadline(RUN_DEADLINE_S):
+            parts = {} if plug_in is None else dict(parts=plug_in(impl))
             with building(impl) if building is not None else nullcontext():
-                yours = make_engine(**spec.ENGINE)
-            report.swapped = list(spec.plug_in(yours, impl))
+                yours = make_engine(**spec.ENGINE, **parts)
+            report.swapped = list(spec.swapped(yours))
             yours.subscribe(your_events.append)
             start = time.perf_counter()
             your_out = serve(yours, arrivals, resets=resets)

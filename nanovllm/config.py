@@ -32,6 +32,7 @@ A bad value is a `ValueError` that names it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -60,6 +61,9 @@ class EngineConfig:
     enforce_eager: bool = True
     # A KV connector, vLLM's shape: {"kv_connector": NAME, "kv_role": ..., ...} (`kv_transfer/`)
     kv_transfer_config: dict | None = None
+    # The parts the engine is built from, an `EngineParts` (`engine/parts.py`: a lesson gives
+    # the learner's); None: the engine's own.
+    parts: Any = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -782,8 +782,8 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "profile-step-shares-its-blocks",
-        "nanovllm/backends/cuda_runner.py",
-        "CudaModelRunner.profile_step",
+        "nanovllm/backends/gpu_memory.py",
+        "profile_step",
         (
             (
                 "        first_block += num_blocks\n",

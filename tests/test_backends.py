@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,3 +162,16 @@ def test_backends_are_chosen_by_name_and_a_bad_name_is_named() -> None:
     if cpu_fast_path_available():
         assert pick_backend(None, torch.device("cpu")) == "cpu"
     assert pick_backend(None, torch.device("cpu"), torch.bfloat16) == "torch"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_plain_backend_runs_the_plain_runner_on_every_device(device: str) -> None:
+    """`"torch"` is the plain path everywhere (issue 43): its runner class is `ModelRunner` on a
+    GPU too (no staging, no persistent batch); the GPU's runner is the Triton backend's. (The
+    choice alone, without a GPU: tests/gpu/ builds the engine on one.)"""
+    from nanovllm.backends.cuda_runner import CudaModelRunner
+    from nanovllm.executor.model_runner import ModelRunner
+
+    assert get_backend("torch").runner_class(torch.device(device)) is ModelRunner
+    if device == "cuda":
+        assert get_backend("triton").runner_class(torch.device(device)) is CudaModelRunner

@@ -1,8 +1,8 @@
 """Lesson 01 in the real engine: your `attention` computes every prefill of the model, your
 `KVCache` and `decode_step` every decode.
 
-`nanovllm lesson 1 --run` replaces the attention backend of each of the model's layers with one
-that, for every sequence of every step, reads the sequence's context out of the paged cache
+`nanovllm lesson 1 --run` builds the engine with an attention part (`attention_cls`) of its own in
+each of the model's layers: one that, for every sequence of every step, reads the sequence's context out of the paged cache
 (lesson 02: the engine's own `store_kv` and `gather_context` move K/V in and out of the pool).
 A prefill or a chunk goes to your `attention`; a decode (one new token) fills one of your
 `KVCache`s with the context before the new token and hands the new token to your
@@ -12,7 +12,8 @@ A prefill or a chunk goes to your `attention`; a decode (one new token) fills on
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import PerSequenceAttention, swap_attention
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import PerSequenceAttention, count_your_attention
 from nanovllm.models.attention import gather_context, store_kv
 
 ENGINE: dict = {}
@@ -21,7 +22,7 @@ COMPARE = None  # completions only: your attention's rounding may differ from th
 MOMENT = None  # nothing for the visualizer to show: attention is inside a step
 
 
-def plug_in(engine, impl) -> list[str]:
+def plug_in(impl) -> EngineParts:
     def make(num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         group = num_heads // num_kv_heads
 
@@ -38,7 +39,11 @@ def plug_in(engine, impl) -> list[str]:
 
         return PerSequenceAttention(store_kv, gather_context, attend, decode)
 
-    layers = swap_attention(engine, make)
+    return EngineParts(attention_cls=make)
+
+
+def swapped(engine) -> list[str]:
+    layers = count_your_attention(engine)
     return [
         f"prefill attention: your `attention`, for every sequence in all {layers} layers",
         f"decode attention: your `KVCache` and `decode_step`, in all {layers} layers",

@@ -1,7 +1,7 @@
 """Lesson 03 in the real engine: your FreeBlockQueue hands out and takes back every KV block.
 
-`nanovllm lesson 3 --run` replaces the KV cache manager's free block queue with yours, over the
-same blocks, before the first request. Prefix caching is on and requests arrive in waves that
+`nanovllm lesson 3 --run` builds the engine with your free block queue over the KV cache's blocks
+(the part `free_block_queue`). Prefix caching is on and requests arrive in waves that
 start alike, so freed blocks keep their cached prefixes and later requests pull them back out
 of the middle of your queue (`remove`). Besides the completions, the run compares, step by
 step, every block handed out, given back and hit, and how many free blocks your queue counts
@@ -14,7 +14,8 @@ refuses both.
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import misuse_free_block_queue, swap_free_block_queue
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import misuse_free_block_queue, your_free_block_queue
 
 ENGINE = dict(enable_prefix_caching=True, num_kv_blocks=48)
 WORKLOAD = "waves"
@@ -23,8 +24,11 @@ MOMENT = "hit_from_the_middle"  # a new request pulls a cached block out of the 
 AFTER_SERVING = "what the queue does with a double free and with a block it does not hold"
 
 
-def plug_in(engine, impl) -> list[str]:
-    swap_free_block_queue(engine, impl.FreeBlockQueue)
+def plug_in(impl) -> EngineParts:
+    return EngineParts(free_block_queue=your_free_block_queue(impl.FreeBlockQueue))
+
+
+def swapped(engine) -> list[str]:
     return ["the free block queue: your `FreeBlockQueue`"]
 
 

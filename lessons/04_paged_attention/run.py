@@ -1,6 +1,7 @@
 """Lesson 04 in the real engine: your paged decode attention runs every decode of the model.
 
-`nanovllm lesson 4 --run` replaces the attention backend of each layer with one that, for every
+`nanovllm lesson 4 --run` builds the engine with an attention part (`attention_cls`) in each layer
+that, for every
 decoding sequence, calls your `paged_decode` on the real paged cache and the sequence's real
 block table, and, for a prefill whose context is partly cached, reads that context with your
 `gather_kv`. (A fresh prefill attends over its own new K/V: the engine's way.)
@@ -8,7 +9,12 @@ block table, and, for a prefill whose context is partly cached, reads that conte
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import PerSequenceAttention, causal_attention, swap_attention
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import (
+    PerSequenceAttention,
+    causal_attention,
+    count_your_attention,
+)
 from nanovllm.models.attention import store_kv
 
 ENGINE = dict(max_num_batched_tokens=64)  # chunked prefills: context read back by gather_kv
@@ -17,7 +23,7 @@ COMPARE = None  # completions only: your attention's rounding may differ from th
 MOMENT = "scattered_reads"  # attention hops over a decode's scattered blocks (executor panel)
 
 
-def plug_in(engine, impl) -> list[str]:
+def plug_in(impl) -> EngineParts:
     def make(num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         def gather(key_cache, value_cache, table, seq_len):
             return impl.gather_kv(key_cache, value_cache, table.tolist(), seq_len)
@@ -31,5 +37,9 @@ def plug_in(engine, impl) -> list[str]:
 
         return PerSequenceAttention(store_kv, gather, attend, decode)
 
-    layers = swap_attention(engine, make)
+    return EngineParts(attention_cls=make)
+
+
+def swapped(engine) -> list[str]:
+    layers = count_your_attention(engine)
     return [f"decode attention: your `paged_decode` and `gather_kv`, in all {layers} layers"]

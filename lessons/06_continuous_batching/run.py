@@ -1,6 +1,6 @@
 """Lesson 06 in the real engine: your `schedule_step` decides every step.
 
-`nanovllm lesson 6 --run` replaces the scheduler's `schedule` with one that shows your
+`nanovllm lesson 6 --run` builds the engine with a scheduler (`scheduler_cls`) that shows your
 `schedule_step` the engine's running and waiting requests (as `Req`s), and carries out what it
 decides: admissions, and how many tokens each request computes. Memory is plentiful and there is
 no chunked prefill, as in the exercise; 64 requests, at most 16 at once, finish at different
@@ -13,7 +13,8 @@ completions, the run compares your decisions with the stock scheduler's at every
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import swap_schedule_step
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import your_scheduler
 
 ENGINE = dict(
     enable_prefix_caching=False,
@@ -33,11 +34,14 @@ COMPARE = "schedule"
 MOMENT = "seat_refilled"  # a request finishes and a waiting one takes its seat next step
 
 
-def plug_in(engine, impl) -> list[str]:
+def plug_in(impl) -> EngineParts:
     def call(running, waiting, scheduler):
         return impl.schedule_step(
             running, waiting, scheduler.max_num_seqs, scheduler.max_num_batched_tokens
         )
 
-    swap_schedule_step(engine, call)
+    return EngineParts(scheduler_cls=your_scheduler(call))
+
+
+def swapped(engine) -> list[str]:
     return ["every scheduling decision: your `schedule_step`"]

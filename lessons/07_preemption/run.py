@@ -1,7 +1,7 @@
 """Lesson 07 in the real engine: your `schedule_step` preempts when the KV cache runs out.
 
-`nanovllm lesson 7 --run` replaces the scheduler's `schedule` with your `schedule_step` (as in
-lesson 06), on a KV cache of 24 blocks of 16 tokens for 64 requests of up to 60 tokens: the
+`nanovllm lesson 7 --run` builds the engine with a scheduler whose every step is your
+`schedule_step` (as in lesson 06), on a KV cache of 24 blocks of 16 tokens for 64 requests of up to 60 tokens: the
 running requests outgrow it, and your step must preempt the newest, which later recompute. The
 run compares your decisions (admissions, tokens, victims) with the stock scheduler's at every
 step, and the completions token for token: recomputation must not change anybody's output.
@@ -9,7 +9,8 @@ step, and the completions token for token: recomputation must not change anybody
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import swap_schedule_step
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import your_scheduler
 
 ENGINE = dict(
     enable_prefix_caching=False,
@@ -23,7 +24,7 @@ COMPARE = "schedule"
 MOMENT = "preemption"
 
 
-def plug_in(engine, impl) -> list[str]:
+def plug_in(impl) -> EngineParts:
     def call(running, waiting, scheduler):
         return impl.schedule_step(
             running,
@@ -34,5 +35,8 @@ def plug_in(engine, impl) -> list[str]:
             block_size=scheduler.kv.block_size,
         )
 
-    swap_schedule_step(engine, call)
+    return EngineParts(scheduler_cls=your_scheduler(call))
+
+
+def swapped(engine) -> list[str]:
     return ["every scheduling decision, preemptions included: your `schedule_step`"]

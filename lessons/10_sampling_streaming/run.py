@@ -8,7 +8,8 @@ same filters give the same tokens: the run compares the tokens and the text of a
 
 from __future__ import annotations
 
-from nanovllm.lessons.plug import swap_sampling
+from nanovllm.engine.parts import EngineParts
+from nanovllm.lessons.plug import your_sampling
 
 ENGINE: dict = {}
 WORKLOAD = "sampled"
@@ -16,6 +17,9 @@ COMPARE = "text"
 MOMENT = None
 
 
-def plug_in(engine, impl) -> list[str]:
-    swap_sampling(engine, impl)
+def plug_in(impl) -> EngineParts:
+    return EngineParts(**your_sampling(impl))
+
+
+def swapped(engine) -> list[str]:
     return ["top-k and top-p: your filters", "every step's text: your `detokenize_step`"]

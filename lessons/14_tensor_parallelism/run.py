@@ -26,7 +26,7 @@ def building(impl):
     return your_tensor_parallel_layers(impl, demo_model_path(), TENSOR_PARALLEL_SIZE)
 
 
-def plug_in(engine, impl) -> list[str]:
+def swapped(engine) -> list[str]:
     if not is_yours(engine):
         raise LessonRunError("the engine was built without your layers")
     return [

@@ -3,10 +3,10 @@
 `nanovllm lesson 15 --run` builds both engines with an OffloadingConnector: a device pool of 40
 blocks of 16 tokens (too few to keep ten documents' prefixes) over a host tier of 24 blocks
 (too few to keep them all either), and in yours the tier's bookkeeping is your `HostBlockTier`
-(`OffloadingConnector.tier_class`, swapped while your engine is built: `plug.your_host_tier`;
-every answer of yours is checked before the engine acts on it: `plug.CheckedHostTier`). The
-workload asks questions about ten documents in waves, so a document's blocks come back after
-the device pool has handed them to others. Besides the greedy completions, the run compares
+(the part `host_tier_cls`, given when your engine is built: `plug.your_host_tier`; every
+answer of yours is checked before the engine acts on it: `plug.CheckedHostTier`). The workload
+asks questions about ten documents in waves, so a document's blocks come back after the device
+pool has handed them to others. Besides the greedy completions, the run compares
 every block saved to the tier, dropped from it and loaded back with the stock engine's, by
 hash (which free slot your tier takes is up to you), and reports how many prompt tokens the
 tier's hits spared computing. Halfway, between two waves, both engines reset their prefix cache
@@ -18,6 +18,7 @@ ones as they have slots: the freed slots first, then the kept entries' in LRU or
 
 from __future__ import annotations
 
+from nanovllm.engine.parts import EngineParts
 from nanovllm.lessons.plug import (
     CheckedHostTier,
     LessonRunError,
@@ -41,14 +42,12 @@ RESET_PREFIX_CACHE_AT = (48,)
 AFTER_SERVING = "the host tier forgetting half its entries one at a time, then filling up"
 
 
-def building(impl):
-    """The engine built inside this context keeps its host tier in your `HostBlockTier`."""
-    return your_host_tier(impl.HostBlockTier)
+def plug_in(impl) -> EngineParts:
+    return EngineParts(host_tier_cls=your_host_tier(impl.HostBlockTier))
 
 
-def plug_in(engine, impl) -> list[str]:
-    tier = host_tier_of(engine)
-    if not isinstance(tier, CheckedHostTier) or tier.yours is not impl.HostBlockTier:
+def swapped(engine) -> list[str]:
+    if not isinstance(host_tier_of(engine), CheckedHostTier):
         raise LessonRunError("the engine was built without your HostBlockTier")
     return [
         f"the host tier's bookkeeping ({NUM_CPU_BLOCKS} slots): your `HostBlockTier` "

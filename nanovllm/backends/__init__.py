@@ -54,12 +54,9 @@ class Backend:
             compile_model(model)  # on failure the model stays eager, with a warning
 
     def runner_class(self, device: torch.device) -> type[ModelRunner]:
-        """The runner for `device`: the plain one, or on a GPU the one that stages the inputs
-        and times the forward pass with events (`cuda_runner.py`)."""
-        if device.type == "cuda":
-            from nanovllm.backends.cuda_runner import CudaModelRunner
-
-            return CudaModelRunner
+        """The runner for `device`: the plain one, on every device (a GPU's runner, which stages
+        the inputs and times the forward pass with events, is the Triton backend's:
+        `cuda_runner.py`)."""
         return ModelRunner
 
     def captures_cuda_graphs(self) -> bool:

@@ -11,7 +11,8 @@ go on, not wait for the GPU or make it wait.
   graphs (`cuda_graphs.py`).
 
 It also measures, before the KV cache exists, how much memory the largest step takes
-(`peak_memory_of_step`), for the KV budget (`nanovllm/executor/memory.py`).
+(`peak_memory_of_step`, in `gpu_memory.py`, which measures the plain runner too), for the KV
+budget (`nanovllm/executor/memory.py`).
 
 The Triton backend uses it on a CPU too (its kernels then run in Triton's interpreter): there
 nothing is copied and nothing is timed with events, and its graphs are "captured" by running
@@ -26,15 +27,13 @@ import time
 import torch
 
 from nanovllm.backends.cuda_graphs import Capture, DecodeGraphs, capture_cuda_graph
+from nanovllm.backends.gpu_memory import measure_kv_budget, peak_memory_of_step, profile_step
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.staging import InputStaging
-from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from nanovllm.executor.memory import gpu_kv_cache_budget
+from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.models.attention import AttentionMetadata
-from nanovllm.request import Request
-from nanovllm.sampling_params import SamplingParams
 
 
 class CudaModelRunner(ModelRunner):
@@ -130,56 +129,11 @@ class CudaModelRunner(ModelRunner):
         return time.perf_counter() - start
 
     def measure_kv_budget(self, config, max_model_len: int, graphs: bool = False) -> int:
-        """Bytes this rank can give its KV cache (`executor/memory.py`); `graphs`: less the
-        memory pool of the CUDA graphs that will be captured."""
-        device = self.device
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(device)
-        peak = self.peak_memory_of_step(config.max_num_batched_tokens, config.max_num_seqs)
-        pool = self.peak_memory_of_step(config.max_num_seqs, config.max_num_seqs) if graphs else 0
-        return gpu_kv_cache_budget(total, total - free, peak, pool, config)
+        """`gpu_memory.measure_kv_budget` of this runner (a method: every rank runs it)."""
+        return measure_kv_budget(self, config, max_model_len, graphs)
 
     def peak_memory_of_step(self, num_tokens: int, num_seqs: int) -> int:
-        """Bytes a forward pass over `num_tokens` tokens of `num_seqs` sequences takes from the
-        device at its peak (`profile_step`), besides its temporary KV cache.
-
-        Counted as memory *reserved*, not allocated: torch's caching allocator takes memory
-        from the device in segments that it does not give back between steps, and a CUDA
-        graph's private pool is made of such segments too. The pass starts from an emptied
-        cache, with no free segments to reuse, as a new pool does.
-        """
-        device = self.device
-        self.kv_caches = []
-        torch.cuda.empty_cache()
-        inputs = self.prepare_inputs(self.profile_step(num_tokens, num_seqs))
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_reserved(device)
-        # This rank's forward alone: with tensor parallelism every rank profiles at once.
-        self.forward_logits(*inputs)
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_reserved(device) - before
-        self.kv_caches = []
-        torch.cuda.empty_cache()
-        return peak
+        return peak_memory_of_step(self, num_tokens, num_seqs)
 
     def profile_step(self, num_tokens: int, num_seqs: int) -> SchedulerOutput:
-        """The largest step the scheduler can make, for measuring its memory.
-
-        `num_tokens` prompt tokens split over `num_seqs` fresh requests, every one sampling (so
-        the LM head sees its largest batch too), in a temporary KV cache just big enough for
-        them, allocated here in place of the runner's.
-        """
-        num_seqs = max(min(num_seqs, num_tokens), 1)
-        lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-        blocks_per_seq = [-(-n // self.block_size) for n in lengths]
-        self.allocate_kv_cache(sum(blocks_per_seq))
-        out = SchedulerOutput(step=0)
-        first_block = 0
-        for i, (n, num_blocks) in enumerate(zip(lengths, blocks_per_seq)):
-            request = Request(f"profile-{i}", [0] * n, SamplingParams(temperature=0), 0)
-            block_table = tuple(range(first_block, first_block + num_blocks))
-            first_block += num_blocks
-            out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
-        return out
+        return profile_step(self, num_tokens, num_seqs)

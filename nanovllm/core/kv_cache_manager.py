@@ -24,6 +24,7 @@ and is the very same object as last step's (the persistent batch checks that ide
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from nanovllm.core.block_hash import extend_block_hashes, short
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
@@ -47,17 +48,16 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         events: EventBus | None = None,
+        free_block_queue: Callable[[list[KVCacheBlock]], FreeBlockQueue] = FreeBlockQueue,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.events = events or EventBus()
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching, self.events = enable_prefix_caching, events or EventBus()
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeBlockQueue(self.blocks)
+        self.free_block_queue = free_block_queue(self.blocks)  # (a lesson gives its own)
         # Prefix cache: block hash -> the block holding those tokens (full blocks only).
         self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
         # Per request: its blocks (the block table), the hashes of its full blocks so far,

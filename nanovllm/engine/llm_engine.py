@@ -25,8 +25,6 @@ import time
 from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
-from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.scheduler import Scheduler
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
 from nanovllm.engine.output_processor import OutputProcessor, Progress
@@ -64,13 +62,15 @@ class LLMEngine:
         self.spec_stats = SpecDecodingStats()
         self.last_propose_time = 0.0  # seconds the last step spent proposing
         self._dead: BaseException | None = None  # set when a rank died: no step can run
-        self.kv_cache_manager = KVCacheManager(
-            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
-        )
+        parts = setup.parts  # what the engine is built from (`parts.py`; a lesson's own)
+        kv = self.kv_cache_manager = parts.kv_cache_manager_cls(
+            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
+            parts.free_block_queue,
+        )  # fmt: skip
         # A KV connector's scheduler side, or None (its worker side runs around the step).
         self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
-        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, connector)
-        self.output_processor = OutputProcessor(self.tokenizer, self.events)
+        self.scheduler = parts.scheduler_cls(config, kv, self.events, lookahead, connector)
+        self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
         self.input_processor = InputProcessor(
             self.tokenizer,
             vocab_size=self.model_args.vocab_size,

@@ -44,10 +44,11 @@ Progress = tuple[Request, str, list[int]]
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, events: EventBus) -> None:
+    def __init__(self, tokenizer, events: EventBus, detokenizer=IncrementalDetokenizer) -> None:
         self.tokenizer = tokenizer
-        # The incremental detokenizer every request's text goes through (lesson 10 swaps it).
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        # The incremental detokenizer every request's text goes through (`detokenizer` makes
+        # it: the engine's, or lesson 10's, `engine/parts.py`).
+        self.detokenizer = detokenizer(tokenizer)
         self.events = events
         self.parent_requests: dict[str, ParentRequest] = {}  # requests with n > 1, by caller id
         # Every request not yet forgotten; None for those with detokenize=False.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.engine.eos import eos_token_ids
+from nanovllm.engine.parts import EngineParts
 from nanovllm.engine.tensor_parallel import (
     RunnerSpec,
     TensorParallelExecutor,
@@ -87,6 +88,7 @@ class EngineSetup:
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
+    parts: EngineParts = field(default_factory=EngineParts)  # what the engine is built from
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -132,7 +134,9 @@ class EngineSetup:
         if self.kv_transfer_config is None:
             return None
         config, block_size = self.kv_transfer_config, self.runner.block_size
-        return create_connector(config, role, block_size, self.model_tag, events)
+        return create_connector(
+            config, role, block_size, self.model_tag, events, self.parts.host_tier_cls
+        )
 
 
 def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
@@ -176,9 +180,10 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
     threads = config.num_threads
     if tp > 1 and not threads and device.type == "cpu":
         threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
+    parts = config.parts or EngineParts()  # (`parts.py`: the runner's go to every rank)
     spec = RunnerSpec(
         path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
-        config.enforce_eager,
+        config.enforce_eager, parts.attention_cls, parts.step_inputs, parts.sampler,
     )  # fmt: skip
     speculative_config = proposer = draft = None
     if config.speculative_config is not None:
@@ -192,6 +197,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         path, args, max_model_len, device, dtype, backend_name, tokenizer,
         eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
+        parts=parts,
     )  # fmt: skip
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
@@ -265,8 +271,7 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     budget = config.kv_cache_memory_bytes
     if budget is None:  # the smallest any rank can give
         if setup.device.type == "cuda":  # measured (each rank holds its heads' share)
-            args = (config, setup.max_model_len, graphs)
-            budget = min(setup.on_every_rank("measure_kv_budget", *args, all=True))
+            budget = measure_kv_budget(config, setup, graphs)
         else:
             budget = CPU_KV_CACHE_BYTES
     blocks = budget // per_block
@@ -279,6 +284,22 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     max_len = setup.max_model_len + setup.num_lookahead_tokens
     useful = config.max_num_seqs * -(-max_len // config.block_size)
     return int(min(blocks, useful))
+
+
+def measure_kv_budget(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int:
+    """The KV budget measured on the GPU (`backends/gpu_memory.py`): one rank's runner, or the
+    smallest of every rank's, each measuring its own at the same time (its method)."""
+    from nanovllm.backends import gpu_memory
+
+    args = (config, setup.max_model_len, graphs)
+    if setup.group is None:
+        return gpu_memory.measure_kv_budget(setup.runner, *args)
+    if not hasattr(setup.runner, "measure_kv_budget"):
+        raise ValueError(
+            f"attention_backend={setup.attention_backend!r} with tensor_parallel_size > 1 on a "
+            "GPU cannot measure the KV budget: give num_kv_blocks or kv_cache_memory_bytes"
+        )
+    return min(setup.on_every_rank("measure_kv_budget", *args, all=True))
 
 
 def capture_decode_graphs(config: EngineConfig, setup: EngineSetup) -> None:

@@ -28,6 +28,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from nanovllm.distributed.validation import check_device_count, check_tensor_par
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
+from nanovllm.executor.sampler import Sampler
+from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.models.loader import load_model
 
 
@@ -55,6 +58,11 @@ class RunnerSpec:
     block_size: int
     num_threads: int | None
     enforce_eager: bool = True  # False: compile the model's layers (`backends/compilation.py`)
+    # The runner's parts (`engine/parts.py`): None, the backend's attention; the plain builder
+    # of step inputs and sampler. (Pickled to the workers: module-level ones with several ranks.)
+    attention_cls: Callable | None = None
+    step_inputs: Callable = step_inputs
+    sampler: Callable = Sampler
 
 
 def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) -> ModelRunner:
@@ -66,12 +74,20 @@ def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = get_backend(spec.attention_backend)
-    model = load_model(
-        spec.model_path, spec.dtype, device, backend.attention_class, spec.max_model_len
-    )
+    attention = spec.attention_cls or backend.attention_class
+    model = load_model(spec.model_path, spec.dtype, device, attention, spec.max_model_len)
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)
-    return runner_class(model, spec.block_size, spec.dtype, device, draft=draft)
+    builds_its_own = runner_class.prepare_inputs is not ModelRunner.prepare_inputs
+    if spec.step_inputs is not step_inputs and builds_its_own:
+        raise ValueError(
+            f"the {spec.attention_backend!r} backend's runner ({runner_class.__name__}) builds "
+            "its step inputs its own way: a step-input builder needs attention_backend='torch'"
+        )
+    return runner_class(
+        model, spec.block_size, spec.dtype, device, draft=draft, sampler=spec.sampler,
+        step_inputs=spec.step_inputs,
+    )  # fmt: skip
 
 
 class TensorParallelExecutor:

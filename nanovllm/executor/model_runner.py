@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -64,13 +65,12 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         draft: ModelRunner | None = None,
+        sampler: Callable[..., Sampler] = Sampler,  # (`engine/parts.py`: a lesson's own)
+        step_inputs: Callable[[SchedulerOutput, int], StepInputs] = step_inputs,
     ) -> None:
-        self.model = model
-        self.block_size = block_size
-        self.dtype = dtype
-        self.device = device
-        self.draft = draft
-        self.sampler = Sampler(draw=draw_for(device))  # vLLM's draw on this device
+        self.model, self.block_size, self.dtype, self.device = model, block_size, dtype, device
+        self.draft, self.step_inputs = draft, step_inputs
+        self.sampler = sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Seconds of the last step's parts, for the step summary event.
         self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)
@@ -98,7 +98,7 @@ class ModelRunner:
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """The step's flat tensors, on the host: input_ids, positions, metadata, logits rows.
         (With tensor parallelism they travel from here to every rank.)"""
-        return step_inputs(out, self.block_size)
+        return self.step_inputs(out, self.block_size)
 
     def inputs_on_device(
         self,

@@ -113,11 +113,11 @@ def _plain_greedy(requests: list[Request], spec_token_ids: list[list[int]] | Non
 
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
-    the lessons swap in the learner's); `draw` picks a token from each filtered row."""
+    a lesson gives the learner's); `draw` picks a token from each filtered row."""
 
-    def __init__(self, filters=apply_filters, draw: Draw = exponential_race) -> None:
-        self.filters = filters
-        self.draw = draw
+    def __init__(self, filters=apply_filters, draw: Draw = exponential_race, verify=None) -> None:
+        self.filters, self.draw = filters, draw  # `verify`: the rules that accept proposals
+        self.verify_greedy, self.verify_random = verify or (verify_greedy, verify_random)
 
     def __call__(
         self,
@@ -174,10 +174,10 @@ class Sampler:
                 )
             elif i not in probs:
                 rows = argmax[starts[i] : starts[i] + counts[i]]
-                token_ids[i] = verify_greedy(rows, spec[i]) if spec[i] else rows
+                token_ids[i] = self.verify_greedy(rows, spec[i]) if spec[i] else rows
             elif spec[i]:
                 generator = generator_for(request, device)
-                token_ids[i] = verify_random(probs[i], spec[i], generator)
+                token_ids[i] = self.verify_random(probs[i], spec[i], generator)
             else:
                 plain_random.append(i)
         if plain_random:

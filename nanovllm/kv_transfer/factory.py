@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nanovllm.events import EventBus
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.offloading import OffloadingConnector
@@ -37,7 +39,17 @@ def create_connector(
     block_size: int,
     model_tag: str,
     events: EventBus | None = None,
+    host_tier_cls: Callable[[int], object] | None = None,
 ) -> KVConnectorBase:
-    """One side (`role`) of the configured connector."""
+    """One side (`role`) of the configured connector; `host_tier_cls`: the class of its host
+    tier (`engine/parts.py`), for a connector that keeps one (None: its own)."""
     check_connector(config)
-    return CONNECTORS[config.kv_connector](config, role, block_size, model_tag, events)
+    cls = CONNECTORS[config.kv_connector]
+    if host_tier_cls is None:
+        return cls(config, role, block_size, model_tag, events)
+    if not getattr(cls, "keeps_a_host_tier", False):
+        raise ValueError(
+            f"a host tier class was given, but the {config.kv_connector} keeps no host tier "
+            "(the OffloadingConnector does)"
+        )
+    return cls(config, role, block_size, model_tag, events, host_tier_cls=host_tier_cls)

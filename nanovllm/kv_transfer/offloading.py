@@ -25,6 +25,7 @@ tier is this engine's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -50,15 +51,16 @@ class OffloadingConnector(KVConnectorBase):
     extra_config: ClassVar[dict[str, str]] = {
         "num_cpu_blocks": "host-memory blocks in the tier, an int >= 1"
     }
-    # The tier's class: the lesson's `--run` swaps in the learner's (`lessons/15_*`).
-    tier_class: ClassVar[type] = HostBlockTier
+    keeps_a_host_tier: ClassVar[bool] = True  # `host_tier_cls` builds it (`create_connector`)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, *args, host_tier_cls: Callable[[int], HostBlockTier] = HostBlockTier
+    ) -> None:
+        super().__init__(*args)
         self.num_cpu_blocks: int = self.config.kv_connector_extra_config["num_cpu_blocks"]
         # Scheduler side: the tier's bookkeeping (this step's loads pin their hashes: no save
         # this step may take their slots).
-        self.tier = self.tier_class(self.num_cpu_blocks)
+        self.tier = host_tier_cls(self.num_cpu_blocks)  # (lesson 15 gives the learner's)
         self.num_saves_dropped = 0  # evicted blocks not saved: every tier slot was pinned
         # Worker side: per layer, the tier's K and V, [num_cpu_blocks, block_size, heads, dim].
         self.host_caches: KVCaches = []

@@ -97,3 +97,18 @@ def test_a_steps_inputs_arrive_whole_through_the_pinned_buffer(model_path) -> No
             assert got[name].device.type == "cuda", name
             assert torch.equal(got[name].cpu(), tensor), name
         assert d_meta.seq_lens_list == meta.seq_lens_list  # the lists stay as they were
+
+
+def test_the_torch_backend_runs_the_plain_runner_on_the_gpu(model_path) -> None:
+    """`attention_backend="torch"` is the plain path on every device (issue 43): on a GPU its
+    runner is `ModelRunner` itself, not the staging CUDA runner, its KV budget is measured all
+    the same, and its greedy tokens are transformers'."""
+    from nanovllm.executor.model_runner import ModelRunner
+
+    prompts = [[5, 17, 42, 9, 100, 3] * k for k in (1, 3)]
+    llm = LLM(str(model_path), attention_backend="torch", dtype="float32", max_num_seqs=4)
+    assert type(llm.llm_engine.runner) is ModelRunner
+    assert llm.llm_engine.num_kv_blocks > 0  # measured on the GPU (`backends/gpu_memory.py`)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model_path, prompts, 12)
