@@ -60,6 +60,8 @@ class EngineConfig:
     enforce_eager: bool = True
     # A KV connector, vLLM's shape: {"kv_connector": NAME, "kv_role": ..., ...} (`kv_transfer/`)
     kv_transfer_config: dict | None = None
+    # vLLM's: schedule step N+1 while step N's forward pass runs (`engine/async_step.py`)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,6 +105,10 @@ class EngineConfig:
             SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
         if self.kv_transfer_config is not None:
             self.check_kv_transfer_config()
+        if self.async_scheduling:
+            from nanovllm.core.async_scheduler import check_async_scheduling
+
+            check_async_scheduling(self)  # a combination it cannot run raises here
         if self.attention_backend not in (None, "torch", "cpu", "triton"):
             raise ValueError(
                 "attention_backend must be 'torch', 'cpu' or 'triton', got "

@@ -1,0 +1,104 @@
+"""AsyncScheduler: schedule step N+1 before step N's tokens are known (vLLM's async scheduling).
+
+The plain Scheduler runs in series with the forward pass: it schedules step N only after step N-1
+has sampled its tokens, because a decoding request's next input *is* that token. With async
+scheduling (`engine/async_step.py`) the engine schedules step N+1 while step N's forward pass is
+still running. It assumes that every request sampling in step N gets exactly one token, and
+counts that token, not yet known, as an *output placeholder* (vLLM's `num_output_placeholders`):
+
+    known tokens:  p0 p1 p2 o0 o1          num_tokens = 5
+    placeholder:                  ?        num_output_placeholders = 1 (step N is sampling it)
+    step N+1:                     ^ computes "?" at position 5; its id is filled in when step N
+                                    has sampled it, just before step N+1's forward pass
+
+So the Scheduler's one rule still holds, with `num_tokens` counting the placeholders: a request
+is given `num_tokens - num_computed_tokens` tokens. Two things move:
+
+- `num_computed_tokens` advances when a step is *scheduled* (step N+1 must already see step N's
+  tokens as computed), not when its output comes back;
+- `update_from_output` only appends the sampled tokens and takes the placeholders back. A request
+  that stopped at step N (or was aborted) is skipped when step N+1's output comes: its token from
+  step N+1 is dropped, and its blocks were freed when it stopped.
+
+A preempted request (its blocks taken back while step N was computing its token) still gets that
+token: it was computed on blocks that were intact until step N ended, and the request will
+recompute everything from its prompt anyway.
+
+What cannot run this way is refused at configuration (`check_async_scheduling`), as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.request import Request
+
+if TYPE_CHECKING:
+    from nanovllm.config import EngineConfig
+
+
+def check_async_scheduling(config: EngineConfig) -> None:
+    """Raise ValueError for the combinations async scheduling does not support here."""
+    refused = {
+        "speculative_config": config.speculative_config is not None,
+        "kv_transfer_config": config.kv_transfer_config is not None,
+        "tensor_parallel_size > 1": config.tensor_parallel_size > 1,
+    }
+    for name, given in refused.items():
+        if given:
+            raise ValueError(
+                f"async_scheduling=True does not support {name} here: step N+1 is scheduled "
+                "before step N's tokens are known, and this feature needs them (use "
+                "async_scheduling=False)"
+            )
+
+
+class AsyncScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Per request id: tokens its scheduled steps will sample that are not known yet.
+        self.num_output_placeholders: dict[str, int] = {}
+
+    def num_tokens(self, request: Request) -> int:
+        return request.num_tokens + self.num_output_placeholders.get(request.request_id, 0)
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        # The step's tokens count as computed from now on, and each sampling request owes one
+        # token more (vLLM's `_update_after_schedule`).
+        for s in out.scheduled:
+            s.request.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            if s.samples:
+                rid = s.request.request_id
+                self.num_output_placeholders[rid] = self.num_output_placeholders.get(rid, 0) + 1
+        return out
+
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+    ) -> list[tuple[Request, int]]:
+        """Append each request's sampled token; its `num_computed_tokens` is already advanced."""
+        got_tokens = []
+        for s in out.scheduled:
+            request = s.request
+            if s.samples:
+                self._take_placeholder(request.request_id)
+            if request.is_finished or not s.samples:
+                continue  # it stopped at the step before (or was aborted): this token is dropped
+            for token in sampled[request.request_id]:
+                request.append_output_token(token)
+            got_tokens.append((request, len(sampled[request.request_id])))
+        return got_tokens
+
+    def rollback_step(self, out: SchedulerOutput) -> None:
+        for s in out.scheduled:
+            if s.samples:
+                self._take_placeholder(s.request.request_id)
+        super().rollback_step(out)
+
+    def _take_placeholder(self, rid: str) -> None:
+        left = self.num_output_placeholders[rid] - 1
+        if left:
+            self.num_output_placeholders[rid] = left
+        else:
+            del self.num_output_placeholders[rid]
