@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
-from nanovllm.request import Request
+from nanovllm.request import FinishReason, Request, RequestStatus
 
 if TYPE_CHECKING:
     from nanovllm.config import EngineConfig
@@ -81,24 +81,33 @@ class AsyncScheduler(Scheduler):
         got_tokens = []
         for s in out.scheduled:
             request = s.request
-            if s.samples:
-                self._take_placeholder(request.request_id)
             if request.is_finished or not s.samples:
                 continue  # it stopped at the step before (or was aborted): this token is dropped
+            self._take_placeholder(request.request_id)
             for token in sampled[request.request_id]:
                 request.append_output_token(token)
             got_tokens.append((request, len(sampled[request.request_id])))
         return got_tokens
 
+    def cache_blocks(self, request: Request) -> None:
+        """Put the blocks now full of known tokens in the prefix cache (vLLM's `cache_blocks`):
+        when step N+1 was scheduled, step N's token was a placeholder, which no hash can name."""
+        if request.status == RequestStatus.RUNNING and self.kv.enable_prefix_caching:
+            self.kv.allocate_slots(request, 0)  # (0 more slots: it only caches what is full)
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        super().finish_request(request, reason)
+        self.num_output_placeholders.pop(request.request_id, None)  # its steps ahead are dropped
+
     def rollback_step(self, out: SchedulerOutput) -> None:
         for s in out.scheduled:
-            if s.samples:
+            if s.samples and not s.request.is_finished:
                 self._take_placeholder(s.request.request_id)
         super().rollback_step(out)
 
     def _take_placeholder(self, rid: str) -> None:
-        left = self.num_output_placeholders[rid] - 1
-        if left:
+        left = self.num_output_placeholders.get(rid, 0) - 1
+        if left > 0:
             self.num_output_placeholders[rid] = left
         else:
-            del self.num_output_placeholders[rid]
+            self.num_output_placeholders.pop(rid, None)

@@ -29,6 +29,7 @@ request has one, the loop does not schedule ahead.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import defaultdict, deque
@@ -40,10 +41,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.events import BlockAllocated, BlockFreed, Event, RequestFinished
+from nanovllm.events import BlockAllocated, BlockFreed, Event, RequestFinished, RequestScheduled
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
+from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.structured_output.manager import grammar_bitmask
 
 if TYPE_CHECKING:
@@ -165,23 +167,32 @@ class AsyncStep:
             raise
         self.in_flight.popleft()
         start = time.perf_counter()
+        sched = without_stopped(step.sched)
+        outputs: list[RequestOutput] = []
         with self._holding() as told:
-            if engine.events.active:
-                for event in self._executor_events(step.sched, step.inputs, result):
+            if engine.events.active and sched.scheduled:
+                inputs = step.inputs
+                if sched is not step.sched:  # (the rows of the kept requests, rebuilt)
+                    inputs = with_prompt_rows(step_inputs(sched, engine.runner.block_size), sched)
+                for event in self._executor_events(sched, inputs, result):
                     engine.events.emit(event)
             scheduler = engine.scheduler
-            step_count, scheduler.step_count = scheduler.step_count, step.sched.step
+            step_count, scheduler.step_count = scheduler.step_count, sched.step
             try:
-                outputs = engine.update_from_output(step.sched, result, forward_time)
+                if sched.scheduled:
+                    outputs = engine.update_from_output(sched, result, forward_time)
             finally:
                 scheduler.step_count = step_count
                 if self.in_flight:  # the next step's sampling sees these tokens (penalties)
                     self.in_flight[0].may_sample.set()
+        with self._holding() as cached:  # blocks its new tokens filled enter the prefix cache
+            for s in sched.scheduled:
+                engine.scheduler.cache_blocks(s.request)
         if self.in_flight:
             later, self.in_flight[0].held_events = self.in_flight[0].held_events, []
         else:
             later, self.held_after_oldest = self.held_after_oldest, []
-        self._flush(merge_step_events(told, later))
+        self._flush(merge_step_events(told, later, cached))
         step.times.outputs = (start, time.perf_counter())
         if self.timeline is not None:
             self.timeline.append(step.times)
@@ -251,8 +262,20 @@ class AsyncStep:
         self.worker.shutdown(wait=True)
 
 
-def merge_step_events(told: list[Event], held: list[Event]) -> list[Event]:
+def without_stopped(sched: SchedulerOutput) -> SchedulerOutput:
+    """The step as the plain loop would have run it: without the requests that stopped (or were
+    aborted) after it was scheduled."""
+    kept = [s for s in sched.scheduled if not s.request.is_finished]
+    return (
+        sched if len(kept) == len(sched.scheduled) else dataclasses.replace(sched, scheduled=kept)
+    )
+
+
+def merge_step_events(told: list[Event], held: list[Event], cached: list[Event]) -> list[Event]:
     """Step N's output events, then step N+1's scheduling events, as the plain loop tells them.
+
+    `cached`: blocks that step N's tokens filled, cached after its outputs; the plain loop
+    caches them when it schedules step N+1, just before the request's `RequestScheduled`.
 
     A request that finished in step N's outputs was never in step N+1 for the plain loop: its
     events from scheduling step N+1 are dropped, with the block it was given there (its
@@ -260,6 +283,10 @@ def merge_step_events(told: list[Event], held: list[Event]) -> list[Event]:
     to it there that lasts (a block it filled was cached; a preemption freed its blocks) is told
     just before it finished, where the plain loop tells it.
     """
+    for e in reversed(cached):
+        at = [i for i, h in enumerate(held) if isinstance(h, RequestScheduled)]
+        at = [i for i in at if held[i].request_id == e.request_id] or [len(held)]
+        held.insert(at[0], e)
     finished = {e.request_id for e in told if isinstance(e, RequestFinished)}
     if not finished:
         return told + held
