@@ -106,14 +106,27 @@ class EngineConfig:
         if self.kv_transfer_config is not None:
             self.check_kv_transfer_config()
         if self.async_scheduling:
-            from nanovllm.core.async_scheduler import check_async_scheduling
-
-            check_async_scheduling(self)  # a combination it cannot run raises here
+            self.check_async_scheduling()
         if self.attention_backend not in (None, "torch", "cpu", "triton"):
             raise ValueError(
                 "attention_backend must be 'torch', 'cpu' or 'triton', got "
                 f"{self.attention_backend!r}"
             )
+
+    def check_async_scheduling(self) -> None:
+        """ValueError for what async scheduling cannot run with here (as vLLM refuses some)."""
+        refused = {
+            "speculative_config": self.speculative_config is not None,
+            "kv_transfer_config": self.kv_transfer_config is not None,
+            "tensor_parallel_size > 1": self.tensor_parallel_size > 1,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ValueError(
+                    f"async_scheduling=True does not support {name} here: step N+1 is scheduled "
+                    "before step N's tokens are known, and this feature needs them (use "
+                    "async_scheduling=False)"
+                )
 
     def check_kv_transfer_config(self) -> None:
         """The connector's own checks, then what it needs of the engine."""

@@ -24,34 +24,13 @@ A preempted request (its blocks taken back while step N was computing its token)
 token: it was computed on blocks that were intact until step N ended, and the request will
 recompute everything from its prompt anyway.
 
-What cannot run this way is refused at configuration (`check_async_scheduling`), as vLLM does.
+What cannot run this way is refused at configuration (`EngineConfig.check_async_scheduling`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.request import FinishReason, Request, RequestStatus
-
-if TYPE_CHECKING:
-    from nanovllm.config import EngineConfig
-
-
-def check_async_scheduling(config: EngineConfig) -> None:
-    """Raise ValueError for the combinations async scheduling does not support here."""
-    refused = {
-        "speculative_config": config.speculative_config is not None,
-        "kv_transfer_config": config.kv_transfer_config is not None,
-        "tensor_parallel_size > 1": config.tensor_parallel_size > 1,
-    }
-    for name, given in refused.items():
-        if given:
-            raise ValueError(
-                f"async_scheduling=True does not support {name} here: step N+1 is scheduled "
-                "before step N's tokens are known, and this feature needs them (use "
-                "async_scheduling=False)"
-            )
 
 
 class AsyncScheduler(Scheduler):
