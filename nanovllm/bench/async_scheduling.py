@@ -98,7 +98,10 @@ def record_timeline(llm: Any, prompts: list, params: Any) -> list[dict[str, Any]
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         engine.async_step.timeline = None
-        return [{"step": t.step, **{p: _since(getattr(t, p), start) for p in PARTS}} for t in steps]
+        return [
+            {"step": i + 1, **{p: _since(getattr(t, p), start) for p in PARTS}}
+            for i, t in enumerate(steps)
+        ]
     # The plain loop: the engine's three verbs, timed on this instance only.
     records: list[dict[str, Any]] = []
     current: dict[str, Any] = {}

@@ -43,7 +43,17 @@ class AsyncScheduler(Scheduler):
         return request.num_tokens + self.num_output_placeholders.get(request.request_id, 0)
 
     def schedule(self) -> SchedulerOutput:
+        # A request whose last token (by max_tokens) is being sampled needs no step more: it sits
+        # this one out, keeping its place (and the plain loop's steps).
+        running = self.running
+        last = {id(r) for r in running if self.num_tokens(r) - r.num_prompt_tokens >= r.max_tokens}
+        if last:
+            self.running = [r for r in running if id(r) not in last]
         out = super().schedule()
+        if last:
+            still, before = {id(r) for r in self.running}, {id(r) for r in running}
+            admitted = [r for r in self.running if id(r) not in before]
+            self.running = [r for r in running if id(r) in last or id(r) in still] + admitted
         # The step's tokens count as computed from now on, and each sampling request owes one
         # token more (vLLM's `_update_after_schedule`).
         for s in out.scheduled:

@@ -106,6 +106,8 @@ class AsyncStep:
         elif not self.in_flight:
             self._flush(self.held_after_oldest)
             self.held_after_oldest = []
+        while self.in_flight and not self.engine.scheduler.has_unfinished_requests():
+            outputs += self._finish_oldest()  # a step for requests that all stopped: drop it
         return outputs
 
     def _may_schedule_ahead(self) -> bool:
