@@ -170,8 +170,8 @@ def render(steps: list[dict[str, Any]], first: int, count: int, width: int = 96)
     window = [s for s in steps if first <= s["step"] < first + count]
     if not window:
         return []
-    t0 = min(min(s[p][0] for p in PARTS) for s in window)
-    t1 = max(max(s[p][1] for p in PARTS) for s in window)
+    # From the first forward pass's start to the last one's outputs (parts outside: clipped).
+    t0, t1 = window[0]["forward"][0], window[-1]["outputs"][1]
     scale = width / max(t1 - t0, 1e-9)
     main, model = [" "] * width, [" "] * width
     for s in window:
@@ -179,8 +179,10 @@ def render(steps: list[dict[str, Any]], first: int, count: int, width: int = 96)
                                  ("outputs", main, "O"), ("forward", model, "#")):  # fmt: skip
             if part not in s:
                 continue
-            a = int((s[part][0] - t0) * scale)
+            a = max(int((s[part][0] - t0) * scale), 0)
             b = max(int((s[part][1] - t0) * scale), a + 1)
+            if s[part][1] < t0:
+                continue
             for i in range(a, min(b, width)):
                 lane[i] = mark
     return ["main  |" + "".join(main) + "|", "model |" + "".join(model) + "|",
