@@ -1,7 +1,8 @@
 """Async scheduling, measured: the same requests with and without it, side by side.
 
 `nanovllm bench --async-scheduling` loads the model twice (`async_scheduling=False` and `True`,
-everything else equal), runs the same greedy requests on both, interleaved over the repeats, and
+everything else equal), runs the same greedy requests on both, interleaved over the repeats
+(which side goes first alternates, so a load that drifts weighs on both alike), and
 prints the median wall time of each, output tokens per second and their ratio, and whether both
 produced the same tokens. Every request generates exactly `max_tokens` tokens (`ignore_eos`),
 so both sides run the same steps over the same batches.
@@ -57,8 +58,10 @@ def run(
         llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     times: dict[str, list[float]] = {name: [] for name in sides}
     tokens: dict[str, list] = {}
-    for _ in range(repeats):
-        for name, llm in sides.items():
+    for repeat in range(repeats):
+        # Alternate which side goes first (ABBA...): a load that drifts over the run then
+        # weighs on both sides alike.
+        for name, llm in list(sides.items())[:: -1 if repeat % 2 else 1]:
             llm.llm_engine.reset_prefix_cache()
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)

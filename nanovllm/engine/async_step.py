@@ -100,7 +100,7 @@ class AsyncStep:
             else:
                 self._submit(sched, held, start)
                 submitted = True
-        outputs, self.engine._pending = self.engine._pending, []
+        outputs = []
         if self.in_flight and not (submitted and len(self.in_flight) == 1):
             outputs += self._finish_oldest()
         elif not self.in_flight:
@@ -108,7 +108,8 @@ class AsyncStep:
             self.held_after_oldest = []
         while self.in_flight and not self.engine.scheduler.has_unfinished_requests():
             outputs += self._finish_oldest()  # a step for requests that all stopped: drop it
-        return outputs
+        pending, self.engine._pending = self.engine._pending, []  # (kept if a step raised)
+        return pending + outputs
 
     def _may_schedule_ahead(self) -> bool:
         """One step ahead at most; none while a running request's grammar needs its last token."""
