@@ -274,7 +274,14 @@ PLANTED_BUGS = [
     PlantedBug(
         "abort-outputs-lost-when-a-step-fails",
         "nanovllm/engine/llm_engine.py",
-        (("            self._pending = outputs + self._pending", "            pass"),),
+        (
+            (
+                "        sched = self.scheduler.schedule()\n        result = None if",
+                "        outputs, self._pending = self._pending, []\n"
+                "        sched = self.scheduler.schedule()\n        result = None if",
+            ),
+            ("        outputs, self._pending = self._pending, []  # the outputs of aborts", "  #"),
+        ),
         ("tests/test_robustness.py", "-k", "abort_output"),
         "An aborted request's final output must reach the caller.",
     ),
