@@ -224,3 +224,40 @@ def test_combinations_it_cannot_run_are_refused(options: dict, named: str) -> No
     with pytest.raises(ValueError, match=f"async_scheduling=True does not support {named}"):
         EngineConfig(async_scheduling=True, **options)
     EngineConfig(**options)  # (fine without it)
+
+
+def test_the_cli_flag_reaches_the_engine_config() -> None:
+    import argparse
+
+    from nanovllm.engine.generate_cli import add_engine_arguments, engine_options
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_options(parser.parse_args(["--async-scheduling"]))["async_scheduling"] is True
+    assert engine_options(parser.parse_args([]))["async_scheduling"] is False
+
+
+def test_a_grammar_in_the_batch_gives_the_plain_loops_tokens(checkpoint) -> None:
+    """A grammar masks each step by the token before it, which a step scheduled ahead does not
+    have yet: the loop stops scheduling ahead while such a request runs. Seeded sampling, so a
+    wrong mask (or a token drawn from the wrong step) shows."""
+    from nanovllm import StructuredOutputsParams
+
+    path, prompts, _ = checkpoint
+    constrained = SamplingParams(
+        temperature=1.0, max_tokens=12, seed=3,
+        structured_outputs=StructuredOutputsParams(regex="[a-c]{3,8}"),
+    )  # fmt: skip
+    free = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    texts = []
+    for async_scheduling in (False, True):
+        llm = LLM(str(path), async_scheduling=async_scheduling, block_size=4)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts[:4]],
+            [free, constrained, free, constrained],
+            use_tqdm=False,
+        )
+        assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
+        texts.append([(o.outputs[0].token_ids, o.outputs[0].text) for o in outs])
+    assert texts[0] == texts[1]
+    assert all(re.fullmatch("[a-c]{3,8}", texts[1][i][1]) for i in (1, 3))
