@@ -23,7 +23,8 @@ order the plain loop tells them: step N's scheduling, its executor events, its o
 step N+1's scheduling.
 
 Sampling step N+1 waits until step N's outputs are made (penalties read the output tokens so
-far). A grammar (structured outputs) needs the token before it to mask the next: while a running
+far). The step summary event of step N, made with its outputs, counts the KV slots step N+1
+was already given (`num_filled_slots`); every other event is the plain loop's. A grammar (structured outputs) needs the token before it to mask the next: while a running
 request has one, the loop does not schedule ahead.
 """
 
@@ -59,7 +60,9 @@ class StepTimes:
 
     step: int
     schedule: tuple[float, float] = (0.0, 0.0)  # scheduling and building the inputs (main)
-    forward: tuple[float, float] = (0.0, 0.0)  # forward pass and sampling (worker)
+    # Filling the placeholders, forward pass and sampling (worker; sampling first waits, if
+    # need be, until the step before has made its outputs).
+    forward: tuple[float, float] = (0.0, 0.0)
     outputs: tuple[float, float] = (0.0, 0.0)  # update, detokenize, stops, outputs (main)
 
 
