@@ -261,3 +261,39 @@ def test_a_grammar_in_the_batch_gives_the_plain_loops_tokens(checkpoint) -> None
         texts.append([(o.outputs[0].token_ids, o.outputs[0].text) for o in outs])
     assert texts[0] == texts[1]
     assert all(re.fullmatch("[a-c]{3,8}", texts[1][i][1]) for i in (1, 3))
+
+
+def test_a_forward_pass_that_fails_undoes_both_steps_in_flight_and_loses_nothing(
+    checkpoint,
+) -> None:
+    """The step after a failed one was scheduled on its tokens: both are rolled back (their
+    requests recompute), the error reaches the caller, and the run then ends as without it."""
+    from nanovllm.engine.llm_engine import LLMEngine
+
+    path, prompts, expected = checkpoint
+    engine = LLMEngine(EngineConfig(model=str(path), async_scheduling=True, block_size=4))
+    real = engine.runner.forward_logits
+    calls = {"n": 0}
+
+    def flaky(*args):
+        calls["n"] += 1
+        if calls["n"] in (2, 6):  # mid-prefill and mid-decode
+            raise RuntimeError("injected fault")
+        return real(*args)
+
+    engine.runner.forward_logits = flaky
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    final, failures = {}, 0
+    while engine.has_unfinished_requests():
+        try:
+            outputs = engine.step()
+        except RuntimeError:
+            failures += 1
+            continue
+        final.update({o.request_id: o for o in outputs if o.finished})
+    assert failures == 2
+    assert [final[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected
+    assert engine.kv_cache_manager.num_used_blocks == 0
+    assert not engine.scheduler.num_output_placeholders

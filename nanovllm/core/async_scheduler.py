@@ -38,6 +38,9 @@ class AsyncScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         # Per request id: tokens its scheduled steps will sample that are not known yet.
         self.num_output_placeholders: dict[str, int] = {}
+        # Per step in flight: the blocks it registered in the prefix cache (their KV is written
+        # by that step or the one before), to take back out if it fails (`rollback_step`).
+        self.cached_by_step: dict[int, list] = {}
 
     def num_tokens(self, request: Request) -> int:
         return request.num_tokens + self.num_output_placeholders.get(request.request_id, 0)
@@ -49,7 +52,10 @@ class AsyncScheduler(Scheduler):
         last = {id(r) for r in running if self.num_tokens(r) - r.num_prompt_tokens >= r.max_tokens}
         if last:
             self.running = [r for r in running if id(r) not in last]
+        self.kv.step_cached_blocks = []  # (a list of this step's own: two steps are in flight)
         out = super().schedule()
+        self.cached_by_step = {out.step - 1: self.cached_by_step.get(out.step - 1, [])}
+        self.cached_by_step[out.step] = self.kv.step_cached_blocks
         if last:
             still, before = {id(r) for r in self.running}, {id(r) for r in running}
             admitted = [r for r in self.running if id(r) not in before]
@@ -89,6 +95,8 @@ class AsyncScheduler(Scheduler):
         self.num_output_placeholders.pop(request.request_id, None)  # its steps ahead are dropped
 
     def rollback_step(self, out: SchedulerOutput) -> None:
+        """Undo a failed step (and, newest first, the one scheduled after it)."""
+        self.kv.step_cached_blocks = self.cached_by_step.pop(out.step, [])
         for s in out.scheduled:
             if s.samples and not s.request.is_finished:
                 self._take_placeholder(s.request.request_id)
