@@ -146,6 +146,8 @@ def test_n_greater_than_one_and_a_stop_string(checkpoint) -> None:
     for params in (
         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, n=2),
         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop]),
+        # (penalties read the output so far: sampling step N+1 must see step N's token)
+        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, presence_penalty=2),
     ):
         sync_outs, sync_events, _ = run(path, prompts[:3], params, block_size=4)
         outs, events, _ = run(path, prompts[:3], params, block_size=4, async_scheduling=True)
@@ -153,7 +155,8 @@ def test_n_greater_than_one_and_a_stop_string(checkpoint) -> None:
         want = [[(c.token_ids, c.text, c.finish_reason) for c in o.outputs] for o in sync_outs]
         assert got == want
         assert per_request(events) == per_request(sync_events)
-    assert outs[0].outputs[0].finish_reason == "stop"
+        if params.stop:
+            assert outs[0].outputs[0].finish_reason == "stop"
 
 
 @settings(max_examples=examples(4), deadline=None)
@@ -297,3 +300,25 @@ def test_a_forward_pass_that_fails_undoes_both_steps_in_flight_and_loses_nothing
     assert [final[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected
     assert engine.kv_cache_manager.num_used_blocks == 0
     assert not engine.scheduler.num_output_placeholders
+
+
+def test_sampling_waits_for_the_outputs_of_the_step_before(checkpoint) -> None:
+    """Penalties read a request's output so far, so step N+1 samples only once step N's token
+    is appended. Outputs made slowly (a sleep before the append) leave the worker time to
+    sample too early, if it did not wait."""
+    import time
+
+    path, prompts, _ = checkpoint
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, presence_penalty=2)
+    plain, _, _ = run(path, prompts[:2], params)
+    llm = LLM(str(path), async_scheduling=True)
+    scheduler = llm.llm_engine.scheduler
+    append = scheduler.update_from_output
+
+    def slow(*args):
+        time.sleep(0.02)
+        return append(*args)
+
+    scheduler.update_from_output = slow
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
