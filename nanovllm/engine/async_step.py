@@ -23,9 +23,9 @@ order the plain loop tells them: step N's scheduling, its executor events, its o
 step N+1's scheduling.
 
 Sampling step N+1 waits until step N's outputs are made (penalties read the output tokens so
-far). The step summary event of step N, made with its outputs, counts the KV slots step N+1
-was already given (`num_filled_slots`); every other event is the plain loop's. A grammar (structured outputs) needs the token before it to mask the next: while a running
-request has one, the loop does not schedule ahead.
+far). A grammar (structured outputs) needs the token before it to mask the next: while a running
+request has one, the loop does not schedule ahead. The step summary event of step N, made with
+its outputs, counts the KV slots step N+1 was already given (`num_filled_slots`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.events import BlockAllocated, BlockFreed, Event, RequestFinished, RequestScheduled
+from nanovllm.events import (
+    BlockAllocated,
+    BlockCached,
+    BlockFreed,
+    Event,
+    RequestFinished,
+    RequestScheduled,
+)
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
@@ -264,9 +271,6 @@ class AsyncStep:
         for event in events:
             self._emit_now(event)
 
-    def close(self) -> None:
-        self.worker.shutdown(wait=True)
-
 
 def without_stopped(sched: SchedulerOutput) -> SchedulerOutput:
     """The step as the plain loop would have run it: without the requests that stopped (or were
@@ -307,7 +311,7 @@ def merge_step_events(told: list[Event], held: list[Event], cached: list[Event])
         rid = getattr(e, "request_id", None)
         if rid not in finished:
             later.append(e)
-        elif type(e).__name__ in ("BlockCached", "BlockFreed") and (rid, e.block_id) not in given:
+        elif isinstance(e, BlockCached | BlockFreed) and (rid, e.block_id) not in given:
             carried[rid].append(e)
     merged = []
     for e in told:
