@@ -64,6 +64,8 @@ class EngineConfig:
     # The parts the engine is built from, an `EngineParts` (`engine/parts.py`: a lesson gives
     # the learner's); None: the engine's own.
     parts: Any = None
+    # vLLM's: schedule step N+1 while step N's forward pass runs (`engine/async_step.py`)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,11 +109,28 @@ class EngineConfig:
             SpeculativeConfig.from_dict(self.speculative_config)  # a bad value raises here
         if self.kv_transfer_config is not None:
             self.check_kv_transfer_config()
+        if self.async_scheduling:
+            self.check_async_scheduling()
         if self.attention_backend not in (None, "torch", "cpu", "triton"):
             raise ValueError(
                 "attention_backend must be 'torch', 'cpu' or 'triton', got "
                 f"{self.attention_backend!r}"
             )
+
+    def check_async_scheduling(self) -> None:
+        """ValueError for what async scheduling cannot run with here (as vLLM refuses some)."""
+        refused = {
+            "speculative_config": self.speculative_config is not None,
+            "kv_transfer_config": self.kv_transfer_config is not None,
+            "tensor_parallel_size > 1": self.tensor_parallel_size > 1,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ValueError(
+                    f"async_scheduling=True does not support {name} here: step N+1 is scheduled "
+                    "before step N's tokens are known, and this feature needs them (use "
+                    "async_scheduling=False)"
+                )
 
     def check_kv_transfer_config(self) -> None:
         """The connector's own checks, then what it needs of the engine."""

@@ -342,8 +342,12 @@ PLANTED_BUGS = [
         "LLMEngine.step",
         (
             (
-                "        self._pending = outputs + self._pending\n",
-                "        pass\n",
+                "    sched = self.scheduler.schedule()\n"
+                "    result = None if sched.is_empty else self.execute_model(sched)\n"
+                "    outputs, self._pending = (self._pending, [])\n",
+                "    outputs, self._pending = (self._pending, [])\n"
+                "    sched = self.scheduler.schedule()\n"
+                "    result = None if sched.is_empty else self.execute_model(sched)\n",
             ),
         ),
         ("tests/test_robustness.py", "-k", "abort_output"),

@@ -140,6 +140,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and with a JSON schema, interleaved (nanovllm/bench/structured.py)",
     )
     add(
+        "--async-scheduling",
+        action="store_true",
+        help="only nanovllm without and with async scheduling, the same greedy requests "
+        "interleaved (nanovllm/bench/async_scheduling.py; --num-requests default 16, "
+        "--output-len 64, --prompt-len 32:128)",
+    )
+    add(
+        "--timeline",
+        action="store_true",
+        help="--async-scheduling: also print when each step's CPU work and forward pass ran",
+    )
+    add(
         "--multi-turn",
         action="store_true",
         help="only nanovllm without and with --kv-transfer-config (an OffloadingConnector), "
@@ -209,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.structured_outputs:
         return _structured_outputs(args)
+    if args.async_scheduling:
+        return _async_scheduling(args)
     if args.multi_turn:
         return _multi_turn(args)
     if args.disagg:
@@ -318,6 +332,38 @@ def _disagg(args: argparse.Namespace) -> int:
         )
 
     return _measure_and_report(args, measure, disagg.print_report)[0]
+
+
+def _async_scheduling(args: argparse.Namespace) -> int:
+    """`--async-scheduling`: nanovllm alone, the plain step loop vs the overlapped one."""
+    import json
+
+    import torch
+
+    from nanovllm.bench import async_scheduling
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {
+        name: getattr(args, name)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
+        if getattr(args, name) is not None
+    }
+    result = async_scheduling.run(
+        model=(args.models or ["embedded"])[0],
+        num_requests=args.num_requests or 16,
+        prompt_len=tuple(args.prompt_len) if args.prompt_len else (32, 128),
+        output_len=args.output_len[1] if args.output_len else 64,
+        repeats=args.repeats or 3,
+        seed=args.seed or 0,
+        timeline=args.timeline,
+        **options,
+    )
+    async_scheduling.print_report(result)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        print(text) if args.json == "-" else open(args.json, "w").write(text)
+    return 0
 
 
 def _structured_outputs(args: argparse.Namespace) -> int:

@@ -139,8 +139,7 @@ class Scheduler:
         if self.connector is not None:
             self.connector.request_finished(request, self.kv.block_ids(request.request_id))
         self.kv.free(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
+        request.status, request.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request.request_id]
         if self.events.active:
             self.events.emit(
@@ -160,18 +159,15 @@ class Scheduler:
         self.step_count += 1
         self.kv.begin_step()
         out = SchedulerOutput(step=self.step_count)
-        budget = self.max_num_batched_tokens
-        lookahead = self.num_lookahead_tokens
+        budget, lookahead = self.max_num_batched_tokens, self.num_lookahead_tokens
 
         # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
         # plus any proposed tokens to verify).
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(
-                request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens,
-                budget,
-            )
+            num_tokens = self.num_tokens(request) + len(request.spec_token_ids)
+            num_new = min(num_tokens - request.num_computed_tokens, budget)
             # Make room in the KV cache, preempting the newest running request until it fits.
             while self.kv.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = self.running.pop()
@@ -284,10 +280,10 @@ class Scheduler:
 
     def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
-        computed, num_tokens = request.num_computed_tokens, request.num_tokens
+        computed, num_tokens = request.num_computed_tokens, self.num_tokens(request)
         num_spec = max(computed + num_new - num_tokens, 0)  # (the budget may cut some)
         samples = computed + num_new >= num_tokens
-        is_prefill = request.num_output_tokens == 0 or computed + 1 < num_tokens
+        is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         block_table = self.kv.block_ids(request.request_id)
         out.scheduled.append(
             ScheduledRequest(
@@ -311,6 +307,10 @@ class Scheduler:
                     is_prefill and not samples,
                 )
             )
+
+    def num_tokens(self, request: Request) -> int:
+        """Its tokens (the async scheduler counts those still being sampled, too)."""
+        return request.num_tokens
 
     def preempt(self, request: Request) -> None:
         """Free `request`'s blocks and put it at the front of the waiting queue, to recompute."""

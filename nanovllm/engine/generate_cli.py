@@ -43,6 +43,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="schedule step N+1 while step N's forward pass runs (vLLM's async scheduling; "
+        "nanovllm/engine/async_step.py)",
+    )
+    g.add_argument(
         "--speculative-config",
         default=None,
         metavar="JSON",
@@ -85,6 +91,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
+        async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=json_flag("--speculative-config", args.speculative_config),
         kv_transfer_config=json_flag("--kv-transfer-config", args.kv_transfer_config),

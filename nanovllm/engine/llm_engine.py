@@ -8,14 +8,12 @@
                         v
     step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
 
-`step()` runs exactly one iteration of continuous batching and returns a `RequestOutput` for
-each request that made progress (got a token, or finished). `stream()` wraps it for callers that
-want text as it appears. Every state change is published as an event (`subscribe`).
+`step()` is `schedule`, `execute_model`, `update_from_output`: one iteration of continuous
+batching, a `RequestOutput` for each request that progressed. Every state change is an event.
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
-`input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
-a `ValueError` naming the bad value, before it takes anything), and `output_processor.py` turns
-sampled tokens into text, stops and `RequestOutput`s.
+`input_processor.py` turns a caller's prompt into checked `Request`s (a bad one: a `ValueError`
+naming the bad value), and `output_processor.py` turns tokens into text, stops and outputs.
 """
 
 from __future__ import annotations
@@ -25,13 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
+from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
 from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
-from nanovllm.engine.snapshot import step_summary, token_texts
-from nanovllm.events import Event, EventBus, RequestAdded
+from nanovllm.engine.snapshot import request_added, step_summary
+from nanovllm.events import Event, EventBus
+from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
@@ -67,9 +67,8 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
             parts.free_block_queue,
         )  # fmt: skip
-        # A KV connector's scheduler side, or None (its worker side runs around the step).
-        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
-        self.scheduler = parts.scheduler_cls(config, kv, self.events, lookahead, connector)
+        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)  # or None
+        self.scheduler = setup.scheduler_class(config, kv, self.events, lookahead, connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -85,6 +84,7 @@ class LLMEngine:
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
         self.started_event = setup.started_event(config)  # what a subscriber hears first
+        self.async_step = setup.async_step(self)  # None, unless async scheduling (`async_step.py`)
 
     @classmethod
     def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
@@ -123,15 +123,7 @@ class LLMEngine:
             self.output_processor.add_request(request, parent)
             self.scheduler.add_request(request)
             if self.events.active:
-                self.events.emit(
-                    RequestAdded(
-                        request.request_id,
-                        request.prompt,
-                        request.num_prompt_tokens,
-                        request.max_tokens,
-                        token_texts(self.tokenizer, request.prompt_token_ids),
-                    )
-                )
+                self.events.emit(request_added(self.tokenizer, request))
         return requests[0]
 
     def _is_known(self, request_id: str) -> bool:
@@ -180,28 +172,36 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One iteration of continuous batching: schedule, run the model, advance the requests,
-        turn their new tokens into outputs, propose the next step's tokens (speculative
-        decoding). Returns the outputs of every request that progressed or was aborted."""
+        outputs, proposals. Returns the outputs of every request that progressed or was aborted."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
-        outputs, self._pending = self._pending, []
+        if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
+            return self.async_step.step()
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return outputs
+        result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
+        outputs, self._pending = self._pending, []  # the outputs of aborts come first
+        return outputs + (self.update_from_output(sched, result) if result is not None else [])
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run the step's forward pass and sample; None when a KV load failed (rolled back)."""
         sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
         try:
-            result = self.executor.execute(sched)
+            return self.executor.execute(sched)
         except KVLoadError as exc:  # before the forward pass: those requests compute instead
             self.scheduler.rollback_step(sched)
             self.kv_connector.load_failed(sched.step, exc.errors)
-            return outputs
+            return None
         except Exception as exc:
             self.scheduler.rollback_step(sched)
-            self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
             if isinstance(exc, WorkerGroupError):  # a rank died (named): the group is closed
                 self._dead = exc
             raise
-        forward_time = self.runner.last_forward_time + self.runner.last_sample_time
+
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput, forward_time: float = 0.0
+    ) -> list[RequestOutput]:
+        """Advance the step's requests by their sampled tokens; their outputs."""
+        forward_time = forward_time or self.runner.last_forward_time + self.runner.last_sample_time
         progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
         if self.proposer is not None:
             self.spec_stats.record_step(sched, result.sampled_token_ids, self.events)
@@ -210,7 +210,7 @@ class LLMEngine:
         progress += self.output_processor.process_new_tokens(
             sched.step, updated, result.logprobs, self.scheduler.finish_request
         )
-        outputs.extend(self.output_processor.make_request_outputs(progress))
+        outputs = self.output_processor.make_request_outputs(progress)
         if self.proposer is not None:
             start = time.perf_counter()
             propose_next_tokens(

@@ -25,11 +25,14 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
+from nanovllm.core.async_scheduler import AsyncScheduler
+from nanovllm.core.scheduler import Scheduler
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.parts import EngineParts
@@ -56,6 +59,10 @@ from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.speculative_config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from nanovllm.engine.async_step import AsyncStep
+    from nanovllm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("nanovllm")
 
@@ -89,6 +96,7 @@ class EngineSetup:
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
     parts: EngineParts = field(default_factory=EngineParts)  # what the engine is built from
+    async_scheduling: bool = False  # vLLM's async scheduling (`engine/async_step.py`)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -102,6 +110,23 @@ class EngineSetup:
             result = getattr(self.runner, method)(*args)
             return [result] if all else result
         return self.group.run_all(method, *args) if all else self.group.run(method, *args)
+
+    @property
+    def scheduler_class(self) -> type[Scheduler]:
+        """The parts' Scheduler, or with async scheduling the one that schedules a step ahead."""
+        if not self.async_scheduling:
+            return self.parts.scheduler_cls
+        if self.parts.scheduler_cls is not Scheduler:
+            raise ValueError("async_scheduling=True cannot run a given scheduler_cls part")
+        return AsyncScheduler
+
+    def async_step(self, engine: LLMEngine) -> AsyncStep | None:
+        """The overlapped step loop for `engine` (None: the engine's own `step` runs alone)."""
+        if not self.async_scheduling:
+            return None
+        from nanovllm.engine.async_step import AsyncStep
+
+        return AsyncStep(engine)
 
     def started_event(self, config: EngineConfig) -> EngineStarted:
         """The engine's description, the first event every subscriber receives."""
@@ -199,6 +224,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
         parts=parts,
     )  # fmt: skip
+    setup.async_scheduling = config.async_scheduling
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
     setup.on_every_rank("allocate_kv_cache", setup.num_kv_blocks)

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
 from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
-from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot, StepSummary
+from nanovllm.events import (
+    BlockSnapshot,
+    EngineSnapshot,
+    RequestAdded,
+    RequestSnapshot,
+    StepSummary,
+)
 from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.request import Request, RequestStatus
 
@@ -31,6 +37,17 @@ if TYPE_CHECKING:
 def token_texts(tokenizer, token_ids: list[int]) -> tuple[str, ...]:
     """The text of each token on its own (a byte-level piece of a character decodes to U+FFFD)."""
     return tuple(tokenizer.decode([t]) for t in token_ids)
+
+
+def request_added(tokenizer, request: Request) -> RequestAdded:
+    """The event of a request the engine accepted (with each prompt token's text)."""
+    return RequestAdded(
+        request.request_id,
+        request.prompt,
+        request.num_prompt_tokens,
+        request.max_tokens,
+        token_texts(tokenizer, request.prompt_token_ids),
+    )
 
 
 def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
