@@ -67,7 +67,7 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
             parts.free_block_queue,
         )  # fmt: skip
-        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)  # or None
+        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
         self.scheduler = setup.scheduler_class(config, kv, self.events, lookahead, connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
         self.input_processor = InputProcessor(
