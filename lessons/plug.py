@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -603,8 +604,6 @@ class YourVerification:
         self.verify_greedy, self.verify_random = verify_greedy, verify_random
 
     def __call__(self, logits: torch.Tensor, requests, spec_token_ids=None):
-        from nanovllm.executor import sampler as module
-
         vocab = logits.shape[-1]
 
         def greedy(target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
@@ -628,12 +627,12 @@ class YourVerification:
                 )
             return tokens
 
-        stock = module.verify_greedy, module.verify_random
-        module.verify_greedy, module.verify_random = greedy, random
+        stock = self.sampler.verifier
+        self.sampler.verifier = SimpleNamespace(greedy=greedy, random=random)
         try:
             return self.sampler(logits, requests, spec_token_ids)
         finally:
-            module.verify_greedy, module.verify_random = stock
+            self.sampler.verifier = stock
 
 
 def _rule_broken(tokens: list[int], proposals: list[int], target_probs: torch.Tensor) -> str | None:

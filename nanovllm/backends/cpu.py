@@ -27,6 +27,7 @@ import torch
 from nanovllm.backends import Backend
 from nanovllm.backends.cpu_linear import prepack_linear_weights
 from nanovllm.backends.input_batch import InputBatch
+from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_inputs import StepInputs
@@ -97,6 +98,7 @@ class CpuModelRunner(ModelRunner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.input_batch = InputBatch(self.block_size)
+        self.sampler = FastSampler(draw=self.sampler.draw)  # (the same tokens, sooner)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         return self.input_batch.prepare(out)

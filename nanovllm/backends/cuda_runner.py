@@ -27,6 +27,7 @@ import torch
 
 from nanovllm.backends.cuda_graphs import Capture, DecodeGraphs, capture_cuda_graph
 from nanovllm.backends.input_batch import InputBatch
+from nanovllm.backends.sampler import FastSampler
 from nanovllm.backends.staging import InputStaging
 from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
 from nanovllm.executor.memory import gpu_kv_cache_budget
@@ -41,6 +42,7 @@ class CudaModelRunner(ModelRunner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.input_batch = InputBatch(self.block_size)
+        self.sampler = FastSampler(draw=self.sampler.draw)  # (the same tokens, sooner)
         self.staging = InputStaging(self.device)
         # Decode steps replayed from CUDA graphs (`capture_decode_graphs`); None: all eager.
         self.graphs: DecodeGraphs | None = None

@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
+from nanovllm.kv_transfer.null import NullConnector
 from nanovllm.request import FinishReason, Request, RequestStatus
-from nanovllm.structured_output.bitmask import GrammarBitmask
 
 if TYPE_CHECKING:
     from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata
+    from nanovllm.structured_output.bitmask import GrammarBitmask
 
 
 @dataclass(slots=True)
@@ -93,7 +94,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         events: EventBus,
         num_lookahead_tokens: int = 0,
-        connector: KVConnectorBase | None = None,
+        connector: KVConnectorBase | NullConnector | None = None,
     ):
         self.config = config
         self.kv = kv_cache_manager
@@ -103,8 +104,9 @@ class Scheduler:
         # With a draft model, every request holds this many KV slots past the tokens it
         # computes, where the draft writes the KV of its proposals (`allocate_slots`).
         self.num_lookahead_tokens = num_lookahead_tokens
-        # A KV connector's scheduler side: more computed tokens, from outside the device pool.
-        self.connector = connector
+        # The KV source asked at admission: a KV connector's scheduler side (more computed
+        # tokens, from outside the device pool), or the `NullConnector`, which supplies none.
+        self.connector = connector or NullConnector()
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -136,8 +138,7 @@ class Scheduler:
             self.running.remove(request)  # O(max_num_seqs), not O(waiting)
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
-        if self.connector is not None:
-            self.connector.request_finished(request, self.kv.block_ids(request.request_id))
+        self.connector.request_finished(request, self.kv.block_ids(request.request_id))
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -193,8 +194,8 @@ class Scheduler:
             computed_blocks, num_cached, num_external = [], 0, 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(request)
-                if self.connector is not None:  # the blocks right after them, from outside
-                    num_external, _ = self.connector.get_num_new_matched_tokens(request, num_cached)
+                # The blocks right after them, from outside the device pool.
+                num_external, _ = self.connector.get_num_new_matched_tokens(request, num_cached)
             num_new = request.num_tokens - num_cached - num_external
             if num_new > budget and not self.config.enable_chunked_prefill:
                 out.waiting_reason = "token_budget"  # unchunked, a prompt must fit the budget
@@ -204,10 +205,9 @@ class Scheduler:
             num_slots = num_new + num_external
             if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
                 break  # not enough free blocks: wait for running requests to finish
-            if self.connector is not None:
-                self.connector.update_state_after_alloc(
-                    request, self.kv.block_ids(request.request_id), num_external
-                )
+            self.connector.update_state_after_alloc(
+                request, self.kv.block_ids(request.request_id), num_external
+            )
             self.waiting.popleft()
             self.num_waiting -= 1
             self.running.append(request)
@@ -220,9 +220,8 @@ class Scheduler:
             self.add_to_step(out, request, num_new)
             budget -= num_new
 
-        if self.connector is not None:
-            out.evicted_blocks = list(self.kv.step_evicted_blocks)
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        out.evicted_blocks = list(self.kv.step_evicted_blocks)
+        out.kv_connector_metadata = self.connector.build_connector_meta(out)
         out.schedule_time = time.perf_counter() - start
         return out
 

@@ -8,9 +8,16 @@
                         v
     step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
 
-`step()` runs exactly one iteration of continuous batching and returns a `RequestOutput` for
-each request that made progress (got a token, or finished). `stream()` wraps it for callers that
+`step()` runs exactly one iteration of continuous batching, in vLLM's verbs: the scheduler's
+`schedule()`, then `execute_model` (the forward pass and sampling on every rank), then
+`update_from_output` (the scheduler, the outputs, the statistics, the next proposals). It
+returns a `RequestOutput` for each request that made progress (got a token, or finished). `stream()` wraps it for callers that
 want text as it appears. Every state change is published as an event (`subscribe`).
+
+Optional features attach at one place each: a KV connector is the scheduler's KV source (by
+default the `NullConnector`, which supplies nothing), speculation is the `speculator` (by default
+`NoSpeculation`), structured outputs are the logits mask of the step. `stats` is the one
+object of figures about the steps (`stats.py`).
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
 `input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
@@ -26,19 +33,21 @@ from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
 from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
 from nanovllm.engine.snapshot import step_summary, token_texts
+from nanovllm.engine.stats import EngineStats
 from nanovllm.events import Event, EventBus, RequestAdded
+from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
+from nanovllm.kv_transfer.null import NullConnector
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.metrics import SpecDecodingStats
-from nanovllm.spec_decode.propose import propose_next_tokens
+from nanovllm.spec_decode.speculator import speculator_for
 from nanovllm.structured_output.manager import grammar_bitmask
 
 logger = logging.getLogger("nanovllm")
@@ -57,18 +66,21 @@ class LLMEngine:
         self.runner, self.group, self.executor = setup.runner, setup.group, setup.executor
         self.model = self.runner.model
         self.num_kv_blocks = setup.num_kv_blocks
+        self.stats = EngineStats()  # figures about the steps, filled once per step
         # Speculative decoding: the proposer (an n-gram search or a draft model), and counts of
-        # what was proposed and accepted.
+        # what was proposed and accepted (or `NoSpeculation`).
         self.speculative_config, self.proposer = setup.speculative_config, setup.proposer
         lookahead = setup.num_lookahead_tokens
-        self.spec_stats = SpecDecodingStats()
-        self.last_propose_time = 0.0  # seconds the last step spent proposing
+        self.spec_stats = self.stats.spec_decoding
+        self.speculator = speculator_for(setup.proposer, self.spec_stats)
         self._dead: BaseException | None = None  # set when a rank died: no step can run
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
-        # A KV connector's scheduler side, or None (its worker side runs around the step).
-        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
+        # A KV connector's scheduler side (its worker side runs around the step), or the null
+        # one, which supplies nothing.
+        connector = setup.connector(KVConnectorRole.SCHEDULER, self.events) or NullConnector()
+        self.kv_connector = connector
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
@@ -92,9 +104,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop tensor parallelism's workers (also done at exit) and a KV connector's link."""
-        for part in (self.group, self.kv_connector):
-            if part is not None:
-                part.close()
+        self.kv_connector.close()
+        if self.group is not None:
+            self.group.close()
 
     def __del__(self) -> None:
         group = getattr(self, "group", None)
@@ -169,7 +181,7 @@ class LLMEngine:
         (returns False, with a warning) while any block is in use: a running request's blocks
         would otherwise keep serving KV computed before the reset."""
         reset = self.kv_cache_manager.reset_prefix_cache()
-        if reset and self.kv_connector is not None:
+        if reset:
             self.kv_connector.reset_cache()  # (the host tier too)
         return reset
 
@@ -179,48 +191,60 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One iteration of continuous batching: schedule, run the model, advance the requests,
-        turn their new tokens into outputs, propose the next step's tokens (speculative
-        decoding). Returns the outputs of every request that progressed or was aborted."""
+        """One iteration of continuous batching: schedule, execute the model, update from its
+        output. Returns the outputs of every request that progressed or was aborted."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
-        sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
         try:
-            result = self.executor.execute(sched)
-        except KVLoadError as exc:  # before the forward pass: those requests compute instead
+            result = self.execute_model(sched)
+        except Exception:
+            self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
+            raise
+        if result is not None:
+            outputs.extend(self.update_from_output(sched, result))
+        return outputs
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
+        """The step's forward pass and sampling, on every rank, with the step's logits mask
+        (structured outputs). None when a KV connector could not load: the step is undone and
+        those requests compute their tokens instead. A failed step is undone and raises."""
+        sched.grammar_bitmask = grammar_bitmask(sched, self.events)
+        try:
+            return self.executor.execute(sched)
+        except KVLoadError as exc:  # before the forward pass
             self.scheduler.rollback_step(sched)
             self.kv_connector.load_failed(sched.step, exc.errors)
-            return outputs
+            return None
         except Exception as exc:
             self.scheduler.rollback_step(sched)
-            self._pending = outputs + self._pending  # the aborts' outputs wait for the next step
             if isinstance(exc, WorkerGroupError):  # a rank died (named): the group is closed
                 self._dead = exc
             raise
-        forward_time = self.runner.last_forward_time + self.runner.last_sample_time
+
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> list[RequestOutput]:
+        """Advance the scheduler's requests by the sampled tokens, turn them into outputs, fill
+        the step's statistics, and propose the next step's tokens to verify."""
         progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
-        if self.proposer is not None:
-            self.spec_stats.record_step(sched, result.sampled_token_ids, self.events)
+        self.speculator.record(sched, result.sampled_token_ids, self.events)
         updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
         self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progress += self.output_processor.process_new_tokens(
             sched.step, updated, result.logprobs, self.scheduler.finish_request
         )
-        outputs.extend(self.output_processor.make_request_outputs(progress))
-        if self.proposer is not None:
-            start = time.perf_counter()
-            propose_next_tokens(
-                self.proposer, self.scheduler.running, self.kv_cache_manager.get_block_table
-            )
-            self.last_propose_time = time.perf_counter() - start
+        outputs = self.output_processor.make_request_outputs(progress)
+        start = time.perf_counter()
+        self.speculator.propose(self.scheduler.running, self.kv_cache_manager.get_block_table)
+        runner = self.runner
+        times = (runner.last_prepare_time, runner.last_forward_time, runner.last_sample_time)
+        stats = self.stats.record_step(sched, self.scheduler, (*times, time.perf_counter() - start))
         if self.events.active:
-            self.events.emit(step_summary(self, sched, forward_time))
-        self.last_schedule_time = sched.schedule_time
-        self.last_forward_time = forward_time
+            self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:

@@ -35,7 +35,7 @@ def token_texts(tokenizer, token_ids: list[int]) -> tuple[str, ...]:
 
 def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
     """The state of `engine` now: blocks, free queue order, cached hashes, requests, counters."""
-    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    kv, scheduler, stats = engine.kv_cache_manager, engine.scheduler, engine.stats
     blocks = tuple(
         BlockSnapshot(b.block_id, b.ref_cnt, short(b.block_hash) if b.block_hash else None)
         for b in kv.blocks
@@ -52,10 +52,10 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
         waiting=waiting,
         running=running,
         requests=requests,
-        num_preemptions=scheduler.num_preemptions,
-        prefix_cache_queries=scheduler.prefix_cache_queries,
-        prefix_cache_hits=scheduler.prefix_cache_hits,
-        external_prefix_cache_hits=scheduler.external_prefix_cache_hits,
+        num_preemptions=stats.num_preemptions,
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        external_prefix_cache_hits=stats.external_prefix_cache_hits,
         tier=_tier(engine),
     )
 

@@ -91,6 +91,7 @@ class TensorParallelExecutor:
         start = time.perf_counter()
         inputs = with_prompt_rows(self.runner.prepare_inputs(out), out)
         self.runner.last_inputs = inputs  # (what the step's events tell: `step_events.py`)
+        self.runner.last_prepare_time = time.perf_counter() - start
         logits = self.group.run("forward_logits", *inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens

@@ -72,7 +72,8 @@ class ModelRunner:
         self.draft = draft
         self.sampler = Sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # Seconds of the last step's parts, for the step summary event.
+        # Seconds of the last step's parts, for the engine's statistics (`engine/stats.py`).
+        self.last_prepare_time = 0.0  # the step's inputs (a part of the forward time)
         self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)
         self.last_sample_time = 0.0
         self.last_rank_forward_time = 0.0  # this rank's `forward_logits` alone
@@ -146,6 +147,7 @@ class ModelRunner:
         """Run one step: build the inputs (kept as `last_inputs`), forward pass, sample."""
         start = time.perf_counter()
         inputs = self.last_inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompts')
+        self.last_prepare_time = time.perf_counter() - start
         logits = self.forward_logits(*inputs)
         if self.draft is not None:
             self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
