@@ -112,7 +112,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-fast-path-takes-the-last-of-tied-maxima",
-        "nanovllm/executor/sampler.py",
+        "nanovllm/backends/sampler.py",
         (
             (
                 "        argmax = rows.argmax(axis=1)  # [num_rows]\n",
@@ -593,11 +593,11 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-shortcut-ignores-nan-rows",
-        "nanovllm/executor/sampler.py",
+        "nanovllm/backends/sampler.py",
         (
             (
-                "if _plain_greedy(requests, spec_token_ids) and not bad.any():",
-                "if _plain_greedy(requests, spec_token_ids):",
+                "            if not bad.any():\n",
+                "            if True:\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "greedy_batch"),
@@ -605,7 +605,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-shortcut-drops-logprobs",
-        "nanovllm/executor/sampler.py",
+        "nanovllm/backends/sampler.py",
         (
             (
                 "        r.sampling_params.greedy and r.sampling_params.logprobs is None for r in requests",

@@ -41,8 +41,7 @@ def _plain_greedy(requests: list[Request], to_verify: list[list[int]] | None) ->
 class FastSampler(Sampler):
     """The plain sampler with the fast paths of the module docstring."""
 
-    def greedy_tokens(self, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-        return fast_greedy_tokens(logits)
+    greedy_tokens = staticmethod(fast_greedy_tokens)
 
     def __call__(
         self,

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_source import NullConnector
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
-from nanovllm.kv_transfer.null import NullConnector
 from nanovllm.request import FinishReason, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.external_prefix_cache_hits = 0  # tokens the KV connector supplied
+        self.external_prefix_cache_hits = 0  # tokens from outside the device pool
 
     # --- queue management ---------------------------------------------------------------------
 

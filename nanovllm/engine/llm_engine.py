@@ -8,16 +8,11 @@
                         v
     step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
 
-`step()` runs exactly one iteration of continuous batching, in vLLM's verbs: the scheduler's
-`schedule()`, then `execute_model` (the forward pass and sampling on every rank), then
-`update_from_output` (the scheduler, the outputs, the statistics, the next proposals). It
-returns a `RequestOutput` for each request that made progress (got a token, or finished). `stream()` wraps it for callers that
-want text as it appears. Every state change is published as an event (`subscribe`).
-
-Optional features attach at one place each: a KV connector is the scheduler's KV source (by
-default the `NullConnector`, which supplies nothing), speculation is the `speculator` (by default
-`NoSpeculation`), structured outputs are the logits mask of the step. `stats` is the one
-object of figures about the steps (`stats.py`).
+`step()` runs one iteration of continuous batching in vLLM's verbs (`schedule`, `execute_model`,
+`update_from_output`) and returns a `RequestOutput` for each request that made progress.
+`stream()` wraps it. Every state change is published as an event (`subscribe`). Features attach
+at one place each: the scheduler's KV source (a KV connector, or the `NullConnector`), the
+`speculator` (or `NoSpeculation`), the logits mask (structured outputs). `stats`: `stats.py`.
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
 `input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
@@ -33,6 +28,7 @@ from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_source import NullConnector
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
@@ -44,7 +40,6 @@ from nanovllm.engine.stats import EngineStats
 from nanovllm.events import Event, EventBus, RequestAdded
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
-from nanovllm.kv_transfer.null import NullConnector
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.speculator import speculator_for
@@ -61,27 +56,25 @@ class LLMEngine:
         self.setup = setup = set_up_engine(config, self.events)
         self.model_path, self.model_args = setup.model_path, setup.model_args
         self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
-        self.attention_backend = setup.attention_backend
         self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids
         self.runner, self.group, self.executor = setup.runner, setup.group, setup.executor
         self.model = self.runner.model
-        self.num_kv_blocks = setup.num_kv_blocks
+        self.attention_backend, self.num_kv_blocks = setup.attention_backend, setup.num_kv_blocks
         self.stats = EngineStats()  # figures about the steps, filled once per step
-        # Speculative decoding: the proposer (an n-gram search or a draft model), and counts of
-        # what was proposed and accepted (or `NoSpeculation`).
+        # Speculative decoding: the proposer and its counts (`spec_decode/speculator.py`).
         self.speculative_config, self.proposer = setup.speculative_config, setup.proposer
         lookahead = setup.num_lookahead_tokens
         self.spec_stats = self.stats.spec_decoding
         self.speculator = speculator_for(setup.proposer, self.spec_stats)
-        self._dead: BaseException | None = None  # set when a rank died: no step can run
+        self._dead: BaseException | None = None  # set when a worker died: no step can run
         self.kv_cache_manager = KVCacheManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events
         )
-        # A KV connector's scheduler side (its worker side runs around the step), or the null
-        # one, which supplies nothing.
-        connector = setup.connector(KVConnectorRole.SCHEDULER, self.events) or NullConnector()
-        self.kv_connector = connector
-        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, connector)
+        # The scheduler's KV source: a KV connector's scheduler side (its worker side runs
+        # around the step), or the null one, which supplies nothing.
+        kv_source = setup.connector(KVConnectorRole.SCHEDULER, self.events) or NullConnector()
+        self.kv_connector = kv_source
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, kv_source)
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -191,8 +184,7 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One iteration of continuous batching: schedule, execute the model, update from its
-        output. Returns the outputs of every request that progressed or was aborted."""
+        """One iteration of continuous batching: the outputs of requests that progressed."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         outputs, self._pending = self._pending, []
@@ -209,9 +201,8 @@ class LLMEngine:
         return outputs
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
-        """The step's forward pass and sampling, on every rank, with the step's logits mask
-        (structured outputs). None when a KV connector could not load: the step is undone and
-        those requests compute their tokens instead. A failed step is undone and raises."""
+        """The step's forward pass and sampling on every rank. None when a KV load failed (the
+        step is undone; those requests compute the tokens instead); a failed step raises."""
         sched.grammar_bitmask = grammar_bitmask(sched, self.events)
         try:
             return self.executor.execute(sched)
@@ -221,15 +212,14 @@ class LLMEngine:
             return None
         except Exception as exc:
             self.scheduler.rollback_step(sched)
-            if isinstance(exc, WorkerGroupError):  # a rank died (named): the group is closed
+            if isinstance(exc, WorkerGroupError):  # a worker died (named): the group is closed
                 self._dead = exc
             raise
 
     def update_from_output(
         self, sched: SchedulerOutput, result: ModelRunnerOutput
     ) -> list[RequestOutput]:
-        """Advance the scheduler's requests by the sampled tokens, turn them into outputs, fill
-        the step's statistics, and propose the next step's tokens to verify."""
+        """Advance the requests by their tokens: outputs, statistics, the next proposals."""
         progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
         self.speculator.record(sched, result.sampled_token_ids, self.events)
         updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
@@ -240,9 +230,8 @@ class LLMEngine:
         outputs = self.output_processor.make_request_outputs(progress)
         start = time.perf_counter()
         self.speculator.propose(self.scheduler.running, self.kv_cache_manager.get_block_table)
-        runner = self.runner
-        times = (runner.last_prepare_time, runner.last_forward_time, runner.last_sample_time)
-        stats = self.stats.record_step(sched, self.scheduler, (*times, time.perf_counter() - start))
+        propose_time = time.perf_counter() - start
+        stats = self.stats.record_step(sched, self.scheduler, self.runner, propose_time)
         if self.events.active:
             self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs

@@ -19,6 +19,7 @@ from nanovllm.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
     from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+    from nanovllm.executor.model_runner import ModelRunner
 
 
 @dataclass
@@ -64,10 +65,13 @@ class EngineStats:
         self,
         sched: SchedulerOutput,
         scheduler: Scheduler,
-        times: tuple[float, float, float, float],  # prepare, forward, sample, propose
+        runner: ModelRunner,
+        propose: float,
     ) -> StepStats:
-        """Fill `last` for the step `sched` that just ran, and add it to the totals."""
-        prepare, forward, sample, propose = times
+        """Fill `last` for the step `sched` that just ran (`propose`: the seconds its proposals
+        took), and add it to the totals."""
+        prepare, forward = runner.last_prepare_time, runner.last_forward_time
+        sample = runner.last_sample_time
         queries = scheduler.prefix_cache_queries - self.prefix_cache_queries
         hits = scheduler.prefix_cache_hits - self.prefix_cache_hits
         external = scheduler.external_prefix_cache_hits - self.external_prefix_cache_hits

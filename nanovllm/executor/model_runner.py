@@ -72,11 +72,10 @@ class ModelRunner:
         self.draft = draft
         self.sampler = Sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # Seconds of the last step's parts, for the engine's statistics (`engine/stats.py`).
-        self.last_prepare_time = 0.0  # the step's inputs (a part of the forward time)
+        self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
         self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)
         self.last_sample_time = 0.0
-        self.last_rank_forward_time = 0.0  # this rank's `forward_logits` alone
+        self.last_rank_forward_time = 0.0  # `forward_logits` alone
 
     @property
     def num_kv_heads(self) -> int:

@@ -29,10 +29,8 @@ the other rows of the batch are sampled as usual.
 
 Before all this, `logits_processors.py` applies what a request's params ask of its logits
 (penalties, bias, banned and allowed tokens); logprobs are those of the raw logits (`logprobs.py`).
-
-A request may bring tokens to verify (speculative decoding): it then has one row per token, and
-the sampler's `verifier` (`executor/rejection_sampler.py`) turns its rows into 1 to k + 1
-tokens. The fast paths (numpy's argmax, the all-greedy shortcut) are `backends/sampler.py`.
+A request with k tokens to verify has 1 + k rows, which the `verifier` turns into its new tokens
+(`rejection_sampler.py`). The fast paths are `backends/sampler.py`'s.
 """
 
 from __future__ import annotations
@@ -110,8 +108,7 @@ class Sampler:
         self.draw = draw
         self.verifier = verifier or RejectionVerifier()
 
-    def greedy_tokens(self, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-        return greedy_tokens(logits)
+    greedy_tokens = staticmethod(greedy_tokens)  # (a fast sampler gives its own)
 
     def __call__(
         self,

@@ -1,4 +1,4 @@
-"""NullConnector: the KV source of an engine without a KV connector. It supplies nothing.
+"""NullConnector: the scheduler's KV source without a KV connector. It supplies nothing.
 
 The scheduler asks its KV source at admission how many tokens past the prefix-cache hit it can
 supply, tells it where they go, asks it for the step's transfers and tells it when a request
