@@ -44,7 +44,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "rollback-skips-blocks-shared-in-the-step",
-        "nanovllm/core/kv_cache_manager.py",
+        "nanovllm/core/block_pool.py",
         (
             (
                 "            if block.block_hash == block_hash:  # (still the same registration)",

@@ -1,17 +1,40 @@
-"""NullConnector: the scheduler's KV source without a KV connector. It supplies nothing.
+"""The scheduler's KV source: computed tokens from outside the device pool, asked at admission.
 
-The scheduler asks its KV source at admission how many tokens past the prefix-cache hit it can
-supply, tells it where they go, asks it for the step's transfers and tells it when a request
-ends (`kv_transfer/base.py`). Without a connector the answers are: none, nothing to plan, no
-transfers, nothing to keep. So the scheduler and the engine call one object always, and have no
+The prefix cache (`kv_cache_manager.py`) says which of a request's first tokens already have KV
+in the device pool. A KV source may supply the tokens right after them: the scheduler asks it at
+admission how many (`get_num_new_matched_tokens`), tells it which blocks they go to
+(`update_state_after_alloc`), asks it for the step's transfers (`build_connector_meta`) and
+tells it when a request ends (`request_finished`). vLLM's KV connectors (`kv_transfer/`) are
+KV sources; `KVSource` is the part of their interface the scheduler calls.
+
+Without a connector the source is the `NullConnector`: it supplies nothing, plans nothing, moves
+nothing, keeps nothing. So the scheduler and the engine call one object always, and have no
 "is there a connector?" branches.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from nanovllm.request import Request
+
+
+class KVSource(Protocol):
+    """What the scheduler asks of its KV source (see the module docstring)."""
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]: ...
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
+    ) -> None: ...
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any: ...
+
+    def request_finished(
+        self, request: Request, block_ids: tuple[int, ...]
+    ) -> tuple[bool, dict | None]: ...
 
 
 class NullConnector:

@@ -203,7 +203,7 @@ class LLMEngine:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's forward pass and sampling on every rank. None when a KV load failed (the
         step is undone; those requests compute the tokens instead); a failed step raises."""
-        sched.grammar_bitmask = grammar_bitmask(sched, self.events)
+        sched.logits_mask = grammar_bitmask(sched, self.events)  # (structured outputs)
         try:
             return self.executor.execute(sched)
         except KVLoadError as exc:  # before the forward pass

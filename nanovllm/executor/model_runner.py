@@ -35,7 +35,6 @@ from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.llama import CausalLM
-from nanovllm.structured_output.bitmask import apply_grammar_bitmask
 
 
 @dataclass
@@ -160,7 +159,8 @@ class ModelRunner:
         logits, result.prompt_logprobs = split_prompt_logprobs(logits, out)
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
-            logits = apply_grammar_bitmask(logits, out.grammar_bitmask)
+            if out.logits_mask is not None:  # (structured outputs)
+                logits = out.logits_mask.apply(logits)
             sampled = self.sampler(
                 logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
             )
