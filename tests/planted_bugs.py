@@ -464,11 +464,11 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "draft-model-skips-the-shadow-pass",
-        "nanovllm/executor/model_runner.py",
+        "nanovllm/spec_decode/draft_executor.py",
         (
             (
-                "            self.draft.forward_logits(*inputs[:3], [])",
-                "            pass",
+                "        self.draft.forward_logits(*self.runner.last_inputs[:3], [])",
+                "        pass",
             ),
         ),
         ("tests/test_draft_model.py", "-k", "continuation"),

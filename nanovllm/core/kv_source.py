@@ -72,5 +72,8 @@ class NullConnector:
     def reset_cache(self) -> None:
         pass
 
+    def tier_entries(self) -> list[tuple[bytes, int]]:
+        return []
+
     def close(self) -> None:
         pass

@@ -23,12 +23,10 @@ sampled tokens into text, stops and `RequestOutput`s.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.kv_source import NullConnector
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroupError
 from nanovllm.engine.input_processor import InputProcessor, Prompt
@@ -39,7 +37,8 @@ from nanovllm.engine.snapshot import step_summary, token_texts
 from nanovllm.engine.stats import EngineStats
 from nanovllm.events import Event, EventBus, RequestAdded
 from nanovllm.executor.model_runner import ModelRunnerOutput
-from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
+from nanovllm.kv_transfer.base import KVLoadError
+from nanovllm.kv_transfer.factory import scheduler_kv_source
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.speculator import speculator_for
@@ -72,8 +71,7 @@ class LLMEngine:
         )
         # The scheduler's KV source: a KV connector's scheduler side (its worker side runs
         # around the step), or the null one, which supplies nothing.
-        kv_source = setup.connector(KVConnectorRole.SCHEDULER, self.events) or NullConnector()
-        self.kv_connector = kv_source
+        self.kv_connector = kv_source = scheduler_kv_source(setup, self.events)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.events, lookahead, kv_source)
         self.output_processor = OutputProcessor(self.tokenizer, self.events)
         self.input_processor = InputProcessor(
@@ -228,10 +226,8 @@ class LLMEngine:
             sched.step, updated, result.logprobs, self.scheduler.finish_request
         )
         outputs = self.output_processor.make_request_outputs(progress)
-        start = time.perf_counter()
-        self.speculator.propose(self.scheduler.running, self.kv_cache_manager.get_block_table)
-        propose_time = time.perf_counter() - start
-        stats = self.stats.record_step(sched, self.scheduler, self.runner, propose_time)
+        seconds = self.speculator.propose(self.scheduler.running, self.kv_cache_manager)
+        stats = self.stats.record_step(sched, self.scheduler, self.runner, seconds)
         if self.events.active:
             self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs

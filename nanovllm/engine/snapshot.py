@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from nanovllm.core.block_hash import short
 from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
 from nanovllm.events import BlockSnapshot, EngineSnapshot, RequestSnapshot, StepSummary
-from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -63,9 +62,7 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
 def _tier(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
     """The host tier's entries, (short hash, slot), least recently used first (none without an
     OffloadingConnector)."""
-    if not isinstance(engine.kv_connector, OffloadingConnector):
-        return ()
-    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier.slot_of.items())
+    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier_entries())
 
 
 def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:

@@ -57,7 +57,7 @@ class RunnerSpec:
     enforce_eager: bool = True  # False: compile the model's layers (`backends/compilation.py`)
 
 
-def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) -> ModelRunner:
+def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     """Rank `rank`'s runner: its shard of the model (the process group is set up already),
     made fast by the backend once, and the backend's runner class for the device."""
     if spec.num_threads:
@@ -71,7 +71,7 @@ def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) 
     )
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)
-    return runner_class(model, spec.block_size, spec.dtype, device, draft=draft)
+    return runner_class(model, spec.block_size, spec.dtype, device)
 
 
 class TensorParallelExecutor:
@@ -80,12 +80,9 @@ class TensorParallelExecutor:
     meet in their all-reduces; the tokens are sampled here, on rank 0 alone. The one-process
     engine calls `ModelRunner.execute` instead, which does the same with one rank."""
 
-    def __init__(
-        self, runner: ModelRunner, group: WorkerGroup, draft: ModelRunner | None = None
-    ) -> None:
+    def __init__(self, runner: ModelRunner, group: WorkerGroup) -> None:
         self.runner = runner  # rank 0's
         self.group = group
-        self.draft = draft  # the draft model's runner, on rank 0 alone
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         start = time.perf_counter()
@@ -93,8 +90,6 @@ class TensorParallelExecutor:
         self.runner.last_inputs = inputs  # (what the step's events tell: `step_events.py`)
         self.runner.last_prepare_time = time.perf_counter() - start
         logits = self.group.run("forward_logits", *inputs)
-        if self.draft is not None:
-            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
         self.runner.last_forward_time = time.perf_counter() - start
         return self.runner.sample(out, logits)
 
@@ -115,10 +110,9 @@ def under_torchrun() -> bool:
 
 
 def start_runners(
-    tensor_parallel_size: int, spec: RunnerSpec, model_args, draft: ModelRunner | None = None
+    tensor_parallel_size: int, spec: RunnerSpec, model_args
 ) -> tuple[ModelRunner, WorkerGroup | None]:
-    """Rank 0's runner, and the group of all ranks (None with a single rank). `draft` (the draft
-    model's runner) is given to a single rank's runner; a group's executor takes it itself."""
+    """Rank 0's runner, and the group of all ranks (None with a single rank)."""
     tp = tensor_parallel_size
     check_tensor_parallel_size(
         tp, model_args.num_attention_heads, model_args.num_key_value_heads,
@@ -128,7 +122,7 @@ def start_runners(
         # Alone, even in a process that holds another engine's group (the bench compares 2 ranks
         # with 1): each layer fixes its group size when built and communicates only above 1.
         with as_tp_rank(0, 1):
-            return build_runner(0, spec, draft), None
+            return build_runner(0, spec), None
     factory = functools.partial(build_runner, spec=spec)
     if under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])

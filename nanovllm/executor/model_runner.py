@@ -48,13 +48,7 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share).
-
-    `draft`: with speculative decoding by a draft model, the draft's runner, whose KV cache has
-    the same blocks as this one. Every step it runs over the same tokens at the same slots, so
-    its cache holds the draft's KV wherever this one holds the target's: prefix-cache hits,
-    preemption and rejected proposals need nothing more.
-    """
+    """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share)."""
 
     def __init__(
         self,
@@ -62,17 +56,16 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        draft: ModelRunner | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
-        self.draft = draft
         self.sampler = Sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_inputs: StepInputs | None = None  # the last step's (`step_events.py` reads them)
         self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
-        self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)
+        self.last_forward_time = 0.0  # inputs, forward pass and LM head
         self.last_sample_time = 0.0
         self.last_rank_forward_time = 0.0  # `forward_logits` alone
 
@@ -147,8 +140,6 @@ class ModelRunner:
         inputs = self.last_inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompts')
         self.last_prepare_time = time.perf_counter() - start
         logits = self.forward_logits(*inputs)
-        if self.draft is not None:
-            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
         self.last_forward_time = time.perf_counter() - start
         return self.sample(out, logits)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nanovllm.core.kv_source import NullConnector
 from nanovllm.events import EventBus
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.offloading import OffloadingConnector
@@ -41,3 +42,9 @@ def create_connector(
     """One side (`role`) of the configured connector."""
     check_connector(config)
     return CONNECTORS[config.kv_connector](config, role, block_size, model_tag, events)
+
+
+def scheduler_kv_source(setup, events: EventBus | None = None) -> KVConnectorBase | NullConnector:
+    """The scheduler's KV source (`core/kv_source.py`) of an engine set up as `setup`
+    (`engine/setup.py`): its connector's scheduler side, or the `NullConnector` without one."""
+    return setup.connector(KVConnectorRole.SCHEDULER, events) or NullConnector()

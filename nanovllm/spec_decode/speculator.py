@@ -12,7 +12,8 @@ no "does it speculate?" branches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nanovllm.events import EventBus
@@ -21,6 +22,7 @@ from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.propose import propose_next_tokens
 
 if TYPE_CHECKING:
+    from nanovllm.core.kv_cache_manager import KVCacheManager
     from nanovllm.core.scheduler import SchedulerOutput
     from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
     from nanovllm.spec_decode.ngram_proposer import NgramProposer
@@ -40,10 +42,11 @@ class Speculator:
     ) -> None:
         self.stats.record_step(sched, sampled, events)
 
-    def propose(
-        self, running: Sequence[Request], block_table_of: Callable[[str], Sequence[int]]
-    ) -> None:
-        propose_next_tokens(self.proposer, running, block_table_of)
+    def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
+        """Give every decoding request its tokens to verify next step; the seconds it took."""
+        start = time.perf_counter()
+        propose_next_tokens(self.proposer, running, kv_cache_manager.get_block_table)
+        return time.perf_counter() - start
 
 
 class NoSpeculation:
@@ -54,8 +57,8 @@ class NoSpeculation:
     def record(self, sched: SchedulerOutput, sampled: dict[str, list[int]], events) -> None:
         pass
 
-    def propose(self, running: Sequence[Request], block_table_of) -> None:
-        pass
+    def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
+        return 0.0
 
 
 def speculator_for(
