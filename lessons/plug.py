@@ -68,7 +68,7 @@ def swap_free_block_queue(engine, queue_class: type) -> None:
         raise LessonRunError("the free block queue can only be swapped before the first request")
     for block in kv.blocks:  # unlink them from the stock queue, whose sentinels are dropped
         block.prev_free = block.next_free = None
-    kv.free_block_queue = BoundedFreeBlockQueue(queue_class(kv.blocks), kv.blocks)
+    kv.block_pool.free_block_queue = BoundedFreeBlockQueue(queue_class(kv.blocks), kv.blocks)
 
 
 class BoundedFreeBlockQueue:

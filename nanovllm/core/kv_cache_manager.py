@@ -29,7 +29,7 @@ import logging
 
 from nanovllm.core.block_hash import extend_block_hashes, short
 from nanovllm.core.block_pool import BlockPool
-from nanovllm.core.free_block_queue import KVCacheBlock
+from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
 from nanovllm.events import BlockAllocated, BlockCached, BlockFreed, CacheHit, EventBus
 from nanovllm.request import Request
 
@@ -54,8 +54,7 @@ class KVCacheManager:
         self.events = events or EventBus()
         # The blocks, the free queue, the prefix cache's hash map, this step's cache changes.
         self.block_pool = pool = BlockPool(num_blocks, self.events)
-        self.blocks, self.free_block_queue = pool.blocks, pool.free_block_queue
-        self.cached_block_hash_to_block = pool.cached_block_hash_to_block
+        self.blocks, self.cached_block_hash_to_block = pool.blocks, pool.cached_block_hash_to_block
         # Per request: its blocks (the block table), the hashes of its full blocks so far,
         # how many of its blocks are registered in the cache, and how many slots hold tokens.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -72,8 +71,12 @@ class KVCacheManager:
     # --- queries ----------------------------------------------------------------------------
 
     @property
+    def free_block_queue(self) -> FreeBlockQueue:
+        return self.block_pool.free_block_queue
+
+    @property
     def num_free_blocks(self) -> int:
-        return self.free_block_queue.num_free_blocks
+        return self.block_pool.num_free_blocks
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -81,7 +84,7 @@ class KVCacheManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.free_block_queue.num_free_blocks
+        return self.num_blocks - self.block_pool.num_free_blocks
 
     @property
     def usage(self) -> float:

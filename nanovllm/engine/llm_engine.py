@@ -61,7 +61,7 @@ class LLMEngine:
         self.attention_backend, self.num_kv_blocks = setup.attention_backend, setup.num_kv_blocks
         self.stats = EngineStats()  # figures about the steps, filled once per step
         # Speculative decoding: the proposer and its counts (`spec_decode/speculator.py`).
-        self.speculative_config, self.proposer = setup.speculative_config, setup.proposer
+        self.speculative_config = setup.speculative_config
         lookahead = setup.num_lookahead_tokens
         self.spec_stats = self.stats.spec_decoding
         self.speculator = speculator_for(setup.proposer, self.spec_stats)
