@@ -293,9 +293,12 @@ class Scheduler:
     def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
         computed, num_tokens = request.num_computed_tokens, request.num_tokens
-        # Tokens past its own are ones to verify (the budget may cut some); the rest are dropped.
-        num_to_verify = max(computed + num_new - num_tokens, 0)
-        to_verify, request.spec_token_ids = request.spec_token_ids[:num_to_verify], []
+        # Tokens past its own are ones to verify (the budget may cut some). They are used up
+        # here: the rest are dropped, the next come from the speculator.
+        to_verify = request.spec_token_ids
+        if to_verify:
+            num_to_verify = max(computed + num_new - num_tokens, 0)
+            to_verify, request.spec_token_ids = to_verify[:num_to_verify], []
         samples = computed + num_new >= num_tokens
         is_prefill = request.num_output_tokens == 0 or computed + 1 < num_tokens
         block_table = self.kv.block_ids(request.request_id)
