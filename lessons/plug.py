@@ -599,13 +599,13 @@ class YourVerification(Sampler):
     """
 
     def __init__(self, *args: Any, verify_greedy, verify_random, **kwargs: Any) -> None:
-        super().__init__(*args, verify=(self.greedy, self.random), **kwargs)
+        super().__init__(*args, verifier=self, **kwargs)  # its `greedy` and `random` below
         self.yours = verify_greedy, verify_random
         self.vocab = 0  # the vocabulary's size, from the logits of the call under way
 
-    def __call__(self, logits: torch.Tensor, requests, spec_token_ids=None):
+    def __call__(self, logits: torch.Tensor, requests, to_verify=None):
         self.vocab = logits.shape[-1]
-        return super().__call__(logits, requests, spec_token_ids)
+        return super().__call__(logits, requests, to_verify)
 
     def greedy(self, target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
         given = list(draft_token_ids)

@@ -191,10 +191,10 @@ class YourRanks:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, rank: int, spec: tensor_parallel.RunnerSpec, draft=None):
+    def __call__(self, rank: int, spec: tensor_parallel.RunnerSpec):
         impl = load_file(Path(self.path))
         with _model_built_with(your_layer_classes(impl)):
-            return _STOCK_BUILD_RUNNER(rank, spec, draft)
+            return _STOCK_BUILD_RUNNER(rank, spec)
 
 
 def check_on_the_model(impl: Any, model_path: str | Path, tensor_parallel_size: int) -> None:

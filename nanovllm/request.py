@@ -74,7 +74,7 @@ class Request:
     # generator made from it on the sampling device (by the sampler, on first use).
     seed: int | None = None
     generator: torch.Generator | None = None
-    logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)  # (logprob, rank)
+    logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)  # (logprob, place)
     structured_output_request: StructuredOutputRequest | None = None  # its grammar's matcher
     # Token ids, prompt then output, in one list: the KV cache manager hashes from it.
     all_token_ids: list[int] = field(init=False)

@@ -73,8 +73,8 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "rollback-skips-blocks-shared-in-the-step",
-        "nanovllm/core/kv_cache_manager.py",
-        "KVCacheManager.uncache_step_blocks",
+        "nanovllm/core/block_pool.py",
+        "BlockPool.uncache_step_blocks",
         (
             (
                 "        if block.block_hash == block_hash:\n",
@@ -149,8 +149,8 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-fast-path-takes-the-last-of-tied-maxima",
-        "nanovllm/executor/sampler.py",
-        "greedy_tokens",
+        "nanovllm/backends/sampler.py",
+        "fast_greedy_tokens",
         (
             (
                 "        argmax = rows.argmax(axis=1)\n",
@@ -568,12 +568,12 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "draft-model-skips-the-shadow-pass",
-        "nanovllm/executor/model_runner.py",
-        "ModelRunner.execute",
+        "nanovllm/spec_decode/draft_executor.py",
+        "DraftKVExecutor.execute",
         (
             (
-                "        self.draft.forward_logits(*inputs[:3], [])\n",
-                "        pass\n",
+                "    self.draft.forward_logits(*self.runner.last_inputs[:3], [])\n",
+                "    pass\n",
             ),
         ),
         ("tests/test_draft_model.py", "-k", "continuation"),
@@ -600,9 +600,9 @@ PLANTED_BUGS = [
         "Scheduler.update_from_output",
         (
             (
-                "                    self.kv.free_slots_from(request, num_computed, "
+                "                self.kv.free_slots_from(request, num_computed, "
                 "self.num_lookahead_tokens)\n",
-                "                    self.kv.free_slots_from(request, num_computed)\n",
+                "                self.kv.free_slots_from(request, num_computed)\n",
             ),
         ),
         ("tests/test_scheduler.py", "-k", "lookahead"),
@@ -720,12 +720,12 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-shortcut-ignores-nan-rows",
-        "nanovllm/executor/sampler.py",
-        "Sampler.__call__",
+        "nanovllm/backends/sampler.py",
+        "FastSampler.__call__",
         (
             (
-                "    if _plain_greedy(requests, spec_token_ids) and (not bad.any()):\n",
-                "    if _plain_greedy(requests, spec_token_ids):\n",
+                "        if not bad.any():\n",
+                "        if True:\n",
             ),
         ),
         ("tests/test_sampler.py", "-k", "greedy_batch"),
@@ -733,7 +733,7 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "greedy-shortcut-drops-logprobs",
-        "nanovllm/executor/sampler.py",
+        "nanovllm/backends/sampler.py",
         "_plain_greedy",
         (
             (

@@ -215,3 +215,68 @@ def test_the_readmes_reading_path_is_the_plain_path_and_fits_in_a_sitting() -> N
     for file, stated in files:
         assert len((REPO / file).read_text().splitlines()) == stated, file
     assert sum(n for _, n in files) <= 2000
+
+
+# The engine's objects, and the packages that own them (the only ones that may touch their insides).
+ENGINE_OBJECTS = ("engine", "scheduler", "runner", "kv_cache_manager", "executor", "sampler")
+ENGINE_OWNERS = ("nanovllm.engine", "nanovllm.core")
+
+
+def _engine_method_names() -> set[str]:
+    """The methods of the engine, its scheduler, its KV cache manager and its runner."""
+    names = set()
+    for module, classes in (
+        ("nanovllm.engine.llm_engine", {"LLMEngine"}),
+        ("nanovllm.core.scheduler", {"Scheduler"}),
+        ("nanovllm.core.kv_cache_manager", {"KVCacheManager"}),
+        ("nanovllm.executor.model_runner", {"ModelRunner"}),
+        ("nanovllm.executor.sampler", {"Sampler"}),
+    ):
+        for node in ast.walk(MODULES[module][1]):
+            if isinstance(node, ast.ClassDef) and node.name in classes:
+                names |= {
+                    f.name
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef) and not f.name.startswith("__")
+                }
+    return names
+
+
+def _names_an_engine_object(node: ast.expr) -> bool:
+    """Whether `node` (the `x` of `x.attr`) is one of the engine's objects: an expression whose
+    last name is `engine`, `llm_engine`, `scheduler`, `runner`, ... (not `self` itself)."""
+    last = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return last.lstrip("_").endswith(ENGINE_OBJECTS)
+
+
+def reaches_into_the_engine(modules=None) -> list[str]:
+    """Outside `nanovllm/engine/` and `nanovllm/core/`: assignments to an engine object's method
+    (`engine.scheduler.schedule = ...`) and reads of an engine object's private attribute
+    (`engine._pending`)."""
+    methods = _engine_method_names()
+    found = []
+    for name, (path, tree) in (modules or MODULES).items():
+        if name.startswith(ENGINE_OWNERS):
+            continue
+        own = _private_names_defined(tree)  # (its own objects' privates: its business)
+        for node in _runtime_nodes(tree):
+            if not isinstance(node, ast.Attribute) or not _names_an_engine_object(node.value):
+                continue
+            replaced = isinstance(node.ctx, ast.Store) and node.attr in methods
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            private = private and node.attr not in own
+            if replaced or private:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_nothing_outside_the_engine_replaces_its_methods_or_reads_its_private_fields() -> None:
+    """Benchmarks, the server, the visualizer and the lessons read the engine's statistics
+    (`engine/stats.py`) and events; they never patch its methods or read its private fields."""
+    assert reaches_into_the_engine() == []
+
+
+def test_the_engine_reach_check_can_fail() -> None:
+    source = "def f(engine):\n    engine.scheduler.schedule = len\n    return engine._pending\n"
+    modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
+    assert len(reaches_into_the_engine(modules)) == 2

@@ -18,6 +18,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.backends.sampler import FastSampler, fast_greedy_tokens
 from nanovllm.executor.random_draw import draw_for, exponential_race, hashed_gumbel_max
 from nanovllm.executor.sampler import Sampler, apply_filters, greedy_tokens
 from nanovllm.request import Request
@@ -215,13 +216,15 @@ special_logits = st.lists(
 ).filter(lambda rows: len({len(r) for r in rows}) == 1)
 
 
+@pytest.mark.parametrize("tokens", [greedy_tokens, fast_greedy_tokens])
 @settings(deadline=None)
 @given(rows=special_logits)
-def test_greedy_tokens_equal_torch_max(rows) -> None:
-    """The numpy fast path against torch's `max`: the first index of a tied maximum; a row with
-    a NaN, or with every token at -inf, has no token to give."""
+def test_greedy_tokens_equal_torch_max(tokens, rows) -> None:
+    """The plain path and the numpy fast path (`backends/sampler.py`) against torch's `max`: the
+    first index of a tied maximum; a row with a NaN, or with every token at -inf, has no token
+    to give."""
     logits = torch.tensor(rows, dtype=torch.float32)
-    argmax, bad = greedy_tokens(logits)
+    argmax, bad = tokens(logits)
     best, want = logits.max(dim=-1)
     assert bad.tolist() == (torch.isnan(best) | torch.isneginf(best)).tolist()
     # A bad row has no token to compare (the sampler reports it); every other row must agree.
@@ -230,6 +233,7 @@ def test_greedy_tokens_equal_torch_max(rows) -> None:
     ]
 
 
+@pytest.mark.parametrize("sampler_class", [Sampler, FastSampler])
 @settings(deadline=None)
 @given(
     rows=st.lists(st.integers(0, 2), min_size=1, max_size=6),  # 0 plain, 1 NaN, 2 logprobs
@@ -237,9 +241,10 @@ def test_greedy_tokens_equal_torch_max(rows) -> None:
 )
 @example(rows=[0, 0, 0], seed=0)  # the plain greedy step
 @example(rows=[0, 1, 0], seed=0)  # one bad row among plain ones
-def test_a_greedy_batch_gives_each_rows_argmax(rows: list[int], seed: int) -> None:
-    """All-greedy batches (the sampler's shortcut when nothing else is asked): each row's
-    argmax, a NaN row reported alone, logprobs exactly for the requests that asked."""
+def test_a_greedy_batch_gives_each_rows_argmax(sampler_class, rows: list[int], seed: int) -> None:
+    """All-greedy batches (the fast sampler's shortcut when nothing else is asked, and the
+    plain sampler): each row's argmax, a NaN row reported alone, logprobs exactly for the
+    requests that asked."""
     logits = torch.randn(len(rows), 30, generator=torch.Generator().manual_seed(seed))
     requests = []
     for i, kind in enumerate(rows):
@@ -248,7 +253,7 @@ def test_a_greedy_batch_gives_each_rows_argmax(rows: list[int], seed: int) -> No
         requests.append(
             _request(i, SamplingParams(temperature=0, logprobs=1 if kind == 2 else None))
         )
-    out = Sampler()(logits, requests, [[] for _ in requests])
+    out = sampler_class()(logits, requests, [[] for _ in requests])
     assert set(out.errors) == {i for i, kind in enumerate(rows) if kind == 1}
     for i, kind in enumerate(rows):
         if kind != 1:

@@ -27,6 +27,8 @@ import random
 import time
 from typing import Any
 
+from nanovllm.events import StepSummary
+
 PARTS = ("schedule", "forward", "outputs")  # the timeline's parts, in a step's order
 
 
@@ -105,48 +107,26 @@ def record_timeline(llm: Any, prompts: list, params: Any) -> list[dict[str, Any]
             {"step": i + 1, **{p: _since(getattr(t, p), start) for p in PARTS}}
             for i, t in enumerate(steps)
         ]
-    # The plain loop: the engine's three verbs, timed on this instance only.
-    records: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    schedule, execute, update = (
-        engine.scheduler.schedule,
-        engine.execute_model,
-        engine.update_from_output,
+    # The plain loop runs its parts one after another: each step's stats (`engine/stats.py`),
+    # read as each step ends (its `StepSummary` event), give the parts' spans backwards from the
+    # step's end. (What lies between them, such as a grammar's mask, is counted in the forward.)
+    last: list[Any] = []
+    unsubscribe = llm.llm_engine.subscribe(
+        lambda event: last.append(engine.stats.last) if isinstance(event, StepSummary) else None
     )
-
-    def timed(part, fn):
-        def call(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                current[part] = (t0, time.perf_counter())
-                if part == "outputs":
-                    records.append(dict(current))
-                    current.clear()
-
-        return call
-
-    runner = engine.runner
-    engine.scheduler.schedule = timed("schedule", schedule)
-    runner.prepare_inputs = timed("inputs", runner.prepare_inputs)  # (inside execute_model)
-    engine.execute_model = timed("forward", execute)
-    engine.update_from_output = timed("outputs", update)
     try:
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
     finally:
-        del engine.scheduler.schedule, engine.execute_model, engine.update_from_output
-        del runner.prepare_inputs
+        unsubscribe()
     steps = []
-    for i, r in enumerate(records):
-        # The plain loop builds the inputs inside `execute_model`: CPU work, not the model's.
-        forward = (r["inputs"][1], r["forward"][1]) if "inputs" in r else r["forward"]
-        step = {"step": i + 1, "forward": _since(forward, start)}
-        step.update({p: _since(r[p], start) for p in ("schedule", "outputs")})
-        if "inputs" in r:
-            step["inputs"] = _since(r["inputs"], start)
-        steps.append(step)
+    for i, s in enumerate(last):
+        outputs = (s.end - s.outputs_time, s.end)
+        forward = (outputs[0] - (s.forward_time - s.prepare_time + s.sample_time), outputs[0])
+        inputs = (forward[0] - s.prepare_time, forward[0])
+        schedule = (inputs[0] - s.schedule_time, inputs[0])
+        spans = {"schedule": schedule, "inputs": inputs, "forward": forward, "outputs": outputs}
+        steps.append({"step": i + 1, **{p: _since(span, start) for p, span in spans.items()}})
     return steps
 
 

@@ -4,21 +4,19 @@ The plug-in drives the engine as `LLM.generate` does (all requests in, step unti
 online, adds each request once its arrival time has passed. Each token's time is taken when
 `step()` returns it.
 
-Per step it keeps what the engine already measures (`last_schedule_time`, the runner's forward
-and sample times, the KV cache's allocated and filled slots) and two things it does not: the
-step's shape, from the `SchedulerOutput` (by wrapping this instance's `scheduler.schedule`), and
-the time to build the step's input tensors (by wrapping `runner.prepare_inputs` with two
-`perf_counter` calls). These steps feed the overhead breakdown and the KV memory figures
+Per step it keeps what the engine measures (`LLMEngine.stats.last`, `engine/stats.py`: the
+schedule, input-preparation, forward and sample times and the step's shape) and the KV cache's
+allocated and filled slots. These steps feed the overhead breakdown and the KV memory figures
 (analysis.py). The plug-in does not subscribe to the event bus: with a subscriber the engine
 builds an event for every block operation, which would inflate the very overhead measured.
 
 Between runs the prefix cache is emptied (and a KV connector's store with it:
 `LLMEngine.reset_prefix_cache`), so a repeat never finds the previous repeat's prompts. Each run
-keeps the prompt tokens found cached: in the device pool (`Scheduler.prefix_cache_hits`), from a
-KV connector (`external_prefix_cache_hits`), and per request (`RequestOutput.num_cached_tokens`).
+keeps the prompt tokens found cached: in the device pool (`EngineStats.prefix_cache_hits`), from
+a KV connector (`external_prefix_cache_hits`), and per request (`RequestOutput.num_cached_tokens`).
 
 With `--speculative-config` the engine speculates (`EngineLimits.speculative_config`), and each
-run also keeps its speculative decoding counts (`LLMEngine.spec_stats`, over that run alone);
+run also keeps its speculative decoding counts (`EngineStats.spec_decoding`, over that run alone);
 `nanovllm-no-spec` is the same engine without speculation, the other side of the comparison.
 
 With `--kv-transfer-config` the engine runs a KV connector (`EngineLimits.kv_transfer_config`,
@@ -40,6 +38,7 @@ from nanovllm.bench.multi_turn import MultiTurnWorkload, drive_conversations
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
+from nanovllm.engine.stats import StepStats
 
 
 class NanovllmEngine(Engine):
@@ -72,7 +71,6 @@ class NanovllmEngine(Engine):
         )
         self.engine = engine = LLMEngine(config)
         self._runs = 0
-        self._instrument()
         return {
             "num_kv_blocks": engine.num_kv_blocks,
             "block_size": config.block_size,
@@ -87,45 +85,26 @@ class NanovllmEngine(Engine):
             "compile_s": getattr(engine.model, "compile_seconds", None),
         }
 
-    def _instrument(self) -> None:
-        """See each step's SchedulerOutput and input-preparation time (this instance only)."""
-        scheduler, runner = self.engine.scheduler, self.engine.runner
-        schedule, prepare_inputs = scheduler.schedule, runner.prepare_inputs
-
-        def seen_schedule():
-            self._scheduled = schedule()
-            return self._scheduled
-
-        def timed_prepare_inputs(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return prepare_inputs(*args, **kwargs)
-            finally:
-                self._prepare_s = time.perf_counter() - start
-
-        scheduler.schedule = seen_schedule
-        runner.prepare_inputs = timed_prepare_inputs
-
-    def _draft_time(self) -> float:
+    def _draft_time(self, step: StepStats) -> float:
         config = self.engine.speculative_config
         drafting = config is not None and config.method == "draft_model"
-        return self.engine.last_propose_time if drafting else 0.0
+        return step.propose_time if drafting else 0.0
 
     def _step_record(self, wall: float) -> dict:
         """One step as the bench saw it: seconds per part, the step's shape, KV slots."""
-        engine, out = self.engine, self._scheduled
+        engine, step = self.engine, self.engine.stats.last
         kv = engine.kv_cache_manager
         return {
             "wall": wall,  # the whole step() call
-            "schedule": engine.last_schedule_time,
-            "prepare": self._prepare_s,  # inside the runner's forward time
+            "schedule": step.schedule_time,
+            "prepare": step.prepare_time,  # inside the runner's forward time
             # (with a draft model its forwards are model time too: the proposals)
-            "model": engine.runner.last_forward_time - self._prepare_s + self._draft_time(),
-            "sample": engine.runner.last_sample_time,
-            "num_tokens": out.num_scheduled_tokens,
-            "num_prefill_tokens": sum(s.num_new_tokens for s in out.scheduled if s.is_prefill),
-            "num_seqs": len(out.scheduled),
-            "num_running": len(engine.scheduler.running),
+            "model": step.forward_time - step.prepare_time + self._draft_time(step),
+            "sample": step.sample_time,
+            "num_tokens": step.num_scheduled_tokens,
+            "num_prefill_tokens": step.num_prefill_tokens,
+            "num_seqs": step.num_seqs,
+            "num_running": step.num_running,
             "allocated_slots": kv.num_allocated_slots(),
             "filled_slots": kv.num_filled_slots(),
         }
@@ -152,20 +131,20 @@ class NanovllmEngine(Engine):
         return f"r{self._runs}-", [], self._counters()
 
     def _counters(self) -> dict[str, int]:
-        scheduler = self.engine.scheduler
+        stats = self.engine.stats
         return {
-            "prefix_cache_hits": scheduler.prefix_cache_hits,
-            "external_prefix_cache_hits": scheduler.external_prefix_cache_hits,
-            "num_preemptions": scheduler.num_preemptions,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "external_prefix_cache_hits": stats.external_prefix_cache_hits,
+            "num_preemptions": stats.num_preemptions,
         }
 
     def _step(self, prefix: str, steps: list[dict]) -> list[tuple[int, list[int]]]:
         """One engine step, recorded; (request index, new token ids) per request."""
-        self._scheduled, self._prepare_s = None, 0.0
+        steps_before = self.engine.stats.num_steps
         start = time.perf_counter()
         outputs = self.engine.step()
         wall = time.perf_counter() - start
-        if self._scheduled is not None and not self._scheduled.is_empty:
+        if self.engine.stats.num_steps > steps_before:  # (a step that ran)
             steps.append(self._step_record(wall))
         produced = []
         for o in outputs:
@@ -237,7 +216,7 @@ class NanovllmEngine(Engine):
 
 def _spec_counts(engine) -> dict[str, int]:
     """The engine's speculative decoding counts so far (all 0 when it does not speculate)."""
-    stats = engine.spec_stats
+    stats = engine.stats.spec_decoding
     return {
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,

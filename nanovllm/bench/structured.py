@@ -74,11 +74,11 @@ def run(
     for _ in range(repeats):
         for name, structured in (("unconstrained", False), ("json schema", True)):
             engine = llm.llm_engine
-            step_before = engine.scheduler.step_count
+            step_before = engine.stats.num_steps
             start = time.perf_counter()
             outputs = llm.generate(prompts, params(structured), use_tqdm=False)
             times[name].append(time.perf_counter() - start)
-            steps[name] = engine.scheduler.step_count - step_before
+            steps[name] = engine.stats.num_steps - step_before
             tokens[name] = sum(len(o.outputs[0].token_ids) for o in outputs)
     mask = replay_mask(llm, constraint, outputs)
     sides = {}

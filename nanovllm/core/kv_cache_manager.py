@@ -14,6 +14,8 @@ with the model executor; here we only decide which physical block holds which re
 - Freed blocks go back to the tail of the `FreeBlockQueue` *with their hash*: they stay reusable
   until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
   freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
+  The blocks themselves, the free queue, the hash map and eviction are the `BlockPool`'s
+  (`block_pool.py`); this manager keeps what belongs to each request, as vLLM v1 splits them.
 
 Taking, returning and cache-hitting a block cost O(1) each (no list scans), so `allocate_slots`
 and `free` cost O(blocks they take or return). Each request's block ids are kept as a tuple
@@ -27,15 +29,9 @@ import logging
 from collections.abc import Callable
 
 from nanovllm.core.block_hash import extend_block_hashes, short
+from nanovllm.core.block_pool import BlockPool
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
-from nanovllm.events import (
-    BlockAllocated,
-    BlockCached,
-    BlockEvicted,
-    BlockFreed,
-    CacheHit,
-    EventBus,
-)
+from nanovllm.events import BlockAllocated, BlockCached, BlockFreed, CacheHit, EventBus
 from nanovllm.request import Request
 
 logger = logging.getLogger("nanovllm")
@@ -54,12 +50,13 @@ class KVCacheManager:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_caching, self.events = enable_prefix_caching, events or EventBus()
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = free_block_queue(self.blocks)  # (a lesson gives its own)
-        # Prefix cache: block hash -> the block holding those tokens (full blocks only).
-        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.events = events or EventBus()
+        # The blocks, the free queue (a lesson gives its own), the hash map, this step's changes.
+        self.block_pool = pool = BlockPool(num_blocks, self.events, free_block_queue)
+        self.blocks, self.cached_block_hash_to_block = pool.blocks, pool.cached_block_hash_to_block
         # Per request: its blocks (the block table), the hashes of its full blocks so far,
         # how many of its blocks are registered in the cache, and how many slots hold tokens.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -69,27 +66,27 @@ class KVCacheManager:
         # Per request: its block ids as a tuple, built from `req_to_blocks` on first read after a
         # change (`block_ids`); every method here that changes a request's blocks drops it.
         self.req_to_block_ids: dict[str, tuple[int, ...]] = {}
-        # Running counters, so block counts cost O(1) to read (`num_filled_slots` sums over the
-        # requests holding blocks).
-        self.num_cached_free_blocks = 0  # in the free queue but still holding a cached prefix
-        self.num_extra_refs = 0  # sum over blocks of max(ref_cnt - 1, 0): sharing
-        # The blocks registered in the prefix cache during the current step, with their hashes:
-        # their KV is written only by this step's forward pass, so if that pass fails, exactly
-        # these must leave the cache (`uncache_step_blocks`). Cleared by `begin_step`.
-        self.step_cached_blocks: list[tuple[KVCacheBlock, bytes]] = []
-        # The cached blocks this step handed out again, (block id, hash): their KV is intact
-        # until this step's forward pass, so a KV connector may copy it out first.
-        self.step_evicted_blocks: list[tuple[int, bytes]] = []
+        # Sum over blocks of max(ref_cnt - 1, 0) (sharing), so `num_filled_slots` costs O(1)
+        # per request holding blocks.
+        self.num_extra_refs = 0
 
     # --- queries ----------------------------------------------------------------------------
 
     @property
+    def free_block_queue(self) -> FreeBlockQueue:
+        return self.block_pool.free_block_queue
+
+    @property
     def num_free_blocks(self) -> int:
-        return self.free_block_queue.num_free_blocks
+        return self.block_pool.num_free_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self.block_pool.num_cached_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.free_block_queue.num_free_blocks
+        return self.num_blocks - self.block_pool.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -134,11 +131,9 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // self.block_size
         computed: list[KVCacheBlock] = []
         for i, block_hash in enumerate(hashes[:max_blocks]):
-            block = self.cached_block_hash_to_block.get(block_hash)
-            # Compare the tokens too, not only the hash: a hash collision must not serve the
-            # wrong KV. (The parent matches because the hash chains it.)
             tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
-            if block is None or block.token_ids != tokens:
+            block = self.block_pool.get_cached_block(block_hash, tokens)  # (tokens checked too)
+            if block is None:
                 break
             computed.append(block)
         return computed, len(computed) * self.block_size
@@ -181,8 +176,8 @@ class KVCacheManager:
             self.req_to_block_ids.pop(req_id, None)  # the table grows
         emit = self.events.active
         for block in new_computed_blocks:
-            was_free = block.ref_cnt == 0
-            self._touch(block)
+            was_free = self.block_pool.touch(block)
+            self.num_extra_refs += not was_free
             blocks.append(block)
             if emit:
                 self.events.emit(
@@ -191,11 +186,7 @@ class KVCacheManager:
 
         new_blocks = []
         for _ in range(num_new_blocks):
-            block = self.free_block_queue.popleft()
-            if block.block_hash is not None:
-                self.step_evicted_blocks.append((block.block_id, block.block_hash))
-                self._evict(block)
-            block.ref_cnt = 1
+            block = self.block_pool.get_new_block()  # (evicted from the prefix cache if cached)
             blocks.append(block)
             new_blocks.append(block)
             if emit:
@@ -217,13 +208,8 @@ class KVCacheManager:
         self.req_to_block_ids.pop(req_id, None)
         emit = self.events.active
         for block in reversed(blocks):
-            block.ref_cnt -= 1
-            if block.ref_cnt > 0:
-                self.num_extra_refs -= 1
-            else:
-                self.free_block_queue.append(block)
-                if block.block_hash is not None:
-                    self.num_cached_free_blocks += 1
+            self.block_pool.free_block(block)
+            self.num_extra_refs -= block.ref_cnt > 0
             if emit:
                 self.events.emit(
                     BlockFreed(req_id, block.block_id, block.ref_cnt, block.block_hash is not None)
@@ -246,28 +232,19 @@ class KVCacheManager:
         emit = self.events.active
         while len(blocks) > keep:
             block = blocks.pop()
-            assert block.ref_cnt == 1 and block.block_hash is None, "a proposal's block is private"
-            block.ref_cnt = 0
-            self.free_block_queue.append(block)
+            assert block.ref_cnt == 1 and block.block_hash is None, "a block past them is private"
+            self.block_pool.free_block(block)
             if emit:
                 self.events.emit(BlockFreed(req_id, block.block_id, 0, False))
         self.req_num_filled_slots[req_id] = num_tokens
 
     def begin_step(self) -> None:
-        """A new step starts: forget which blocks the previous one registered and evicted."""
-        self.step_cached_blocks.clear()
-        self.step_evicted_blocks.clear()
+        """A new step starts: the pool forgets the previous step's cache changes."""
+        self.block_pool.begin_step()
 
     def uncache_step_blocks(self) -> None:
-        """Drop from the prefix cache every block this step registered (its forward pass failed).
-
-        Those blocks were registered when their tokens were scheduled, but their KV may never
-        have been written. Blocks registered in earlier steps hold KV that was written, and stay.
-        """
-        for block, block_hash in self.step_cached_blocks:
-            if block.block_hash == block_hash:  # (still the same registration)
-                self._evict(block)
-        self.step_cached_blocks.clear()
+        """This step's forward pass failed: the blocks it registered leave the prefix cache."""
+        self.block_pool.uncache_step_blocks()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (e.g. after the weights change). Returns whether it did.
@@ -283,31 +260,10 @@ class KVCacheManager:
                 self.num_blocks,
             )
             return False
-        for block in self.free_block_queue.get_all_free_blocks():
-            if block.block_hash is not None:
-                self._evict(block)
+        self.block_pool.evict_free_blocks()
         return True
 
     # --- internals ----------------------------------------------------------------------------
-
-    def _touch(self, block: KVCacheBlock) -> None:
-        if block.ref_cnt == 0:
-            self.free_block_queue.remove(block)  # O(1): out of the middle of the queue
-            self.num_cached_free_blocks -= 1  # only cached blocks are ever hit
-        else:
-            self.num_extra_refs += 1
-        block.ref_cnt += 1
-
-    def _evict(self, block: KVCacheBlock) -> None:
-        assert block.block_hash is not None
-        if self.cached_block_hash_to_block.get(block.block_hash) is block:
-            del self.cached_block_hash_to_block[block.block_hash]
-        if self.events.active:
-            self.events.emit(BlockEvicted(block.block_id, short(block.block_hash)))
-        if block.ref_cnt == 0:
-            self.num_cached_free_blocks -= 1
-        block.block_hash = None
-        block.token_ids = None
 
     def _cache_full_blocks(
         self, request: Request, blocks: list[KVCacheBlock], num_full: int
@@ -330,15 +286,8 @@ class KVCacheManager:
             block = blocks[i]
             if block.block_hash is not None:
                 continue  # a prefix-cache hit: already registered
-            block_hash = hashes[i]
-            if block_hash in self.cached_block_hash_to_block:
-                continue  # the same tokens are cached in another block; keep that one
-            block.block_hash = block_hash
-            block.token_ids = tuple(
-                request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            )
-            self.cached_block_hash_to_block[block_hash] = block
-            self.step_cached_blocks.append((block, block_hash))
-            if emit:
-                self.events.emit(BlockCached(req_id, block.block_id, short(block_hash)))
+            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
+            # (not when the same tokens are cached in another block: that one is kept)
+            if self.block_pool.cache_block(block, hashes[i], tokens) and emit:
+                self.events.emit(BlockCached(req_id, block.block_id, short(hashes[i])))
         self.req_num_cached_blocks[req_id] = num_full

@@ -21,8 +21,8 @@ with `num_computed_tokens = 0`, and later it is recomputed from its prompt plus 
 already produced. The recomputed KV equals the first up to float rounding (the batch it is computed
 in differs), so its greedy output matches in practice what it would have been without preemption.
 
-A KV connector (`kv_transfer/`) is one more source of computed tokens: at admission, the blocks
-after the prefix-cache hit that it can load into the request's new blocks before the step runs.
+A KV source (`kv_source.py`: a KV connector) is one more source of computed tokens: at admission,
+the blocks after the prefix-cache hit that it can load into the request's new blocks.
 
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
 length of the waiting queue; aborted waiting requests are dropped lazily when they reach its head.
@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_source import KVSource, NullConnector
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
-from nanovllm.structured_output.bitmask import GrammarBitmask
 
 if TYPE_CHECKING:
-    from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata
+    from nanovllm.executor.logits_mask import LogitsMask
+    from nanovllm.kv_transfer.base import KVConnectorMetadata
 
 
 @dataclass(slots=True)
@@ -64,6 +65,18 @@ class ScheduledRequest:
     # Speculative decoding: the proposed tokens computed after the request's own, to verify.
     spec_token_ids: list[int] = field(default_factory=list)
 
+    def token_ids(self) -> list[int]:
+        """The tokens this step computes: the request's own, then any to verify."""
+        to_verify = self.spec_token_ids
+        end = self.num_computed_tokens + self.num_new_tokens - len(to_verify)
+        return self.request.all_token_ids[self.num_computed_tokens : end] + to_verify
+
+    @property
+    def num_logits_rows(self) -> int:
+        """The rows it samples from, when it samples: its last own token's, then one per token
+        to verify."""
+        return 1 + len(self.spec_token_ids)
+
 
 @dataclass
 class SchedulerOutput:
@@ -71,7 +84,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
-    grammar_bitmask: GrammarBitmask | None = None  # structured outputs: the rows' masks
+    logits_mask: LogitsMask | None = None  # structured outputs: the tokens rows may not take
     # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: KVConnectorMetadata | None = None
@@ -93,7 +106,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         events: EventBus,
         num_lookahead_tokens: int = 0,
-        connector: KVConnectorBase | None = None,
+        kv_source: KVSource | None = None,
     ):
         self.config = config
         self.kv = kv_cache_manager
@@ -103,8 +116,8 @@ class Scheduler:
         # With a draft model, every request holds this many KV slots past the tokens it
         # computes, where the draft writes the KV of its proposals (`allocate_slots`).
         self.num_lookahead_tokens = num_lookahead_tokens
-        # A KV connector's scheduler side: more computed tokens, from outside the device pool.
-        self.connector = connector
+        # Asked at admission for computed tokens from outside the device pool (`kv_source.py`).
+        self.kv_source = kv_source or NullConnector()
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -114,7 +127,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.external_prefix_cache_hits = 0  # tokens the KV connector supplied
+        self.external_prefix_cache_hits = 0  # tokens from outside the device pool
 
     # --- queue management ---------------------------------------------------------------------
 
@@ -136,8 +149,7 @@ class Scheduler:
             self.running.remove(request)  # O(max_num_seqs), not O(waiting)
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
-        if self.connector is not None:
-            self.connector.request_finished(request, self.kv.block_ids(request.request_id))
+        self.kv_source.request_finished(request, self.kv.block_ids(request.request_id))
         self.kv.free(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request.request_id]
@@ -189,8 +201,8 @@ class Scheduler:
             computed_blocks, num_cached, num_external = [], 0, 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(request)
-                if self.connector is not None:  # the blocks right after them, from outside
-                    num_external, _ = self.connector.get_num_new_matched_tokens(request, num_cached)
+                # The blocks right after them, from outside the device pool.
+                num_external, _ = self.kv_source.get_num_new_matched_tokens(request, num_cached)
             num_new = request.num_tokens - num_cached - num_external
             if num_new > budget and not self.config.enable_chunked_prefill:
                 out.waiting_reason = "token_budget"  # unchunked, a prompt must fit the budget
@@ -200,10 +212,9 @@ class Scheduler:
             num_slots = num_new + num_external
             if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
                 break  # not enough free blocks: wait for running requests to finish
-            if self.connector is not None:
-                self.connector.update_state_after_alloc(
-                    request, self.kv.block_ids(request.request_id), num_external
-                )
+            self.kv_source.update_state_after_alloc(
+                request, self.kv.block_ids(request.request_id), num_external
+            )
             self.waiting.popleft()
             self.num_waiting -= 1
             self.running.append(request)
@@ -216,9 +227,8 @@ class Scheduler:
             self.add_to_step(out, request, num_new)
             budget -= num_new
 
-        if self.connector is not None:
-            out.evicted_blocks = list(self.kv.step_evicted_blocks)
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
+        out.kv_connector_metadata = self.kv_source.build_connector_meta(out)
         out.schedule_time = time.perf_counter() - start
         return out
 
@@ -227,8 +237,8 @@ class Scheduler:
     ) -> list[tuple[Request, int]]:
         """Advance `num_computed_tokens` and append the sampled tokens.
 
-        `sampled` gives each sampling request its new tokens: one, or with speculative decoding
-        the accepted proposals and one more (1 to k + 1). The KV of rejected proposals is wrong
+        `sampled` gives each sampling request its new tokens: one, or when it had k tokens to
+        verify, the accepted ones and one more (1 to k + 1). The KV of rejected tokens is wrong
         (computed for tokens that were not chosen): `num_computed_tokens` steps back over them,
         and blocks that hold nothing else (but the lookahead slots a draft model writes to) go
         back to the free queue.
@@ -244,12 +254,10 @@ class Scheduler:
             num_computed = s.num_computed_tokens + s.num_new_tokens
             if s.samples:
                 tokens = sampled[request.request_id]
-                num_rejected = len(s.spec_token_ids) - (len(tokens) - 1)
+                num_rejected = s.num_logits_rows - len(tokens)  # computed, then not accepted
                 num_computed -= num_rejected
-                if s.spec_token_ids:
-                    request.spec_token_ids = []
-                    if num_rejected:
-                        self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)
+                if num_rejected:
+                    self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)
                 for token in tokens:
                     request.append_output_token(token)
                 got_tokens.append((request, len(tokens)))
@@ -281,7 +289,12 @@ class Scheduler:
     def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
         computed, num_tokens = request.num_computed_tokens, self.num_tokens(request)
-        num_spec = max(computed + num_new - num_tokens, 0)  # (the budget may cut some)
+        # Tokens past its own are ones to verify (the budget may cut some). They are used up
+        # here: the rest are dropped, the next come from the speculator.
+        to_verify = request.spec_token_ids
+        if to_verify:
+            num_to_verify = max(computed + num_new - num_tokens, 0)
+            to_verify, request.spec_token_ids = to_verify[:num_to_verify], []
         samples = computed + num_new >= num_tokens
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         block_table = self.kv.block_ids(request.request_id)
@@ -293,7 +306,7 @@ class Scheduler:
                 block_table,
                 samples,
                 is_prefill,
-                request.spec_token_ids[:num_spec],
+                to_verify,
             )
         )
         if self.events.active:

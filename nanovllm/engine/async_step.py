@@ -134,7 +134,7 @@ class AsyncStep:
     def _submit(self, sched: SchedulerOutput, held: list[Event], start: float) -> None:
         engine = self.engine
         with self._holding(held):
-            sched.grammar_bitmask = grammar_bitmask(sched, engine.events)  # structured outputs
+            sched.logits_mask = grammar_bitmask(sched, engine.events)  # structured outputs
         inputs, fill = self._prepare(sched)
         previous = self.in_flight[-1] if self.in_flight else None
         times = StepTimes(sched.step)

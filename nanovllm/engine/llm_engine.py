@@ -8,12 +8,16 @@
                         v
     step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
 
-`step()` is `schedule`, `execute_model`, `update_from_output`: one iteration of continuous
-batching, a `RequestOutput` for each request that progressed. Every state change is an event.
+`step()` runs one iteration of continuous batching in vLLM's verbs (`schedule`, `execute_model`,
+`update_from_output`) and returns a `RequestOutput` for each request that made progress.
+`stream()` wraps it. Every state change is published as an event (`subscribe`). Features attach
+at one place each: the scheduler's KV source (a KV connector, or the `NullConnector`), the
+`speculator` (or `NoSpeculation`), the logits mask (structured outputs). `stats`: `stats.py`.
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
-`input_processor.py` turns a caller's prompt into checked `Request`s (a bad one: a `ValueError`
-naming the bad value), and `output_processor.py` turns tokens into text, stops and outputs.
+`input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
+a `ValueError` naming the bad value, before it takes anything), and `output_processor.py` turns
+sampled tokens into text, stops and `RequestOutput`s.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from nanovllm.engine.output_processor import OutputProcessor, Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import set_up_engine
 from nanovllm.engine.snapshot import request_added, step_summary
+from nanovllm.engine.stats import EngineStats
 from nanovllm.events import Event, EventBus
 from nanovllm.executor.model_runner import ModelRunnerOutput
-from nanovllm.kv_transfer.base import KVConnectorRole, KVLoadError
+from nanovllm.kv_transfer.base import KVLoadError
+from nanovllm.kv_transfer.factory import scheduler_kv_source
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.metrics import SpecDecodingStats
-from nanovllm.spec_decode.propose import propose_next_tokens
+from nanovllm.spec_decode.speculator import speculator_for
 from nanovllm.structured_output.manager import grammar_bitmask
 
 logger = logging.getLogger("nanovllm")
@@ -50,25 +55,26 @@ class LLMEngine:
         self.setup = setup = set_up_engine(config, self.events)
         self.model_path, self.model_args = setup.model_path, setup.model_args
         self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
-        self.attention_backend = setup.attention_backend
         self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids
         self.runner, self.group, self.executor = setup.runner, setup.group, setup.executor
         self.model = self.runner.model
-        self.num_kv_blocks = setup.num_kv_blocks
-        # Speculative decoding: the proposer (an n-gram search or a draft model), and counts of
-        # what was proposed and accepted.
-        self.speculative_config, self.proposer = setup.speculative_config, setup.proposer
+        self.attention_backend, self.num_kv_blocks = setup.attention_backend, setup.num_kv_blocks
+        self.stats = EngineStats()  # figures about the steps, filled once per step
+        # Speculative decoding: the proposer and its counts (`spec_decode/speculator.py`).
+        self.speculative_config = setup.speculative_config
         lookahead = setup.num_lookahead_tokens
-        self.spec_stats = SpecDecodingStats()
-        self.last_propose_time = 0.0  # seconds the last step spent proposing
-        self._dead: BaseException | None = None  # set when a rank died: no step can run
+        self.spec_stats = self.stats.spec_decoding
+        self.speculator = speculator_for(setup.proposer, self.spec_stats)
+        self._dead: BaseException | None = None  # set when a worker died: no step can run
         parts = setup.parts  # what the engine is built from (`parts.py`; a lesson's own)
         kv = self.kv_cache_manager = parts.kv_cache_manager_cls(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
             parts.free_block_queue,
         )  # fmt: skip
-        self.kv_connector = connector = setup.connector(KVConnectorRole.SCHEDULER, self.events)
-        self.scheduler = setup.scheduler_class(config, kv, self.events, lookahead, connector)
+        # The scheduler's KV source: a KV connector's scheduler side (its worker side runs
+        # around the step), or the null one, which supplies nothing.
+        self.kv_connector = kv_source = scheduler_kv_source(setup, self.events)
+        self.scheduler = setup.scheduler_class(config, kv, self.events, lookahead, kv_source)
         self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -92,9 +98,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop tensor parallelism's workers (also done at exit) and a KV connector's link."""
-        for part in (self.group, self.kv_connector):
-            if part is not None:
-                part.close()
+        self.kv_connector.close()
+        if self.group is not None:
+            self.group.close()
 
     def __del__(self) -> None:
         group = getattr(self, "group", None)
@@ -161,7 +167,7 @@ class LLMEngine:
         (returns False, with a warning) while any block is in use: a running request's blocks
         would otherwise keep serving KV computed before the reset."""
         reset = self.kv_cache_manager.reset_prefix_cache()
-        if reset and self.kv_connector is not None:
+        if reset:
             self.kv_connector.reset_cache()  # (the host tier too)
         return reset
 
@@ -171,8 +177,7 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One iteration of continuous batching: schedule, run the model, advance the requests,
-        outputs, proposals. Returns the outputs of every request that progressed or was aborted."""
+        """One iteration of continuous batching: the outputs of requests that progressed."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
@@ -183,44 +188,41 @@ class LLMEngine:
         return outputs + (self.update_from_output(sched, result) if result is not None else [])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
-        """Run the step's forward pass and sample; None when a KV load failed (rolled back)."""
-        sched.grammar_bitmask = grammar_bitmask(sched, self.events)  # structured outputs
+        """The step's forward pass and sampling on every rank. None when a KV load failed (the
+        step is undone; those requests compute the tokens instead); a failed step raises."""
+        sched.logits_mask = grammar_bitmask(sched, self.events)  # (structured outputs)
         try:
             return self.executor.execute(sched)
-        except KVLoadError as exc:  # before the forward pass: those requests compute instead
+        except KVLoadError as exc:  # before the forward pass
             self.scheduler.rollback_step(sched)
             self.kv_connector.load_failed(sched.step, exc.errors)
             return None
         except Exception as exc:
             self.scheduler.rollback_step(sched)
-            if isinstance(exc, WorkerGroupError):  # a rank died (named): the group is closed
+            if isinstance(exc, WorkerGroupError):  # a worker died (named): the group is closed
                 self._dead = exc
             raise
 
     def update_from_output(
         self, sched: SchedulerOutput, result: ModelRunnerOutput, forward_time: float = 0.0
     ) -> list[RequestOutput]:
-        """Advance the step's requests by their sampled tokens; their outputs."""
-        forward_time = forward_time or self.runner.last_forward_time + self.runner.last_sample_time
+        """Advance the requests by their tokens: outputs, statistics, the next proposals.
+        (`forward_time`: the step's forward pass and sampling, when the async loop timed them.)"""
+        started = time.perf_counter()
         progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
-        if self.proposer is not None:
-            self.spec_stats.record_step(sched, result.sampled_token_ids, self.events)
+        self.speculator.record(sched, result.sampled_token_ids, self.events)
         updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
         self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progress += self.output_processor.process_new_tokens(
             sched.step, updated, result.logprobs, self.scheduler.finish_request
         )
         outputs = self.output_processor.make_request_outputs(progress)
-        if self.proposer is not None:
-            start = time.perf_counter()
-            propose_next_tokens(
-                self.proposer, self.scheduler.running, self.kv_cache_manager.get_block_table
-            )
-            self.last_propose_time = time.perf_counter() - start
+        seconds = self.speculator.propose(self.scheduler.running, self.kv_cache_manager)
+        stats = self.stats.record_step(
+            sched, self.scheduler, self.runner, seconds, started, forward_time
+        )
         if self.events.active:
-            self.events.emit(step_summary(self, sched, forward_time))
-        self.last_schedule_time = sched.schedule_time
-        self.last_forward_time = forward_time
+            self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:

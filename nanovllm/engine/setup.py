@@ -25,7 +25,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,6 +56,7 @@ from nanovllm.models.loader import (
     resolve_model_path,
 )
 from nanovllm.models.model_args import ModelArgs
+from nanovllm.spec_decode.draft_executor import DraftKVExecutor
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.speculative_config import SpeculativeConfig
@@ -90,7 +91,7 @@ class EngineSetup:
     runner: ModelRunner  # rank 0's
     group: WorkerGroup | None  # every rank, with tensor parallelism
     # `execute(sched)`; wrapped in an `ObservedExecutor` when the engine gives its event bus
-    executor: ModelRunner | TensorParallelExecutor | KVConnectorExecutor | ObservedExecutor
+    executor: Any  # ModelRunner, TensorParallelExecutor, or one wrapped around them
     num_kv_blocks: int
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
@@ -216,8 +217,10 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         proposer = load_proposer(speculative_config, spec, args, tokenizer)
         if isinstance(proposer, DraftModelProposer):
             draft = proposer.runner
-    runner, group = start_runners(tp, spec, args, draft)
-    executor = runner if group is None else TensorParallelExecutor(runner, group, draft)
+    runner, group = start_runners(tp, spec, args)
+    executor = runner if group is None else TensorParallelExecutor(runner, group)
+    if draft is not None:  # the draft's pass over every step's tokens, beside the target's
+        executor = DraftKVExecutor(executor, runner, draft)
     setup = EngineSetup(
         path, args, max_model_len, device, dtype, backend_name, tokenizer,
         eos_token_ids(path, hf_config, tokenizer), speculative_config, proposer, runner, group,

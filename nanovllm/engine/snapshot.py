@@ -26,7 +26,6 @@ from nanovllm.events import (
     RequestSnapshot,
     StepSummary,
 )
-from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def request_added(tokenizer, request: Request) -> RequestAdded:
 
 def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
     """The state of `engine` now: blocks, free queue order, cached hashes, requests, counters."""
-    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    kv, scheduler, stats = engine.kv_cache_manager, engine.scheduler, engine.stats
     blocks = tuple(
         BlockSnapshot(b.block_id, b.ref_cnt, short(b.block_hash) if b.block_hash else None)
         for b in kv.blocks
@@ -69,10 +68,10 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
         waiting=waiting,
         running=running,
         requests=requests,
-        num_preemptions=scheduler.num_preemptions,
-        prefix_cache_queries=scheduler.prefix_cache_queries,
-        prefix_cache_hits=scheduler.prefix_cache_hits,
-        external_prefix_cache_hits=scheduler.external_prefix_cache_hits,
+        num_preemptions=stats.num_preemptions,
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        external_prefix_cache_hits=stats.external_prefix_cache_hits,
         tier=_tier(engine),
     )
 
@@ -80,9 +79,7 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
 def _tier(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
     """The host tier's entries, (short hash, slot), least recently used first (none without an
     OffloadingConnector)."""
-    if not isinstance(engine.kv_connector, OffloadingConnector):
-        return ()
-    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier.slot_of.items())
+    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier_entries())
 
 
 def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:

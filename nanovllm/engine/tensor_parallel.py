@@ -65,7 +65,7 @@ class RunnerSpec:
     sampler: Callable = Sampler
 
 
-def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) -> ModelRunner:
+def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     """Rank `rank`'s runner: its shard of the model (the process group is set up already),
     made fast by the backend once, and the backend's runner class for the device."""
     if spec.num_threads:
@@ -85,7 +85,7 @@ def build_runner(rank: int, spec: RunnerSpec, draft: ModelRunner | None = None) 
             "its step inputs its own way: a step-input builder needs attention_backend='torch'"
         )
     return runner_class(
-        model, spec.block_size, spec.dtype, device, draft=draft, sampler=spec.sampler,
+        model, spec.block_size, spec.dtype, device, sampler=spec.sampler,
         step_inputs=spec.step_inputs,
     )  # fmt: skip
 
@@ -96,20 +96,16 @@ class TensorParallelExecutor:
     meet in their all-reduces; the tokens are sampled here, on rank 0 alone. The one-process
     engine calls `ModelRunner.execute` instead, which does the same with one rank."""
 
-    def __init__(
-        self, runner: ModelRunner, group: WorkerGroup, draft: ModelRunner | None = None
-    ) -> None:
+    def __init__(self, runner: ModelRunner, group: WorkerGroup) -> None:
         self.runner = runner  # rank 0's
         self.group = group
-        self.draft = draft  # the draft model's runner, on rank 0 alone
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         start = time.perf_counter()
         inputs = with_prompt_rows(self.runner.prepare_inputs(out), out)
         self.runner.last_inputs = inputs  # (what the step's events tell: `step_events.py`)
+        self.runner.last_prepare_time = time.perf_counter() - start
         logits = self.group.run("forward_logits", *inputs)
-        if self.draft is not None:
-            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
         self.runner.last_forward_time = time.perf_counter() - start
         return self.runner.sample(out, logits)
 
@@ -130,10 +126,9 @@ def under_torchrun() -> bool:
 
 
 def start_runners(
-    tensor_parallel_size: int, spec: RunnerSpec, model_args, draft: ModelRunner | None = None
+    tensor_parallel_size: int, spec: RunnerSpec, model_args
 ) -> tuple[ModelRunner, WorkerGroup | None]:
-    """Rank 0's runner, and the group of all ranks (None with a single rank). `draft` (the draft
-    model's runner) is given to a single rank's runner; a group's executor takes it itself."""
+    """Rank 0's runner, and the group of all ranks (None with a single rank)."""
     tp = tensor_parallel_size
     check_tensor_parallel_size(
         tp, model_args.num_attention_heads, model_args.num_key_value_heads,
@@ -143,7 +138,7 @@ def start_runners(
         # Alone, even in a process that holds another engine's group (the bench compares 2 ranks
         # with 1): each layer fixes its group size when built and communicates only above 1.
         with as_tp_rank(0, 1):
-            return build_runner(0, spec, draft), None
+            return build_runner(0, spec), None
     factory = functools.partial(build_runner, spec=spec)
     if under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])

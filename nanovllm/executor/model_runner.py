@@ -36,7 +36,6 @@ from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.llama import CausalLM
-from nanovllm.structured_output.bitmask import apply_grammar_bitmask
 
 
 @dataclass
@@ -50,13 +49,7 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share).
-
-    `draft`: with speculative decoding by a draft model, the draft's runner, whose KV cache has
-    the same blocks as this one. Every step it runs over the same tokens at the same slots, so
-    its cache holds the draft's KV wherever this one holds the target's: prefix-cache hits,
-    preemption and rejected proposals need nothing more.
-    """
+    """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share)."""
 
     def __init__(
         self,
@@ -64,18 +57,18 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        draft: ModelRunner | None = None,
         sampler: Callable[..., Sampler] = Sampler,  # (`engine/parts.py`: a lesson's own)
         step_inputs: Callable[[SchedulerOutput, int], StepInputs] = step_inputs,
     ) -> None:
         self.model, self.block_size, self.dtype, self.device = model, block_size, dtype, device
-        self.draft, self.step_inputs = draft, step_inputs
+        self.step_inputs = step_inputs
         self.sampler = sampler(draw=draw_for(device))  # vLLM's draw on this device
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # Seconds of the last step's parts, for the step summary event.
-        self.last_forward_time = 0.0  # inputs, forward pass and LM head (and the draft's pass)
+        self.last_inputs: StepInputs | None = None  # the last step's (`step_events.py` reads them)
+        self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
+        self.last_forward_time = 0.0  # inputs, forward pass and LM head
         self.last_sample_time = 0.0
-        self.last_rank_forward_time = 0.0  # this rank's `forward_logits` alone
+        self.last_rank_forward_time = 0.0  # `forward_logits` alone
 
     @property
     def num_kv_heads(self) -> int:
@@ -146,9 +139,8 @@ class ModelRunner:
         """Run one step: build the inputs (kept as `last_inputs`), forward pass, sample."""
         start = time.perf_counter()
         inputs = self.last_inputs = with_prompt_rows(self.prepare_inputs(out), out)  # (+ prompts')
+        self.last_prepare_time = time.perf_counter() - start
         logits = self.forward_logits(*inputs)
-        if self.draft is not None:
-            self.draft.forward_logits(*inputs[:3], [])  # the draft's KV of the same tokens
         self.last_forward_time = time.perf_counter() - start
         return self.sample(out, logits)
 
@@ -159,7 +151,8 @@ class ModelRunner:
         logits, result.prompt_logprobs = split_prompt_logprobs(logits, out)
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
-            logits = apply_grammar_bitmask(logits, out.grammar_bitmask)
+            if out.logits_mask is not None:  # (structured outputs)
+                logits = out.logits_mask.apply(logits)
             sampled = self.sampler(
                 logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
             )

@@ -71,3 +71,16 @@ def verify_random(
         return emitted
     emitted.append(draw(target_probs[s], generator))  # all accepted: the bonus token
     return emitted
+
+
+class RejectionVerifier:
+    """The sampler's verifier (`executor/sampler.py`): a request's rows -> its new tokens, by the
+    rules above. A lesson or a test may give the sampler another one."""
+
+    def greedy(self, target_argmax: list[int], token_ids: list[int]) -> list[int]:
+        return verify_greedy(target_argmax, token_ids)
+
+    def random(
+        self, target_probs: torch.Tensor, token_ids: list[int], generator: torch.Generator
+    ) -> list[int]:
+        return verify_random(target_probs, token_ids, generator)

@@ -29,6 +29,8 @@ the other rows of the batch are sampled as usual.
 
 Before all this, `logits_processors.py` applies what a request's params ask of its logits
 (penalties, bias, banned and allowed tokens); logprobs are those of the raw logits (`logprobs.py`).
+A request with k tokens to verify has 1 + k rows, which the `verifier` turns into its new tokens
+(`rejection_sampler.py`). The fast paths are `backends/sampler.py`'s.
 """
 
 from __future__ import annotations
@@ -36,13 +38,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
 from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
 from nanovllm.executor.random_draw import Draw, exponential_race
-from nanovllm.executor.rejection_sampler import verify_greedy, verify_random
+from nanovllm.executor.rejection_sampler import RejectionVerifier
 from nanovllm.request import Request
 
 
@@ -80,16 +81,9 @@ def greedy_tokens(logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """Each row's argmax (the first index of a tied maximum) and whether the row has no token
     to give, a NaN or every token masked to -inf: ([num_rows] ints, [num_rows] bool).
 
-    The reference is `logits.max(dim=-1)`: it propagates NaN, so a row's maximum is NaN exactly
-    when the row holds one. On a CPU, numpy's `argmax` gives the same indices (it too stops at
-    the first NaN, which it ranks above everything) faster than torch's `max` with indices
-    (nanovllm/bench/README.md), and the row's value at that index says whether it is bad.
+    `logits.max(dim=-1)` propagates NaN, so a row's maximum is NaN exactly when the row holds
+    one. (`backends/sampler.py` gives the same faster on a CPU, with numpy.)
     """
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        rows = logits.numpy()  # [num_rows, vocab], the same memory
-        argmax = rows.argmax(axis=1)  # [num_rows]
-        best = torch.from_numpy(rows[np.arange(len(argmax)), argmax])  # [num_rows]
-        return argmax.tolist(), torch.isnan(best) | (best == float("-inf"))
     best, argmax_t = logits.max(dim=-1)  # [num_rows] each
     return argmax_t.tolist(), torch.isnan(best) | (best == float("-inf"))
 
@@ -104,39 +98,32 @@ def generator_for(request: Request, device: torch.device) -> torch.Generator:
     return generator
 
 
-def _plain_greedy(requests: list[Request], spec_token_ids: list[list[int]] | None) -> bool:
-    """Whether every request is greedy, verifies no proposals and asks for no logprobs."""
-    return not any(spec_token_ids or ()) and all(
-        r.sampling_params.greedy and r.sampling_params.logprobs is None for r in requests
-    )
-
-
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
-    a lesson gives the learner's); `draw` picks a token from each filtered row."""
+    the lessons swap in the learner's); `draw` picks a token from each filtered row; `verifier`
+    turns the rows of a request with tokens to verify into its new tokens."""
 
-    def __init__(self, filters=apply_filters, draw: Draw = exponential_race, verify=None) -> None:
-        self.filters, self.draw = filters, draw  # `verify`: the rules that accept proposals
-        self.verify_greedy, self.verify_random = verify or (verify_greedy, verify_random)
+    def __init__(self, filters=apply_filters, draw: Draw = exponential_race, verifier=None) -> None:
+        self.filters = filters
+        self.draw = draw
+        self.verifier = verifier or RejectionVerifier()
+
+    greedy_tokens = staticmethod(greedy_tokens)  # (a fast sampler gives its own)
 
     def __call__(
         self,
         logits: torch.Tensor,
         requests: list[Request],
-        spec_token_ids: list[list[int]] | None = None,
+        to_verify: list[list[int]] | None = None,
     ) -> SamplerOutput:
-        """logits: [num_rows, vocab] fp32. Each request has one row, or with speculative
-        decoding 1 + k rows: its last own token's, then one per proposed token (the proposals
-        are verified by `executor/rejection_sampler.py`)."""
-        raw, logits = logits, apply_logits_processors(logits, requests, spec_token_ids)
+        """logits: [num_rows, vocab] fp32. Each request has one row, or 1 + k rows when it has k
+        tokens to verify: its last own token's, then one per token to verify."""
+        raw, logits = logits, apply_logits_processors(logits, requests, to_verify)
         # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
-        argmax, bad = greedy_tokens(logits)  # [num_rows] each
-        if _plain_greedy(requests, spec_token_ids) and not bad.any():
-            # An all-greedy step: one row per request, its argmax, nothing else asked for.
-            return SamplerOutput([[token] for token in argmax], [None] * len(requests))
+        argmax, bad = self.greedy_tokens(logits)  # [num_rows] each
         device = logits.device
-        spec = spec_token_ids or [[] for _ in requests]
-        counts = [1 + len(proposed) for proposed in spec]
+        to_verify = to_verify or [[] for _ in requests]
+        counts = [1 + len(tokens) for tokens in to_verify]
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
@@ -164,7 +151,7 @@ class Sampler:
 
         token_ids: list[list[int]] = [[] for _ in requests]
         errors: dict[int, str] = {}
-        plain_random = []  # random requests with no proposals: drawn together below
+        plain_random = []  # random requests with one row: drawn together below
         for i, request in enumerate(requests):
             if bad_rows and bad_rows.intersection(range(starts[i], starts[i] + counts[i])):
                 errors[i] = (
@@ -174,10 +161,10 @@ class Sampler:
                 )
             elif i not in probs:
                 rows = argmax[starts[i] : starts[i] + counts[i]]
-                token_ids[i] = self.verify_greedy(rows, spec[i]) if spec[i] else rows
-            elif spec[i]:
+                token_ids[i] = self.verifier.greedy(rows, to_verify[i]) if to_verify[i] else rows
+            elif to_verify[i]:
                 generator = generator_for(request, device)
-                token_ids[i] = self.verify_random(probs[i], spec[i], generator)
+                token_ids[i] = self.verifier.random(probs[i], to_verify[i], generator)
             else:
                 plain_random.append(i)
         if plain_random:

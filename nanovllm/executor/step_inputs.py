@@ -39,14 +39,12 @@ def step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
     logits_rows: list[int] = []
     for s in out.scheduled:
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-        num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
-        input_ids.extend(s.request.all_token_ids[start : end - num_spec])
-        input_ids.extend(s.spec_token_ids)
+        input_ids.extend(s.token_ids())
         positions.extend(range(start, end))
         seq_lens.append(end)
         query_lens.append(s.num_new_tokens)
-        if s.samples:  # the request's last own token, then each proposal
-            logits_rows.extend(range(len(input_ids) - 1 - num_spec, len(input_ids)))
+        if s.samples:  # the last rows: its last own token's, then any tokens to verify
+            logits_rows.extend(range(len(input_ids) - s.num_logits_rows, len(input_ids)))
 
     block_tables = [s.block_table for s in out.scheduled]
     positions_t, meta = step_metadata(positions, query_lens, seq_lens, block_tables, block_size)

@@ -300,6 +300,11 @@ class KVConnectorBase:
     def reset_cache(self) -> None:
         """Forget stored KV that the engine's prefix-cache reset makes stale (nothing here)."""
 
+    def tier_entries(self) -> list[tuple[bytes, int]]:
+        """A host tier's entries, (block hash, slot), least recently used first (none here): for
+        the engine's snapshot (`engine/snapshot.py`)."""
+        return []
+
     # --- worker side ----------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: KVCaches) -> None:

@@ -110,6 +110,9 @@ class OffloadingConnector(KVConnectorBase):
     def reset_cache(self) -> None:
         self.tier.clear()
 
+    def tier_entries(self) -> list[tuple[bytes, int]]:
+        return list(self.tier.slot_of.items())
+
     # --- worker side ----------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: KVCaches) -> None:

@@ -608,10 +608,10 @@ class AsyncLLMEngine:
             num_kv_blocks=kv.num_blocks,
             num_used_blocks=kv.num_used_blocks,
             num_cached_free_blocks=kv.num_cached_free_blocks,
-            num_preemptions=scheduler.num_preemptions,
-            prefix_cache_queries=scheduler.prefix_cache_queries,
-            prefix_cache_hits=scheduler.prefix_cache_hits,
-            external_prefix_cache_hits=scheduler.external_prefix_cache_hits,
+            num_preemptions=engine.stats.num_preemptions,
+            prefix_cache_queries=engine.stats.prefix_cache_queries,
+            prefix_cache_hits=engine.stats.prefix_cache_hits,
+            external_prefix_cache_hits=engine.stats.external_prefix_cache_hits,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
@@ -628,7 +628,7 @@ class AsyncLLMEngine:
         config = self.engine.speculative_config
         if config is None:
             return {}
-        spec = self.engine.spec_stats
+        spec = self.engine.stats.spec_decoding
         k = config.num_speculative_tokens
         per_pos = spec.num_accepted_tokens_per_pos
         return dict(

@@ -14,7 +14,7 @@ its own paged KV cache with the same number of blocks, addressed by the target's
 
 - **The same slots.** Every step, after the target's forward pass, the draft runs over exactly
   the same tokens at the same positions and writes its K/V through the same `slot_mapping`
-  (`ModelRunner.draft`). So wherever the target's cache holds a token's KV, the draft's holds its
+  (`draft_executor.py`). So wherever the target's cache holds a token's KV, the draft's holds its
   own for that token: a prefix-cache hit brings both, preemption loses both, and a rejected
   proposal's slots are overwritten in both by whatever is computed there next.
 - **Lookahead slots.** Proposing from a request's newest token (at position N, not yet computed)

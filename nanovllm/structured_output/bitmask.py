@@ -20,6 +20,10 @@ class GrammarBitmask:
     rows: list[int]  # logits rows (in the step's order of sampling rows)
     bitmask: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32
 
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's logits mask (`executor/logits_mask.py`): `apply_grammar_bitmask`."""
+        return apply_grammar_bitmask(logits, self)
+
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab_size] bool: True where the token is allowed."""

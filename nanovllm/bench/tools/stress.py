@@ -63,7 +63,7 @@ def time_steps_with_queue(
         start = time.perf_counter()
         engine.step()
         step_total += time.perf_counter() - start
-        schedule_total += engine.last_schedule_time
+        schedule_total += engine.stats.last.schedule_time
     for rid in list(engine.scheduler.requests):
         engine.abort_request(rid)
     engine.step()
@@ -140,7 +140,7 @@ def run_soak(model: str | None, num_requests: int) -> dict[str, float]:
     return {
         "requests": num_requests,
         "seconds": elapsed,
-        "preemptions": engine.scheduler.num_preemptions,
+        "preemptions": engine.stats.num_preemptions,
         "free_blocks_before": free_before,
         "free_blocks_after": engine.kv_cache_manager.num_free_blocks,
         "rss_mb_before": rss_before,

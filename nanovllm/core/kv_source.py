@@ -1,0 +1,79 @@
+"""The scheduler's KV source: computed tokens from outside the device pool, asked at admission.
+
+The prefix cache (`kv_cache_manager.py`) says which of a request's first tokens already have KV
+in the device pool. A KV source may supply the tokens right after them: the scheduler asks it at
+admission how many (`get_num_new_matched_tokens`), tells it which blocks they go to
+(`update_state_after_alloc`), asks it for the step's transfers (`build_connector_meta`) and
+tells it when a request ends (`request_finished`). vLLM's KV connectors (`kv_transfer/`) are
+KV sources; `KVSource` is the part of their interface the scheduler calls.
+
+Without a connector the source is the `NullConnector`: it supplies nothing, plans nothing, moves
+nothing, keeps nothing. So the scheduler and the engine call one object always, and have no
+"is there a connector?" branches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nanovllm.request import Request
+
+
+class KVSource(Protocol):
+    """What the scheduler asks of its KV source (see the module docstring)."""
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]: ...
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
+    ) -> None: ...
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any: ...
+
+    def request_finished(
+        self, request: Request, block_ids: tuple[int, ...]
+    ) -> tuple[bool, dict | None]: ...
+
+
+class NullConnector:
+    """The scheduler side of "no KV connector" (see the module docstring)."""
+
+    config = None  # (no `KVTransferConfig`: nothing listens, nothing is named)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        return 0, False
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: tuple[int, ...], num_external_tokens: int
+    ) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: Any) -> None:
+        return None
+
+    def request_finished(
+        self, request: Request, block_ids: tuple[int, ...]
+    ) -> tuple[bool, dict | None]:
+        return False, None
+
+    def load_failed(self, step: int, errors: dict[str, str]) -> None:
+        raise AssertionError("nothing is loaded without a KV connector")
+
+    def check_kv_transfer_params(self, params: dict[str, Any]) -> str | None:
+        return None
+
+    async def await_remote_kv(self, params: dict[str, Any]) -> str | None:
+        return None
+
+    def reset_cache(self) -> None:
+        pass
+
+    def tier_entries(self) -> list[tuple[bytes, int]]:
+        return []
+
+    def close(self) -> None:
+        pass

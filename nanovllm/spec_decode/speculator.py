@@ -1,0 +1,67 @@
+"""The engine's speculation part: after each step, count what was verified, then propose.
+
+The engine calls its speculator at one place, when a step's tokens are in
+(`LLMEngine.update_from_output`): `record` counts the step's verified proposals
+(`SpecDecodingStats`) and `propose` gives every decoding request its tokens to verify next step
+(`propose.py`). The scheduler then schedules them as ordinary tokens to compute, and the
+sampler's verifier checks them (`executor/rejection_sampler.py`).
+
+`NoSpeculation`, an engine's part when it does not speculate, does neither, so the engine has
+no "does it speculate?" branches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from nanovllm.events import EventBus
+from nanovllm.request import Request
+from nanovllm.spec_decode.metrics import SpecDecodingStats
+from nanovllm.spec_decode.propose import propose_next_tokens
+
+if TYPE_CHECKING:
+    from nanovllm.core.kv_cache_manager import KVCacheManager
+    from nanovllm.core.scheduler import SchedulerOutput
+    from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+    from nanovllm.spec_decode.ngram_proposer import NgramProposer
+
+
+class Speculator:
+    """A proposer (an n-gram search or a draft model) and its counts."""
+
+    def __init__(
+        self, proposer: NgramProposer | DraftModelProposer, stats: SpecDecodingStats
+    ) -> None:
+        self.proposer = proposer
+        self.stats = stats
+
+    def record(
+        self, sched: SchedulerOutput, sampled: dict[str, list[int]], events: EventBus
+    ) -> None:
+        self.stats.record_step(sched, sampled, events)
+
+    def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
+        """Give every decoding request its tokens to verify next step; the seconds it took."""
+        start = time.perf_counter()
+        propose_next_tokens(self.proposer, running, kv_cache_manager.get_block_table)
+        return time.perf_counter() - start
+
+
+class NoSpeculation:
+    """The speculator of an engine that does not speculate: it records and proposes nothing."""
+
+    proposer = None
+
+    def record(self, sched: SchedulerOutput, sampled: dict[str, list[int]], events) -> None:
+        pass
+
+    def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
+        return 0.0
+
+
+def speculator_for(
+    proposer: NgramProposer | DraftModelProposer | None, stats: SpecDecodingStats
+) -> Speculator | NoSpeculation:
+    return NoSpeculation() if proposer is None else Speculator(proposer, stats)
