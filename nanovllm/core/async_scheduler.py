@@ -52,10 +52,10 @@ class AsyncScheduler(Scheduler):
         last = {id(r) for r in running if self.num_tokens(r) - r.num_prompt_tokens >= r.max_tokens}
         if last:
             self.running = [r for r in running if id(r) not in last]
-        self.kv.step_cached_blocks = []  # (a list of this step's own: two steps are in flight)
+        self.kv.block_pool.step_cached_blocks = []  # (a list of this step's own: two steps are in flight)
         out = super().schedule()
         self.cached_by_step = {out.step - 1: self.cached_by_step.get(out.step - 1, [])}
-        self.cached_by_step[out.step] = self.kv.step_cached_blocks
+        self.cached_by_step[out.step] = self.kv.block_pool.step_cached_blocks
         if last:
             still, before = {id(r) for r in self.running}, {id(r) for r in running}
             admitted = [r for r in self.running if id(r) not in before]
@@ -96,7 +96,7 @@ class AsyncScheduler(Scheduler):
 
     def rollback_step(self, out: SchedulerOutput) -> None:
         """Undo a failed step (and, newest first, the one scheduled after it)."""
-        self.kv.step_cached_blocks = self.cached_by_step.pop(out.step, [])
+        self.kv.block_pool.step_cached_blocks = self.cached_by_step.pop(out.step, [])
         for s in out.scheduled:
             if s.samples and not s.request.is_finished:
                 self._take_placeholder(s.request.request_id)

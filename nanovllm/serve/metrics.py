@@ -318,7 +318,7 @@ class _EngineStateCollector:
         self._engine = engine
         self._labels = [model_name, ENGINE]
         connector = engine.engine.kv_connector
-        self._has_connector = connector is not None
+        self._has_connector = connector.config is not None  # (the NullConnector has none)
         name = type(connector).__name__
         self._connector_source = CONNECTOR_SOURCE.get(name, "external_unspecified")
 

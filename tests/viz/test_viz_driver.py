@@ -230,6 +230,7 @@ def test_cli_engine_overrides_keep_scenario_defaults():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     defaults = {"dtype": "auto", "seed": 0, "tensor_parallel_size": 1, "enforce_eager": True}
+    defaults["async_scheduling"] = False
     assert cli.engine_overrides(parser.parse_args([])) == defaults
     args = parser.parse_args(["--num-kv-blocks", "12", "--no-prefix-caching", "--model", "m"])
     overrides = cli.engine_overrides(args)
