@@ -67,7 +67,7 @@ def test_greedy_output_with_a_draft_model_equals_transformers(models, expected, 
     assert generate(llm) == expected
     engine = llm.llm_engine
     assert engine.kv_cache_manager.num_used_blocks == 0, "a block leaked"
-    assert engine.spec_stats.num_draft_tokens > 0, "nothing was proposed: a vacuous run"
+    assert engine.stats.spec_decoding.num_draft_tokens > 0, "nothing was proposed: a vacuous run"
 
 
 @pytest.mark.parametrize("draft", ["close", "one_layer"])
@@ -114,7 +114,7 @@ def test_a_perfect_draft_is_always_accepted_and_saves_steps(models, expected) ->
     events = []
     llm.llm_engine.subscribe(events.append)
     assert generate(llm) == expected
-    stats = llm.llm_engine.spec_stats
+    stats = llm.llm_engine.stats.spec_decoding
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
     # Per request: one prefill step, then steps of k + 1 tokens until max_tokens.
     steps_per_request = 1 + math.ceil((MAX_TOKENS - 1) / (k + 1))
@@ -138,7 +138,7 @@ def test_sampling_through_a_draft_keeps_the_target_distribution(tmp_path) -> Non
         ]
         outs = llm.generate(prompts, params, use_tqdm=False)
         if options:
-            stats = llm.llm_engine.spec_stats
+            stats = llm.llm_engine.stats.spec_decoding
             assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
         return [[o.outputs[0].token_ids[j] for o in outs] for j in (1, 2)]
 

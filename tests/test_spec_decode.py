@@ -133,7 +133,7 @@ def test_greedy_output_is_identical_with_speculation(tiny_llama, baseline, confi
     assert [o.outputs[0].token_ids for o in outs] == expected
     engine = llm.llm_engine
     assert engine.kv_cache_manager.num_used_blocks == 0
-    assert engine.spec_stats.num_draft_tokens > 0, "nothing was proposed: a vacuous run"
+    assert engine.stats.spec_decoding.num_draft_tokens > 0, "nothing was proposed: a vacuous run"
 
 
 def test_speculation_takes_fewer_steps_and_returns_rejected_blocks(tiny_llama, baseline) -> None:
@@ -149,7 +149,7 @@ def test_speculation_takes_fewer_steps_and_returns_rejected_blocks(tiny_llama, b
 
     plain, plain_events = run()
     llm, events = run(speculative_config=NGRAM)
-    stats = llm.llm_engine.spec_stats
+    stats = llm.llm_engine.stats.spec_decoding
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "some accepted, some rejected"
     # Each accepted proposal saves its request one step.
     request_steps = sum(isinstance(e, RequestScheduled) for e in events)

@@ -89,7 +89,7 @@ def test_a_draft_model_proposes_beside_two_ranks(tmp_path) -> None:
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == expected
-        stats = llm.llm_engine.spec_stats
+        stats = llm.llm_engine.stats.spec_decoding
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
         assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
     finally:

@@ -213,7 +213,7 @@ class Metrics:
     engine_time: float = 0.0  # schedule + forward, summed over steps
     prefix_queries: int = 0  # tokens of requests at admission (the scheduler's definition)
     prefix_hits: int = 0  # of those, tokens served by the prefix cache (not a KV connector)
-    # Speculative decoding, as the engine's `spec_stats` counts it: verifications (`drafts`),
+    # Speculative decoding, as the engine's `stats.spec_decoding` counts it: verifications (`drafts`),
     # tokens proposed, tokens accepted.
     num_drafts: int = 0
     num_draft_tokens: int = 0

@@ -68,7 +68,7 @@ def run(console: Console) -> None:
             str(len(emitted[e.step])),
         )
     console.print(table)
-    stats = engine.spec_stats
+    stats = engine.stats.spec_decoding
     console.print(
         "Each row is one forward pass (␣ is a space, ⏎ a new line). The proposals are the "
         "tokens that followed the last 2 to 5 tokens (the longest that match) where they last "
@@ -96,7 +96,7 @@ def run(console: Console) -> None:
             )
         outputs[label] = {r: o.outputs[0].token_ids for r, o in engine.run_until_done().items()}
         steps = [e for e in events if type(e).__name__ == "StepSummary"]
-        s = engine.spec_stats
+        s = engine.stats.spec_decoding
         table.add_row(
             f"{label} speculation",
             str(len(steps)),

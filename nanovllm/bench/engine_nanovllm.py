@@ -86,7 +86,7 @@ class NanovllmEngine(Engine):
         }
 
     def _draft_time(self, step: StepStats) -> float:
-        config = self.engine.speculative_config
+        config = self.engine.setup.speculative_config
         drafting = config is not None and config.method == "draft_model"
         return step.propose_time if drafting else 0.0
 

@@ -10,7 +10,7 @@ other engine, so both sides see the same machine. Figures per side, from those r
 - **output tok/s**: the median over repeats (with min-max); the speed-up is with / without.
 - from the speculating runs (summed over repeats): proposals verified (`num_drafts`), tokens
   proposed and accepted, the **acceptance rate** (accepted / proposed) and the **mean accepted
-  length** (tokens per verifying step: 1 + accepted / verifications), `LLMEngine.spec_stats`'s
+  length** (tokens per verifying step: 1 + accepted / verifications), `LLMEngine.stats.spec_decoding`'s
   definitions.
 - greedy workloads: the agreement of the two sides' tokens (speculation must not change them).
 

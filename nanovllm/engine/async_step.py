@@ -54,7 +54,6 @@ from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
 from nanovllm.executor.step_inputs import step_inputs
-from nanovllm.structured_output.manager import grammar_bitmask
 
 if TYPE_CHECKING:
     from nanovllm.engine.llm_engine import LLMEngine
@@ -134,7 +133,7 @@ class AsyncStep:
     def _submit(self, sched: SchedulerOutput, held: list[Event], start: float) -> None:
         engine = self.engine
         with self._holding(held):
-            sched.logits_mask = grammar_bitmask(sched, engine.events)  # structured outputs
+            sched.logits_mask = engine.setup.logits_mask(sched, engine.events)  # structured outputs
         inputs, fill = self._prepare(sched)
         previous = self.in_flight[-1] if self.in_flight else None
         times = StepTimes(sched.step)

@@ -41,8 +41,6 @@ from nanovllm.kv_transfer.base import KVLoadError
 from nanovllm.kv_transfer.factory import scheduler_kv_source
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.speculator import speculator_for
-from nanovllm.structured_output.manager import grammar_bitmask
 
 logger = logging.getLogger("nanovllm")
 
@@ -60,11 +58,9 @@ class LLMEngine:
         self.model = self.runner.model
         self.attention_backend, self.num_kv_blocks = setup.attention_backend, setup.num_kv_blocks
         self.stats = EngineStats()  # figures about the steps, filled once per step
-        # Speculative decoding: the proposer and its counts (`spec_decode/speculator.py`).
-        self.speculative_config = setup.speculative_config
+        # The speculation part, called after each step (`spec_decode/speculator.py`).
+        self.speculator = setup.speculator(self.stats.spec_decoding)
         lookahead = setup.num_lookahead_tokens
-        self.spec_stats = self.stats.spec_decoding
-        self.speculator = speculator_for(setup.proposer, self.spec_stats)
         self._dead: BaseException | None = None  # set when a worker died: no step can run
         parts = setup.parts  # what the engine is built from (`parts.py`; a lesson's own)
         kv = self.kv_cache_manager = parts.kv_cache_manager_cls(
@@ -190,7 +186,7 @@ class LLMEngine:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's forward pass and sampling on every rank. None when a KV load failed (the
         step is undone; those requests compute the tokens instead); a failed step raises."""
-        sched.logits_mask = grammar_bitmask(sched, self.events)  # (structured outputs)
+        sched.logits_mask = self.setup.logits_mask(sched, self.events)  # (structured outputs)
         try:
             return self.executor.execute(sched)
         except KVLoadError as exc:  # before the forward pass

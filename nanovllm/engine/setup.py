@@ -58,8 +58,12 @@ from nanovllm.models.loader import (
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_executor import DraftKVExecutor
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
+from nanovllm.spec_decode.speculator import NoSpeculation, Speculator, speculator_for
 from nanovllm.speculative_config import SpeculativeConfig
+from nanovllm.structured_output.bitmask import GrammarBitmask
+from nanovllm.structured_output.manager import grammar_bitmask
 
 if TYPE_CHECKING:
     from nanovllm.engine.async_step import AsyncStep
@@ -103,6 +107,17 @@ class EngineSetup:
     def num_lookahead_tokens(self) -> int:
         """KV slots reserved past each request's step for the draft model's proposals."""
         return self.speculative_config.num_lookahead_tokens if self.speculative_config else 0
+
+    def speculator(self, stats: SpecDecodingStats) -> Speculator | NoSpeculation:
+        """The engine's speculation part, counting into `stats` (`spec_decode/speculator.py`):
+        `NoSpeculation` without a proposer."""
+        return speculator_for(self.proposer, stats)
+
+    @staticmethod
+    def logits_mask(sched: Any, events: EventBus) -> GrammarBitmask | None:
+        """The step's logits mask, made once the step is scheduled: structured outputs' grammar
+        bitmask (`structured_output/manager.py`), None when no row is structured."""
+        return grammar_bitmask(sched, events)
 
     def on_every_rank(self, method: str, *args, all: bool = False):
         """Call a runner method on every rank (just here without tensor parallelism): rank 0's

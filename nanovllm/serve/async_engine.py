@@ -93,7 +93,7 @@ class EngineStats:
     # (whole second, tokens generated in it) for the last RATE_WINDOW_S seconds.
     token_buckets: tuple[tuple[int, int], ...] = ()
     started_at: float = field(default_factory=time.time)
-    # Speculative decoding (the engine's `spec_stats`): k, 0 when the engine does not speculate.
+    # Speculative decoding (the engine's `stats.spec_decoding`): k, 0 when the engine does not speculate.
     num_speculative_tokens: int = 0
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
@@ -625,7 +625,7 @@ class AsyncLLMEngine:
 
     def _spec_decode_stats(self) -> dict:
         """The engine's speculative decoding counters (none when it does not speculate)."""
-        config = self.engine.speculative_config
+        config = self.engine.setup.speculative_config
         if config is None:
             return {}
         spec = self.engine.stats.spec_decoding

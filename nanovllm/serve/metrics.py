@@ -48,7 +48,7 @@ Counted on the engine thread, as each request is first scheduled (stats.py):
                                                         "local_cache_hit", "external_kv_transfer"
 
 When the engine speculates (`--speculative-config`), vLLM's four counters of speculative
-decoding too (`LLMEngine.spec_stats`, vLLM's `vllm/v1/spec_decode/metrics.py`):
+decoding too (`LLMEngine.stats.spec_decoding`, vLLM's `vllm/v1/spec_decode/metrics.py`):
 
     vllm:spec_decode_num_drafts_total                   verifications of proposed tokens
     vllm:spec_decode_num_draft_tokens_total             tokens proposed

@@ -58,4 +58,4 @@ def test_a_deepened_target_keeps_its_source_and_the_source_drafts_for_it(tiny_ll
     llm = LLM(str(target), speculative_config=spec)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(target, prompts, 10)
-    assert llm.llm_engine.spec_stats.num_accepted_tokens > 0
+    assert llm.llm_engine.stats.spec_decoding.num_accepted_tokens > 0

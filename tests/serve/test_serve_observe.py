@@ -267,7 +267,7 @@ def test_spec_decode_counters_equal_what_the_engine_recorded(model_path, server,
             after = scrape(running, model)
     finally:
         engine.shutdown()
-    stats = llm_engine.spec_stats
+    stats = llm_engine.stats.spec_decoding
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "accepted and rejected"
     assert after[M + "spec_decode_num_drafts_total"] == stats.num_drafts
     assert after[M + "spec_decode_num_draft_tokens_total"] == stats.num_draft_tokens

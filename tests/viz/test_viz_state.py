@@ -653,7 +653,7 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
         children = tuple(c.request_id for c in parent.children)
         assert family_of(state, children[-1]) == (parent.request_id, children)
     if since_start:
-        spec, m = engine.spec_stats, state.metrics
+        spec, m = engine.stats.spec_decoding, state.metrics
         assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (
             spec.num_drafts,
             spec.num_draft_tokens,

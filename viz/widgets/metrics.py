@@ -5,7 +5,7 @@ each rank's forward pass).
 With speculative decoding (from the first verification on) two more rows: the acceptance rate
 (accepted proposed tokens / proposed tokens) and the mean accepted length (tokens a request
 gains per verification: the accepted proposals plus the one token the step adds), the figures
-the engine's `spec_stats` and vLLM report.
+the engine's `stats.spec_decoding` and vLLM report.
 
 Beside the paged cache's internal fragmentation, `contig.` shows the same running requests in
 a cache without paging, each reserving `max_model_len` contiguous slots when it is admitted (the
