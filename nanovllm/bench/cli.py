@@ -334,21 +334,23 @@ def _disagg(args: argparse.Namespace) -> int:
     return _measure_and_report(args, measure, disagg.print_report)[0]
 
 
+def _alone(args: argparse.Namespace) -> dict:
+    """For a nanovllm-alone comparison: set the thread count; the engine options given."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def _async_scheduling(args: argparse.Namespace) -> int:
     """`--async-scheduling`: nanovllm alone, the plain step loop vs the overlapped one."""
     import json
 
-    import torch
-
     from nanovllm.bench import async_scheduling
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    options = {
-        name: getattr(args, name)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
-        if getattr(args, name) is not None
-    }
+    options = _alone(args)
     result = async_scheduling.run(
         model=(args.models or ["embedded"])[0],
         num_requests=args.num_requests or 16,
@@ -370,17 +372,9 @@ def _structured_outputs(args: argparse.Namespace) -> int:
     """`--structured-outputs`: nanovllm alone, unconstrained vs a JSON schema per request."""
     import json
 
-    import torch
-
     from nanovllm.bench import structured
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    options = {
-        name: getattr(args, name)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
-        if getattr(args, name) is not None
-    }
+    options = _alone(args)
     result = structured.run(
         model=(args.models or ["embedded"])[0],
         num_requests=args.num_requests or 16,
