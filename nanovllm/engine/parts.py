@@ -27,8 +27,9 @@ The parts, what each is, its default, and the lesson that gives its own:
 
 `step_inputs` is the plain runner's: a backend whose runner keeps a persistent batch builds
 its inputs its own way, and refuses another builder (a ValueError). With tensor parallelism,
-the runner's parts (and `model_layers`) travel to every rank's process, so they must be picklable (module-level
-classes and functions).
+the runner's parts and `model_layers` travel to every rank's process, so they must be
+picklable (module-level classes and functions, or objects of such classes: lesson 14's
+`YourModelLayers` holds only a file's path).
 """
 
 from __future__ import annotations
