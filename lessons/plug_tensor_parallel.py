@@ -2,22 +2,23 @@
 
 With `tensor_parallel_size=2` the engine builds each rank's model in that rank's own process:
 rank 0 in this one, rank 1 in a worker it spawns (`nanovllm/engine/tensor_parallel.py`). So the
-learner's code must reach every one of those processes before the model is built, and the one
-way in is the function each rank calls to build its runner, `tensor_parallel.build_runner`: the
-engine looks it up when it starts the ranks and sends it to the workers (pickled, by reference).
-While the learner's engine is being built, `your_tensor_parallel_layers` puts a `YourRanks` in
-its place: a picklable object that holds only the path of the learner's file. In each rank's
-process it loads that file and builds the runner exactly as the engine does, except that the
-model's parallel layers (the names `nanovllm.models.llama` builds it from) are subclasses whose
-weight loaders cut with the learner's functions and whose forward passes combine with them:
+learner's code must reach every one of those processes before the model is built: it goes in as
+the engine's part `model_layers` (`nanovllm/engine/parts.py`), which the engine carries to every
+rank (pickled) and calls there to get the classes the model's layers are built from
+(`nanovllm/models/model_layers.py`). `your_model_layers` gives a `YourModelLayers`: a picklable
+object that holds only the path of the learner's file. In each rank's process it loads that file
+and gives the engine's layers, except that the parallel ones are subclasses whose weight loaders
+cut with the learner's functions and whose forward passes combine with them:
 
-    QKVParallelLinear           q, k, v: the rows of `heads_of_rank`'s heads
-    MergedColumnParallelLinear  gate, up: `column_shard` of each
-    RowParallelLinear           o_proj, down_proj: `row_shard`; forward: `reduce_rows`
-    VocabParallelEmbedding      the embedding table: `column_shard` of its vocabulary rows;
-                                forward: `reduce_rows` of the ranks' lookups (a rank looks up
-                                only the tokens in its rows, zeros for the others)
-    ParallelLMHead              forward: `gather_columns` of the ranks' logits
+    qkv            QKVParallelLinear           q, k, v: the rows of `heads_of_rank`'s heads
+    merged_column  MergedColumnParallelLinear  gate, up: `column_shard` of each
+    row            RowParallelLinear           o_proj, down_proj: `row_shard`; forward:
+                                               `reduce_rows`
+    embedding      VocabParallelEmbedding      the embedding table: `column_shard` of its
+                                               vocabulary rows; forward: `reduce_rows` of the
+                                               ranks' lookups (a rank looks up only the tokens
+                                               in its rows, zeros for the others)
+    lm_head        ParallelLMHead              forward: `gather_columns` of the ranks' logits
 
 The engine's own layers combine with an all-reduce (a sum computed by torch.distributed) or an
 all-gather. Here every combination is an all-gather of the ranks' partial results, after which
@@ -33,8 +34,6 @@ by name here rather than as a dead worker process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.distributed.communication import tensor_model_parallel_all_gather
-from nanovllm.engine import tensor_parallel
 from nanovllm.lessons.catalog import load_file
 from nanovllm.lessons.plug import LessonRunError
-from nanovllm.models import llama
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding, pad_vocab_size
 from nanovllm.models.linear import (
     MergedColumnParallelLinear,
@@ -53,16 +50,7 @@ from nanovllm.models.linear import (
     RowParallelLinear,
     check_shape,
 )
-
-# The engine's own, captured before `your_tensor_parallel_layers` replaces it for a while.
-_STOCK_BUILD_RUNNER = tensor_parallel.build_runner
-_LAYER_NAMES = (
-    "QKVParallelLinear",
-    "MergedColumnParallelLinear",
-    "RowParallelLinear",
-    "VocabParallelEmbedding",
-    "ParallelLMHead",
-)
+from nanovllm.models.model_layers import ModelLayers
 
 
 def _whole(loaded_weight: Any) -> torch.Tensor:
@@ -86,8 +74,8 @@ def _every_rank(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def your_layer_classes(impl: Any) -> dict[str, type]:
-    """The engine's parallel layers, cutting and combining with `impl`'s functions (by the
-    names `nanovllm.models.llama` uses for them)."""
+    """The engine's parallel layers, cutting and combining with `impl`'s functions (by their
+    names in `ModelLayers`)."""
 
     class YourQKVParallelLinear(QKVParallelLinear):
         def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
@@ -160,29 +148,16 @@ def your_layer_classes(impl: Any) -> dict[str, type]:
             return impl.gather_columns(_every_rank(logits))[..., : self.num_embeddings]
 
     return {
-        "QKVParallelLinear": YourQKVParallelLinear,
-        "MergedColumnParallelLinear": YourMergedColumnParallelLinear,
-        "RowParallelLinear": YourRowParallelLinear,
-        "VocabParallelEmbedding": YourVocabParallelEmbedding,
-        "ParallelLMHead": YourParallelLMHead,
+        "qkv": YourQKVParallelLinear,
+        "merged_column": YourMergedColumnParallelLinear,
+        "row": YourRowParallelLinear,
+        "embedding": YourVocabParallelEmbedding,
+        "lm_head": YourParallelLMHead,
     }
 
 
-@contextmanager
-def _model_built_with(classes: dict[str, type]) -> Iterator[None]:
-    """Models built inside this block use `classes` for the engine's parallel layers."""
-    saved = {name: getattr(llama, name) for name in _LAYER_NAMES}
-    for name, cls in classes.items():
-        setattr(llama, name, cls)
-    try:
-        yield
-    finally:
-        for name, cls in saved.items():
-            setattr(llama, name, cls)
-
-
-class YourRanks:
-    """`tensor_parallel.build_runner`, with the learner's layers in the model.
+class YourModelLayers:
+    """The engine's part `model_layers`, with the learner's parallel layers in the model.
 
     Picklable (it holds a path, no code), so the engine can send it to every rank's process,
     where it loads the learner's file afresh.
@@ -191,10 +166,8 @@ class YourRanks:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, rank: int, spec: tensor_parallel.RunnerSpec):
-        impl = load_file(Path(self.path))
-        with _model_built_with(your_layer_classes(impl)):
-            return _STOCK_BUILD_RUNNER(rank, spec)
+    def __call__(self, attention: type) -> ModelLayers:
+        return ModelLayers(attention, **your_layer_classes(load_file(Path(self.path))))
 
 
 def check_on_the_model(impl: Any, model_path: str | Path, tensor_parallel_size: int) -> None:
@@ -243,13 +216,12 @@ def check_on_the_model(impl: Any, model_path: str | Path, tensor_parallel_size: 
     )
 
 
-@contextmanager
-def your_tensor_parallel_layers(
+def your_model_layers(
     impl: Any, model_path: str | Path, tensor_parallel_size: int
-) -> Iterator[None]:
-    """Engines built inside this block cut and combine their layers with `impl`'s functions, on
-    every rank (see the module docstring). `impl` must be a file's module: every rank's process
-    loads it."""
+) -> YourModelLayers:
+    """The part `model_layers` whose layers cut and combine with `impl`'s functions, on every
+    rank (see the module docstring), once `impl`'s functions are checked on the model's shapes.
+    `impl` must be a file's module: every rank's process loads it."""
     path = getattr(impl, "__file__", None)
     if not path:
         raise LessonRunError(
@@ -257,12 +229,7 @@ def your_tensor_parallel_layers(
             "file (nanovllm lesson 14 --run --against FILE)"
         )
     check_on_the_model(impl, model_path, tensor_parallel_size)
-    saved = tensor_parallel.build_runner
-    tensor_parallel.build_runner = YourRanks(str(path))
-    try:
-        yield
-    finally:
-        tensor_parallel.build_runner = saved
+    return YourModelLayers(str(path))
 
 
 def is_yours(engine) -> bool:

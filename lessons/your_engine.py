@@ -2,9 +2,8 @@
 
 Two engines are built alike (the demo model, the lesson's options from its `run.py`); the
 learner's is built from the parts the lesson's `run.plug_in(impl)` returns (`EngineParts`, with
-the learner's code in one of them: see `plug.py`), or, where the code must be in every
-tensor-parallel rank's process before its model is built (lesson 14), inside `run.building`
-(see `plug_tensor_parallel.py`). `run.swapped(engine)` then says, in words, what of the built
+the learner's code in one of them: see `plug.py`, and for lesson 14, whose part goes to every
+tensor-parallel rank's process, `plug_tensor_parallel.py`). `run.swapped(engine)` then says, in words, what of the built
 engine is the learner's (and refuses an engine built without it). The stock engine is shut
 down before the learner's starts. Both serve the same requests (`workload.py`), and then:
 
@@ -42,7 +41,6 @@ import json
 import re
 import time
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,18 +136,15 @@ def run_lesson(
         # Its tensor-parallel workers, if any, go first: a process leads one group at a time.
         stock.shutdown()
 
-    # `plug_in(impl)`: the engine's parts, the learner's among them. `building(impl)`, when
-    # run.py has it: a context in which the engine is built with the learner's code (lesson
-    # 14's goes into every rank's process before the model is loaded).
-    plug_in, building = getattr(spec, "plug_in", None), getattr(spec, "building", None)
+    # `plug_in(impl)`: the engine's parts, the learner's among them.
+    plug_in = getattr(spec, "plug_in", None)
     report = RunReport(lesson, [], stock_seconds=stock_seconds)
     your_events: list = []
     yours = None
     try:
         with deadline(RUN_DEADLINE_S):
             parts = {} if plug_in is None else dict(parts=plug_in(impl))
-            with building(impl) if building is not None else nullcontext():
-                yours = make_engine(**spec.ENGINE, **parts)
+            yours = make_engine(**spec.ENGINE, **parts)
             report.swapped = list(spec.swapped(yours))
             yours.subscribe(your_events.append)
             start = time.perf_counter()

@@ -22,6 +22,8 @@ from nanovllm.lessons.demo_support import make_engine
 from nanovllm.lessons.workload import make_workload
 from nanovllm.lessons.your_engine import serve
 from nanovllm.models.attention import TorchAttention
+from nanovllm.models.linear import RowParallelLinear
+from nanovllm.models.model_layers import ModelLayers
 
 
 class CountingScheduler(Scheduler):
@@ -48,6 +50,14 @@ class MyDetokenizer(IncrementalDetokenizer):
     pass
 
 
+class MyRowParallelLinear(RowParallelLinear):
+    pass
+
+
+def my_model_layers(attention: type) -> ModelLayers:
+    return ModelLayers(attention, row=MyRowParallelLinear)
+
+
 def my_step_inputs(out, block_size):
     my_step_inputs.calls += 1
     return step_inputs(out, block_size)
@@ -65,6 +75,7 @@ def test_every_part_given_is_the_one_the_engine_uses_and_the_tokens_are_the_same
         attention_cls=MyAttention,
         sampler=functools.partial(Sampler),
         detokenizer=MyDetokenizer,
+        model_layers=my_model_layers,
     )
     arrivals = make_workload("short")
     stock = make_engine()
@@ -74,7 +85,9 @@ def test_every_part_given_is_the_one_the_engine_uses_and_the_tokens_are_the_same
     assert type(engine.kv_cache_manager.free_block_queue) is MyQueue
     assert type(engine.scheduler) is CountingScheduler
     assert type(engine.output_processor.detokenizer) is MyDetokenizer
-    assert all(type(layer.self_attn.attn) is MyAttention for layer in engine.model.model.layers)
+    for layer in engine.model.model.layers:
+        assert type(layer.self_attn.attn) is MyAttention
+        assert type(layer.self_attn.o_proj) is type(layer.mlp.down_proj) is MyRowParallelLinear
     got = {rid: out.outputs[0].token_ids for rid, out in serve(engine, arrivals).items()}
     assert got == want
     assert CountingScheduler.steps > 0 and my_step_inputs.calls > 0

@@ -15,8 +15,8 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.config import EngineConfig
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, budget_from_profile, kv_bytes_per_block
 from nanovllm.models import llama
-from nanovllm.models.attention import TorchAttention
 from nanovllm.models.loader import load_model, resolve_dtype
+from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -47,7 +47,7 @@ def test_the_model_is_built_in_its_dtype_on_its_device(tiny_llama, monkeypatch) 
 
     monkeypatch.setattr(llama.CausalLM, "__init__", spy)
     config = json.loads((tiny_llama / "config.json").read_text())
-    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"), TorchAttention, 128)
+    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"), ModelLayers(), 128)
     assert built == [{("cpu", torch.bfloat16)}]
     assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.bfloat16)}
     assert torch.get_default_dtype() == torch.float32, "the default dtype was not restored"
@@ -67,7 +67,7 @@ def test_tied_embeddings_stay_one_tensor(tmp_path) -> None:
     from tiny_models import make_model
 
     path = make_model(tmp_path / "tied", tie=True)
-    model = load_model(path, torch.float32, torch.device("cpu"), TorchAttention, 64)
+    model = load_model(path, torch.float32, torch.device("cpu"), ModelLayers(), 64)
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 

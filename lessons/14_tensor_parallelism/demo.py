@@ -15,13 +15,9 @@ Run it: `nanovllm lesson 14 --demo` (or `python demo.py`).
 from __future__ import annotations
 
 import statistics
-import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from rich.console import Console
 from rich.markup import escape
@@ -142,32 +138,17 @@ def _heads_and_shares(console: Console) -> None:
     )
 
 
-@contextmanager
-def _counting_collectives(counts: Counter, times: list[float]) -> Iterator[None]:
-    """Count the torch.distributed calls this process makes (rank 0's), timing the
-    all-reduces. Each rank makes the same calls: they meet in them."""
-    names = ("all_reduce", "all_gather", "broadcast", "broadcast_object_list", "gather_object")
-    saved = {name: getattr(dist, name) for name in names}
-
-    def counted(name, fn):
-        def call(*args, **kwargs):
-            counts[name] += 1
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if name == "all_reduce":
-                    times.append(time.perf_counter() - start)
-
-        return call
-
-    for name, fn in saved.items():
-        setattr(dist, name, counted(name, fn))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+def _collectives(prof: torch.profiler.profile) -> tuple[Counter, list[float]]:
+    """The collectives this process (rank 0) called while `prof` recorded, counted by
+    c10d's op (`allreduce`, `allgather`, `broadcast`, `gather`: the same whatever the backend),
+    and each all-reduce's seconds as gloo ran it. Each rank makes the same calls: they meet in
+    them."""
+    events = prof.events()
+    counts = Counter(
+        e.name.removeprefix("c10d::").rstrip("_") for e in events if e.name.startswith("c10d::")
+    )
+    times = [e.cpu_time_total / 1e6 for e in events if e.name == "gloo:all_reduce"]
+    return counts, times
 
 
 def _decode_steps(engine, max_tokens: int) -> tuple[dict[str, str], list]:
@@ -201,10 +182,10 @@ def _two_ranks(console: Console) -> None:
         for i, prompt in enumerate(PROMPTS):
             two.add_request(f"c{i}", prompt, SamplingParams(temperature=0, max_tokens=3))
         two.step()  # the prefill
-        counts: Counter = Counter()
-        all_reduce_times: list[float] = []
-        with _counting_collectives(counts, all_reduce_times):
+        # Recorded by torch's profiler (nothing of torch.distributed's is replaced).
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             two.step()  # a decode step of 4 requests
+        counts, all_reduce_times = _collectives(prof)
         two.run_until_done()
     finally:
         two.shutdown()
@@ -234,11 +215,13 @@ def _two_ranks(console: Console) -> None:
 
     layers = two.model_args.num_hidden_layers
     console.print(
-        f"One decode step, as rank 0 calls them: {counts['all_reduce']} all-reduces (2 per layer "
-        f"for {layers} layers, and the embedding's) and {counts['all_gather']} all-gather (the "
-        f"logits) in the forward pass; {counts['broadcast_object_list']} broadcasts from rank 0 "
-        "(the step's inputs, and the call that asks every rank for its forward time) and "
-        f"{counts['gather_object']} gather of those times (the engine asks for them only when "
+        f"One decode step, as rank 0 calls them (torch's profiler counts them): "
+        f"{counts['allreduce']} all-reduces (2 per layer for {layers} layers, and the "
+        "embedding's) and an all-gather (the logits) in the forward pass; "
+        f"{counts['broadcast']} broadcasts from rank 0 (two objects, each its length, then its "
+        "bytes: the step's inputs, and the call that asks every rank for its forward time); "
+        f"and another all-gather ({counts['allgather']} in all: the sizes of the ranks' times) "
+        f"and {counts['gather']} gather of those times (the engine asks for them only when "
         "someone listens to its events, as this demo does). An all-reduce took "
         f"{statistics.median(all_reduce_times) * 1e3:.2f} ms (median)."
     )

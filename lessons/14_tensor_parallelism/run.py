@@ -1,8 +1,8 @@
 """Lesson 14 in the real engine: your cuts and your combinations, on two ranks in two processes.
 
 `nanovllm lesson 14 --run` builds both engines with `tensor_parallel_size=2`: rank 0 in this
-process, rank 1 in a worker process, joined by torch.distributed (gloo). In yours, every rank
-loads its weights through your `column_shard`, `row_shard` and `heads_of_rank`, and puts the
+process, rank 1 in a worker process, joined by torch.distributed (gloo). Yours is built with your layers (the part
+`model_layers`, which the engine carries to every rank's process): every rank loads its weights through your `column_shard`, `row_shard` and `heads_of_rank`, and puts the
 ranks' partial results together with your `gather_columns` and `reduce_rows`
 (`lessons/plug_tensor_parallel.py` shows how). The 64 greedy completions must come out token
 for token as the stock engine's.
@@ -10,9 +10,10 @@ for token as the stock engine's.
 
 from __future__ import annotations
 
+from nanovllm.engine.parts import EngineParts
 from nanovllm.lessons.demo_support import demo_model_path
 from nanovllm.lessons.plug import LessonRunError
-from nanovllm.lessons.plug_tensor_parallel import is_yours, your_tensor_parallel_layers
+from nanovllm.lessons.plug_tensor_parallel import is_yours, your_model_layers
 
 TENSOR_PARALLEL_SIZE = 2
 ENGINE = dict(tensor_parallel_size=TENSOR_PARALLEL_SIZE)
@@ -21,9 +22,11 @@ COMPARE = None  # the completions: the ranks' work is inside each step
 MOMENT = "busiest_step"
 
 
-def building(impl):
-    """The engine built inside this context loads and runs its layers with your functions."""
-    return your_tensor_parallel_layers(impl, demo_model_path(), TENSOR_PARALLEL_SIZE)
+def plug_in(impl) -> EngineParts:
+    """The engine's parts, with every rank's model built from your layers."""
+    return EngineParts(
+        model_layers=your_model_layers(impl, demo_model_path(), TENSOR_PARALLEL_SIZE)
+    )
 
 
 def swapped(engine) -> list[str]:

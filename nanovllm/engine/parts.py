@@ -21,11 +21,15 @@ The parts, what each is, its default, and the lesson that gives its own:
     detokenizer           (tokenizer) -> the incremental detokenizer            IncrementalDetokenizer, 10
     host_tier_cls         (num_blocks) -> the OffloadingConnector's host tier    HostBlockTier, 15
                           (None: the connector's own)
+    model_layers          (attention class) -> the classes the model's layers   ModelLayers, 14
+                          are built from, its tensor-parallel linear layers
+                          among them (`models/model_layers.py`)
 
 `step_inputs` is the plain runner's: a backend whose runner keeps a persistent batch builds
 its inputs its own way, and refuses another builder (a ValueError). With tensor parallelism,
-the runner's parts travel to every rank's process, so they must be picklable (module-level
-classes and functions).
+the runner's parts and `model_layers` travel to every rank's process, so they must be
+picklable (module-level classes and functions, or objects of such classes: lesson 14's
+`YourModelLayers` holds only a file's path).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from nanovllm.core.scheduler import Scheduler
 from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.models.model_layers import ModelLayers
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class EngineParts:
     sampler: Callable[..., Sampler] = Sampler
     detokenizer: Callable[[Any], IncrementalDetokenizer] = IncrementalDetokenizer
     host_tier_cls: Callable[[int], Any] | None = None
+    model_layers: Callable[[type], ModelLayers] = ModelLayers
 
 
 def default_parts() -> EngineParts:

@@ -44,6 +44,7 @@ from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.models.loader import load_model
+from nanovllm.models.model_layers import ModelLayers
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class RunnerSpec:
     attention_cls: Callable | None = None
     step_inputs: Callable = step_inputs
     sampler: Callable = Sampler
+    # (attention class) -> the model's layers (`models/model_layers.py`; lesson 14's own)
+    model_layers: Callable[[type], ModelLayers] = ModelLayers
 
 
 def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
@@ -74,8 +77,8 @@ def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = get_backend(spec.attention_backend)
-    attention = spec.attention_cls or backend.attention_class
-    model = load_model(spec.model_path, spec.dtype, device, attention, spec.max_model_len)
+    layers = spec.model_layers(spec.attention_cls or backend.attention_class)
+    model = load_model(spec.model_path, spec.dtype, device, layers, spec.max_model_len)
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)
     builds_its_own = runner_class.prepare_inputs is not ModelRunner.prepare_inputs

@@ -29,10 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.models.attention import AttentionMetadata, TorchAttention
-from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
-from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.model_args import ModelArgs
+from nanovllm.models.model_layers import PLAIN_LAYERS, ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -55,10 +54,10 @@ class Attention(nn.Module):
     """Self-attention: project q, k, v (`qkv`), paged attention over the KV cache (`attn`, the
     backend's implementation of `TorchAttention`'s interface), then the output projection."""
 
-    def __init__(self, args: ModelArgs, attention_class: type) -> None:
+    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
         self.head_dim = args.head_dim
-        self.qkv_proj = QKVParallelLinear(
+        self.qkv_proj = layers.qkv(
             args.hidden_size,
             self.head_dim,
             args.num_attention_heads,
@@ -69,14 +68,14 @@ class Attention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        self.o_proj = RowParallelLinear(
+        self.o_proj = layers.row(
             args.num_attention_heads * self.head_dim, args.hidden_size, bias=args.o_bias
         )
         if args.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
-        self.attn = attention_class(
+        self.attn = layers.attention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
 
@@ -117,13 +116,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
         size = args.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(
-            args.hidden_size, [size, size], bias=args.mlp_bias
-        )
-        self.down_proj = RowParallelLinear(size, args.hidden_size, bias=args.mlp_bias)
+        self.gate_up_proj = layers.merged_column(args.hidden_size, [size, size], bias=args.mlp_bias)
+        self.down_proj = layers.row(size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [n, intermediate / tp] each
@@ -133,12 +130,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """x + attention(norm(x)), then + MLP(norm(x)): the pre-norm residual block."""
 
-    def __init__(self, args: ModelArgs, attention_class: type) -> None:
+    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, attention_class)
+        self.self_attn = Attention(args, layers)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = MLP(args, layers)
 
     def forward(
         self,
@@ -153,11 +150,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, args: ModelArgs, attention_class: type) -> None:
+    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = layers.embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, attention_class) for _ in range(args.num_hidden_layers)
+            DecoderLayer(args, layers) for _ in range(args.num_hidden_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -165,20 +162,20 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """The whole model. `forward` gives hidden states; `compute_logits` the chosen rows' logits.
 
-    `attention_class` builds each layer's paged attention: `TorchAttention`, or a backend's
-    kernel with the same interface (`nanovllm/backends/`).
+    `layers` are the classes its layers are built from (`model_layers.py`): each layer's paged
+    attention is `TorchAttention` or a backend's kernel with its interface (`nanovllm/backends/`).
     """
 
     def __init__(
         self,
         args: ModelArgs,
-        attention_class: type = TorchAttention,
+        layers: ModelLayers = PLAIN_LAYERS,
         max_position: int | None = None,
     ) -> None:
         super().__init__()
         self.args = args
-        self.model = DecoderModel(args, attention_class)
-        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size)
+        self.model = DecoderModel(args, layers)
+        self.lm_head = layers.lm_head(args.vocab_size, args.hidden_size)
         self.tie_weights()
         self.rotary = RotaryEmbedding(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters

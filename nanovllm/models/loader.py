@@ -22,6 +22,7 @@ from safetensors import safe_open
 from nanovllm.models import gguf_loader
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
+from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded, load_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -139,11 +140,11 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype,
     device: torch.device,
-    attention_class: type,
+    layers: ModelLayers,
     max_position: int,
 ) -> CausalLM:
-    """Build the model in `dtype` on `device` (its layers' paged attention: `attention_class`)
-    and load the checkpoint into it.
+    """Build the model in `dtype` on `device` from `layers` (`model_layers.py`: its paged
+    attention, its parallel linear layers) and load the checkpoint into it.
 
     The model is built directly in `dtype` on `device`: its layers allocate their weights
     uninitialised (`torch.empty`, `linear.py`), and the checkpoint fills them. So an 8B bfloat16
@@ -156,7 +157,7 @@ def load_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = CausalLM(args, attention_class, max_position=max_position)
+            model = CausalLM(args, layers, max_position=max_position)
     finally:
         torch.set_default_dtype(default_dtype)
     load_weights(model, path)

@@ -337,8 +337,9 @@ def test_lesson_14_names_the_rank_whose_code_failed(home):
     """Code that fails only in rank 1's process (a worker) stops the engine at start-up with
     that rank named, and leaves no process behind."""
     from nanovllm.distributed import WorkerDiedError
+    from nanovllm.engine.parts import EngineParts
     from nanovllm.lessons.demo_support import demo_model_path, make_engine
-    from nanovllm.lessons.plug_tensor_parallel import your_tensor_parallel_layers
+    from nanovllm.lessons.plug_tensor_parallel import your_model_layers
 
     lesson = get_lesson(14)
     mine = solve(lesson, home / "lessons")
@@ -351,9 +352,9 @@ def test_lesson_14_names_the_rank_whose_code_failed(home):
         "    return _column_shard(weight, rank, world_size)\n"
     )
     impl = harness.implementation(lesson, mine)
+    layers = your_model_layers(impl, demo_model_path(), 2)
     with pytest.raises(WorkerDiedError) as failure:
-        with your_tensor_parallel_layers(impl, demo_model_path(), 2):
-            make_engine(tensor_parallel_size=2)
+        make_engine(tensor_parallel_size=2, parts=EngineParts(model_layers=layers))
     assert failure.value.rank == 1
     said = your_engine.describe_error(failure.value, impl)
     assert said.startswith("tensor-parallel rank 1 failed: ModelLoadError: "), said
@@ -368,7 +369,7 @@ def test_lesson_14_checks_your_shapes_before_any_process_starts(home):
     from nanovllm.lessons.plug import LessonRunError
     from nanovllm.lessons.plug_tensor_parallel import (
         check_on_the_model,
-        your_tensor_parallel_layers,
+        your_model_layers,
     )
 
     lesson = get_lesson(14)
@@ -378,8 +379,7 @@ def test_lesson_14_checks_your_shapes_before_any_process_starts(home):
         check_on_the_model(broken.build(reference), demo_model_path(), 2)
     check_on_the_model(reference, demo_model_path(), 2)
     with pytest.raises(LessonRunError, match="as a file"):
-        with your_tensor_parallel_layers(broken.build(reference), demo_model_path(), 2):
-            pass
+        your_model_layers(broken.build(reference), demo_model_path(), 2)
 
 
 def test_the_busiest_step_is_found():

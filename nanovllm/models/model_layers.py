@@ -1,0 +1,43 @@
+"""ModelLayers: the classes the decoder (`llama.py`) builds its layers from, given when it is built.
+
+The decoder does not name the classes of its layers: it is given them, so that a backend can
+give its paged attention kernel, and a lesson its own tensor-parallel layers (lesson 14's cut
+their weights and combine their ranks' results with the learner's functions), without anything
+being swapped in a built model or in a module. `ModelLayers(attention)` is the engine's own
+layers around that attention class:
+
+    attention      (heads, kv heads, head_dim, scale) -> a layer's paged attention
+    qkv            q, k and v as one column-parallel matmul, cut by heads (`linear.py`)
+    merged_column  gate and up as one column-parallel matmul (`linear.py`)
+    row            o_proj and down_proj: row-parallel, their ranks' results summed (`linear.py`)
+    embedding      the token embedding, cut by vocabulary rows (`embedding.py`)
+    lm_head        the LM head, cut by vocabulary rows, its ranks' logits gathered
+
+Each rank builds its own model (`engine/tensor_parallel.py`), so the engine carries, to every
+rank's process, a picklable callable that gives the ranks' `ModelLayers`: `EngineParts`'s
+`model_layers` (`engine/parts.py`), `ModelLayers` itself by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nanovllm.models.attention import TorchAttention
+from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+
+
+@dataclass(frozen=True)
+class ModelLayers:
+    """The classes of the decoder's layers (see the module docstring)."""
+
+    attention: Callable = TorchAttention
+    qkv: Callable[..., QKVParallelLinear] = QKVParallelLinear
+    merged_column: Callable[..., MergedColumnParallelLinear] = MergedColumnParallelLinear
+    row: Callable[..., RowParallelLinear] = RowParallelLinear
+    embedding: Callable[..., VocabParallelEmbedding] = VocabParallelEmbedding
+    lm_head: Callable[..., ParallelLMHead] = ParallelLMHead
+
+
+PLAIN_LAYERS = ModelLayers()  # the plain path's: TorchAttention and the engine's parallel layers
