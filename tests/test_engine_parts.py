@@ -106,3 +106,19 @@ def test_a_part_the_engine_cannot_use_is_refused_by_name(tmp_path) -> None:
     pytest.importorskip("triton")  # (the Triton backend's runner, built on the CPU)
     with pytest.raises(ValueError, match="builds its step inputs its own way"):
         make_engine(attention_backend="triton", parts=EngineParts(step_inputs=my_step_inputs))
+
+
+class MySampler(Sampler):
+    pass
+
+
+def test_the_sampler_part_is_used_on_the_fast_backend_too() -> None:
+    """The CPU backend's runner samples with its fast sampler unless a part is given: then the
+    part's, as the plain runner does."""
+    from nanovllm.backends.sampler import FastSampler
+
+    assert type(make_engine(attention_backend="cpu").runner.sampler) is FastSampler
+    assert type(make_engine(attention_backend="torch").runner.sampler) is Sampler
+    for backend in ("cpu", "torch"):
+        engine = make_engine(attention_backend=backend, parts=EngineParts(sampler=MySampler))
+        assert type(engine.runner.sampler) is MySampler

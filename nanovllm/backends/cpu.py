@@ -30,7 +30,6 @@ from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
-from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
@@ -96,11 +95,11 @@ def use_numba_token_ops(model: CausalLM) -> int:
 class CpuModelRunner(ModelRunner):
     """The plain runner with the step's inputs from a persistent batch (`InputBatch`)."""
 
+    sampler_class = FastSampler  # (the same tokens, sooner: `backends/sampler.py`)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.input_batch = InputBatch(self.block_size)
-        if type(self.sampler) is Sampler:  # the stock one (a lesson's part stays)
-            self.sampler = FastSampler(draw=self.sampler.draw)  # (the same tokens, sooner)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         return self.input_batch.prepare(out)

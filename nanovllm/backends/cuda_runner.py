@@ -33,17 +33,16 @@ from nanovllm.backends.sampler import FastSampler
 from nanovllm.backends.staging import InputStaging
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
-from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.models.attention import AttentionMetadata
 
 
 class CudaModelRunner(ModelRunner):
+    sampler_class = FastSampler  # (the same tokens, sooner: `backends/sampler.py`)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.input_batch = InputBatch(self.block_size)
-        if type(self.sampler) is Sampler:  # the stock one (a lesson's part stays)
-            self.sampler = FastSampler(draw=self.sampler.draw)  # (the same tokens, sooner)
         self.staging = InputStaging(self.device)
         # Decode steps replayed from CUDA graphs (`capture_decode_graphs`); None: all eager.
         self.graphs: DecodeGraphs | None = None

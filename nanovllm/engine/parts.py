@@ -16,8 +16,8 @@ The parts, what each is, its default, and the lesson that gives its own:
     step_inputs           (SchedulerOutput, block_size) -> the step's tensors    step_inputs, 02 09
     attention_cls         (heads, kv heads, head_dim, scale) -> a layer's        the backend's, 01 04 05
                           paged attention (None: the backend's)
-    sampler               (draw=...) -> the sampler, which also verifies        Sampler, 10 13
-                          proposed tokens (its `verify` rules)
+    sampler               (draw=...) -> the sampler, which also verifies        the runner's, 10 13
+                          proposed tokens (its `verifier`; None: the runner's)
     detokenizer           (tokenizer) -> the incremental detokenizer            IncrementalDetokenizer, 10
     host_tier_cls         (num_blocks) -> the OffloadingConnector's host tier    HostBlockTier, 15
                           (None: the connector's own)
@@ -56,7 +56,7 @@ class EngineParts:
     scheduler_cls: Callable[..., Scheduler] = Scheduler
     step_inputs: Callable = step_inputs
     attention_cls: Callable | None = None
-    sampler: Callable[..., Sampler] = Sampler
+    sampler: Callable[..., Sampler] | None = None
     detokenizer: Callable[[Any], IncrementalDetokenizer] = IncrementalDetokenizer
     host_tier_cls: Callable[[int], Any] | None = None
     model_layers: Callable[[type], ModelLayers] = ModelLayers

@@ -41,7 +41,6 @@ from nanovllm.distributed.validation import check_device_count, check_tensor_par
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
-from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.models.loader import load_model
 from nanovllm.models.model_layers import ModelLayers
@@ -59,11 +58,11 @@ class RunnerSpec:
     block_size: int
     num_threads: int | None
     enforce_eager: bool = True  # False: compile the model's layers (`backends/compilation.py`)
-    # The runner's parts (`engine/parts.py`): None, the backend's attention; the plain builder
-    # of step inputs and sampler. (Pickled to the workers: module-level ones with several ranks.)
+    # The runner's parts (`engine/parts.py`): None, the backend's attention and the runner's
+    # sampler. (Pickled to the workers: module-level ones with several ranks.)
     attention_cls: Callable | None = None
     step_inputs: Callable = step_inputs
-    sampler: Callable = Sampler
+    sampler: Callable | None = None
     # (attention class) -> the model's layers (`models/model_layers.py`; lesson 14's own)
     model_layers: Callable[[type], ModelLayers] = ModelLayers
 

@@ -51,18 +51,20 @@ class ModelRunnerOutput:
 class ModelRunner:
     """One rank's runner: its model (or its shard of it) and its KV cache (or its heads' share)."""
 
+    sampler_class: Callable[..., Sampler] = Sampler  # (a fast runner gives a fast sampler)
+
     def __init__(
         self,
         model: CausalLM,
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        sampler: Callable[..., Sampler] = Sampler,  # (`engine/parts.py`: a lesson's own)
+        sampler: Callable[..., Sampler] | None = None,  # (`engine/parts.py`: a lesson's own)
         step_inputs: Callable[[SchedulerOutput, int], StepInputs] = step_inputs,
     ) -> None:
         self.model, self.block_size, self.dtype, self.device = model, block_size, dtype, device
         self.step_inputs = step_inputs
-        self.sampler = sampler(draw=draw_for(device))  # vLLM's draw on this device
+        self.sampler = (sampler or self.sampler_class)(draw=draw_for(device))  # vLLM's draw here
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_inputs: StepInputs | None = None  # the last step's (`step_events.py` reads them)
         self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
