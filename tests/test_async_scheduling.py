@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from budget import examples
+from faults import run_through_faults
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import hf_greedy, make_model
@@ -288,16 +289,10 @@ def test_a_forward_pass_that_fails_undoes_both_steps_in_flight_and_loses_nothing
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
-    final, failures = {}, 0
-    while engine.has_unfinished_requests():
-        try:
-            outputs = engine.step()
-        except RuntimeError:
-            failures += 1
-            continue
-        final.update({o.request_id: o for o in outputs if o.finished})
+    final, failures = run_through_faults(engine)
     assert failures == 2
     assert [final[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected
+    assert engine.kv_cache_manager.num_used_blocks == 0  # (the undone steps' blocks too)
     assert engine.kv_cache_manager.num_used_blocks == 0
     assert not engine.scheduler.num_output_placeholders
 

@@ -12,6 +12,7 @@ import random
 import shutil
 
 import pytest
+from faults import run_through_faults
 from tiny_models import make_model
 
 from nanovllm import LLM, LLMEngine, SamplingParams
@@ -201,14 +202,7 @@ def test_a_forward_pass_that_fails_once_loses_nothing(tiny_llama, workload) -> N
 
     engine.runner.execute = flaky
     run_batch(engine, prompts, params, "r")
-    final, failures = {}, 0
-    while engine.has_unfinished_requests():
-        try:
-            outputs = engine.step()
-        except RuntimeError:
-            failures += 1
-            continue
-        final.update({o.request_id: o for o in outputs if o.finished})
+    final, failures = run_through_faults(engine)
     assert failures == 2
     assert [final[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))] == clean
     assert engine.kv_cache_manager.num_used_blocks == 0

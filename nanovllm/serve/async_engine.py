@@ -19,7 +19,7 @@ loop never touch it, they only send commands and receive outputs:
 - The step runs off the event loop thread, so `/health`, `/metrics` and new connections stay
   responsive while the model computes. (PyTorch releases the GIL inside its kernels.)
 - An abort (a client that went away) frees the request's KV blocks before the next step.
-- Metrics are read from an immutable `EngineStats` snapshot the engine thread publishes after
+- Metrics are read from an immutable `ServerStats` snapshot the engine thread publishes after
   every iteration, so nothing outside the thread reads the engine's changing state. Per-request
   latencies (time to first token, inter-token, queue, end to end: stats.py) are measured on the
   engine thread and handed after every step to the observers of `add_stats_observer`.
@@ -71,8 +71,9 @@ class ServerShutdownError(EngineError):
 
 
 @dataclass(frozen=True)
-class EngineStats:
-    """A consistent snapshot of the engine, published by the engine thread."""
+class ServerStats:
+    """A consistent snapshot of the engine and the server, published by the engine thread (the
+    engine's own figures come from `LLMEngine.stats`, `engine/stats.py`)."""
 
     model: str = ""
     num_running: int = 0
@@ -289,7 +290,7 @@ class AsyncLLMEngine:
         # Held while an add is checked and queued, and while the thread is declared dead: so an
         # add either sees the death or is queued before it, and then refused by `_run`.
         self._door = threading.Lock()
-        self.stats = EngineStats(model=self.model_name, started_at=self._started_at)
+        self.stats = ServerStats(model=self.model_name, started_at=self._started_at)
         self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
         if start:
@@ -601,7 +602,7 @@ class AsyncLLMEngine:
         engine = self.engine
         kv = engine.kv_cache_manager
         scheduler = engine.scheduler
-        self.stats = EngineStats(
+        self.stats = ServerStats(
             model=self.model_name,
             num_running=len(scheduler.running),
             num_waiting=scheduler.num_waiting,

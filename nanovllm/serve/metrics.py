@@ -10,7 +10,7 @@ something vLLM's does not. (The old `nanovllm:` copies of vLLM's families are go
 for one series would double every dashboard's sums.)
 
 State right now (gauges) and running totals (counters), read at scrape time from the engine
-thread's `EngineStats` snapshot:
+thread's `ServerStats` snapshot:
 
     vllm:num_requests_running                 gauge     requests in the running batch
     vllm:num_requests_waiting                 gauge     requests waiting to be admitted
@@ -94,7 +94,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from nanovllm.serve.async_engine import AsyncLLMEngine, EngineStats
+from nanovllm.serve.async_engine import AsyncLLMEngine, ServerStats
 from nanovllm.serve.perf import ModelShape
 from nanovllm.serve.stats import IterationStats
 
@@ -450,7 +450,7 @@ class _EngineStateCollector:
             "event_subscribers", "Listeners on /v1/events.", stats.num_event_subscribers, OURS
         )
 
-    def _spec_decode(self, stats: EngineStats, counter: Callable[..., Metric]) -> Iterator[Metric]:
+    def _spec_decode(self, stats: ServerStats, counter: Callable[..., Metric]) -> Iterator[Metric]:
         """vLLM's speculative decoding counters (vllm/v1/spec_decode/metrics.py)."""
         yield counter(
             "spec_decode_num_drafts",
