@@ -585,8 +585,8 @@ def your_sampling(impl) -> dict[str, Callable]:
 
 class YourVerification(Sampler):
     """Lesson 13's part `sampler`: the engine's sampler, with every proposal verified by the
-    learner's `verify_greedy` and `verify_random` (`your_verification(impl)`), given to the
-    `Sampler` as its `verify` rules. Each result is checked before the engine sees it: a list
+    learner's `verify_greedy` and `verify_random` (`your_verification(impl)`): it is its own
+    `verifier` (its `greedy` and `random` below call them). Each result is checked before the engine sees it: a list
     of 1 to s + 1 vocabulary ids, the proposals it was given unchanged (the engine reads them
     again afterwards), and for `verify_random` the probabilities too (`LessonRunError`
     otherwise, naming the proposals and what came back).
