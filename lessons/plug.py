@@ -325,8 +325,9 @@ class YourScheduler(Scheduler):
         out = SchedulerOutput(step=self.step_count)
         live_waiting = [r for r in self.waiting if r.status != RequestStatus.FINISHED]
         engine_of = {r.request_id: r for r in self.running + live_waiting}
-        running = [_view(r) for r in self.running]
-        waiting = [_view(r) for r in live_waiting]
+        to_verify = {r.request_id: self.tokens_to_verify(r) for r in self.running}
+        running = [_view(r, to_verify[r.request_id]) for r in self.running]
+        waiting = [_view(r, []) for r in live_waiting]
         plan = self.schedule_step(running, waiting, self)
         if isinstance(plan, StepPlan):
             scheduled, preempted = dict(plan.scheduled), list(plan.preempted)
@@ -358,7 +359,8 @@ class YourScheduler(Scheduler):
             request = engine_of.get(rid)
             if request is None or rid not in running_ids:
                 raise LessonRunError(f"{where}: {rid} was scheduled but is not running")
-            left = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
+            guesses = to_verify.get(rid, [])
+            left = request.num_tokens + len(guesses) - request.num_computed_tokens
             if not 1 <= n <= left:
                 raise LessonRunError(
                     f"{where}: {rid} was given {n} tokens; it has {left} left to compute"
@@ -368,21 +370,21 @@ class YourScheduler(Scheduler):
                     f"{where}: no free KV block for {rid}'s {n} tokens: the step needs more "
                     f"blocks than the cache's {self.kv.num_blocks}"
                 )
-            self.add_to_step(out, request, n)
+            self.add_to_step(out, request, n, guesses)
         out.schedule_time = time.perf_counter() - start
         return out
 
 
-def _view(request) -> Req:
-    """The scheduler's view of an engine request (see `sim.Req`): its proposed tokens, if any,
-    are tokens to compute as its own are."""
+def _view(request, to_verify: list[int]) -> Req:
+    """The scheduler's view of an engine request (see `sim.Req`): its proposed tokens
+    (`to_verify`), if any, are tokens to compute as its own are."""
     return Req(
         request.request_id,
         request.num_prompt_tokens,
         max_output=request.max_tokens,
         num_output=request.num_output_tokens,
         num_computed=request.num_computed_tokens,
-        num_proposed=len(request.spec_token_ids),
+        num_proposed=len(to_verify),
     )
 
 

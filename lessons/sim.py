@@ -217,14 +217,16 @@ def schedule_with_engine(
         enable_chunked_prefill=chunked_prefill,
     )
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
-    scheduler = Scheduler(config, kv, EventBus())
+    proposed = {r.id: [0] * r.num_proposed for r in running + waiting}
+    scheduler = Scheduler(
+        config, kv, EventBus(), tokens_to_verify=lambda request: proposed[request.request_id]
+    )
     sim_of: dict[str, Req] = {}
     engine_of: dict[str, Request] = {}
     for i, r in enumerate(running + waiting):
         request = Request(r.id, [0] * r.prompt_len, SamplingParams(), arrival_index=i)
         for _ in range(r.num_output):
             request.append_output_token(0)
-        request.spec_token_ids = [0] * r.num_proposed
         sim_of[r.id], engine_of[r.id] = r, request
     for r in running:
         request = engine_of[r.id]

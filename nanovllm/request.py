@@ -64,8 +64,6 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # why it finished with FinishReason.ERROR
-    # Speculative decoding: tokens proposed for the next step, verified by its forward pass.
-    spec_token_ids: list[int] = field(default_factory=list)
     # Parallel sampling (n > 1): the parent's id and this child's index
     # (`engine/parallel_sampling.py`).
     parent_id: str | None = None

@@ -852,13 +852,26 @@ PLANTED_BUGS = [
         "A request's mask rows start at its own first logits row, not at the structured ones' count.",
     ),
     PlantedBug(
+        "stale-proposals-kept-for-requests-that-stopped-decoding",
+        "nanovllm/spec_decode/speculator.py",
+        "Speculator.propose",
+        (
+            (
+                "    self.proposals = propose_next_tokens(self.proposer, running, table_of)\n",
+                "    self.proposals.update(propose_next_tokens(self.proposer, running, table_of))\n",
+            ),
+        ),
+        ("tests/test_spec_decode.py", "-k", "replace_the_last"),
+        "A preempted request would be asked for proposals made for a position it no longer has.",
+    ),
+    PlantedBug(
         "grammar-proposals-not-cut-to-what-the-grammar-allows",
         "nanovllm/spec_decode/propose.py",
         "propose_next_tokens",
         (
             (
-                "        request.spec_token_ids = grammar_valid_prefix(request, proposal)\n",
-                "        request.spec_token_ids = proposal\n",
+                "    return {request.request_id: grammar_valid_prefix(request, proposal) for request, proposal in zip(decoding, proposals)}\n",
+                "    return {request.request_id: proposal for request, proposal in zip(decoding, proposals)}\n",
             ),
         ),
         ("tests/test_structured_outputs.py", "-k", "speculative_rows"),

@@ -79,7 +79,7 @@ def scheduled_request(draw, request_id: str, table: list[int], block_size: int):
         table,
         samples,
         is_prefill=num_new - num_spec > 1,
-        spec_token_ids=draw(st.lists(st.integers(0, 999), min_size=num_spec, max_size=num_spec)),
+        to_verify=draw(st.lists(st.integers(0, 999), min_size=num_spec, max_size=num_spec)),
     )
 
 

@@ -78,7 +78,7 @@ class FakeRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         bs = self.block_size
         for s in out.scheduled:  # write every new token first (as every layer does)
-            tokens = s.request.all_token_ids + s.spec_token_ids  # proposals after its own
+            tokens = s.request.all_token_ids + s.to_verify  # proposals after its own
             for pos in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens):
                 slot = s.block_table[pos // bs] * bs + pos % bs
                 self.cache[slot] = tokens[pos]
@@ -86,13 +86,13 @@ class FakeRunner:
         for s in out.scheduled:
             seq_len = s.num_computed_tokens + s.num_new_tokens
             context = [self.cache[s.block_table[p // bs] * bs + p % bs] for p in range(seq_len)]
-            expected = (s.request.all_token_ids + s.spec_token_ids)[:seq_len]
+            expected = (s.request.all_token_ids + s.to_verify)[:seq_len]
             assert context == expected, "the paged cache holds wrong KV"
             if s.samples:
                 # Greedy verification: accept proposals while they are what the model says.
                 own = s.request.num_tokens
                 emitted = []
-                for i, proposed in enumerate([*s.spec_token_ids, None]):
+                for i, proposed in enumerate([*s.to_verify, None]):
                     emitted.append(next_token(context[: own + i]))
                     if proposed != emitted[-1]:
                         break
@@ -129,7 +129,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         bus = EventBus()
         self.kv = KVCacheManager(num_blocks, block_size, prefix_caching, bus)
-        self.scheduler = Scheduler(self.config, self.kv, bus, lookahead)
+        # Each step's proposals, as the speculator keeps them: replaced after every step.
+        self.proposals: dict[str, list[int]] = {}
+        self.scheduler = Scheduler(
+            self.config, self.kv, bus, lookahead, tokens_to_verify=self.tokens_to_verify
+        )
         self.lookahead = lookahead
         self.runner = FakeRunner(num_blocks, block_size)
         self.capacity = num_blocks * block_size
@@ -189,9 +193,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             right = reference_output(request.prompt_token_ids, request.max_tokens)
             right = right[request.num_output_tokens : request.num_output_tokens + room]
             wrong = data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=room))
-            request.spec_token_ids = data.draw(st.sampled_from([right, wrong, right[:1] + wrong]))[
-                :room
-            ]
+            proposal = data.draw(st.sampled_from([right, wrong, right[:1] + wrong]))[:room]
+            self.proposals[request.request_id] = proposal
+
+    def tokens_to_verify(self, request: Request) -> list[int]:
+        return self.proposals.get(request.request_id, [])
 
     @rule(num_written=st.integers(0, 40))
     def failing_step(self, num_written: int) -> None:
@@ -226,6 +232,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sampled = self.execute(out)
         if sampled is None:
             return  # the step was undone
+        self.proposals = {}  # (the speculator's next ones replace them: here, none)
         for req, _ in self.scheduler.update_from_output(out, sampled):
             if req.num_output_tokens >= req.max_tokens:
                 req.drop_output_tokens_after(req.max_tokens)
@@ -350,7 +357,10 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
     config = EngineConfig(block_size=1, num_kv_blocks=32)
     bus = EventBus()
     kv = KVCacheManager(32, 1, True, bus)
-    scheduler = Scheduler(config, kv, bus, num_lookahead_tokens=3)
+    proposals: dict[str, list[int]] = {}
+    scheduler = Scheduler(
+        config, kv, bus, num_lookahead_tokens=3, tokens_to_verify=lambda r: proposals.get("r", [])
+    )
     runner = FakeRunner(32, 1)
     request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8), 0)
     request.max_tokens = 8
@@ -358,7 +368,7 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
     for step in range(3):  # the prefill, then two steps that verify wrong proposals
         if step:
             right = reference_output(request.prompt_token_ids, 8)[request.num_output_tokens]
-            request.spec_token_ids = [(right + 1) % VOCAB] * 3  # the first is already wrong
+            proposals["r"] = [(right + 1) % VOCAB] * 3  # the first is already wrong
         out = scheduler.schedule()
         scheduler.update_from_output(out, runner.execute(out))
         blocks = kv.req_to_blocks["r"]

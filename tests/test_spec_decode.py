@@ -246,3 +246,27 @@ def test_lookup_sizes_default_as_in_vllm() -> None:
     assert SpeculativeConfig.from_dict({"num_speculative_tokens": 2}).prompt_lookup_max == 5
     config = SpeculativeConfig.from_dict({"num_speculative_tokens": 2, "prompt_lookup_max": 3})
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (3, 3)
+
+
+def test_each_steps_proposals_replace_the_last() -> None:
+    """The speculator keeps one step's proposals: a request that stops decoding (preempted, or
+    no longer in the running list) is asked for none, never for the ones of a step before."""
+    from nanovllm.core.kv_cache_manager import KVCacheManager
+    from nanovllm.request import Request
+    from nanovllm.spec_decode.metrics import SpecDecodingStats
+    from nanovllm.spec_decode.speculator import NoSpeculation, Speculator
+
+    speculator = Speculator(NgramProposer(2, 1, 2), SpecDecodingStats())
+    kv = KVCacheManager(16, 4, False)
+    a, b = (Request(rid, [5, 6, 5, 6, 5], SamplingParams(max_tokens=8), i) for i, rid in
+            enumerate("ab"))  # fmt: skip
+    for r in (a, b):
+        r.max_tokens, r.num_computed_tokens = 8, r.num_tokens - 1  # decoding
+    speculator.propose([a, b], kv)
+    assert speculator.tokens_to_verify(a) == [6, 5] == speculator.tokens_to_verify(b)
+    b.num_computed_tokens = 0  # preempted: it recomputes before it decodes again
+    speculator.propose([a, b], kv)
+    assert speculator.tokens_to_verify(a) == [6, 5] and speculator.tokens_to_verify(b) == []
+    speculator.propose([b], kv)
+    assert speculator.tokens_to_verify(a) == []
+    assert NoSpeculation().tokens_to_verify(a) == []

@@ -94,22 +94,22 @@ class CudaModelRunner(ModelRunner):
         self._forward_events = first, last
         return logits
 
-    def rank_forward_time(self) -> float:
+    def forward_logits_time(self) -> float:
         """The GPU's time between the two events recorded around the last `forward_logits`
         (input copies, forward pass, LM head), waiting for the GPU to pass the second."""
         if self._forward_events is not None:
             first, last = self._forward_events
             last.synchronize()
-            self.last_rank_forward_time = first.elapsed_time(last) / 1000
+            self.last_forward_logits_time = first.elapsed_time(last) / 1000
             self._forward_events = None
-        return self.last_rank_forward_time
+        return self.last_forward_logits_time
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(out)
         # The host only queued the forward pass; the sampler's first read waited for it.
         # Count the forward's GPU time (now known, the GPU is past it) as forward time.
         total = self.last_forward_time + self.last_sample_time
-        self.last_forward_time = min(max(self.last_forward_time, self.rank_forward_time()), total)
+        self.last_forward_time = min(max(self.last_forward_time, self.forward_logits_time()), total)
         self.last_sample_time = total - self.last_forward_time
         return result
 

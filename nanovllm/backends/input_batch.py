@@ -63,9 +63,9 @@ class InputBatch:
         num_computed = np.empty(num_seqs, dtype=np.int64)
         for i, s in enumerate(out.scheduled):
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            num_spec = len(s.spec_token_ids)  # proposed tokens come after the request's own
+            num_spec = len(s.to_verify)  # proposed tokens come after the request's own
             input_ids.extend(s.request.all_token_ids[start : end - num_spec])
-            input_ids.extend(s.spec_token_ids)
+            input_ids.extend(s.to_verify)
             query_lens[i] = s.num_new_tokens
             num_computed[i] = start
             if s.samples:  # the request's last own token, then each proposal

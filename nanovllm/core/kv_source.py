@@ -7,9 +7,10 @@ admission how many (`get_num_new_matched_tokens`), tells it which blocks they go
 tells it when a request ends (`request_finished`). vLLM's KV connectors (`kv_transfer/`) are
 KV sources; `KVSource` is the part of their interface the scheduler calls.
 
-Without a connector the source is the `NullConnector`: it supplies nothing, plans nothing, moves
-nothing, keeps nothing. So the scheduler and the engine call one object always, and have no
-"is there a connector?" branches.
+Without a connector the source is `NoKVSource` (the scheduler's default), or for an engine the
+`NullConnector`, which adds the engine's side of "no connector": it supplies nothing, plans
+nothing, moves nothing, keeps nothing. So the scheduler and the engine call one object always,
+and have no "is there a connector?" branches.
 """
 
 from __future__ import annotations
@@ -37,10 +38,8 @@ class KVSource(Protocol):
     ) -> tuple[bool, dict | None]: ...
 
 
-class NullConnector:
-    """The scheduler side of "no KV connector" (see the module docstring)."""
-
-    config = None  # (no `KVTransferConfig`: nothing listens, nothing is named)
+class NoKVSource:
+    """A KV source that supplies nothing: a scheduler's default."""
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -59,6 +58,13 @@ class NullConnector:
         self, request: Request, block_ids: tuple[int, ...]
     ) -> tuple[bool, dict | None]:
         return False, None
+
+
+class NullConnector(NoKVSource):
+    """An engine's KV connector when it has none: the scheduler side supplies nothing, and the
+    engine's calls (a failed load, a reset, closing) have nothing to do."""
+
+    config = None  # (no `KVTransferConfig`: nothing listens, nothing is named)
 
     def load_failed(self, step: int, errors: dict[str, str]) -> None:
         raise AssertionError("nothing is loaded without a KV connector")

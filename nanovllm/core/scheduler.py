@@ -24,6 +24,11 @@ in differs), so its greedy output matches in practice what it would have been wi
 A KV source (`kv_source.py`: a KV connector) is one more source of computed tokens: at admission,
 the blocks after the prefix-cache hit that it can load into the request's new blocks.
 
+A running request may also have *tokens to verify*: guesses of its next tokens (speculative
+decoding's proposals, `spec_decode/`), asked of `tokens_to_verify` when it is scheduled. They are
+ordinary tokens to compute, after its own; the step samples a row for each, and the sampler keeps
+the guesses it agrees with. Those it rejects are stepped back over in `update_from_output`.
+
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
 length of the waiting queue; aborted waiting requests are dropped lazily when they reach its head.
 """
@@ -32,18 +37,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.kv_source import KVSource, NullConnector
+from nanovllm.core.kv_source import KVSource, NoKVSource
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
 
 if TYPE_CHECKING:
     from nanovllm.executor.logits_mask import LogitsMask
-    from nanovllm.kv_transfer.base import KVConnectorMetadata
 
 
 @dataclass(slots=True)
@@ -58,24 +63,23 @@ class ScheduledRequest:
     block_table: tuple[int, ...]
     # True when this step reaches the end of the request's known tokens: sample the next one.
     samples: bool
-    # Decode = exactly the one token sampled last step (plus proposed tokens, with speculative
-    # decoding); anything else computes prompt (or recomputes lost) tokens: a prefill, and a
-    # prefill *chunk* when it does not sample.
+    # Decode = exactly the one token sampled last step (plus tokens to verify); anything else
+    # computes prompt (or recomputes lost) tokens: a prefill, and a prefill *chunk* when it does
+    # not sample.
     is_prefill: bool
-    # Speculative decoding: the proposed tokens computed after the request's own, to verify.
-    spec_token_ids: list[int] = field(default_factory=list)
+    # Guesses of its next tokens, computed after its own, for the sampler to verify.
+    to_verify: list[int] = field(default_factory=list)
 
     def token_ids(self) -> list[int]:
         """The tokens this step computes: the request's own, then any to verify."""
-        to_verify = self.spec_token_ids
-        end = self.num_computed_tokens + self.num_new_tokens - len(to_verify)
-        return self.request.all_token_ids[self.num_computed_tokens : end] + to_verify
+        end = self.num_computed_tokens + self.num_new_tokens - len(self.to_verify)
+        return self.request.all_token_ids[self.num_computed_tokens : end] + self.to_verify
 
     @property
     def num_logits_rows(self) -> int:
         """The rows it samples from, when it samples: its last own token's, then one per token
         to verify."""
-        return 1 + len(self.spec_token_ids)
+        return 1 + len(self.to_verify)
 
 
 @dataclass
@@ -87,7 +91,7 @@ class SchedulerOutput:
     logits_mask: LogitsMask | None = None  # structured outputs: the tokens rows may not take
     # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
-    kv_connector_metadata: KVConnectorMetadata | None = None
+    kv_connector_metadata: object = None  # what its KV source sends the workers this step
     waiting_reason: str | None = None  # "token_budget": an unchunked prompt did not fit
 
     @property
@@ -107,6 +111,7 @@ class Scheduler:
         events: EventBus,
         num_lookahead_tokens: int = 0,
         kv_source: KVSource | None = None,
+        tokens_to_verify: Callable[[Request], list[int]] | None = None,
     ):
         self.config = config
         self.kv = kv_cache_manager
@@ -117,7 +122,9 @@ class Scheduler:
         # computes, where the draft writes the KV of its proposals (`allocate_slots`).
         self.num_lookahead_tokens = num_lookahead_tokens
         # Asked at admission for computed tokens from outside the device pool (`kv_source.py`).
-        self.kv_source = kv_source or NullConnector()
+        self.kv_source = kv_source or NoKVSource()
+        # Asked for a running request's guesses of its next tokens, to compute and verify.
+        self.tokens_to_verify = tokens_to_verify or nothing_to_verify
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -174,11 +181,12 @@ class Scheduler:
         budget, lookahead = self.max_num_batched_tokens, self.num_lookahead_tokens
 
         # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
-        # plus any proposed tokens to verify).
+        # plus any tokens to verify).
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_tokens = self.num_tokens(request) + len(request.spec_token_ids)
+            to_verify = self.tokens_to_verify(request)
+            num_tokens = self.num_tokens(request) + len(to_verify)
             num_new = min(num_tokens - request.num_computed_tokens, budget)
             # Make room in the KV cache, preempting the newest running request until it fits.
             while self.kv.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
@@ -189,7 +197,7 @@ class Scheduler:
                     break
             if request.status != RequestStatus.RUNNING:
                 break  # it preempted itself: nobody left to make room
-            self.add_to_step(out, request, num_new)
+            self.add_to_step(out, request, num_new, to_verify)
             budget -= num_new
             i += 1
 
@@ -286,15 +294,13 @@ class Scheduler:
             self.waiting.popleft()  # an aborted request, dropped lazily
         return self.waiting[0] if self.waiting else None
 
-    def add_to_step(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
-        """Put `num_new` tokens of `request` (its blocks already allocated) into the step."""
+    def add_to_step(
+        self, out: SchedulerOutput, request: Request, num_new: int, to_verify: Sequence[int] = ()
+    ) -> None:
+        """Put `num_new` tokens of `request` (its blocks already allocated) into the step: its
+        own, then those of `to_verify` that fit (the budget may cut some)."""
         computed, num_tokens = request.num_computed_tokens, self.num_tokens(request)
-        # Tokens past its own are ones to verify (the budget may cut some). They are used up
-        # here: the rest are dropped, the next come from the speculator.
-        to_verify = request.spec_token_ids
-        if to_verify:
-            num_to_verify = max(computed + num_new - num_tokens, 0)
-            to_verify, request.spec_token_ids = to_verify[:num_to_verify], []
+        to_verify = list(to_verify[: max(computed + num_new - num_tokens, 0)])
         samples = computed + num_new >= num_tokens
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         block_table = self.kv.block_ids(request.request_id)
@@ -328,7 +334,6 @@ class Scheduler:
     def preempt(self, request: Request) -> None:
         """Free `request`'s blocks and put it at the front of the waiting queue, to recompute."""
         lost = request.num_computed_tokens
-        request.spec_token_ids = []
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -338,3 +343,8 @@ class Scheduler:
         self.num_waiting += 1
         if self.events.active:
             self.events.emit(RequestPreempted(self.step_count, request.request_id, lost))
+
+
+def nothing_to_verify(request: Request) -> list[int]:
+    """The scheduler's `tokens_to_verify` when nothing guesses: no request has any."""
+    return []

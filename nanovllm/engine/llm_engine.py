@@ -70,7 +70,9 @@ class LLMEngine:
         # The scheduler's KV source: a KV connector's scheduler side (its worker side runs
         # around the step), or the null one, which supplies nothing.
         self.kv_connector = kv_source = scheduler_kv_source(setup, self.events)
-        self.scheduler = setup.scheduler_class(config, kv, self.events, lookahead, kv_source)
+        self.scheduler = setup.scheduler_class(
+            config, kv, self.events, lookahead, kv_source, self.speculator.tokens_to_verify
+        )
         self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
         self.input_processor = InputProcessor(
             self.tokenizer,

@@ -125,7 +125,7 @@ def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float)
         token_budget=engine.config.max_num_batched_tokens,
         free_queue_head=tuple(kv.free_block_queue.peek(8)),
         # (a round trip to every rank: only asked when someone listens to events)
-        rank_forward_times=tuple(engine.setup.on_every_rank("rank_forward_time", all=True)),
+        rank_forward_times=tuple(engine.setup.on_every_rank("forward_logits_time", all=True)),
         waiting_reason=reason,
         waiting_head=head,
         budget_cut=budget_cut(sched),

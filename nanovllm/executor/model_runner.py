@@ -70,7 +70,7 @@ class ModelRunner:
         self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
         self.last_forward_time = 0.0  # inputs, forward pass and LM head
         self.last_sample_time = 0.0
-        self.last_rank_forward_time = 0.0  # `forward_logits` alone
+        self.last_forward_logits_time = 0.0  # `forward_logits` alone
 
     @property
     def num_kv_heads(self) -> int:
@@ -130,12 +130,13 @@ class ModelRunner:
         )
         hidden = self.run_model(input_ids, positions, meta)  # [num_tokens, hidden_size]
         logits = self.model.compute_logits(hidden[logits_rows]) if len(logits_rows) else None
-        self.last_rank_forward_time = time.perf_counter() - start
+        self.last_forward_logits_time = time.perf_counter() - start
         return logits  # [num_rows, vocab_size]
 
-    def rank_forward_time(self) -> float:
-        """Seconds this rank's last `forward_logits` took (per rank, for the step summary)."""
-        return self.last_rank_forward_time
+    def forward_logits_time(self) -> float:
+        """Seconds this runner's last `forward_logits` took (the step summary has every
+        rank's, `snapshot.py`)."""
+        return self.last_forward_logits_time
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: build the inputs (kept as `last_inputs`), forward pass, sample."""
@@ -156,7 +157,7 @@ class ModelRunner:
             if out.logits_mask is not None:  # (structured outputs)
                 logits = out.logits_mask.apply(logits)
             sampled = self.sampler(
-                logits, [s.request for s in sampling], [s.spec_token_ids for s in sampling]
+                logits, [s.request for s in sampling], [s.to_verify for s in sampling]
             )
             for i, s in enumerate(sampling):
                 rid = s.request.request_id

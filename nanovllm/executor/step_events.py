@@ -58,7 +58,7 @@ def executor_events(
         tuple(int(b) for b in row[: -(-n // block_size)]) for row, n in zip(padded, seq_lens)
     )
     sampling = [s for s in sched.scheduled if s.samples]
-    num_sampled_rows = sum(1 + len(s.spec_token_ids) for s in sampling)
+    num_sampled_rows = sum(1 + len(s.to_verify) for s in sampling)
     rows = _ints(logits_rows)
     slots = _ints(meta.slot_mapping)
     sampled_ids = tuple(

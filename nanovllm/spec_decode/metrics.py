@@ -48,14 +48,14 @@ class SpecDecodingStats:
         and the one token after them), each also as a `SpecTokensVerified` event."""
         for s in sched.scheduled:
             tokens = sampled.get(s.request.request_id)
-            if not s.spec_token_ids or tokens is None:
+            if not s.to_verify or tokens is None:
                 continue
             num_accepted = len(tokens) - 1
-            self.record(len(s.spec_token_ids), num_accepted)
+            self.record(len(s.to_verify), num_accepted)
             if events.active:
                 events.emit(
                     SpecTokensVerified(
-                        sched.step, s.request.request_id, tuple(s.spec_token_ids), num_accepted
+                        sched.step, s.request.request_id, tuple(s.to_verify), num_accepted
                     )
                 )
 

@@ -22,8 +22,8 @@ def propose_next_tokens(
     proposer: NgramProposer | DraftModelProposer,
     running: Sequence[Request],
     block_table_of: Callable[[str], Sequence[int]],
-) -> None:
-    """Set `spec_token_ids` of every decoding request in `running` to its proposal."""
+) -> dict[str, list[int]]:
+    """Every decoding request's proposal, by request id."""
     decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
     rooms = [r.max_tokens - r.num_output_tokens - 1 for r in decoding]
     if isinstance(proposer, DraftModelProposer):
@@ -31,6 +31,8 @@ def propose_next_tokens(
         proposals = proposer.propose(decoding, tables, rooms)
     else:
         proposals = [proposer.propose(r.all_token_ids, n) for r, n in zip(decoding, rooms)]
-    for request, proposal in zip(decoding, proposals):
-        # (structured outputs: only the proposals its grammar allows, as vLLM does)
-        request.spec_token_ids = grammar_valid_prefix(request, proposal)
+    # (structured outputs: only the proposals its grammar allows, as vLLM does)
+    return {
+        request.request_id: grammar_valid_prefix(request, proposal)
+        for request, proposal in zip(decoding, proposals)
+    }

@@ -2,12 +2,15 @@
 
 The engine calls its speculator at one place, when a step's tokens are in
 (`LLMEngine.update_from_output`): `record` counts the step's verified proposals
-(`SpecDecodingStats`) and `propose` gives every decoding request its tokens to verify next step
-(`propose.py`). The scheduler then schedules them as ordinary tokens to compute, and the
-sampler's verifier checks them (`executor/rejection_sampler.py`).
+(`SpecDecodingStats`) and `propose` finds every decoding request's tokens to verify next step
+(`propose.py`). The speculator keeps them: they are the scheduler's `tokens_to_verify`, which
+it asks for each running request it schedules and computes as ordinary tokens, after the
+request's own; the sampler's verifier checks them (`executor/rejection_sampler.py`). Each step's
+proposals replace the last's, so a request that did not run (preempted, or left out by the
+token budget) never gets stale ones.
 
-`NoSpeculation`, an engine's part when it does not speculate, does neither, so the engine has
-no "does it speculate?" branches.
+`NoSpeculation`, an engine's part when it does not speculate, does none of this, so the engine
+has no "does it speculate?" branches.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Speculator:
     ) -> None:
         self.proposer = proposer
         self.stats = stats
+        self.proposals: dict[str, list[int]] = {}  # by request id, for the next step
 
     def record(
         self, sched: SchedulerOutput, sampled: dict[str, list[int]], events: EventBus
@@ -43,10 +47,15 @@ class Speculator:
         self.stats.record_step(sched, sampled, events)
 
     def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
-        """Give every decoding request its tokens to verify next step; the seconds it took."""
+        """Find every decoding request's tokens to verify next step; the seconds it took."""
         start = time.perf_counter()
-        propose_next_tokens(self.proposer, running, kv_cache_manager.get_block_table)
+        table_of = kv_cache_manager.get_block_table
+        self.proposals = propose_next_tokens(self.proposer, running, table_of)
         return time.perf_counter() - start
+
+    def tokens_to_verify(self, request: Request) -> list[int]:
+        """The scheduler's question: `request`'s proposal for this step (none: [])."""
+        return self.proposals.get(request.request_id, [])
 
 
 class NoSpeculation:
@@ -59,6 +68,9 @@ class NoSpeculation:
 
     def propose(self, running: Sequence[Request], kv_cache_manager: KVCacheManager) -> float:
         return 0.0
+
+    def tokens_to_verify(self, request: Request) -> list[int]:
+        return []
 
 
 def speculator_for(

@@ -87,7 +87,7 @@ def grammar_bitmask(sched: Any, events: EventBus) -> GrammarBitmask | None:
     """The masks of the step's structured sampling rows (None when no row is structured).
 
     `sched` is the step's `SchedulerOutput`; logits rows follow its sampling requests in order,
-    1 + len(spec_token_ids) rows each (as `ModelRunner.sample` lays them out).
+    1 + len(to_verify) rows each (as `ModelRunner.sample` lays them out).
     """
     structured = []  # (scheduled request, its first logits row)
     row = 0
@@ -96,17 +96,17 @@ def grammar_bitmask(sched: Any, events: EventBus) -> GrammarBitmask | None:
             continue
         if s.request.structured_output_request is not None:
             structured.append((s, row))
-        row += 1 + len(s.spec_token_ids)
+        row += 1 + len(s.to_verify)
     if not structured:
         return None
-    num_rows = sum(1 + len(s.spec_token_ids) for s, _ in structured)
+    num_rows = sum(1 + len(s.to_verify) for s, _ in structured)
     grammar0 = structured[0][0].request.structured_output_request.grammar
     bitmask = _allocate(num_rows, grammar0.vocab_size)  # [num_rows, words], all allowed
     rows: list[int] = []
     for s, first in structured:
         grammar = s.request.structured_output_request.grammar
         advanced = 0
-        for j, token in enumerate([*s.spec_token_ids, None]):
+        for j, token in enumerate([*s.to_verify, None]):
             if grammar.is_terminated():
                 break  # (only EOS could have led here: the request ends at it)
             grammar.fill_bitmask(bitmask, len(rows))
@@ -139,7 +139,7 @@ def _emit_masked(
     by_row = dict(zip(rows, counts))
     allowed: dict[str, tuple[int, ...]] = {}
     for s, first in structured:
-        mine = [by_row[r] for r in range(first, first + 1 + len(s.spec_token_ids)) if r in by_row]
+        mine = [by_row[r] for r in range(first, first + 1 + len(s.to_verify)) if r in by_row]
         if mine:
             allowed[s.request.request_id] = tuple(mine)
     events.emit(GrammarMasked(sched.step, allowed, vocab_size))
