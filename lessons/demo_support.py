@@ -92,6 +92,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
 
     from nanovllm.models.llama import CausalLM
     from nanovllm.models.model_args import ModelArgs
+    from nanovllm.models.model_layers import ModelLayers
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
@@ -141,7 +142,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
         # Weights: the engine's own model class, randomly initialised. A larger spread than a
         # trained model's makes the logits peaked, so greedy outputs are stable.
         with torch.device("cpu"):
-            model = CausalLM(ModelArgs.from_config(config))
+            model = CausalLM(ModelArgs.from_config(config), ModelLayers())
         gen = torch.Generator().manual_seed(seed)
         tensors = {}
         for name, param in model.named_parameters():

@@ -800,13 +800,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "the-plain-backend-packs-its-matmuls",
         "nanovllm/backends/__init__.py",
-        "Backend.prepare_model",
+        "Backend.model_layers",
         (
             (
-                "    if not enforce_eager:\n",
-                "    from nanovllm.backends.cpu_linear import prepack_linear_weights\n"
-                "    prepack_linear_weights(model)\n"
-                "    if not enforce_eager:\n",
+                "        return layers\n",
+                "        from nanovllm.backends.cpu_linear import packed_layers\n"
+                "        return packed_layers(layers)\n",
             ),
         ),
         ("tests/test_backends.py", "-k", "plain_pytorch"),
@@ -815,11 +814,11 @@ PLANTED_BUGS = [
     PlantedBug(
         "the-cpu-backend-keeps-the-plain-norms",
         "nanovllm/backends/cpu.py",
-        "use_numba_token_ops",
+        "numba_layers",
         (
             (
-                "            module.__class__ = fast\n",
-                "            pass\n",
+                "    return dataclasses.replace(layers, **fast)\n",
+                "    return layers\n",
             ),
         ),
         ("tests/test_backends.py", "-k", "cpu_backend"),

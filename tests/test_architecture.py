@@ -280,3 +280,32 @@ def test_the_engine_reach_check_can_fail() -> None:
     source = "def f(engine):\n    engine.scheduler.schedule = len\n    return engine._pending\n"
     modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
     assert len(reaches_into_the_engine(modules)) == 2
+
+
+def test_no_object_changes_class_and_no_class_is_made_at_run_time() -> None:
+    """Fast paths are classes chosen before the model is built (a backend's `model_layers`), so
+    nothing assigns `obj.__class__` (a built module turned into another class) or makes a class
+    with `type(name, bases, namespace)` while the engine runs (a lesson's tests may)."""
+    found = []
+    for folder in ROOTS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name.startswith("test_"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                    else []
+                )
+                swaps = any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in targets)
+                makes = (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "type"
+                    and len(node.args) == 3
+                )
+                if swaps or makes:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"a class swapped or made at run time: {found}"

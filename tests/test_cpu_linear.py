@@ -1,7 +1,8 @@
 """The CPU's prepacked linear layers (`nanovllm/backends/cpu_linear.py`) against `F.linear`.
 
 Oracles: `F.linear` on the same weight for single products, and the same model's forward pass
-with its packed copies dropped (`unpack_linear_weights`) for a whole checkpoint.
+with its packed copies dropped (`unpack_linear_weights`) for a whole checkpoint; and the CPU
+backend's layer classes (`packed_layers`) against the plain ones they extend.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
     # q/k/v, o, gate/up and down in each of 2 layers, and the LM head.
     assert len(layers) == 4 * 2 + 1
     assert all(isinstance(layer, PackedMatmul) for layer in layers)
+    assert all(layer.packed_weight is not None for layer in layers)
 
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     prompts = [{"prompt_token_ids": [5, 17, 3, 99, 42, 7]}, {"prompt_token_ids": [8, 1, 60]}]
@@ -70,7 +72,7 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
 
     packed = run()
     unpack_linear_weights(model)
-    assert not any(isinstance(layer, PackedMatmul) for layer in layers)
+    assert all(layer.packed_weight is None for layer in layers)  # F.linear from now on
     plain = run()
     for a, b in zip(packed, plain, strict=True):
         assert a.token_ids == b.token_ids
@@ -92,4 +94,28 @@ def test_a_packing_failure_falls_back_to_f_linear_with_one_notice(tiny_llama, mo
     with pytest.warns(UserWarning, match="could not prepack") as notices:
         assert prepack_linear_weights(model) == 0
     assert len(notices) == 1
-    assert not any(isinstance(layer, PackedMatmul) for layer in linear_layers(model))
+    assert all(layer.packed_weight is None for layer in linear_layers(model))
+
+
+def test_the_backend_builds_packed_subclasses_of_the_engines_layers_only() -> None:
+    """Each packed class extends the plain class it replaces (same parameters); a class that
+    is not the engine's own (a lesson's) is left as it is."""
+    from nanovllm.backends.cpu_linear import CompiledPackedMatmul, packed_layers
+    from nanovllm.models.linear import RowParallelLinear
+    from nanovllm.models.model_layers import ModelLayers
+
+    class LessonRow(RowParallelLinear):
+        pass
+
+    plain = ModelLayers(row=LessonRow)
+    for for_compile, mixin in ((False, PackedMatmul), (True, CompiledPackedMatmul)):
+        fast = packed_layers(plain, for_compile)
+        assert fast.row is LessonRow and fast.attention is plain.attention
+        for name in ("qkv", "merged_column", "lm_head"):
+            got, base = getattr(fast, name), getattr(plain, name)
+            assert got is not base and issubclass(got, base) and issubclass(got, mixin)
+    with torch.device("meta"):
+        a, b = plain.qkv(16, 4, 4, 2, bias=True), packed_layers(plain).qkv(16, 4, 4, 2, bias=True)
+    assert {k: v.shape for k, v in a.state_dict().items()} == {
+        k: v.shape for k, v in b.state_dict().items()
+    }

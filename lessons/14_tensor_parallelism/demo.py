@@ -101,6 +101,7 @@ def _heads_and_shares(console: Console) -> None:
     from nanovllm.models.linear import QKVParallelLinear
     from nanovllm.models.llama import CausalLM
     from nanovllm.models.loader import load_model_args
+    from nanovllm.models.model_layers import ModelLayers
 
     _, args = load_model_args(demo_model_path())
     heads, kv = args.num_attention_heads, args.num_key_value_heads
@@ -117,7 +118,7 @@ def _heads_and_shares(console: Console) -> None:
         for rank in range(tp):
             with as_tp_rank(rank, tp), torch.device("meta"):  # shapes only, no memory
                 qkv = QKVParallelLinear(args.hidden_size, args.head_dim, heads, kv)
-                model = CausalLM(args)
+                model = CausalLM(args, ModelLayers())
             first_kv = rank // qkv.num_kv_head_replicas * qkv.num_kv_heads
             q_heads = range(rank * qkv.num_heads, (rank + 1) * qkv.num_heads)
             kv_heads = range(first_kv, first_kv + qkv.num_kv_heads)

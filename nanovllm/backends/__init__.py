@@ -3,17 +3,21 @@
 The plain engine (`nanovllm/models/`, `nanovllm/executor/`) is complete on its own and runs
 everywhere: torch layers, paged attention in torch (`models/attention.py`), step inputs rebuilt
 from Python lists. A backend may replace parts of it with faster code that computes the same
-thing, at three points, and nowhere else:
+thing, at four points, and nowhere else:
 
 - `attention_class`: each layer's paged attention (same interface as `TorchAttention`);
-- `prepare_model(model)`: once, after the weights are loaded, give layers the class of a faster
-  version with the same parameters (numba RMSNorm and RoPE, oneDNN-packed matmuls), or compile
-  them (`enforce_eager=False`);
+- `model_layers(layers, ...)`: before the model is built, the classes it is built from
+  (`models/model_layers.py`): subclasses of the plain layers with the same parameters and a
+  faster forward (numba RMSNorm and RoPE, oneDNN-packed matmuls, decoder layers compiled in two
+  regions with `enforce_eager=False`);
+- `prepare_model(model)`: once, after the weights are loaded (vLLM's
+  `process_weights_after_loading`): the packed layers pack their weights, and with
+  `enforce_eager=False` the compiled layers are compiled;
 - `runner_class(device)`: the `ModelRunner` subclass that runs the steps (persistent inputs,
   one copy to the GPU, CUDA graphs).
 
 This is vLLM's `CustomOp` idea (a native forward, platform forwards chosen at construction)
-spread over the three places the engine has. `Backend` itself is the plain one, named
+spread over the places the engine has. No module changes class after it is built. `Backend` itself is the plain one, named
 "torch": it changes nothing and imports no kernel. The others:
 
     "cpu"     cpu.py        numba attention, RMSNorm and RoPE; prepacked linears; InputBatch
@@ -25,6 +29,7 @@ kernels' tests).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 
@@ -32,7 +37,8 @@ import torch
 
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.models.attention import TorchAttention
-from nanovllm.models.llama import CausalLM
+from nanovllm.models.llama import CausalLM, DecoderLayer
+from nanovllm.models.model_layers import ModelLayers
 
 logger = logging.getLogger("nanovllm")
 
@@ -46,8 +52,19 @@ class Backend:
     def check_supported(self, block_size: int, head_dim: int) -> None:
         """Raise ValueError if this backend cannot run these shapes (the plain one runs all)."""
 
+    def model_layers(
+        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+    ) -> ModelLayers:
+        """The classes to build the model from, given the engine's (or a lesson's) `layers`.
+        Here: the decoder layers compiled in two regions when asked (`compilation.py`)."""
+        if enforce_eager or layers.decoder_layer is not DecoderLayer:
+            return layers
+        from nanovllm.backends.compilation import CompiledDecoderLayer
+
+        return dataclasses.replace(layers, decoder_layer=CompiledDecoderLayer)
+
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
-        """Make the loaded model fast where this backend can. Here: compile it if asked."""
+        """Once, after the weights are loaded. Here: compile the layers, if asked."""
         if not enforce_eager:
             from nanovllm.backends.compilation import compile_model
 

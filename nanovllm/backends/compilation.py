@@ -7,8 +7,10 @@ activation. Paged attention is the exception: it reads the step's layout (`Atten
 with Python lists) and runs a custom kernel (numba on a CPU, Triton on a GPU), so it stays out
 of the graphs. Each layer is compiled as two regions around it (`before_attention`: norm, q/k/v
 projection, q/k norm, RoPE; `after_attention`: o-projection and residual, norm, MLP and
-residual), and attention runs eagerly in between: a compiled layer has the class
-`CompiledDecoderLayer`, whose `forward` is the plain `DecoderLayer.forward` cut at attention.
+residual), and attention runs eagerly in between. The model is built with decoder layers of the
+class `CompiledDecoderLayer` (the backend's `model_layers`), whose `forward` is the plain
+`DecoderLayer.forward` cut at attention once `compile_model` has given them their regions, and
+the plain one until then (or when compiling failed).
 
 How it stays at a bounded number of compilations:
 - The flat batch changes size every step, so the token dimension is marked *unbacked* dynamic
@@ -23,8 +25,8 @@ How it stays at a bounded number of compilations:
   builds C++) gets one warning and the eager model, never a failed step.
 
 The oneDNN-packed weights (`cpu_linear.py`) keep working: a packed tensor has no strides and
-cannot enter a traced graph, so the CPU backend gives each linear layer the class that calls the
-opaque op `cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
+cannot enter a traced graph, so the CPU backend builds each linear layer with the class that
+calls the opaque op `cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
 
 Compiling costs seconds at start-up and did not pay on the bench's decode-heavy workloads
 (nanovllm/bench/README.md, "Compiling the model"): hence the default is eager.
@@ -72,9 +74,12 @@ def _after_attention(layer: DecoderLayer, x: torch.Tensor, attn_out: torch.Tenso
 class CompiledDecoderLayer(DecoderLayer):
     """`DecoderLayer.forward` as two compiled regions with paged attention, eager, between."""
 
-    regions: tuple[Callable, Callable]  # (before, after), compiled: set by `compile_model`
+    # (before, after), compiled: set by `compile_model`; None: not compiled, the plain forward.
+    regions: tuple[Callable, Callable] | None = None
 
     def forward(self, x, positions, rotary, kv_cache, meta) -> torch.Tensor:
+        if self.regions is None:
+            return super().forward(x, positions, rotary, kv_cache, meta)
         before, after = self.regions
         q, k, v = before(self, x, positions, rotary)
         out = self.self_attn.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
@@ -91,7 +96,8 @@ _compiled_models = 0
 
 
 def compile_model(model: CausalLM, backend: str | Callable | None = None) -> float | None:
-    """Compile every layer's two per-token regions, in place, and warm them up.
+    """Compile the two per-token regions of the model's layers (built as
+    `CompiledDecoderLayer`s), give them to every layer, and warm them up.
 
     Returns the seconds the compilation took, or None when the model stays eager: under tensor
     parallelism, or when compiling failed (one warning that says why). `backend` is
@@ -102,6 +108,8 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
     global _compiled_models
     model.compile_seconds = None
     layers = list(model.model.layers)
+    if not all(isinstance(layer, CompiledDecoderLayer) for layer in layers):
+        raise TypeError("compile_model needs a model built with CompiledDecoderLayer layers")
     if layers[0].self_attn.o_proj.tp_size > 1:
         warnings.warn(
             "enforce_eager=False: compiling a model under tensor parallelism is not supported "
@@ -117,15 +125,13 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
     model.compiled_regions = regions  # their code objects hold the graphs (tests count them)
     compiled = tuple(torch.compile(fn, backend=backend) for fn in regions)
     for layer in layers:
-        layer.__class__ = CompiledDecoderLayer
         layer.regions = compiled
     start = time.perf_counter()
     try:
         _warm_up(model)
     except Exception as exc:  # inductor's errors have no common base class to catch instead
         for layer in layers:
-            layer.__class__ = DecoderLayer
-            del layer.regions
+            layer.regions = None
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         warnings.warn(
             f"enforce_eager=False: torch.compile failed ({type(exc).__name__}: {reason}); "

@@ -2,19 +2,21 @@
 
 On a CPU a decode step is a few dozen tokens, and torch spends much of its time between its
 operators rather than in them, or reading weights in a layout its matmul does not read best.
-This backend swaps in, once, after the weights are loaded:
+This backend builds the model from faster layers (`model_layers`, chosen once, before the model
+is built), each a subclass of the plain layer with its parameters:
 
 - paged attention: `CpuAttention`, a numba kernel that reads K/V in place through the block
   tables with an online softmax, one call for the whole step
   (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
-- RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), as subclasses of
-  the plain layers that keep their parameters and their torch code as the fallback;
-- every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`);
+- RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), keeping the plain
+  layers' torch code as the fallback;
+- every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`), packed once the
+  weights are loaded (`prepare_model`);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`.
 
-With `enforce_eager=False` the layers are compiled instead of given the numba classes
-(inductor fuses the per-token operators itself and cannot trace a numba call); the packed
-matmuls then go through an op a graph can call.
+With `enforce_eager=False` the decoder layers are compiled instead of built with the numba
+classes (inductor fuses the per-token operators itself and cannot trace a numba call); the
+packed matmuls then go through an op a graph can call.
 
 Without numba the kernels are not used: attention falls back to the torch reference and the
 norms keep their torch code, with one logged notice (`nanovllm.kernels`).
@@ -22,10 +24,12 @@ norms keep their torch code, with one logged notice (`nanovllm.kernels`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from nanovllm.backends import Backend
-from nanovllm.backends.cpu_linear import prepack_linear_weights
+from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
@@ -35,6 +39,7 @@ from nanovllm.kernels import cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
 from nanovllm.models.llama import CausalLM, RMSNorm
+from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -74,22 +79,17 @@ class NumbaRotaryEmbedding(RotaryEmbedding):
         return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
 
 
-# Each plain per-token layer's numba class (the same parameters, the same result).
-NUMBA_CLASSES: dict[type, type] = {RMSNorm: NumbaRMSNorm, RotaryEmbedding: NumbaRotaryEmbedding}
-
-
-def use_numba_token_ops(model: CausalLM) -> int:
-    """Give every RMSNorm and the rotary embedding their numba classes, where the kernels
-    serve the model (float32, numba importable); returns how many modules changed."""
-    if not cpu_token_ops.applies(model.model.norm.weight):
-        return 0
-    changed = 0
-    for module in model.modules():
-        fast = NUMBA_CLASSES.get(type(module))
-        if fast is not None:
-            module.__class__ = fast
-            changed += 1
-    return changed
+def numba_layers(layers: ModelLayers, dtype: torch.dtype, device: torch.device) -> ModelLayers:
+    """`layers` with the plain RMSNorm and rotary embedding replaced by their numba classes,
+    where the kernels serve the model (float32 on a CPU, numba importable)."""
+    if not cpu_token_ops.applies(torch.empty(0, dtype=dtype, device=device)):
+        return layers
+    fast = {}
+    if layers.rms_norm is RMSNorm:
+        fast["rms_norm"] = NumbaRMSNorm
+    if layers.rotary is RotaryEmbedding:
+        fast["rotary"] = NumbaRotaryEmbedding
+    return dataclasses.replace(layers, **fast)
 
 
 class CpuModelRunner(ModelRunner):
@@ -109,12 +109,17 @@ class CpuBackend(Backend):
     name = "cpu"
     attention_class = CpuAttention
 
+    def model_layers(
+        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+    ) -> ModelLayers:
+        layers = super().model_layers(layers, dtype, device, enforce_eager)
+        if can_prepack(torch.empty(0, 0, dtype=dtype, device=device)):
+            layers = packed_layers(layers, for_compile=not enforce_eager)
+        return numba_layers(layers, dtype, device) if enforce_eager else layers
+
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
-        prepack_linear_weights(model, for_compile=not enforce_eager)
-        if enforce_eager:
-            use_numba_token_ops(model)
-        else:
-            super().prepare_model(model, enforce_eager)
+        prepack_linear_weights(model)
+        super().prepare_model(model, enforce_eager)
 
     def runner_class(self, device: torch.device) -> type[ModelRunner]:
         return CpuModelRunner

@@ -8,13 +8,15 @@ rows by it (`python -m nanovllm.bench.tools.cpu_linear` compares the two on this
 figures on the team's machine are in nanovllm/bench/README.md, "What paid").
 
 vLLM's CPU backend does the same (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
-once per layer; it can also free the plain weight, which we keep, see below). The packing runs
-once, after the checkpoint is loaded (`prepack_linear_weights`, called by the CPU backend's
-`prepare_model`; vLLM's name for that moment is `process_weights_after_loading`). It gives each
-linear layer (and the LM head) the class of its packed version: the same class with `matmul`
-going through the packed copy (`PackedMatmul`), or, in a model torch.compile will trace,
-through an opaque op that finds the copy by the plain weight (`CompiledPackedMatmul`: a
-oneDNN-packed tensor has no strides, so it cannot be an input of a traced graph).
+once per layer; it can also free the plain weight, which we keep, see below). The CPU backend
+builds the model with the packed versions of the engine's linear layers and LM head
+(`packed_layers`): each is the plain class with `matmul` going through the packed copy
+(`PackedMatmul`), or, in a model torch.compile will trace, through an opaque op that finds the
+copy by the plain weight (`CompiledPackedMatmul`: a oneDNN-packed tensor has no strides, so it
+cannot be an input of a traced graph). The packing itself runs once, after the checkpoint is
+loaded (`prepack_linear_weights`, called by the CPU backend's `prepare_model`; vLLM's name for
+that moment is `process_weights_after_loading`); until then, or without a packed copy, `matmul`
+is `F.linear`.
 
 Costs and limits, stated plainly:
 - The packed copy sits beside the plain weight, which stays (tied embeddings read it as a
@@ -23,6 +25,8 @@ Costs and limits, stated plainly:
   afterwards must call `prepack_linear_weights` again (or `unpack_linear_weights`).
 - float32 on a CPU with oneDNN only; anything else (a GPU, bfloat16) keeps `F.linear`, and so
   does a model whose weights oneDNN fails to pack (with one warning).
+- Only the engine's own layer classes have packed versions: a lesson's own tensor-parallel
+  layers (lesson 14) keep `F.linear`.
 - The two paths sum in different orders, so they agree to rounding (tests/test_cpu_linear.py
   holds them to 1e-5 relative, 1e-4 absolute), not bit for bit; the parity tests against
   transformers run on both.
@@ -40,7 +44,7 @@ Costs and limits, stated plainly:
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 import warnings
 
@@ -48,6 +52,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
+
+from nanovllm.models.embedding import ParallelLMHead
+from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.models.model_layers import ModelLayers
 
 # Each packed weight by its plain weight, for `packed_linear` (the op a compiled graph calls):
 # a oneDNN-packed tensor has no strides, so it cannot be an input of a traced graph, and the
@@ -109,10 +117,10 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 class PackedMatmul:
-    """`matmul` through the layer's oneDNN-packed weight (mixed into a linear layer's class)."""
+    """`matmul` through the layer's oneDNN-packed weight, once `prepack_linear_weights` made it
+    (mixed into a linear layer's class; `F.linear` without one)."""
 
-    packed_weight: torch.Tensor
-    plain_class: type  # the layer's class before packing
+    packed_weight: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return linear(x, self.weight, bias, self.packed_weight)
@@ -125,10 +133,59 @@ class CompiledPackedMatmul(PackedMatmul):
         return packed_linear(x, self.weight, bias)
 
 
-@functools.cache
-def _packed_class(mixin: type, layer_class: type) -> type:
-    """The class of a packed `layer_class`: the mixin's `matmul`, everything else the layer's."""
-    return type(f"Packed{layer_class.__name__}", (mixin, layer_class), {"plain_class": layer_class})
+# The engine's linear layers and LM head, packed: the plain class with the mixin's `matmul`.
+class PackedQKVParallelLinear(PackedMatmul, QKVParallelLinear): ...
+
+
+class PackedMergedColumnParallelLinear(PackedMatmul, MergedColumnParallelLinear): ...
+
+
+class PackedRowParallelLinear(PackedMatmul, RowParallelLinear): ...
+
+
+class PackedParallelLMHead(PackedMatmul, ParallelLMHead): ...
+
+
+# The same, for a model torch.compile traces (`compilation.py`).
+class CompiledPackedQKVParallelLinear(CompiledPackedMatmul, QKVParallelLinear): ...
+
+
+class CompiledPackedMergedColumnParallelLinear(
+    CompiledPackedMatmul, MergedColumnParallelLinear
+): ...
+
+
+class CompiledPackedRowParallelLinear(CompiledPackedMatmul, RowParallelLinear): ...
+
+
+class CompiledPackedParallelLMHead(CompiledPackedMatmul, ParallelLMHead): ...
+
+
+# ModelLayers field -> (plain class, packed class, packed class for a compiled model)
+PACKED_CLASSES = {
+    "qkv": (QKVParallelLinear, PackedQKVParallelLinear, CompiledPackedQKVParallelLinear),
+    "merged_column": (
+        MergedColumnParallelLinear,
+        PackedMergedColumnParallelLinear,
+        CompiledPackedMergedColumnParallelLinear,
+    ),
+    "row": (RowParallelLinear, PackedRowParallelLinear, CompiledPackedRowParallelLinear),
+    "lm_head": (ParallelLMHead, PackedParallelLMHead, CompiledPackedParallelLMHead),
+}
+
+
+def packed_layers(layers: ModelLayers, for_compile: bool = False) -> ModelLayers:
+    """`layers` with the engine's linear classes replaced by their packed versions (a class
+    that is not the engine's own, such as a lesson's, stays as it is)."""
+    which = 2 if for_compile else 1
+    return dataclasses.replace(
+        layers,
+        **{
+            name: classes[which]
+            for name, classes in PACKED_CLASSES.items()
+            if getattr(layers, name) is classes[0]
+        },
+    )
 
 
 def linear_layers(model: nn.Module) -> list[nn.Module]:
@@ -137,15 +194,14 @@ def linear_layers(model: nn.Module) -> list[nn.Module]:
 
 
 @torch.no_grad()
-def prepack_linear_weights(model: nn.Module, for_compile: bool = False) -> int:
-    """Pack every linear layer's weight for oneDNN where it can be, giving the layer its
-    packed class; returns how many were. `for_compile`: the classes a traced graph can call."""
+def prepack_linear_weights(model: nn.Module) -> int:
+    """Pack the weight of every packed-class layer for oneDNN where it can be (again, if it was
+    packed before); returns how many were. If oneDNN cannot, none is (one warning)."""
     unpack_linear_weights(model)
     bound_onednn_caches()
-    mixin = CompiledPackedMatmul if for_compile else PackedMatmul
     packed = 0
     for layer in linear_layers(model):
-        if not can_prepack(layer.weight):
+        if not isinstance(layer, PackedMatmul) or not can_prepack(layer.weight):
             continue
         try:
             packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
@@ -156,15 +212,13 @@ def prepack_linear_weights(model: nn.Module, for_compile: bool = False) -> int:
             unpack_linear_weights(model)
             return 0
         _PACKED[layer.weight] = layer.packed_weight = packed_weight
-        layer.__class__ = _packed_class(mixin, type(layer))
         packed += 1
     return packed
 
 
 def unpack_linear_weights(model: nn.Module) -> None:
-    """Drop the packed copies: every linear layer goes back to its plain class (`F.linear`)."""
+    """Drop the packed copies: every linear layer multiplies through `F.linear` again."""
     for layer in linear_layers(model):
-        if isinstance(layer, PackedMatmul):
+        if isinstance(layer, PackedMatmul) and layer.packed_weight is not None:
             _PACKED.pop(layer.weight, None)
-            del layer.packed_weight
-            layer.__class__ = layer.plain_class
+            layer.packed_weight = None

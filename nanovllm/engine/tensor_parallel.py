@@ -69,7 +69,8 @@ class RunnerSpec:
 
 def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     """Rank `rank`'s runner: its shard of the model (the process group is set up already),
-    made fast by the backend once, and the backend's runner class for the device."""
+    built from the backend's layers and prepared by it once loaded, and the backend's runner
+    class for the device."""
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     device = torch.device("cuda", rank) if spec.device_type == "cuda" else torch.device("cpu")
@@ -77,6 +78,7 @@ def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
         torch.cuda.set_device(device)
     backend = get_backend(spec.attention_backend)
     layers = spec.model_layers(spec.attention_cls or backend.attention_class)
+    layers = backend.model_layers(layers, spec.dtype, device, spec.enforce_eager)
     model = load_model(spec.model_path, spec.dtype, device, layers, spec.max_model_len)
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)

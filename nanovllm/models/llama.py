@@ -25,14 +25,18 @@ checkpoint's q_proj, k_proj, v_proj, gate_proj and up_proj into the fused ones
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.model_args import ModelArgs
-from nanovllm.models.model_layers import PLAIN_LAYERS, ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from nanovllm.models.model_layers import ModelLayers
 
 
 class RMSNorm(nn.Module):
@@ -72,8 +76,8 @@ class Attention(nn.Module):
             args.num_attention_heads * self.head_dim, args.hidden_size, bias=args.o_bias
         )
         if args.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.q_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
+            self.k_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
         self.attn = layers.attention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
@@ -132,9 +136,9 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.input_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layers)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args, layers)
 
     def forward(
@@ -154,30 +158,27 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = layers.embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, layers) for _ in range(args.num_hidden_layers)
+            layers.decoder_layer(args, layers) for _ in range(args.num_hidden_layers)
         )
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.norm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """The whole model. `forward` gives hidden states; `compute_logits` the chosen rows' logits.
 
-    `layers` are the classes its layers are built from (`model_layers.py`): each layer's paged
-    attention is `TorchAttention` or a backend's kernel with its interface (`nanovllm/backends/`).
+    `layers` are the classes its layers are built from (`model_layers.py`): the plain ones
+    defined here and beside (`ModelLayers()`), or a backend's fast versions (`nanovllm/backends/`).
     """
 
     def __init__(
-        self,
-        args: ModelArgs,
-        layers: ModelLayers = PLAIN_LAYERS,
-        max_position: int | None = None,
+        self, args: ModelArgs, layers: ModelLayers, max_position: int | None = None
     ) -> None:
         super().__init__()
         self.args = args
         self.model = DecoderModel(args, layers)
         self.lm_head = layers.lm_head(args.vocab_size, args.hidden_size)
         self.tie_weights()
-        self.rotary = RotaryEmbedding(
+        self.rotary = layers.rotary(
             args.head_dim, max_position or args.max_position_embeddings, args.rope_parameters
         )
 

@@ -1,10 +1,11 @@
 """ModelLayers: the classes the decoder (`llama.py`) builds its layers from, given when it is built.
 
 The decoder does not name the classes of its layers: it is given them, so that a backend can
-give its paged attention kernel, and a lesson its own tensor-parallel layers (lesson 14's cut
-their weights and combine their ranks' results with the learner's functions), without anything
-being swapped in a built model or in a module. `ModelLayers(attention)` is the engine's own
-layers around that attention class:
+give its fast versions (its paged attention kernel, numba norms, oneDNN-packed matmuls, compiled
+decoder layers: `nanovllm/backends/`), and a lesson its own tensor-parallel layers (lesson 14's
+cut their weights and combine their ranks' results with the learner's functions), all chosen
+before the model is built: nothing is swapped in a built model or in a module.
+`ModelLayers(attention)` is the engine's own layers around that attention class:
 
     attention      (heads, kv heads, head_dim, scale) -> a layer's paged attention
     qkv            q, k and v as one column-parallel matmul, cut by heads (`linear.py`)
@@ -12,6 +13,9 @@ layers around that attention class:
     row            o_proj and down_proj: row-parallel, their ranks' results summed (`linear.py`)
     embedding      the token embedding, cut by vocabulary rows (`embedding.py`)
     lm_head        the LM head, cut by vocabulary rows, its ranks' logits gathered
+    rms_norm       every RMSNorm (`llama.py`)
+    rotary         the rotary position embedding (`rotary.py`)
+    decoder_layer  each pre-norm residual block (`llama.py`)
 
 Each rank builds its own model (`engine/tensor_parallel.py`), so the engine carries, to every
 rank's process, a picklable callable that gives the ranks' `ModelLayers`: `EngineParts`'s
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 from nanovllm.models.attention import TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.models.llama import DecoderLayer, RMSNorm
+from nanovllm.models.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,6 @@ class ModelLayers:
     row: Callable[..., RowParallelLinear] = RowParallelLinear
     embedding: Callable[..., VocabParallelEmbedding] = VocabParallelEmbedding
     lm_head: Callable[..., ParallelLMHead] = ParallelLMHead
-
-
-PLAIN_LAYERS = ModelLayers()  # the plain path's: TorchAttention and the engine's parallel layers
+    rms_norm: Callable[..., RMSNorm] = RMSNorm
+    rotary: Callable[..., RotaryEmbedding] = RotaryEmbedding
+    decoder_layer: Callable[..., DecoderLayer] = DecoderLayer
