@@ -160,10 +160,9 @@ class DisaggRun:
         from nanovllm import SamplingParams
 
         arrival = self.plans.pop(request_id)
-        transport = self.decode.kv_connector.transport
         # Loopback: the DONE follows the blocks within milliseconds. A failure is not raised:
         # the consumer finds it (`transfer_error`), says why and computes the prompt.
-        transport.wait_for_transfer(request_id, TRANSFER_TIMEOUT_S)
+        self.decode.kv_connector.wait_for_transfer(request_id, TRANSFER_TIMEOUT_S)
         params = SamplingParams(
             temperature=arrival.temperature,
             top_k=50,

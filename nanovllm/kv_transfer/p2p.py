@@ -127,6 +127,12 @@ class P2pConnector(KVConnectorBase):
 
     # --- consumer: waiting for a transfer (the server's side, before the engine) ---------------
 
+    def wait_for_transfer(self, transfer_id: str, timeout_s: float) -> str | None:
+        """Block until the transfer `transfer_id` has arrived (None) or failed or timed out
+        (what happened): for a caller without an event loop (`nanovllm viz`'s disaggregated
+        scenario)."""
+        return self.transport.wait_for_transfer(transfer_id, timeout_s)
+
     async def await_remote_kv(self, params: dict[str, Any]) -> str | None:
         """Wait (without blocking the event loop) for the transfer `params` names; None when it
         arrived, else what went wrong (the request then computes its prompt)."""
