@@ -12,7 +12,8 @@
 `update_from_output`) and returns a `RequestOutput` for each request that made progress.
 `stream()` wraps it. Every state change is published as an event (`subscribe`). Features attach
 at one place each: the scheduler's KV source (a KV connector, or the `NullConnector`), the
-`speculator` (or `NoSpeculation`), the logits mask (structured outputs). `stats`: `stats.py`.
+`speculator` (or `NoSpeculation`: it proposes after each step, and the scheduler asks it for
+each request's tokens to verify), the logits mask (structured outputs). `stats`: `stats.py`.
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
 `input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
