@@ -81,7 +81,7 @@ PLANTED_BUGS = [
                 "        if block.block_hash == block_hash and block.ref_cnt == 1:\n",
             ),
         ),
-        ("tests/test_scheduler.py::TestScheduler",),
+        ("tests/test_scheduler.py", "-k", "TestScheduler or failed_step_uncaches"),
         "A block another request of the same step hit has ref_cnt 2; its KV is still unwritten.",
     ),
     PlantedBug(

@@ -377,3 +377,37 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
         # The ids the next step will be scheduled with: without the rejected blocks.
         assert kv.block_ids("r") == tuple(b.block_id for b in blocks)
     assert request.num_output_tokens == 3  # one token per step: every proposal was rejected
+
+
+@pytest.mark.parametrize("num_written", [0, 5])
+def test_a_failed_step_uncaches_the_blocks_its_requests_shared(num_written: int) -> None:
+    """Two requests of one prompt admitted in the same step share its first blocks (the second
+    hits what the first registered moments before, ref_cnt 2). The step fails before or while
+    writing them: none of those blocks may stay findable, and the retry computes both again."""
+    config = EngineConfig(block_size=4, num_kv_blocks=16)
+    bus = EventBus()
+    kv = KVCacheManager(16, 4, True, bus)
+    scheduler = Scheduler(config, kv, bus)
+    runner = FakeRunner(16, 4)
+    prompt = [1, 2, 3, 4, 0, 1, 2, 3, 4]  # two full blocks and one token more
+    requests = [Request(f"r{i}", prompt, SamplingParams(max_tokens=3), i) for i in range(2)]
+    for request in requests:
+        request.max_tokens = 3
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert [s.num_computed_tokens for s in out.scheduled] == [0, 8]  # the second one hit
+    shared = {b for s in out.scheduled for b in s.block_table[:2]}
+    assert len(shared) == 2 and all(kv.block_pool.blocks[b].ref_cnt == 2 for b in shared)
+    with pytest.raises(RuntimeError):
+        runner.execute_and_fail(out, num_written)
+    scheduler.rollback_step(out)
+    cached = {block.block_id for block in kv.cached_block_hash_to_block.values()}
+    assert not cached & shared, "a block of the failed step is still in the prefix cache"
+    while scheduler.has_unfinished_requests():  # the retry: both from scratch, right tokens
+        out = scheduler.schedule()
+        for request, _ in scheduler.update_from_output(out, runner.execute(out)):
+            if request.num_output_tokens >= request.max_tokens:
+                scheduler.finish_request(request, FinishReason.LENGTH)
+    for request in requests:
+        assert request.output_token_ids == reference_output(prompt, 3)
+    assert kv.num_free_blocks == 16
