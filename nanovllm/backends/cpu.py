@@ -10,7 +10,9 @@ This backend swaps in, once, after the weights are loaded:
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), as subclasses of
   the plain layers that keep their parameters and their torch code as the fallback;
 - every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`);
-- the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`.
+- the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
+- freed memory kept in the process rather than given back to the kernel and faulted in again
+  (`cpu_malloc.py`: glibc's malloc thresholds, as vLLM's CPU backend preloads tcmalloc).
 
 With `enforce_eager=False` the layers are compiled instead of given the numba classes
 (inductor fuses the per-token operators itself and cannot trace a numba call); the packed
@@ -26,6 +28,7 @@ import torch
 
 from nanovllm.backends import Backend
 from nanovllm.backends.cpu_linear import prepack_linear_weights
+from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
@@ -110,6 +113,7 @@ class CpuBackend(Backend):
     attention_class = CpuAttention
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
+        keep_freed_memory()
         prepack_linear_weights(model, for_compile=not enforce_eager)
         if enforce_eager:
             use_numba_token_ops(model)
