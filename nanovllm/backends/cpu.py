@@ -9,6 +9,8 @@ This backend swaps in, once, after the weights are loaded:
   (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), as subclasses of
   the plain layers that keep their parameters and their torch code as the fallback;
+- in each attention layer, what lies between the QKV projection and paged attention (the split,
+  RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
 - every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
 - freed memory kept in the process rather than given back to the kernel and faulted in again
@@ -37,7 +39,7 @@ from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
-from nanovllm.models.llama import CausalLM, RMSNorm
+from nanovllm.models.llama import Attention, CausalLM, RMSNorm
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -77,8 +79,57 @@ class NumbaRotaryEmbedding(RotaryEmbedding):
         return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
 
 
-# Each plain per-token layer's numba class (the same parameters, the same result).
-NUMBA_CLASSES: dict[type, type] = {RMSNorm: NumbaRMSNorm, RotaryEmbedding: NumbaRotaryEmbedding}
+class NumbaAttention(Attention):
+    """`Attention` with the split, RoPE and K/V write in one numba loop
+    (`cpu_token_ops.rotary_and_store_kv`) and `CpuAttention`'s kernel after it. Given only to
+    layers without q/k norms (Qwen3's go between the split and RoPE) whose paged attention is
+    `CpuAttention`. In a decode step of SmolLM2-135M the torch operators it replaces (split,
+    a copy of v, two clones, two `index_copy_`) took about 60 us a layer, 2 ms a step
+    (nanovllm/bench/README.md)."""
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size], normed
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        key_cache, value_cache = kv_cache
+        q = cpu_token_ops.rotary_and_store_kv(
+            self.qkv_proj(x),
+            self.num_heads,
+            positions,
+            rotary.cos_cached,
+            rotary.sin_cached,
+            key_cache,
+            value_cache,
+            meta.slot_mapping,
+        )
+        out = paged_attention_cpu(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.attn.scale,
+        )
+        return self.o_proj(out.view(x.shape[0], -1))
+
+
+def fuses_rotary_and_kv_write(module: torch.nn.Module) -> bool:
+    """Whether `NumbaAttention` serves this attention layer (see its docstring)."""
+    return not module.qk_norm and isinstance(module.attn, CpuAttention)
+
+
+# Each plain per-token layer's numba class (the same parameters, the same result), and when.
+NUMBA_CLASSES: dict[type, type] = {
+    RMSNorm: NumbaRMSNorm,
+    RotaryEmbedding: NumbaRotaryEmbedding,
+    Attention: NumbaAttention,
+}
+NUMBA_CONDITIONS = {Attention: fuses_rotary_and_kv_write}
 
 
 def use_numba_token_ops(model: CausalLM) -> int:
@@ -89,7 +140,8 @@ def use_numba_token_ops(model: CausalLM) -> int:
     changed = 0
     for module in model.modules():
         fast = NUMBA_CLASSES.get(type(module))
-        if fast is not None:
+        applies = NUMBA_CONDITIONS.get(type(module), lambda _: True)
+        if fast is not None and applies(module):
             module.__class__ = fast
             changed += 1
     return changed
