@@ -31,6 +31,13 @@ something to share.
 (`numba.set_parallel_chunksize(1)`), because items differ in cost (contexts differ; later tiles of
 a causal prefill see more keys) and equal static shares would leave a thread idle.
 
+Per (query row, key) the kernel does three things: a dot product for the score, an exp for its
+weight, and the weight times the value. Two of them are written for LLVM to vectorise: the
+scores are taken four keys per pass over head_dim (each query element loaded once for the
+four), and the exp is `exp_nonpositive`, arithmetic instead of a call to the C library's `expf`
+(which runs one value at a time; numba has no vector math library here). Both measured in
+kernels/README.md ("Four keys per score pass, and an exp in arithmetic").
+
 Why numba: the kernel is plain Python loops, compiled to machine code by LLVM on the first call
 (and cached on disk, `cache=True`), with no C compiler on the user's machine. `fastmath` allows
 reassociation (so the dot products vectorise) but not `nnan`/`ninf`: -inf is a real value here.
@@ -74,6 +81,43 @@ def prefetch(typingctx, address):
         return context.get_dummy_value()
 
     return types.void(types.intp), codegen
+
+
+@intrinsic
+def float32_from_bits(typingctx, bits):
+    """The float32 whose IEEE-754 bits are the int32 `bits` (LLVM's `bitcast`, no arithmetic)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def exp_nonpositive(x):
+    """exp(x) for a float32 x <= 0, in float32 arithmetic that LLVM vectorises (Cephes' expf).
+
+    exp(x) = 2^n * exp(r), with n = round(x / ln 2) and r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2]
+    (ln 2 in two parts, so that r keeps its low bits); exp(r) is a degree-7 polynomial, and 2^n
+    is built from its bits: exponent field n + 127, mantissa zero. x is clamped at -87, where
+    exp is 1.6e-38, still a normal float32 (n >= -126): a weight that small beside the row's
+    largest, which is exp(0) = 1, changes no sum. Within 5 ulp of exp over [-87, 0] (4.5 ulp
+    at most on 20M random points, near -87: `fastmath` may fold the two parts of ln 2 back into
+    one), where the C library's `expf` is within 1: a relative 5e-7 on a softmax weight, well
+    inside the rounding the kernel's reassociated sums already allow
+    (tests/kernels/test_kernel_cpu_paged_attention.py).
+    """
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+    x = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    y = np.float32(1.9875691500e-4)
+    y = y * x + np.float32(1.3981999507e-3)
+    y = y * x + np.float32(8.3334519073e-3)
+    y = y * x + np.float32(4.1665795894e-2)
+    y = y * x + np.float32(1.6666665459e-1)
+    y = y * x + np.float32(5.0000001201e-1)
+    y = y * (x * x) + x + np.float32(1.0)
+    return y * float32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
 # Error codes `plan` returns; `paged_attention_numba` turns them into messages (a jitted function
@@ -230,7 +274,24 @@ def attend(
                 if visible <= 0:
                     continue
                 m_new = m[r]
-                for t in range(visible):
+                t = 0
+                while t + 4 <= visible:  # four keys per pass: each q[r, d] loaded once for them
+                    ahead = (r * block_size + t) * PREFETCH_BYTES_PER_KEY
+                    if ahead < prefetch_end:
+                        for line in range(ahead, ahead + 4 * PREFETCH_BYTES_PER_KEY, 64):
+                            prefetch(prefetch_k + line)
+                            prefetch(prefetch_v + line)
+                    s0 = s1 = s2 = s3 = np.float32(0.0)
+                    for d in range(head_dim):
+                        qd = q[r, d]
+                        s0 += qd * key_cache[block, t, kv_head, d]
+                        s1 += qd * key_cache[block, t + 1, kv_head, d]
+                        s2 += qd * key_cache[block, t + 2, kv_head, d]
+                        s3 += qd * key_cache[block, t + 3, kv_head, d]
+                    scores[t], scores[t + 1], scores[t + 2], scores[t + 3] = s0, s1, s2, s3
+                    m_new = max(m_new, max(max(s0, s1), max(s2, s3)))
+                    t += 4
+                while t < visible:  # then one at a time
                     ahead = (r * block_size + t) * PREFETCH_BYTES_PER_KEY
                     if ahead < prefetch_end:
                         for line in range(ahead, ahead + PREFETCH_BYTES_PER_KEY, 64):
@@ -241,13 +302,14 @@ def attend(
                         s += q[r, d] * key_cache[block, t, kv_head, d]
                     scores[t] = s
                     m_new = max(m_new, s)
+                    t += 1
                 # m[r] = -inf before the first block: exp(-inf) = 0 empties the old state.
                 alpha = math.exp(m[r] - m_new)
                 l_new = l[r] * alpha
                 for d in range(head_dim):
                     acc[r, d] *= alpha
                 for t in range(visible):
-                    p = math.exp(scores[t] - m_new)
+                    p = exp_nonpositive(scores[t] - m_new)  # (<= 0: m_new is the max)
                     scores[t] = p  # the score's weight, for the values
                     l_new += p
                 accumulate_values(acc, r, scores, value_cache, block, kv_head, visible)

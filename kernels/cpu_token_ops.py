@@ -80,3 +80,37 @@ def rotary(
             f"{cos.shape[0]} positions (0 .. {cos.shape[0] - 1})"
         )
     return q_out, k_out
+
+
+def rotary_and_store_kv(
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], contiguous
+    num_heads: int,
+    positions: torch.Tensor,  # [num_tokens] int
+    cos: torch.Tensor,  # [max_position, head_dim] float32
+    sin: torch.Tensor,  # [max_position, head_dim] float32
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]: written
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]: written
+    slot_mapping: torch.Tensor,  # [num_tokens] int
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], q rotated
+    """The fused QKV output split, q and k rotated to their positions (`rotary`), k and v
+    written into their slots (`store_kv`), in one loop; returns q."""
+    num_tokens, head_dim = qkv.shape[0], key_cache.shape[3]
+    q = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    positions, slot_mapping = positions.to(torch.int64), slot_mapping.to(torch.int64)
+    bad = _numba_kernels().rotary_and_store_kv(
+        q.numpy(),
+        qkv.detach().numpy(),
+        positions.numpy(),
+        cos.numpy(),
+        sin.numpy(),
+        key_cache.numpy(),
+        value_cache.numpy(),
+        slot_mapping.numpy(),
+    )
+    if bad >= 0:
+        raise ValueError(
+            f"token {bad} is at position {int(positions[bad])} with slot {int(slot_mapping[bad])}:"
+            f" outside the rotary tables' {cos.shape[0]} positions or the cache's "
+            f"{key_cache.shape[0] * key_cache.shape[1]} slots"
+        )
+    return q

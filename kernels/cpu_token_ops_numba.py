@@ -78,3 +78,49 @@ def rotary(
         _rotate(q, t, p, cos, sin)
         _rotate(k, t, p, cos, sin)
     return -1
+
+
+@njit(cache=True, fastmath=_FASTMATH, nogil=True)
+def rotary_and_store_kv(
+    q_out,  # [num_tokens, num_heads, head_dim] float32: written, q rotated
+    qkv,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim] float32, contiguous
+    positions,  # [num_tokens] int64
+    cos,  # [max_position, head_dim] float32
+    sin,  # [max_position, head_dim] float32
+    key_cache,  # [num_blocks, block_size, num_kv_heads, head_dim] float32: k rotated, written
+    value_cache,  # [num_blocks, block_size, num_kv_heads, head_dim] float32: v written
+    slot_mapping,  # [num_tokens] int64
+):
+    """What the attention layer does between its QKV projection and paged attention, in one
+    pass per token: split the fused output, rotate q and k (`rotary`'s arithmetic), and write
+    k and v into the token's cache slot (`store_kv`). Returns -1, or the first token whose
+    position is outside the tables or whose slot is outside the cache (nothing of that token
+    or the ones after it is written)."""
+    num_heads, head_dim = q_out.shape[1], q_out.shape[2]
+    num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
+    num_slots = key_cache.shape[0] * block_size
+    half = head_dim // 2
+    k_start = num_heads * head_dim
+    v_start = k_start + num_kv_heads * head_dim
+    for t in range(qkv.shape[0]):
+        p, slot = positions[t], slot_mapping[t]
+        if p < 0 or p >= cos.shape[0] or slot < 0 or slot >= num_slots:
+            return t
+        block, offset = slot // block_size, slot % block_size
+        for h in range(num_heads):
+            x = qkv[t, h * head_dim : (h + 1) * head_dim]
+            for i in range(half):
+                x1, x2 = x[i], x[i + half]
+                q_out[t, h, i] = x1 * cos[p, i] - x2 * sin[p, i]
+                q_out[t, h, i + half] = x2 * cos[p, i + half] + x1 * sin[p, i + half]
+        for h in range(num_kv_heads):
+            x = qkv[t, k_start + h * head_dim : k_start + (h + 1) * head_dim]
+            for i in range(half):
+                x1, x2 = x[i], x[i + half]
+                key_cache[block, offset, h, i] = x1 * cos[p, i] - x2 * sin[p, i]
+                key_cache[block, offset, h, i + half] = (
+                    x2 * cos[p, i + half] + x1 * sin[p, i + half]
+                )
+            for d in range(head_dim):
+                value_cache[block, offset, h, d] = qkv[t, v_start + h * head_dim + d]
+    return -1

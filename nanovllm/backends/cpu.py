@@ -10,9 +10,13 @@ is built), each a subclass of the plain layer with its parameters:
   (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), keeping the plain
   layers' torch code as the fallback;
+- in each attention layer, what lies between the QKV projection and paged attention (the split,
+  RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
 - every linear layer's matmul through a oneDNN-packed weight (`cpu_linear.py`), packed once the
   weights are loaded (`prepare_model`);
-- the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`.
+- the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
+- freed memory kept in the process rather than given back to the kernel and faulted in again
+  (`cpu_malloc.py`: glibc's malloc thresholds, as vLLM's CPU backend preloads tcmalloc).
 
 With `enforce_eager=False` the decoder layers are compiled instead of built with the numba
 classes (inductor fuses the per-token operators itself and cannot trace a numba call); the
@@ -30,6 +34,7 @@ import torch
 
 from nanovllm.backends import Backend
 from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
+from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
@@ -38,7 +43,7 @@ from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
-from nanovllm.models.llama import CausalLM, RMSNorm
+from nanovllm.models.llama import Attention, CausalLM, RMSNorm
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 
@@ -79,9 +84,51 @@ class NumbaRotaryEmbedding(RotaryEmbedding):
         return cpu_token_ops.rotary(positions, q, k, self.cos_cached, self.sin_cached)
 
 
+class NumbaAttention(Attention):
+    """`Attention` with the split, RoPE and K/V write in one numba loop
+    (`cpu_token_ops.rotary_and_store_kv`) and `CpuAttention`'s kernel after it. Given to models
+    whose paged attention is `CpuAttention`; a layer with q/k norms (Qwen3's go between the
+    split and RoPE) runs the plain `Attention.forward`. In a decode step of SmolLM2-135M the torch operators it replaces (split,
+    a copy of v, two clones, two `index_copy_`) took about 60 us a layer, 2 ms a step
+    (nanovllm/bench/README.md)."""
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size], normed
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        if self.qk_norm:
+            return super().forward(x, positions, rotary, kv_cache, meta)
+        key_cache, value_cache = kv_cache
+        q = cpu_token_ops.rotary_and_store_kv(
+            self.qkv_proj(x),
+            self.num_heads,
+            positions,
+            rotary.cos_cached,
+            rotary.sin_cached,
+            key_cache,
+            value_cache,
+            meta.slot_mapping,
+        )
+        out = paged_attention_cpu(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.attn.scale,
+        )
+        return self.o_proj(out.view(x.shape[0], -1))
+
+
 def numba_layers(layers: ModelLayers, dtype: torch.dtype, device: torch.device) -> ModelLayers:
-    """`layers` with the plain RMSNorm and rotary embedding replaced by their numba classes,
-    where the kernels serve the model (float32 on a CPU, numba importable)."""
+    """`layers` with the plain RMSNorm, rotary embedding and (over `CpuAttention`) attention
+    layer replaced by their numba classes, where the kernels serve the model (float32 on a CPU,
+    numba importable)."""
     if not cpu_token_ops.applies(torch.empty(0, dtype=dtype, device=device)):
         return layers
     fast = {}
@@ -89,6 +136,8 @@ def numba_layers(layers: ModelLayers, dtype: torch.dtype, device: torch.device) 
         fast["rms_norm"] = NumbaRMSNorm
     if layers.rotary is RotaryEmbedding:
         fast["rotary"] = NumbaRotaryEmbedding
+    if layers.self_attn is Attention and layers.attention is CpuAttention:
+        fast["self_attn"] = NumbaAttention
     return dataclasses.replace(layers, **fast)
 
 
@@ -118,6 +167,7 @@ class CpuBackend(Backend):
         return numba_layers(layers, dtype, device) if enforce_eager else layers
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
+        keep_freed_memory()
         prepack_linear_weights(model)
         super().prepare_model(model, enforce_eager)
 

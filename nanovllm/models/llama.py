@@ -137,7 +137,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
         super().__init__()
         self.input_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, layers)
+        self.self_attn = layers.self_attn(args, layers)
         self.post_attention_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args, layers)
 

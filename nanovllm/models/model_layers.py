@@ -13,6 +13,7 @@ before the model is built: nothing is swapped in a built model or in a module.
     row            o_proj and down_proj: row-parallel, their ranks' results summed (`linear.py`)
     embedding      the token embedding, cut by vocabulary rows (`embedding.py`)
     lm_head        the LM head, cut by vocabulary rows, its ranks' logits gathered
+    self_attn      each layer's attention: projections, RoPE, paged attention (`llama.py`)
     rms_norm       every RMSNorm (`llama.py`)
     rotary         the rotary position embedding (`rotary.py`)
     decoder_layer  each pre-norm residual block (`llama.py`)
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from nanovllm.models.attention import TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.models.llama import DecoderLayer, RMSNorm
+from nanovllm.models.llama import Attention, DecoderLayer, RMSNorm
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -44,6 +45,7 @@ class ModelLayers:
     row: Callable[..., RowParallelLinear] = RowParallelLinear
     embedding: Callable[..., VocabParallelEmbedding] = VocabParallelEmbedding
     lm_head: Callable[..., ParallelLMHead] = ParallelLMHead
+    self_attn: Callable[..., Attention] = Attention
     rms_norm: Callable[..., RMSNorm] = RMSNorm
     rotary: Callable[..., RotaryEmbedding] = RotaryEmbedding
     decoder_layer: Callable[..., DecoderLayer] = DecoderLayer

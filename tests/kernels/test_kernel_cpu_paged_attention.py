@@ -235,3 +235,28 @@ def _args(**changes):
 def test_bad_arguments_raise_naming_the_value(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         paged_attention_cpu(**_args(**changes))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(x=st.floats(min_value=-87.0, max_value=0.0, width=32))
+def test_the_kernels_exp_is_within_five_ulp_of_exp(x: float) -> None:
+    """`exp_nonpositive` (the kernel's vectorisable exp) against exp in float64, on every
+    float32 the kernel gives it (a score minus the running max: <= 0; below -87 it clamps).
+    (Measured on 20M random points: at most 4.5 ulp, near -87, where n ln 2 is largest.)"""
+    import numpy as np
+
+    from nanovllm.kernels.cpu_paged_attention_numba import exp_nonpositive
+
+    got = float(exp_nonpositive(np.float32(x)))
+    want = np.exp(np.float64(x))
+    assert abs(got - want) <= 5 * np.spacing(np.float32(want)), (x, got, want)
+
+
+def test_the_kernels_exp_clamps_below_minus_87_to_a_tiny_normal_weight() -> None:
+    import numpy as np
+
+    from nanovllm.kernels.cpu_paged_attention_numba import exp_nonpositive
+
+    for x in (-87.5, -100.0, -1e30, -np.inf):
+        got = float(exp_nonpositive(np.float32(x)))
+        assert 0.0 < got <= 1.7e-38, (x, got)

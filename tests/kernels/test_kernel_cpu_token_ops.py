@@ -130,7 +130,7 @@ def test_the_plain_torch_model_runs_no_kernel(tiny_llama, backend, uses_kernels,
 
     kernels = cpu_token_ops._numba_kernels()
     calls = []
-    for name in ("rms_norm", "rotary"):
+    for name in ("rms_norm", "rotary", "rotary_and_store_kv"):
         kernel = getattr(kernels, name)
         monkeypatch.setattr(
             kernels, name, lambda *a, name=name, kernel=kernel: calls.append(name) or kernel(*a)
@@ -139,4 +139,70 @@ def test_the_plain_torch_model_runs_no_kernel(tiny_llama, backend, uses_kernels,
     llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert bool(calls) == uses_kernels
     if uses_kernels:
-        assert set(calls) == {"rms_norm", "rotary"}
+        # (A Llama's RoPE runs inside the fused split-RoPE-KV-write loop: `NumbaAttention`.)
+        assert set(calls) == {"rms_norm", "rotary_and_store_kv"}
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    num_tokens=st.integers(1, 40),
+    heads=st.sampled_from([(1, 1), (4, 2), (9, 3), (3, 1)]),
+    head_dim=st.sampled_from([2, 8, 64]),
+    block_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_rotary_and_kv_write_equal_the_plain_split_rope_and_store_kv(
+    num_tokens, heads, head_dim, block_size, seed
+) -> None:
+    """`rotary_and_store_kv` (what `NumbaAttention` runs) against the plain attention layer's
+    own code on the same fused QKV output: `Attention.qkv`'s split and `RotaryEmbedding.forward`,
+    then `store_kv`; the cache slots the step does not write must stay as they were."""
+    from nanovllm.models.attention import store_kv
+
+    num_heads, num_kv_heads = heads
+    gen = torch.Generator().manual_seed(seed)
+    rotary = RotaryEmbedding(head_dim, 300, {"rope_theta": 10000.0})
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=gen)
+    positions = torch.randint(0, 300, (num_tokens,), generator=gen)
+    num_blocks = -(-num_tokens // block_size) + 2
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    caches = [torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)]
+    caches.append(torch.randn(caches[0].shape, generator=gen))
+    want_k_cache, want_v_cache = (c.clone() for c in caches)
+    with torch.inference_mode():
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        want_q, want_k = rotary(
+            positions,
+            q.view(num_tokens, num_heads, head_dim),
+            k.view(num_tokens, num_kv_heads, head_dim),
+        )
+        store_kv(
+            want_k,
+            v.reshape(num_tokens, num_kv_heads, head_dim),
+            *(want_k_cache, want_v_cache),
+            slots,
+        )
+        got_q = cpu_token_ops.rotary_and_store_kv(
+            qkv, num_heads, positions, rotary.cos_cached, rotary.sin_cached, *caches, slots
+        )
+    torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0], want_k_cache, rtol=1e-5, atol=1e-5)
+    assert torch.equal(caches[1], want_v_cache)  # values are copied, not computed
+
+
+@pytest.mark.parametrize("position, slot", [(300, 0), (-1, 0), (0, 64), (0, -1)])
+def test_a_position_or_slot_outside_the_tables_is_named_before_a_write(position, slot) -> None:
+    rotary = RotaryEmbedding(8, 300, {"rope_theta": 10000.0})
+    caches = [torch.zeros(4, 16, 1, 8), torch.zeros(4, 16, 1, 8)]
+    with pytest.raises(ValueError, match=f"position {position} with slot {slot}"):
+        cpu_token_ops.rotary_and_store_kv(
+            torch.ones(1, 24),
+            1,
+            torch.tensor([position]),
+            rotary.cos_cached,
+            rotary.sin_cached,
+            *caches,
+            torch.tensor([slot]),
+        )
+    assert not caches[0].any() and not caches[1].any()
