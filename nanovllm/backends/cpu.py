@@ -88,9 +88,9 @@ class NumbaAttention(Attention):
     """`Attention` with the split, RoPE and K/V write in one numba loop
     (`cpu_token_ops.rotary_and_store_kv`) and `CpuAttention`'s kernel after it. Given to models
     whose paged attention is `CpuAttention`; a layer with q/k norms (Qwen3's go between the
-    split and RoPE) runs the plain `Attention.forward`. In a decode step of SmolLM2-135M the torch operators it replaces (split,
-    a copy of v, two clones, two `index_copy_`) took about 60 us a layer, 2 ms a step
-    (nanovllm/bench/README.md)."""
+    split and RoPE) runs the plain `Attention.forward`. It replaces a split, a copy of v, two
+    clones and two `index_copy_` (measured: nanovllm/bench/README.md, "Issue 45's target on
+    SmolLM2")."""
 
     def forward(
         self,
