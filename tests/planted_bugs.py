@@ -471,6 +471,61 @@ PLANTED_BUGS = [
         "A stream the drain window cuts must end with an error chunk and [DONE], not a break.",
     ),
     PlantedBug(
+        "fused-rope-turns-the-key-the-wrong-way",
+        "kernels/cpu_token_ops_numba.py",
+        "rotary_and_store_kv",
+        (
+            (
+                "                key_cache[block, offset, h, i + half] = "
+                "x2 * cos[p, i + half] + x1 * sin[p, i + half]\n",
+                "                key_cache[block, offset, h, i + half] = "
+                "x2 * cos[p, i + half] - x1 * sin[p, i + half]\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rotary_and_kv"),
+        "The fused loop must rotate k as RoPE does before it writes it into the cache.",
+    ),
+    PlantedBug(
+        "fused-rope-stores-keys-as-values",
+        "kernels/cpu_token_ops_numba.py",
+        "rotary_and_store_kv",
+        (
+            (
+                "                value_cache[block, offset, h, d] = qkv[t, v_start + h * head_dim + d]\n",
+                "                value_cache[block, offset, h, d] = qkv[t, k_start + h * head_dim + d]\n",
+            ),
+        ),
+        ("tests/test_parity.py", "-k", "cpu and llama-gqa2"),
+        "v starts after q and k in the fused projection's output.",
+    ),
+    PlantedBug(
+        "the-kernels-exp-has-a-wrong-coefficient",
+        "kernels/cpu_paged_attention_numba.py",
+        "exp_nonpositive",
+        (
+            (
+                "    y = y * x + np.float32(0.041665795894)\n",
+                "    y = y * x + np.float32(0.0425)\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention.py", "-k", "exp"),
+        "An exp a hundred ulp off still passes attention's tolerance; the ulp test sees it.",
+    ),
+    PlantedBug(
+        "freed-memory-given-back-to-the-kernel",
+        "nanovllm/backends/cpu_malloc.py",
+        "keep_freed_memory",
+        (
+            (
+                "    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and "
+                "mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))\n",
+                "    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))\n",
+            ),
+        ),
+        ("tests/test_cpu_malloc.py",),
+        "Setting one threshold turns off glibc's adjustment of both: the trim one must be set too.",
+    ),
+    PlantedBug(
         "cpu-kernel-sees-one-key-too-many",
         "kernels/cpu_paged_attention_numba.py",
         "attend",
