@@ -67,10 +67,17 @@ def forget_bytecode(path: Path) -> None:
         pyc.unlink()
 
 
+# Python 3.11's `ast` counts its recursion depth in one place for every thread, so two threads
+# parsing at once can fail with "AST constructor recursion depth mismatch" (CPython issue
+# gh-106905; it happened once in CI): the copies' threads plant one at a time.
+AST_LOCK = threading.Lock()
+
+
 @contextmanager
 def planted(bug: PlantedBug, dest: Path) -> Iterator[None]:
     """The copy at `dest` with `bug` planted in it for the duration; then the link again."""
-    source = plant((ROOT / bug.file).read_text(), bug.function, bug.edits)
+    with AST_LOCK:
+        source = plant((ROOT / bug.file).read_text(), bug.function, bug.edits)
     target = installed(dest, bug.file)
     assert target.is_symlink(), f"{target} is not the repository's file: a bug was left planted"
     target.unlink()

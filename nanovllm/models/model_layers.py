@@ -20,7 +20,8 @@ before the model is built: nothing is swapped in a built model or in a module.
 
 Each rank builds its own model (`engine/tensor_parallel.py`), so the engine carries, to every
 rank's process, a picklable callable that gives the ranks' `ModelLayers`: `EngineParts`'s
-`model_layers` (`engine/parts.py`), `ModelLayers` itself by default.
+`model_layers` (`engine/parts.py`), `ModelLayers` itself by default. Each rank's backend then
+replaces the classes it has faster subclasses of (`Backend.model_layers`), and builds the model.
 """
 
 from __future__ import annotations
