@@ -519,11 +519,11 @@ PLANTED_BUGS = [
             (
                 "    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and "
                 "mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))\n",
-                "    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))\n",
+                "    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))\n",
             ),
         ),
         ("tests/test_cpu_malloc.py",),
-        "Setting one threshold turns off glibc's adjustment of both: the trim one must be set too.",
+        "Without the mmap threshold a chunk of a new size is mapped afresh and given back freed.",
     ),
     PlantedBug(
         "cpu-kernel-sees-one-key-too-many",

@@ -88,7 +88,8 @@ def serve(config: EngineConfig, prompts: list[list[int]], concurrent: list[list[
 
 @pytest.fixture(scope="module")
 def run(model_path):
-    config = EngineConfig(model=str(model_path), block_size=4, num_kv_blocks=14)
+    # 7 blocks of 4: a request of 8 + 12 tokens takes 5, so any two that overlap preempt.
+    config = EngineConfig(model=str(model_path), block_size=4, num_kv_blocks=7)
     return serve(config, [SHARED, SHARED], CONCURRENT)
 
 
