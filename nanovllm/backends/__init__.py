@@ -17,8 +17,8 @@ thing, at four points, and nowhere else:
   one copy to the GPU, CUDA graphs).
 
 This is vLLM's `CustomOp` idea (a native forward, platform forwards chosen at construction)
-spread over the places the engine has. No module changes class after it is built. `Backend` itself is the plain one, named
-"torch": it changes nothing and imports no kernel. The others:
+spread over the places the engine has. No module changes class after it is built. `Backend`
+itself is the plain one, named "torch": it changes nothing and imports no kernel. The others:
 
     "cpu"     cpu.py        numba attention, RMSNorm and RoPE; prepacked linears; InputBatch
     "triton"  triton.py     Triton attention and KV write; on a GPU, cuda_runner.py

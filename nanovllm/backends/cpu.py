@@ -56,6 +56,10 @@ class CpuAttention:
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        return self.attend(q, key_cache, value_cache, meta)
+
+    def attend(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Paged attention over K/V already in the cache (`NumbaAttention` writes them itself)."""
         return paged_attention_cpu(
             q,
             key_cache,
@@ -113,15 +117,7 @@ class NumbaAttention(Attention):
             value_cache,
             meta.slot_mapping,
         )
-        out = paged_attention_cpu(
-            q,
-            key_cache,
-            value_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.query_start_loc,
-            self.attn.scale,
-        )
+        out = self.attn.attend(q, key_cache, value_cache, meta)
         return self.o_proj(out.view(x.shape[0], -1))
 
 
