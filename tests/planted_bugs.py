@@ -584,14 +584,12 @@ PLANTED_BUGS = [
         "linear",
         (
             (
-                "    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "
-                "'none', [], '')\n",
-                "    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "
-                "'none', [], '')\n",
+                "        return torch.ops.mkl._mkl_linear(x, packed.tensor, weight, bias, rows)\n",
+                "        return torch.ops.mkl._mkl_linear(x, packed.tensor, weight, None, rows)\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "qwen2"),
-        "Qwen2's q/k/v have biases; the oneDNN path must add them as F.linear does.",
+        "Qwen2's q/k/v have biases; the MKL path must add them as F.linear does.",
     ),
     PlantedBug(
         "packed-weights-made-from-uninitialised-weights",
@@ -599,14 +597,26 @@ PLANTED_BUGS = [
         "prepack_linear_weights",
         (
             (
-                "            packed_weight = "
-                "torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())\n",
-                "            packed_weight = "
-                "torch.ops.mkldnn._reorder_linear_weight(torch.empty_like(layer.weight))\n",
+                "            packed_weight = pack_weight(layer.weight.detach(), library)\n",
+                "            packed_weight = pack_weight(torch.empty_like(layer.weight), library)\n",
             ),
         ),
         ("tests/test_cpu_linear.py",),
         "A packed copy is a snapshot: made from anything but the loaded checkpoint it never sees it.",
+    ),
+    PlantedBug(
+        "the-mkl-check-never-compares-a-product",
+        "nanovllm/backends/cpu_linear.py",
+        "mkl_packs_for_any_rows",
+        (
+            (
+                "            if not torch.allclose(y, F.linear(x, weight), rtol=1e-05, atol=1e-05):\n",
+                "            if False:\n",
+            ),
+        ),
+        ("tests/test_cpu_linear.py", "-k", "check_refuses"),
+        "MKL does not document that one packing serves every row count: the engine must check it, "
+        "and fall back to oneDNN where it does not.",
     ),
     PlantedBug(
         "rust-decode-ignores-skip-special-tokens",

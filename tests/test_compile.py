@@ -135,7 +135,7 @@ def test_compilation_is_bounded_and_keeps_the_packed_matmuls(compiled) -> None:
     # Over this engine's whole life (the other tests' steps too): one graph per region.
     for region in llm.llm_engine.model.compiled_regions:
         assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(region.__code__)) == 1
-    # The compiled layers still multiply through oneDNN's packed weights, by the op a graph
+    # The compiled layers still multiply through the packed weights, by the op a graph
     # can call (when this torch can pack).
     if cpu_linear.can_prepack(torch.zeros(1, 1)):
         for layer in cpu_linear.linear_layers(llm.llm_engine.model):

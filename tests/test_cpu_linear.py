@@ -1,6 +1,7 @@
 """The CPU's prepacked linear layers (`nanovllm/backends/cpu_linear.py`) against `F.linear`.
 
-Oracles: `F.linear` on the same weight for single products, and the same model's forward pass
+Oracles: `F.linear` on the same weight for single products, through either library's packing
+(MKL's made for `MKL_PACK_ROWS` rows, used at any row count); the same model's forward pass
 with its packed copies dropped (`unpack_linear_weights`) for a whole checkpoint; and the CPU
 backend's layer classes (`packed_layers`) against the plain ones they extend.
 """
@@ -15,38 +16,81 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.backends import cpu_linear
 from nanovllm.backends.cpu_linear import (
+    MKL_PACK_ROWS,
     PackedMatmul,
     can_prepack,
     linear,
     linear_layers,
+    pack_weight,
     prepack_linear_weights,
     unpack_linear_weights,
 )
+
+# The libraries this torch can pack for: oneDNN always (else the module is skipped), MKL where
+# its packing passes the engine's check.
+LIBRARIES = ["onednn"] + (["mkl"] if cpu_linear.mkl_packs_for_any_rows() else [])
 
 pytestmark = pytest.mark.skipif(
     not can_prepack(torch.zeros(1, 1)), reason="this torch has no oneDNN on the CPU"
 )
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
 @settings(max_examples=examples(25), deadline=None)
 @given(
-    rows=st.integers(1, 70),
+    # Around and past the rows MKL packs for too: the engine uses one packing at every count.
+    rows=st.one_of(st.integers(1, 70), st.integers(MKL_PACK_ROWS - 2, MKL_PACK_ROWS + 40)),
     in_features=st.integers(1, 96),
     out_features=st.integers(1, 130),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_packed_product_equals_f_linear(rows, in_features, out_features, bias, seed) -> None:
+def test_packed_product_equals_f_linear(
+    library, rows, in_features, out_features, bias, seed
+) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, in_features, generator=g)  # [num_tokens, in]
     w = torch.randn(out_features, in_features, generator=g)  # [out, in]
     b = torch.randn(out_features, generator=g) if bias else None
-    packed = torch.ops.mkldnn._reorder_linear_weight(w)
+    packed = pack_weight(w, library)
+    assert packed.library == library
     expected = F.linear(x, w, b)
     got = linear(x, w, b, packed)
     assert got.shape == expected.shape == (rows, out_features)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif("mkl" not in LIBRARIES, reason="this torch cannot pack for MKL")
+def test_one_mkl_packing_serves_every_row_count_of_a_decode_and_prefill() -> None:
+    """The engine's packing (one per weight) against `F.linear` at every row count from one
+    decode row to past the rows it was packed for, on a weight of a real model's width."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(192, 576, generator=g)  # [out, in]
+    b = torch.randn(192, generator=g)
+    packed = pack_weight(w, "mkl")
+    for rows in range(0, MKL_PACK_ROWS + 70):
+        x = torch.randn(rows, 576, generator=g)
+        torch.testing.assert_close(linear(x, w, b, packed), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif("mkl" not in LIBRARIES, reason="this torch cannot pack for MKL")
+def test_the_mkl_check_refuses_a_product_that_is_wrong(monkeypatch) -> None:
+    """The check the engine runs before packing for MKL: a wrong product (as an MKL whose
+    packing served only its own row count might give) sends the engine to oneDNN."""
+    real = torch.ops.mkl._mkl_linear
+    assert cpu_linear.mkl_packs_for_any_rows.__wrapped__()
+
+    def wrong_past_the_first_row(x, packed, weight, bias, rows):
+        y = real(x, packed, weight, bias, rows)
+        y[1:] += 1e-3  # one row right, the others off
+        return y
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", wrong_past_the_first_row)
+    assert not cpu_linear.mkl_packs_for_any_rows.__wrapped__()
+    monkeypatch.setattr(cpu_linear, "mkl_packs_for_any_rows", lambda: False)
+    assert cpu_linear.packing_library() == "onednn"
 
 
 def test_only_float32_cpu_weights_are_packed() -> None:
@@ -87,10 +131,10 @@ def test_a_packing_failure_falls_back_to_f_linear_with_one_notice(tiny_llama, mo
     llm = LLM(str(tiny_llama), dtype="float32")
     model = llm.llm_engine.model
 
-    def cannot_pack(weight):
-        raise RuntimeError("no oneDNN kernel for this machine")
+    def cannot_pack(weight, library):
+        raise RuntimeError(f"no {library} kernel for this machine")
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", cannot_pack)
+    monkeypatch.setattr(cpu_linear, "pack_weight", cannot_pack)
     with pytest.warns(UserWarning, match="could not prepack") as notices:
         assert prepack_linear_weights(model) == 0
     assert len(notices) == 1
@@ -119,3 +163,18 @@ def test_the_backend_builds_packed_subclasses_of_the_engines_layers_only() -> No
     assert {k: v.shape for k, v in a.state_dict().items()} == {
         k: v.shape for k, v in b.state_dict().items()
     }
+
+
+def test_the_packing_benchmark_prints_every_way_side_by_side(capsys, monkeypatch) -> None:
+    from nanovllm.bench.tools import cpu_linear as tool
+
+    monkeypatch.setattr("sys.argv", ["cpu_linear", "--rows", "3", "--layers", "1"])
+    tool.main()
+    out = capsys.readouterr().out
+    header, row = out.splitlines()[-2:]
+    ways = ["F.linear", "oneDNN"] + (
+        ["MKL, packed for 256", "MKL, packed for 1"] * ("mkl" in LIBRARIES)
+    )
+    assert all(way in header for way in ways)
+    # One cell per way: milliseconds and the speed-up over oneDNN's (itself 1.00x).
+    assert row.split()[0] == "3" and row.count("x)") == len(ways) and "(1.00x)" in row

@@ -24,7 +24,7 @@ How it stays at a bounded number of compilations:
   an inductor failure surfaces here: a machine without a C compiler (inductor's CPU backend
   builds C++) gets one warning and the eager model, never a failed step.
 
-The oneDNN-packed weights (`cpu_linear.py`) keep working: a packed tensor has no strides and
+The packed weights (`cpu_linear.py`: MKL's, else oneDNN's) keep working: a packed tensor has no strides and
 cannot enter a traced graph, so the CPU backend builds each linear layer with the class that
 calls the opaque op `cpu_linear.packed_linear`, which finds the packed copy by the plain weight.
 

@@ -1,22 +1,37 @@
-"""Linear layers on a CPU: each weight repacked once for oneDNN, then used by every matmul.
+"""Linear layers on a CPU: each weight repacked once for MKL (or oneDNN), then used by every matmul.
 
 Almost all of a forward pass's arithmetic is y = x W^T with W a weight matrix, and a decode step
 has few rows in x (one per request). torch's plain `F.linear` on a float32 CPU tensor reads W in
-its checkpoint layout, [out, in] row-major; oneDNN (torch's `mkldnn` backend) can first reorder
-W into the blocked layout its matmul kernels read fastest, once, and then multiply any number of
-rows by it (`python -m nanovllm.bench.tools.cpu_linear` compares the two on this machine; the
-figures on the team's machine are in nanovllm/bench/README.md, "What paid").
+its checkpoint layout, [out, in] row-major. A BLAS library can first reorder W into the blocked
+layout its matmul kernels read fastest, once, and then multiply any number of rows by it. Two
+libraries inside torch can: MKL (`cblas_sgemm_pack` and `cblas_sgemm_compute`, torch's
+`mkl::_mkl_linear`) and oneDNN (torch's `mkldnn` backend). `python -m
+nanovllm.bench.tools.cpu_linear` compares the three on this machine; the figures on the team's
+machine are in nanovllm/bench/README.md ("What paid", and "MKL's packed sgemm" for the two
+libraries side by side, where MKL's was 1.10-1.29x faster at 8 to 256 rows).
 
-vLLM's CPU backend does the same (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
+**MKL's packed sgemm, at any row count.** MKL packs a weight for a given m (rows of x), and
+torch's op uses the packed copy only when x has exactly the m it was packed for, else it falls
+back to `F.linear`. A serving engine's m changes every step. The engine packs once, for
+`MKL_PACK_ROWS` rows, and tells the op each call that x has the rows it was packed for. MKL
+does not document that a pack made for one m serves another. The packed size does not depend on
+m, and products at 1 to 3,000 rows equal `F.linear`'s to rounding. So the engine checks it once
+per process before it uses it (`mkl_packs_for_any_rows`: five products of a small weight, 1 to
+261 rows, against `F.linear`), and packs for oneDNN instead if the check fails or torch has no
+MKL. m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.4x longer at 32 rows
+than packed for 32 or 256.
+
+vLLM's CPU backend packs too (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
 once per layer; it can also free the plain weight, which we keep, see below). The CPU backend
 builds the model with the packed versions of the engine's linear layers and LM head
 (`packed_layers`): each is the plain class with `matmul` going through the packed copy
 (`PackedMatmul`), or, in a model torch.compile will trace, through an opaque op that finds the
-copy by the plain weight (`CompiledPackedMatmul`: a oneDNN-packed tensor has no strides, so it
-cannot be an input of a traced graph). The packing itself runs once, after the checkpoint is
-loaded (`prepack_linear_weights`, called by the CPU backend's `prepare_model`; vLLM's name for
-that moment is `process_weights_after_loading`); until then, or without a packed copy, `matmul`
-is `F.linear`.
+copy by the plain weight (`CompiledPackedMatmul`: a packed tensor has no strides, so it cannot
+be an input of a traced graph). The packing itself runs once, after the checkpoint is loaded
+(`prepack_linear_weights`, called by the CPU backend's `prepare_model`; vLLM's name for that
+moment is `process_weights_after_loading`); until then, or without a packed copy, `matmul` is
+`F.linear`. A packed copy remembers its library (`PackedWeight`), so that only that library's
+matmul ever reads it.
 
 Costs and limits, stated plainly:
 - The packed copy sits beside the plain weight, which stays (tied embeddings read it as a
@@ -24,13 +39,16 @@ Costs and limits, stated plainly:
 - The packed copy is made from the weight as it is at packing time; code that changes a weight
   afterwards must call `prepack_linear_weights` again (or `unpack_linear_weights`).
 - float32 on a CPU with oneDNN only; anything else (a GPU, bfloat16) keeps `F.linear`, and so
-  does a model whose weights oneDNN fails to pack (with one warning).
+  does a model whose weights the library fails to pack (with one warning).
+- MKL asks for a packed buffer three times the weight's size (for SmolLM2's gate/up weight,
+  21 MB for 7 MB) whatever m is; the pages it never writes are never touched, and the process's
+  resident memory after loading SmolLM2 was the same as with oneDNN's packing (1.81 GB).
 - Only the engine's own layer classes have packed versions: a lesson's own tensor-parallel
   layers (lesson 14) keep `F.linear`.
 - The two paths sum in different orders, so they agree to rounding (tests/test_cpu_linear.py
   holds them to 1e-5 relative, 1e-4 absolute), not bit for bit; the parity tests against
   transformers run on both.
-- oneDNN makes a matmul "primitive" (JIT-compiled code and its buffers) for every shape of x,
+- (oneDNN only) oneDNN makes a matmul "primitive" (JIT-compiled code and its buffers) for every shape of x,
   and a serving engine's x changes shape every step (the step's token count). torch keeps them
   in two caches, oneDNN's primitive cache and ideep's, of 1,024 entries each, and each entry
   holds about 100 KB: at a steady 16 requests, 125 MB (+16%) more RSS at step 3,000 than at 500
@@ -45,8 +63,10 @@ Costs and limits, stated plainly:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +78,7 @@ from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear
 from nanovllm.models.model_layers import ModelLayers
 
 # Each packed weight by its plain weight, for `packed_linear` (the op a compiled graph calls):
-# a oneDNN-packed tensor has no strides, so it cannot be an input of a traced graph, and the
+# a packed tensor has no strides, so it cannot be an input of a traced graph, and the
 # graph passes the plain weight instead. Weak keys: an entry goes when its weight does, so a
 # later tensor at the same address can never find a stale copy.
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -85,16 +105,66 @@ def can_prepack(weight: torch.Tensor) -> bool:
     )
 
 
+# Rows of x that MKL is told to expect when it packs a weight (see "MKL's packed sgemm" above).
+MKL_PACK_ROWS = 256
+
+
+class PackedWeight(NamedTuple):
+    """A linear weight reordered once for one library's matmul kernels."""
+
+    library: str  # "mkl" or "onednn": the only library whose matmul can read `tensor`
+    tensor: torch.Tensor  # opaque (no strides): the reordered copy of the weight
+
+
+@functools.cache
+def mkl_packs_for_any_rows() -> bool:
+    """Whether this torch's MKL multiplies correctly, at any row count, by a weight packed for
+    `MKL_PACK_ROWS` rows: a few products of a small random weight, checked against `F.linear`."""
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 24, generator=generator)  # [out, in]
+    try:
+        packed = pack_weight(weight, "mkl")
+        for rows in (1, 3, 17, 64, MKL_PACK_ROWS + 5):
+            x = torch.randn(rows, 24, generator=generator)
+            y = linear(x, weight, None, packed)
+            if not torch.allclose(y, F.linear(x, weight), rtol=1e-5, atol=1e-5):
+                return False
+    except RuntimeError:
+        return False
+    return True
+
+
+def packing_library() -> str:
+    """The library that packs and multiplies on this machine: MKL where it passes the check
+    above, else oneDNN."""
+    return "mkl" if mkl_packs_for_any_rows() else "onednn"
+
+
+def pack_weight(weight: torch.Tensor, library: str) -> PackedWeight:  # weight: [out, in]
+    """`weight` reordered once for `library`'s matmul kernels."""
+    if library == "mkl":
+        return PackedWeight(
+            library, torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
+        )
+    return PackedWeight(library, torch.ops.mkldnn._reorder_linear_weight(weight))
+
+
 def linear(
     x: torch.Tensor,  # [num_tokens, in]
     weight: torch.Tensor,  # [out, in]
     bias: torch.Tensor | None,  # [out]
-    packed_weight: torch.Tensor | None,  # `weight` reordered by oneDNN, or None
+    packed: PackedWeight | None,  # `pack_weight(weight, ...)`, or None
 ) -> torch.Tensor:  # [num_tokens, out]
     """x W^T + b: through the packed weight when there is one, else `F.linear`."""
-    if packed_weight is None:
+    if packed is None:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+    if packed.library == "mkl":
+        # The last argument is the row count the packing is used for: x's own (see above).
+        rows = x.numel() // x.shape[-1]
+        return torch.ops.mkl._mkl_linear(x, packed.tensor, weight, bias, rows)
+    return torch.ops.mkldnn._linear_pointwise(x, packed.tensor, bias, "none", [], "")
 
 
 @torch.library.custom_op("nanovllm::packed_linear", mutates_args=())
@@ -117,10 +187,10 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 class PackedMatmul:
-    """`matmul` through the layer's oneDNN-packed weight, once `prepack_linear_weights` made it
+    """`matmul` through the layer's packed weight, once `prepack_linear_weights` made it
     (mixed into a linear layer's class; `F.linear` without one)."""
 
-    packed_weight: torch.Tensor | None = None
+    packed_weight: PackedWeight | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return linear(x, self.weight, bias, self.packed_weight)
@@ -195,19 +265,22 @@ def linear_layers(model: nn.Module) -> list[nn.Module]:
 
 @torch.no_grad()
 def prepack_linear_weights(model: nn.Module) -> int:
-    """Pack the weight of every packed-class layer for oneDNN where it can be (again, if it was
-    packed before); returns how many were. If oneDNN cannot, none is (one warning)."""
+    """Pack the weight of every packed-class layer where it can be (again, if it was packed
+    before), for `packing_library()`; returns how many were. If the library cannot, none is (one
+    warning)."""
     unpack_linear_weights(model)
     bound_onednn_caches()
+    library = packing_library()
     packed = 0
     for layer in linear_layers(model):
         if not isinstance(layer, PackedMatmul) or not can_prepack(layer.weight):
             continue
         try:
-            packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
-        except RuntimeError as exc:  # a oneDNN build that cannot pack here: F.linear it is
+            packed_weight = pack_weight(layer.weight.detach(), library)
+        except RuntimeError as exc:  # a build that cannot pack here: F.linear it is
             warnings.warn(
-                f"oneDNN could not prepack a linear weight ({exc}); using F.linear", stacklevel=2
+                f"{library} could not prepack a linear weight ({exc}); using F.linear",
+                stacklevel=2,
             )
             unpack_linear_weights(model)
             return 0

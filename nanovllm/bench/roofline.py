@@ -118,9 +118,9 @@ def _best_seconds(fn, budget_s: float) -> float:
 def measure_matmul(shape: ModelShape, rows: int) -> float:
     """FLOP/s of fp32 matmuls through one layer's weight shapes and the LM head's (random
     values: they do not change a matmul's cost), for a batch of `rows` tokens. Each shape takes
-    the faster of `F.linear` and oneDNN's product with a prepacked weight (`cpu_linear.py`, what
-    nanovllm runs on a CPU), so the rate is the best this machine was seen to do."""
-    from nanovllm.backends.cpu_linear import can_prepack, linear
+    the faster of `F.linear` and the product with a prepacked weight (`cpu_linear.py`: MKL's,
+    else oneDNN's, what nanovllm runs on a CPU), so the rate is the best this machine was seen to do."""
+    from nanovllm.backends.cpu_linear import can_prepack, linear, pack_weight, packing_library
 
     flops = seconds = 0.0
     for out_features, in_features in shape.layer_weights() + [(shape.vocab, shape.hidden)]:
@@ -129,7 +129,7 @@ def measure_matmul(shape: ModelShape, rows: int) -> float:
         flops += 2 * rows * out_features * in_features
         best = _best_seconds(lambda: F.linear(x, w), 0.06)  # noqa: B023 - called here
         if can_prepack(w):
-            packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            packed = pack_weight(w, packing_library())
             best = min(best, _best_seconds(lambda: linear(x, w, None, packed), 0.06))  # noqa: B023
         seconds += best
     return flops / seconds

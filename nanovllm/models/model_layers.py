@@ -1,7 +1,7 @@
 """ModelLayers: the classes the decoder (`llama.py`) builds its layers from, given when it is built.
 
 The decoder does not name the classes of its layers: it is given them, so that a backend can
-give its fast versions (its paged attention kernel, numba norms, oneDNN-packed matmuls, compiled
+give its fast versions (its paged attention kernel, numba norms, packed matmuls, compiled
 decoder layers: `nanovllm/backends/`), and a lesson its own tensor-parallel layers (lesson 14's
 cut their weights and combine their ranks' results with the learner's functions), all chosen
 before the model is built: nothing is swapped in a built model or in a module.

@@ -1,40 +1,90 @@
-"""oneDNN's prepacked matmul against `F.linear` on this machine (`backends/cpu_linear.py`).
+"""The packed matmuls against `F.linear` on this machine (`backends/cpu_linear.py`).
 
-    python -m nanovllm.bench.tools.cpu_linear
+    python -m nanovllm.bench.tools.cpu_linear [--rows 8,32,64,256] [--layers 30]
 
-x [M, 768] times W [5120, 768] in float32, M from one decode row to a 512-token prefill, in
-microseconds per product; the figures on the team's machine are in nanovllm/bench/README.md.
+One forward pass's linear layers, SmolLM2-135M's shapes (per layer: q/k/v 960 x 576, o 576 x
+576, gate/up 3,072 x 576, down 576 x 1,536), each layer with its own random weights, so that, as
+in a real forward pass, the weights come from memory rather than from the CPU's caches. For each
+row count, the milliseconds one pass took (the median of 8) through:
+
+- `F.linear` on the plain weights;
+- oneDNN's product with prepacked weights;
+- MKL's packed sgemm, the weights packed for 256 rows (what the engine runs), and packed for one
+  row (to show that the row count MKL packs for matters to speed).
+
+and each one's speed-up over oneDNN's, side by side in one run. The figures on the team's
+machine are in nanovllm/bench/README.md ("MKL's packed sgemm").
 """
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from nanovllm.backends.cpu_linear import linear
+from nanovllm.backends import cpu_linear
+from nanovllm.backends.cpu_linear import PackedWeight, linear, pack_weight
+
+# [out, in] of one decoder layer's four linear weights: SmolLM2-135M's.
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
-def microseconds(fn, repeats: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start = time.perf_counter()
+def pass_ms(product: Callable, weights: list, xs: list[torch.Tensor], repeats: int = 8) -> float:
+    """Median milliseconds of one pass: every layer's four products, in order."""
+    times = []
     for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e6
+        start = time.perf_counter()
+        for layer in weights:
+            for x, w in zip(xs, layer, strict=True):
+                product(x, w)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def packed_for(weight: torch.Tensor, library: str, rows: int) -> tuple:
+    """`weight` and its packed copy (MKL's made for `rows` rows of x)."""
+    if library == "mkl":
+        tensor = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        return weight, PackedWeight("mkl", tensor)
+    return weight, pack_weight(weight, library)
 
 
 def main() -> None:
-    weight = torch.randn(5120, 768)  # [out, in]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    print(f"x [M, 768] times W [5120, 768], float32, {torch.get_num_threads()} threads, in us")
-    print(f"{'M (rows)':>12} {'F.linear':>10} {'prepacked':>10}")
-    for rows in (1, 16, 64, 512):
-        x = torch.randn(rows, 768)
-        plain = microseconds(lambda x=x: F.linear(x, weight))
-        fast = microseconds(lambda x=x: linear(x, weight, None, packed))
-        print(f"{rows:>12} {plain:>10.0f} {fast:>10.0f}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="8,32,64,256", help="rows of x, comma-separated")
+    parser.add_argument("--layers", type=int, default=30)
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    plain = [
+        [torch.randn(out, inp, generator=generator) * 0.02 for out, inp in SHAPES]
+        for _ in range(args.layers)
+    ]
+    ways: dict[str, tuple[Callable, list]] = {"F.linear": (lambda x, w: F.linear(x, w), plain)}
+
+    def packed_product(x: torch.Tensor, w: tuple) -> torch.Tensor:
+        return linear(x, w[0], None, w[1])
+
+    ways["oneDNN"] = (packed_product, [[packed_for(w, "onednn", 0) for w in ws] for ws in plain])
+    if cpu_linear.mkl_packs_for_any_rows():
+        for pack_rows in (cpu_linear.MKL_PACK_ROWS, 1):
+            packed = [[packed_for(w, "mkl", pack_rows) for w in ws] for ws in plain]
+            ways[f"MKL, packed for {pack_rows}"] = (packed_product, packed)
+    else:
+        print("MKL's packed sgemm is not usable here (see backends/cpu_linear.py)")
+    print(
+        f"{args.layers} layers of SmolLM2-135M's linear shapes, float32, "
+        f"{torch.get_num_threads()} threads: ms per pass (speed-up over oneDNN)"
+    )
+    print(f"{'rows':>6} " + " ".join(f"{name:>22}" for name in ways))
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = [torch.randn(rows, inp, generator=generator) for _, inp in SHAPES]
+        ms = {name: pass_ms(product, weights, xs) for name, (product, weights) in ways.items()}
+        cells = [f"{v:>10.1f} ({ms['oneDNN'] / v:.2f}x)" for v in ms.values()]
+        print(f"{rows:>6} " + " ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":
