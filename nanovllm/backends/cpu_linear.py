@@ -8,7 +8,7 @@ libraries inside torch can: MKL (`cblas_sgemm_pack` and `cblas_sgemm_compute`, t
 `mkl::_mkl_linear`) and oneDNN (torch's `mkldnn` backend). `python -m
 nanovllm.bench.tools.cpu_linear` compares the three on this machine; the figures on the team's
 machine are in nanovllm/bench/README.md ("What paid", and "MKL's packed sgemm" for the two
-libraries side by side, where MKL's was 1.10-1.29x faster at 8 to 256 rows).
+libraries side by side, where MKL's was 1.09-1.29x faster at 8 to 256 rows).
 
 **MKL's packed sgemm, at any row count.** MKL packs a weight for a given m (rows of x), and
 torch's op uses the packed copy only when x has exactly the m it was packed for, else it falls
@@ -18,7 +18,7 @@ does not document that a pack made for one m serves another. The packed size doe
 m, and products at 1 to 3,000 rows equal `F.linear`'s to rounding. So the engine checks it once
 per process before it uses it (`mkl_packs_for_any_rows`: five products of a small weight, 1 to
 261 rows, against `F.linear`), and packs for oneDNN instead if the check fails or torch has no
-MKL. m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.4x longer at 32 rows
+MKL. m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.3-1.4x longer at 32 rows
 than packed for 32 or 256.
 
 vLLM's CPU backend packs too (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
