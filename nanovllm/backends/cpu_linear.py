@@ -1,4 +1,4 @@
-"""Linear layers on a CPU: each weight repacked once for MKL (or oneDNN), then used by every matmul.
+"""Linear layers on a CPU: each weight repacked once (for MKL, or oneDNN), then used by every matmul.
 
 Almost all of a forward pass's arithmetic is y = x W^T with W a weight matrix, and a decode step
 has few rows in x (one per request). torch's plain `F.linear` on a float32 CPU tensor reads W in
@@ -13,12 +13,14 @@ libraries side by side, where MKL's was 1.09-1.29x faster at 8 to 256 rows).
 **MKL's packed sgemm, at any row count.** MKL packs a weight for a given m (rows of x), and
 torch's op uses the packed copy only when x has exactly the m it was packed for, else it falls
 back to `F.linear`. A serving engine's m changes every step. The engine packs once, for
-`MKL_PACK_ROWS` rows, and tells the op each call that x has the rows it was packed for. MKL
-does not document that a pack made for one m serves another. The packed size does not depend on
-m, and products at 1 to 3,000 rows equal `F.linear`'s to rounding. So the engine checks it once
-per process before it uses it (`mkl_packs_for_any_rows`: five products of a small weight, 1 to
-261 rows, against `F.linear`), and packs for oneDNN instead if the check fails or torch has no
-MKL. m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.3-1.4x longer at 32 rows
+`MKL_PACK_ROWS` rows, and tells the op each call that x has the rows it was packed for. MKL does
+not document that a pack made for one m serves another. Here, the size MKL asks for did not
+depend on m (SmolLM2's gate/up weight, m from 1 to 1,024), and products at 1 to 69, 200, 1,000
+and 3,000 rows equalled a float64 product to a relative 1e-5 (2 threads), and agreed with it too
+when packed with 1 thread and used with 2, or the reverse. So the engine checks it once per
+process before it uses it (`mkl_packs_for_any_rows`: five products of a small weight, 1 to 261
+rows, against `F.linear`), and packs for oneDNN instead if the check fails or torch has no MKL.
+m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.3-1.4x longer at 32 rows
 than packed for 32 or 256.
 
 vLLM's CPU backend packs too (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
@@ -48,10 +50,10 @@ Costs and limits, stated plainly:
 - The two paths sum in different orders, so they agree to rounding (tests/test_cpu_linear.py
   holds them to 1e-5 relative, 1e-4 absolute), not bit for bit; the parity tests against
   transformers run on both.
-- (oneDNN only) oneDNN makes a matmul "primitive" (JIT-compiled code and its buffers) for every shape of x,
-  and a serving engine's x changes shape every step (the step's token count). torch keeps them
-  in two caches, oneDNN's primitive cache and ideep's, of 1,024 entries each, and each entry
-  holds about 100 KB: at a steady 16 requests, 125 MB (+16%) more RSS at step 3,000 than at 500
+- (oneDNN only) oneDNN makes a matmul "primitive" (JIT-compiled code and its buffers) for every
+  shape of x, and a serving engine's x changes shape every step (the step's token count). torch
+  keeps them in two caches, oneDNN's primitive cache and ideep's, of 1,024 entries each, and
+  each entry holds about 100 KB: at a steady 16 requests, 125 MB (+16%) more RSS at step 3,000 than at 500
   (`nanovllm stress --memory`, figures in nanovllm/bench/README.md). `bound_onednn_caches`
   caps both at `ONEDNN_CACHE_CAPACITY` entries, before the first primitive is made: room for
   every decode shape of a large batch, and memory that stops growing within the first steps.
@@ -95,7 +97,8 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    """Whether `weight` [out, in] can take the oneDNN path: float32, on a CPU with oneDNN."""
+    """Whether `weight` [out, in] can be packed: float32, on a CPU with oneDNN (whose opaque
+    tensors hold MKL's packing too)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
