@@ -619,6 +619,20 @@ PLANTED_BUGS = [
         "and fall back to oneDNN where it does not.",
     ),
     PlantedBug(
+        "a-dead-engines-answers-get-their-window-before-they-exist",
+        "nanovllm/serve/server.py",
+        "Server.on_tick",
+        (
+            (
+                "            if self.engine.has_stopped() or now >= self.dead_at + STOP_WAIT_S:\n",
+                "            if True:\n",
+            ),
+        ),
+        ("tests/serve/test_serve_dead_rank_exit.py", "-k", "window"),
+        "A rank's death is seen before the engine thread fails the streams: the window for their "
+        "error to go out must start when it has, or a slow machine cuts the stream short.",
+    ),
+    PlantedBug(
         "rust-decode-ignores-skip-special-tokens",
         "nanovllm/engine/detokenizer.py",
         "rust_decoder",

@@ -403,6 +403,10 @@ class AsyncLLMEngine:
         if reason is not None:
             raise EngineDeadError(reason)
 
+    def has_stopped(self) -> bool:
+        """Whether the engine thread has ended, having failed every request it was serving."""
+        return not self._thread.is_alive()
+
     def dead_reason(self) -> str | None:
         """Why no request can be served (None: the engine runs)."""
         if self._dead is not None:

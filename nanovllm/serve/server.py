@@ -20,8 +20,9 @@ which one it got.
   still running then is cut with an error chunk and `data: [DONE]` (a non-streamed request gets
   a 503), and the process exits 0. A second signal stops at once, as uvicorn does.
 - **A dead engine ends the process.** When the engine can never step again (a tensor-parallel
-  rank died), the requests in flight have had their error; the server lets those answers go
-  out, then exits with `ENGINE_DEAD_EXIT_CODE`, so the supervisor restarts it rather than
+  rank died), the server refuses new requests at once, waits for the engine thread to fail the
+  requests in flight (it does so as it stops; `STOP_WAIT_S` at most), gives those answers
+  `FLUSH_S` to go out, then exits with `ENGINE_DEAD_EXIT_CODE`, so the supervisor restarts it rather than
   leaving a server that answers 503 forever. `keep_alive_on_engine_death`
   (`--keep-alive-on-engine-death`, vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) keeps serving 503s.
 
@@ -55,6 +56,8 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 ENGINE_DEAD_EXIT_CODE = 1
 # After the cut (or an engine's death), how long the last answers may take to go out.
 FLUSH_S = 3.0
+# After an engine's death is seen, how long its thread may take to fail the requests in flight.
+STOP_WAIT_S = 10.0
 
 
 class Server(uvicorn.Server):
@@ -80,6 +83,7 @@ class Server(uvicorn.Server):
         self.drain_deadline: float | None = None  # set by the first signal
         self.flush_deadline: float | None = None  # set once the survivors have been cut
         self.engine_dead: str | None = None  # why the engine stopped, when that ended us
+        self.dead_at = 0.0  # when the server saw it
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_deadline is not None or self.state is None or self.should_exit:
@@ -107,14 +111,18 @@ class Server(uvicorn.Server):
             reason = self.engine.dead_reason() if self.engine is not None else None
             exits = not self.keep_alive_on_engine_death and self.drain_deadline is None
             if reason is not None and exits:
-                logger.error("%s: exiting once the answers in flight are sent", reason)
-                self.engine_dead = reason
-                if self.state is not None:
-                    self.state.draining = True
-                self.flush_deadline = now + FLUSH_S  # the requests have had their error
+                if self.engine_dead is None:
+                    logger.error("%s: exiting once the answers in flight are sent", reason)
+                    self.engine_dead, self.dead_at = reason, now
+                    if self.state is not None:
+                        self.state.draining = True
+                # The monitor may see a rank die before the engine thread has failed the
+                # requests in flight (it does so as it stops): their answers' window starts then.
+                if self.engine.has_stopped() or now >= self.dead_at + STOP_WAIT_S:
+                    self.flush_deadline = now + FLUSH_S
             elif self.drain_deadline is not None and now >= self.drain_deadline:
                 self.flush_deadline = now + FLUSH_S
-        if self.drain_deadline is None and self.flush_deadline is None:
+        if self.drain_deadline is None and self.flush_deadline is None and self.engine_dead is None:
             return False
         in_flight = self.state.in_flight if self.state is not None else 0
         if in_flight == 0:
