@@ -22,8 +22,8 @@ which one it got.
 - **A dead engine ends the process.** When the engine can never step again (a tensor-parallel
   rank died), the server refuses new requests at once, waits for the engine thread to fail the
   requests in flight (it does so as it stops; `STOP_WAIT_S` at most), gives those answers
-  `FLUSH_S` to go out, then exits with `ENGINE_DEAD_EXIT_CODE`, so the supervisor restarts it rather than
-  leaving a server that answers 503 forever. `keep_alive_on_engine_death`
+  `FLUSH_S` to go out, then exits with `ENGINE_DEAD_EXIT_CODE`, so the supervisor restarts it
+  rather than leaving a server that answers 503 forever. `keep_alive_on_engine_death`
   (`--keep-alive-on-engine-death`, vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) keeps serving 503s.
 
 Both are checked on uvicorn's own tick (every 0.1 s), on the event loop: the signal handler
