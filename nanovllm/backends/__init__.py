@@ -8,7 +8,7 @@ thing, at four points, and nowhere else:
 - `attention_class`: each layer's paged attention (same interface as `TorchAttention`);
 - `model_layers(layers, ...)`: before the model is built, the classes it is built from
   (`models/model_layers.py`): subclasses of the plain layers with the same parameters and a
-  faster forward (numba RMSNorm and RoPE, MKL-packed matmuls, decoder layers compiled in two
+  faster forward (numba RMSNorm and RoPE, packed matmuls, decoder layers compiled in two
   regions with `enforce_eager=False`);
 - `prepare_model(model)`: once, after the weights are loaded (vLLM's
   `process_weights_after_loading`): the packed layers pack their weights, and with

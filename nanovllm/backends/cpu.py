@@ -12,8 +12,8 @@ is built), each a subclass of the plain layer with its parameters:
   layers' torch code as the fallback;
 - in each attention layer, what lies between the QKV projection and paged attention (the split,
   RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
-- every linear layer's matmul through a packed weight (`cpu_linear.py`: MKL's, else oneDNN's), packed once the
-  weights are loaded (`prepare_model`);
+- every linear layer's matmul through a packed weight (`cpu_linear.py`: MKL's, else oneDNN's),
+  packed once the weights are loaded (`prepare_model`);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
 - freed memory kept in the process rather than given back to the kernel and faulted in again
   (`cpu_malloc.py`: glibc's malloc thresholds, as vLLM's CPU backend preloads tcmalloc).
