@@ -29,6 +29,8 @@ def _step(impl, state: SchedState):
         running=((5, 1, 5),), waiting=((2, 0), (2, 0)), max_num_seqs=2, token_budget=20
     )
 )
+# A running request with more left to compute than the whole budget: it gets the budget.
+@example(state=SchedState(running=((30, 0, 10),), waiting=(), max_num_seqs=2, token_budget=8))
 @show_inputs
 def test_budget_and_seats_are_respected(impl, state):
     """A step stays within its token budget, every scheduled request gets 1+ tokens, and at most
