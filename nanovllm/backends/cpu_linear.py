@@ -145,12 +145,14 @@ def packing_library() -> str:
     return "mkl" if mkl_packs_for_any_rows() else "onednn"
 
 
-def pack_weight(weight: torch.Tensor, library: str) -> PackedWeight:  # weight: [out, in]
+def pack_weight(
+    weight: torch.Tensor,  # [out, in]
+    library: str,
+    rows: int = MKL_PACK_ROWS,  # (MKL only) the rows of x it is packed for: see above
+) -> PackedWeight:
     """`weight` reordered once for `library`'s matmul kernels."""
     if library == "mkl":
-        return PackedWeight(
-            library, torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
-        )
+        return PackedWeight(library, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
     return PackedWeight(library, torch.ops.mkldnn._reorder_linear_weight(weight))
 
 

@@ -119,7 +119,8 @@ def measure_matmul(shape: ModelShape, rows: int) -> float:
     """FLOP/s of fp32 matmuls through one layer's weight shapes and the LM head's (random
     values: they do not change a matmul's cost), for a batch of `rows` tokens. Each shape takes
     the faster of `F.linear` and the product with a prepacked weight (`cpu_linear.py`: MKL's,
-    else oneDNN's, what nanovllm runs on a CPU), so the rate is the best this machine was seen to do."""
+    else oneDNN's, what nanovllm runs on a CPU), so the rate is the best this machine was seen
+    to do."""
     from nanovllm.backends.cpu_linear import can_prepack, linear, pack_weight, packing_library
 
     flops = seconds = 0.0

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.backends import cpu_linear
-from nanovllm.backends.cpu_linear import PackedWeight, linear, pack_weight
+from nanovllm.backends.cpu_linear import linear, pack_weight
 
 # [out, in] of one decoder layer's four linear weights: SmolLM2-135M's.
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -45,14 +45,6 @@ def pass_ms(product: Callable, weights: list, xs: list[torch.Tensor], repeats: i
     return statistics.median(times) * 1e3
 
 
-def packed_for(weight: torch.Tensor, library: str, rows: int) -> tuple:
-    """`weight` and its packed copy (MKL's made for `rows` rows of x)."""
-    if library == "mkl":
-        tensor = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-        return weight, PackedWeight("mkl", tensor)
-    return weight, pack_weight(weight, library)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="8,32,64,256", help="rows of x, comma-separated")
@@ -65,14 +57,16 @@ def main() -> None:
     ]
     ways: dict[str, tuple[Callable, list]] = {"F.linear": (lambda x, w: F.linear(x, w), plain)}
 
-    def packed_product(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    def packed_product(x: torch.Tensor, w: tuple) -> torch.Tensor:  # w: (weight, its packing)
         return linear(x, w[0], None, w[1])
 
-    ways["oneDNN"] = (packed_product, [[packed_for(w, "onednn", 0) for w in ws] for ws in plain])
+    def packed(library: str, rows: int = cpu_linear.MKL_PACK_ROWS) -> list:
+        return [[(w, pack_weight(w, library, rows)) for w in ws] for ws in plain]
+
+    ways["oneDNN"] = (packed_product, packed("onednn"))
     if cpu_linear.mkl_packs_for_any_rows():
         for pack_rows in (cpu_linear.MKL_PACK_ROWS, 1):
-            packed = [[packed_for(w, "mkl", pack_rows) for w in ws] for ws in plain]
-            ways[f"MKL, packed for {pack_rows}"] = (packed_product, packed)
+            ways[f"MKL, packed for {pack_rows}"] = (packed_product, packed("mkl", pack_rows))
     else:
         print("MKL's packed sgemm is not usable here (see backends/cpu_linear.py)")
     print(
