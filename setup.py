@@ -1,23 +1,23 @@
-"""The package list, found by setuptools (everything else is in pyproject.toml).
+"""The package list (everything else is in pyproject.toml).
 
 `kernels/`, `viz/` and `lessons/` live at the top of the repository (the project's design card)
-but install *inside* nanovllm, as `nanovllm.kernels`, `nanovllm.viz` and `nanovllm.lessons`: a
-top-level `kernels` package would shadow Hugging Face's `kernels`, which transformers probes for.
-`[tool.setuptools.packages.find]` names packages after their folders, so it cannot say that;
-this finds each root's subpackages and names them under the root's package.
+and install inside nanovllm, as `nanovllm.kernels`, `nanovllm.viz` and `nanovllm.lessons`.
+`nanovllm/kernels` (and `viz`, `lessons`) is a link to the folder at the top, so the checkout has
+the installed layout: setuptools copies the files through the link into the wheel, and an
+editable install or a run from the checkout imports them by their installed names.
+
+The three folders have no `__init__.py`: they are namespace packages (PEP 420). From the
+repository's root, Python sees `kernels/` as at most a namespace portion named `kernels`, and
+any installed package of that name (Hugging Face's `kernels`, which transformers imports) wins
+over it (README, "Layout").
 """
 
 from setuptools import find_packages, setup
 
-ROOTS = {
-    "nanovllm": "nanovllm",
-    "nanovllm.kernels": "kernels",
-    "nanovllm.viz": "viz",
-    "nanovllm.lessons": "lessons",
-}
+LINKED = ["kernels", "viz", "lessons"]  # nanovllm/<name> -> ../<name>
 
-packages = []
-for package, folder in ROOTS.items():
-    packages += [package] + [f"{package}.{sub}" for sub in find_packages(folder)]
+packages = ["nanovllm"] + [f"nanovllm.{sub}" for sub in find_packages("nanovllm")]
+for name in LINKED:
+    packages += [f"nanovllm.{name}"] + [f"nanovllm.{name}.{sub}" for sub in find_packages(name)]
 
-setup(packages=packages, package_dir=ROOTS)
+setup(packages=packages)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Each source folder and the package it installs as (setup.py's ROOTS).
+# Each source folder and the package it installs as (setup.py: nanovllm/<name> links to <name>/).
 ROOTS = {
     "nanovllm": "nanovllm",
     "kernels": "nanovllm/kernels",
@@ -39,7 +39,8 @@ FORGET_EDITABLE = (
 
 
 def tree_files() -> list[str]:
-    """The files of the source folders that git tracks or would track (not the ignored ones)."""
+    """The files of the source folders that git tracks or would track (not the ignored ones),
+    and the links in nanovllm/ to the folders at the top."""
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout: the tree's file list comes from git")
     listed = subprocess.run(
@@ -49,7 +50,7 @@ def tree_files() -> list[str]:
         text=True,
         check=True,
     ).stdout.splitlines()
-    return sorted(path for path in set(listed) if (REPO / path).is_file())
+    return sorted(p for p in set(listed) if (REPO / p).is_symlink() or (REPO / p).is_file())
 
 
 def installed_name(path: str) -> str:
@@ -65,7 +66,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for path in BUILD_FILES + tree_files():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / path, source / path)
+        shutil.copy2(REPO / path, source / path, follow_symlinks=False)  # links as links
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
@@ -100,9 +101,10 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def run_installed(target: Path, code: str, timeout: float = 300) -> str:
+def run_installed(target: Path, code: str, timeout: float = 300, cwd: Path | None = None) -> str:
     """Run `code` where only the installed copy is importable as nanovllm; return its stdout.
-    It fails if any nanovllm module it loaded came from elsewhere."""
+    It fails if any nanovllm module it loaded came from elsewhere. It runs in the folder beside
+    the install unless `cwd` says otherwise."""
     check = (
         "\nimport sys as _sys\n"
         "_mods = {n: getattr(m, '__file__', None) for n, m in list(_sys.modules.items())}\n"
@@ -115,7 +117,7 @@ def run_installed(target: Path, code: str, timeout: float = 300) -> str:
     home = target.parent / "nanovllm-home"  # the course copies its exercises there
     result = subprocess.run(
         [sys.executable, "-c", script],
-        cwd=target.parent,  # not the checkout: its folders must not be importable
+        cwd=cwd or target.parent,  # by default not the checkout: its nanovllm/ would come first
         env={**os.environ, "NANOVLLM_HOME": str(home)},
         capture_output=True,
         text=True,
@@ -153,3 +155,35 @@ def test_an_installed_wheel_generates_lists_the_course_and_opens_viz_help(
     assert "nanovllm: the course" in lessons and "The KV cache" in lessons
     viz_help = run_installed(installed, cli.format(argv=["viz", "--help"]))
     assert "usage: nanovllm viz" in viz_help
+
+
+def test_the_wheel_installs_nanovllm_as_its_only_top_level_name(wheel: Path) -> None:
+    """kernels/, viz/ and lessons/ go inside nanovllm: a top-level `kernels` would stand in for
+    Hugging Face's, which transformers imports."""
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"nanovllm", wheel.name.split("-py3")[0] + ".dist-info"}
+
+
+def test_an_installed_wheel_run_from_the_repository_root_gets_huggingfaces_kernels(
+    installed: Path,
+) -> None:
+    """Started in the checkout's root, where Python puts the root on the path just behind the
+    install, `import kernels` is still the installed one (tests/test_import_names.py asks the
+    same of the editable install, every way Python starts)."""
+    out = run_installed(
+        installed,
+        "import importlib.metadata, importlib.util, pathlib\n"
+        "from nanovllm.kernels.reference import paged_attention_ref\n"
+        "try:\n"
+        "    dist = importlib.metadata.distribution('kernels')\n"
+        "except importlib.metadata.PackageNotFoundError:  # not installed: never ours either\n"
+        "    spec = importlib.util.find_spec('kernels')\n"
+        "    assert spec is None or spec.loader is None, spec.origin\n"
+        "else:\n"
+        "    import kernels\n"
+        "    want = pathlib.Path(dist.locate_file('kernels/__init__.py')).resolve()\n"
+        "    assert pathlib.Path(kernels.__file__).resolve() == want, (kernels.__file__, want)\n"
+        "print('checked')\n",
+        cwd=REPO,
+    )
+    assert "checked" in out

@@ -34,7 +34,7 @@ from planting import PlantError, normal_form_of, plant, without_indented_docstri
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-# Where each top-level folder of the repository lives once installed (setup.py's ROOTS).
+# Where each top-level folder of the repository lives once installed (setup.py).
 INSTALLED = {
     "nanovllm": "nanovllm",
     "kernels": "nanovllm/kernels",
@@ -199,7 +199,10 @@ def reformatted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         dest = tmp_path_factory.mktemp("reformatted")
         for folder in INSTALLED:
             shutil.copytree(
-                ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__")
+                ROOT / folder,
+                dest / folder,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
             )
         run = subprocess.run(
             [ruff, "format", "--isolated", "--target-version", "py310", *options, str(dest)],

@@ -19,13 +19,13 @@ import sys
 import time
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.bench import disagg
 from nanovllm.bench.disagg import RunRecord, StreamRecord
 from nanovllm.bench.pinned_servers import ServerGroup
-from tests.budget import examples
 
 
 def test_gaps_are_those_whose_later_time_is_in_the_window() -> None:

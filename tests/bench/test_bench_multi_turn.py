@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,6 @@ from nanovllm.bench import quiet
 from nanovllm.bench.multi_turn import drive_conversations, multi_turn_workload
 from nanovllm.bench.workload import FIRST_PROMPT_ID
 from nanovllm.cli import main
-from tests.budget import examples
 
 OFFLOAD = {
     "kv_connector": "OffloadingConnector",

@@ -36,7 +36,7 @@ def test_package_import_does_not_import_triton() -> None:
         """
         import sys
         import nanovllm.kernels
-        from nanovllm.kernels import paged_attention_ref, store_kvcache_ref
+        from nanovllm.kernels.reference import paged_attention_ref, store_kvcache_ref
         assert "triton" not in sys.modules, "nanovllm.kernels imported triton"
         """
     )
