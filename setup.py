@@ -9,7 +9,7 @@ editable install or a run from the checkout imports them by their installed name
 The three folders have no `__init__.py`: they are namespace packages (PEP 420). From the
 repository's root, Python sees `kernels/` as at most a namespace portion named `kernels`, and
 any installed package of that name (Hugging Face's `kernels`, which transformers imports) wins
-over it (README, "Layout").
+over it (README, "The top-level folders").
 """
 
 from setuptools import find_packages, setup

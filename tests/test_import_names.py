@@ -6,7 +6,7 @@ is imported in place of an installed package of the same name. transformers 5.25
 Face's `kernels` when it loads a model, and from the root it found our `kernels/` instead. So
 `kernels/`, `viz/`, `lessons/` and `tests/` have no `__init__.py`: Python sees each at most as a
 namespace portion (PEP 420), and an installed package of that name wins over it wherever it
-stands on the path (README, "Layout").
+stands on the path (README, "The top-level folders").
 
 The oracle is Python's import system itself, asked in child processes started from the root
 each way Python is started there, against the same question asked from a folder outside the
@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.quick  # the README's quick tier, run from the root, needs this
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -103,7 +105,6 @@ def _from_the_root(how: str, site: Path, tmp_path: Path) -> dict[str, str | None
     raise ValueError(how)
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize(
     "how", ["python -c", "python -m module", "python script.py", "python -m pytest"]
 )
@@ -130,7 +131,7 @@ def test_this_test_process_imports_no_folder_of_ours_by_its_top_level_name() -> 
     package of ours under a top-level name."""
     import importlib.util
 
-    ours = [REPO / folder for folder in FOLDERS] + [TESTS / folder for folder in FOLDERS]
+    ours = [REPO / folder for folder in FOLDERS]  # tests/kernels/ and tests/viz/ among them
     for name in FOLDERS:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
@@ -138,7 +139,6 @@ def test_this_test_process_imports_no_folder_of_ours_by_its_top_level_name() -> 
             assert not any(origin.is_relative_to(folder) for folder in ours), (name, origin)
 
 
-@pytest.mark.quick
 def test_transformers_and_the_engine_load_a_checkpoint_from_the_repository_root(
     tiny_llama: Path,
 ) -> None:
@@ -201,7 +201,6 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.quick
 def test_our_code_reaches_the_folders_only_by_their_installed_names() -> None:
     """No file imports `kernels`, `viz`, `lessons` or `tests` by that top-level name: the first
     three are `nanovllm.kernels`, `nanovllm.viz`, `nanovllm.lessons`, and a test reaches a helper

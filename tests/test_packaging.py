@@ -117,7 +117,7 @@ def run_installed(target: Path, code: str, timeout: float = 300, cwd: Path | Non
     home = target.parent / "nanovllm-home"  # the course copies its exercises there
     result = subprocess.run(
         [sys.executable, "-c", script],
-        cwd=cwd or target.parent,  # by default not the checkout: its nanovllm/ would come first
+        cwd=cwd or target.parent,  # by default not the checkout: none of it on the path
         env={**os.environ, "NANOVLLM_HOME": str(home)},
         capture_output=True,
         text=True,

@@ -37,6 +37,7 @@ def components() -> dict[str, str]:
     """Each component, with a regular expression for the node ids of its quick test."""
     wanted = {
         "the code's shape (plain path, imports)": r"tests/test_architecture\.py::",
+        "from the repository's root, installed packages win over our folders": r"tests/test_import_names\.py::test_transformers_and_the_engine",
         "the scheduler's state machine": r"tests/test_scheduler\.py::TestScheduler",
         "the KV cache manager's state machine": r"tests/test_kv_cache_manager\.py::TestKVCacheManager",
         "a kernel against its reference": r"tests/kernels/test_kernel_cpu_paged_attention\.py::test_matches_reference",
