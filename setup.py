@@ -18,6 +18,8 @@ LINKED = ["kernels", "viz", "lessons"]  # nanovllm/<name> -> ../<name>
 
 packages = ["nanovllm"] + [f"nanovllm.{sub}" for sub in find_packages("nanovllm")]
 for name in LINKED:
-    packages += [f"nanovllm.{name}"] + [f"nanovllm.{name}.{sub}" for sub in find_packages(name)]
+    # Through the link (an sdist holds the files at nanovllm/<name>/ and no folder at the top).
+    subpackages = find_packages(f"nanovllm/{name}")
+    packages += [f"nanovllm.{name}"] + [f"nanovllm.{name}.{sub}" for sub in subpackages]
 
 setup(packages=packages)

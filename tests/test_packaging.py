@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -60,14 +61,17 @@ def installed_name(path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from a copy of the tree (a build in the checkout would leave a build/
-    folder behind whose stale files could stand in for missing ones)."""
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tree (a build in the checkout would leave a build/ folder behind whose
+    stale files could stand in for missing ones)."""
     source = tmp_path_factory.mktemp("source")
     for path in BUILD_FILES + tree_files():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / path, source / path, follow_symlinks=False)  # links as links
-    out = tmp_path_factory.mktemp("wheel")
+    return source
+
+
+def build_wheel(source: Path, out: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
         + ["-w", str(out), str(source)],
@@ -79,12 +83,40 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the tree, as `pip install .` builds it."""
+    return build_wheel(source, tmp_path_factory.mktemp("wheel"))
+
+
 def test_the_wheel_holds_every_module_and_data_file_of_the_tree(wheel: Path) -> None:
     expected = {installed_name(p) for p in tree_files() if Path(p).suffix in PACKAGE_DATA}
     assert "nanovllm/executor/rejection_sampler.py" in expected
     assert "nanovllm/kernels/reference.py" in expected
     held = set(zipfile.ZipFile(wheel).namelist())
     assert sorted(expected - held) == []
+
+
+def test_the_wheel_built_from_the_sdist_holds_the_same_files(
+    source: Path, wheel: Path, tmp_path: Path
+) -> None:
+    """`python -m build` (and PyPI's users) build the wheel from the sdist, which holds
+    nanovllm/kernels/ and the others as folders, with no links and no folders at the top."""
+    code = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=source, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    sdist = tmp_path / run.stdout.strip().splitlines()[-1]
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.10.12+, 3.11.4+
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "unpacked", **safe)
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    assert not (unpacked / "kernels").exists() and (unpacked / "nanovllm/kernels").is_dir()
+    from_sdist = build_wheel(unpacked, tmp_path / "wheel")
+    names = sorted(zipfile.ZipFile(wheel).namelist())
+    assert "nanovllm/viz/widgets/queues.py" in names
+    assert sorted(zipfile.ZipFile(from_sdist).namelist()) == names
 
 
 @pytest.fixture(scope="module")
