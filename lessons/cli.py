@@ -13,6 +13,8 @@
     nanovllm lesson 3 --path        where your copy of the exercise is
     nanovllm lesson next            carry on where you stopped (takes the same options)
     nanovllm lesson --mutants       how many of the course's planted bugs its properties catch
+    nanovllm lesson --mutate [N]    how many generated mutants the properties kill (slow: all
+                                    fifteen lessons take hours; one lesson, minutes)
 
 Your exercises live in $NANOVLLM_HOME/lessons (default ~/.nanovllm/lessons), copied there on
 first use and never overwritten, so your work survives upgrades of the package.
@@ -57,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mutants",
         action="store_true",
         help="run the properties against every planted bug (of one lesson, or all)",
+    )
+    what.add_argument(
+        "--mutate",
+        action="store_true",
+        help="run the properties against every generated mutant (lessons/mutation.py)",
     )
     parser.add_argument(
         "--run",
@@ -108,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mutants:
         return _mutants(console, lesson)
+    if args.mutate:
+        return _mutate(console, lesson)
     acts = ("check", "watch", "hint", "path", "text", "demo", "reset")
     if (args.run or args.viz) and any(getattr(args, name) for name in acts):
         console.print("[red]--run and --viz go with a lesson alone: nanovllm lesson N --run[/]")
@@ -446,6 +455,25 @@ def _mutants(console, lesson: Lesson | None) -> int:
     colour = "green" if caught == len(results) else "red"
     console.print(f"[{colour}]{caught}/{len(results)} planted bugs caught[/]")
     return 0 if caught == len(results) else 1
+
+
+def _mutate(console, lesson: Lesson | None) -> int:
+    """The generated mutants' table (`mutation`): each lesson in a niced child process."""
+    if _needs_test_tools(console):
+        return 2
+    from nanovllm.lessons import mutation
+
+    rows = []
+    for lesson_ in all_lessons() if lesson is None else (lesson,):
+        with console.status(f"lesson {lesson_.number}: generated mutants...") as status:
+
+            def progress(done: int, total: int, status=status, n=lesson_.number) -> None:
+                status.update(f"lesson {n}: {done}/{total} generated mutants run")
+
+            verdicts = mutation.run_lesson(lesson_, progress=progress)
+        rows.append(mutation.figures(lesson_, verdicts))
+    print(mutation.markdown(rows))
+    return 0 if all(not row.surviving for row in rows) else 1
 
 
 # --- your engine, and the visualizer -------------------------------------------------------------
