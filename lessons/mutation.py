@@ -161,7 +161,15 @@ TARGETS: dict[str, tuple[Target, ...]] = {
             ),
         ),
     ),
-    "15_where_the_kv_lives": (Target("nanovllm.kv_transfer.host_tier", ("HostBlockTier",)),),
+    "15_where_the_kv_lives": (
+        Target(
+            "nanovllm.kv_transfer.host_tier",
+            tuple(
+                f"HostBlockTier.{name}"
+                for name in ("lookup", "touch", "num_matched", "insert", "remove", "clear")
+            ),
+        ),
+    ),
 }
 
 
@@ -334,19 +342,7 @@ def equivalents(lesson: Lesson) -> dict[str, str]:
 # --- putting a mutant in place ------------------------------------------------------------------
 
 
-def _find_code(code: types.CodeType, path: list[str]) -> types.CodeType | None:
-    """The code object at `path` (class and function names) inside a module's code."""
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType) and const.co_name == path[0]:
-            if len(path) == 1:
-                return const
-            found = _find_code(const, path[1:])
-            if found is not None:
-                return found
-    return None
-
-
-def _function(module: types.ModuleType, qualname: str) -> types.FunctionType:
+def _function(module: Any, qualname: str) -> types.FunctionType:
     owner: Any = module
     *outer, name = qualname.split(".")
     for part in outer:
@@ -358,33 +354,37 @@ def _function(module: types.ModuleType, qualname: str) -> types.FunctionType:
     return obj
 
 
-def mutated_code(lesson: Lesson, mutant: GeneratedMutant) -> types.CodeType:
-    """The code object of the mutated function, compiled where it stands in its file (a method
-    inside a class of its class's name, so that `super()` finds its `__class__`)."""
+def mutated_function(lesson: Lesson, mutant: GeneratedMutant) -> types.FunctionType:
+    """The mutated function, defined where it stands in its file: among its module's names (for
+    the default values of its parameters), a method inside a class of its class's name (so that
+    `super()` finds its `__class__`), on the lines it has there (for tracebacks)."""
     import textwrap
 
     text = mutant.source
     if mutant.owner is not None:
         text = f"class {mutant.owner}:\n" + textwrap.indent(text, "    ")
     padding = "\n" * (mutant.first_line - 1 - (mutant.owner is not None))
-    filename = str(module_file(lesson, mutant.module))
-    compiled = compile(padding + text, filename, "exec", dont_inherit=True)
-    code = _find_code(compiled, mutant.function.split("."))
-    if code is None:
-        raise LookupError(f"{mutant.function} not found in the mutated source")
-    return code
+    module = loaded_module(lesson, mutant.module)
+    compiled = compile(padding + text, module.__file__ or "<mutant>", "exec", dont_inherit=True)
+    namespace = dict(vars(module))  # a copy: the module's own names stay as they are
+    exec(compiled, namespace)
+    scope = types.SimpleNamespace(**namespace)
+    return _function(scope, mutant.function)  # type: ignore[arg-type]
 
 
 @contextmanager
 def applied(lesson: Lesson, mutant: GeneratedMutant) -> Iterator[None]:
-    """`mutant` in place of the engine's (or the reference's) function for the `with` block."""
+    """`mutant` in place of the engine's (or the reference's) function for the `with` block:
+    its code and its parameters' default values."""
     function = _function(loaded_module(lesson, mutant.module), mutant.function)
-    old_code = function.__code__
-    function.__code__ = mutated_code(lesson, mutant)
+    new = mutated_function(lesson, mutant)
+    saved = function.__code__, function.__defaults__, function.__kwdefaults__
+    function.__code__ = new.__code__
+    function.__defaults__, function.__kwdefaults__ = new.__defaults__, new.__kwdefaults__
     try:
         yield
     finally:
-        function.__code__ = old_code
+        function.__code__, function.__defaults__, function.__kwdefaults__ = saved
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -401,8 +401,11 @@ class Verdict:
     seconds: float
 
 
-def try_generated(lesson: Lesson, mutant: GeneratedMutant, *, fresh: bool = False) -> Verdict:
-    """Run the lesson's properties against its reference with `mutant` in place."""
+def try_generated(
+    lesson: Lesson, mutant: GeneratedMutant, *, fresh: bool = False, quick: bool = False
+) -> Verdict:
+    """Run the lesson's properties against its reference with `mutant` in place: a few examples
+    each, then (unless `quick`) each property's own count."""
     from nanovllm.lessons import harness
 
     start = time.perf_counter()
@@ -412,7 +415,7 @@ def try_generated(lesson: Lesson, mutant: GeneratedMutant, *, fresh: bool = Fals
     clear_caches(lesson)
     try:
         with applied(lesson, mutant):
-            for budget in (QUICK_EXAMPLES, None):
+            for budget in (QUICK_EXAMPLES,) if quick else (QUICK_EXAMPLES, None):
                 for name, prop in _checks(lesson):
                     result = harness.run_property(name, prop, impl, budget, fresh=fresh)
                     if not result.passed:
