@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nanovllm.lessons.sim import Req, blocks_for, simulate
+from nanovllm.lessons.sim import Req, blocks_for, schedule_with_engine, simulate
 from nanovllm.lessons.strategies import SchedState, sched_states
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
@@ -40,6 +40,28 @@ TOO_BIG = SchedState(
     max_num_seqs=4,
     token_budget=16,
     num_blocks=2,
+    block_size=4,
+)
+
+
+# r0 needs two more blocks (8 tokens from 4); the cache is full: both r2 and then r1 must go,
+# and they go back to the front of the queue in their own order, r1 before r2.
+TWO_VICTIMS = SchedState(
+    running=((12, 0, 4), (4, 1, 4), (4, 1, 4)),
+    waiting=((2, 0),),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=3,
+    block_size=4,
+)
+
+# w0 was preempted after 2 tokens of output: it recomputes all 7 (prompt and output), not 5.
+READMITTED = SchedState(
+    running=((4, 1, 4),),
+    waiting=((5, 2), (3, 0)),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=10,
     block_size=4,
 )
 
@@ -185,3 +207,39 @@ def test_every_request_finishes_in_a_small_cache(impl, jobs, max_num_seqs, block
     for r in requests:
         assert r.num_output == r.max_output, f"{r.id} generated {r.num_output}/{r.max_output}"
     assert records, "nothing was scheduled"
+
+
+@lesson_settings(40)
+@given(state=states)
+@example(state=TWO_VICTIMS)
+@example(state=READMITTED)
+@example(state=TIGHT)
+@show_inputs
+def test_the_step_is_the_engines(impl, state):
+    """The step is what the engine's scheduler does from the same state: the same requests
+    scheduled with the same tokens in the same order, the same victims, and the same running
+    and waiting queues afterwards, every num_computed included."""
+    _, running, waiting, scheduled, preempted = _step(impl, state)
+    engine_running, engine_waiting = state.build()
+    plan = schedule_with_engine(
+        engine_running,
+        engine_waiting,
+        max_num_seqs=state.max_num_seqs,
+        token_budget=state.token_budget,
+        num_blocks=state.num_blocks,
+        block_size=state.block_size,
+    )
+    expected = list(plan.scheduled.items())
+    assert list(scheduled.items()) == expected, (
+        f"scheduled {list(scheduled.items())}; the engine schedules {expected} (id, tokens)"
+    )
+    assert preempted == list(plan.preempted), (
+        f"preempted {preempted}; the engine preempts {list(plan.preempted)}, in that order"
+    )
+    for name, mine, theirs in (
+        ("running", running, engine_running),
+        ("waiting", waiting, engine_waiting),
+    ):
+        got = [(r.id, r.num_computed) for r in mine]
+        want = [(r.id, r.num_computed) for r in theirs]
+        assert got == want, f"afterwards {name} is {got}; the engine's is {want} (id, num_computed)"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import NamedTuple
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nanovllm.lessons.sim import Req, ScheduledSeq, simulate
+from nanovllm.lessons.sim import Req, ScheduledSeq, schedule_with_engine, simulate
 from nanovllm.lessons.strategies import SchedState, sched_states
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
@@ -16,6 +17,10 @@ from nanovllm.lessons.testing import lesson_settings, show_inputs
 states = sched_states(max_prompt=100, max_budget=40)
 LONG_PROMPT = SchedState(
     running=((6, 2, 7),), waiting=((50, 0), (3, 0)), max_num_seqs=4, token_budget=16
+)
+# r0's chunk takes the whole budget: r1 and r2 get nothing this step, and no entry at all.
+BUDGET_RUNS_OUT = SchedState(
+    running=((40, 0, 10), (5, 1, 6), (5, 1, 6)), waiting=((3, 0),), max_num_seqs=4, token_budget=8
 )
 
 
@@ -29,13 +34,22 @@ def _step(impl, state: SchedState):
 @lesson_settings(30)
 @given(state=states)
 @example(state=LONG_PROMPT)
+@example(state=BUDGET_RUNS_OUT)
 @show_inputs
 def test_budget_seats_and_running_first(impl, state):
     """Budget and seats hold, and running requests go first with min(remaining, budget left)
     tokens each."""
     old_running, _, running, _, scheduled = _step(impl, state)
     assert sum(scheduled.values()) <= state.token_budget, "the step is over its token budget"
-    assert len(running) <= state.max_num_seqs
+    assert len(running) <= state.max_num_seqs, (
+        f"{len(running)} requests are running after the step ({[r.id for r in running]}); "
+        f"max_num_seqs is {state.max_num_seqs}: admit only while a seat is free"
+    )
+    zero = [rid for rid, n in scheduled.items() if n <= 0]
+    assert not zero, (
+        f"{zero} are scheduled with {[scheduled[r] for r in zero]} tokens: a request that gets "
+        "no tokens this step has no entry"
+    )
     left = state.token_budget
     for r in old_running:
         want = min(r.remaining, left)
@@ -126,9 +140,11 @@ def steps(draw) -> Step:
 @show_inputs
 def test_flat_inputs_put_every_token_in_its_place(impl, step):
     """Every new token has its id, its position (from num_computed on), its slot, and each request
-    its rows and context length."""
+    its rows and context length; the batch is left as it was."""
     batch, block_size = step
+    given = copy.deepcopy(batch)
     inputs = impl.prepare_inputs(batch, block_size)
+    assert batch == given, "prepare_inputs changed the batch it was given: it only reads it"
     qsl = list(inputs.query_start_loc)
     assert qsl[0] == 0 and len(qsl) == len(batch) + 1, "query_start_loc: 0, then running totals"
     for i, seq in enumerate(batch):
@@ -170,3 +186,34 @@ def test_logits_only_where_a_token_is_sampled(impl, step):
         f"logits rows {list(inputs.logits_rows)}, expected {expected}: the last row of each "
         "request that catches up, and nothing for a chunk that stops short"
     )
+
+
+@lesson_settings(40)
+@given(state=states)
+@example(state=LONG_PROMPT)
+@example(state=BUDGET_RUNS_OUT)
+@show_inputs
+def test_the_step_is_the_engines(impl, state):
+    """The step is what the engine's scheduler (chunked prefill on) does from the same state:
+    the same requests scheduled with the same tokens in the same order, and the same running
+    and waiting queues afterwards, no num_computed changed."""
+    _, _, running, waiting, scheduled = _step(impl, state)
+    engine_running, engine_waiting = state.build()
+    expected = schedule_with_engine(
+        engine_running,
+        engine_waiting,
+        max_num_seqs=state.max_num_seqs,
+        token_budget=state.token_budget,
+        chunked_prefill=True,
+    ).scheduled
+    assert list(scheduled.items()) == list(expected.items()), (
+        f"scheduled {list(scheduled.items())}; the engine schedules {list(expected.items())} "
+        "(id, tokens)"
+    )
+    for name, mine, theirs in (
+        ("running", running, engine_running),
+        ("waiting", waiting, engine_waiting),
+    ):
+        got = [(r.id, r.num_computed) for r in mine]
+        want = [(r.id, r.num_computed) for r in theirs]
+        assert got == want, f"afterwards {name} is {got}; the engine's is {want} (id, num_computed)"
