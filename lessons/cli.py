@@ -240,17 +240,35 @@ def parse_hints(text: str) -> list[str]:
     return [part.strip() for part in parts[1:] if part.strip()]
 
 
+SOLUTION_MARK = "(nearly the whole solution)"
+"""What a hints.md heading ends with when its hint all but gives the solution away."""
+
+
+def solution_hints(text: str) -> set[int]:
+    """The numbers (from 1) of the hints whose heading carries `SOLUTION_MARK`."""
+    headings = re.findall(r"^## +Hint +\d+(.*)$", text, flags=re.MULTILINE)
+    return {i for i, rest in enumerate(headings, start=1) if SOLUTION_MARK in rest}
+
+
 def _hint(console, workspace: Workspace, lesson: Lesson) -> int:
     from rich.markdown import Markdown
     from rich.panel import Panel
 
-    hints = parse_hints(lesson.file("hints.md").read_text(encoding="utf-8"))
+    text = lesson.file("hints.md").read_text(encoding="utf-8")
+    hints, giveaways = parse_hints(text), solution_hints(text)
     n = min(workspace.next_hint(lesson), len(hints))
-    console.print(
-        Panel(Markdown(hints[n - 1]), title=f"Lesson {lesson.number}, hint {n} of {len(hints)}")
-    )
+    title = f"Lesson {lesson.number}, hint {n} of {len(hints)}"
+    if n in giveaways:
+        title += ": nearly the whole solution"
+    console.print(Panel(Markdown(hints[n - 1]), title=title))
     if n == len(hints):
         console.print("[dim]That was the last hint.[/]")
+    elif n + 1 in giveaways:
+        last = "the last one, " if n + 1 == len(hints) else ""
+        console.print(
+            f"[yellow]The next hint ({last}hint {n + 1}) is nearly the whole solution:[/] try "
+            "with the hints so far first; `--hint` again shows it."
+        )
     return 0
 
 
