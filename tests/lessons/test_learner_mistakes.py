@@ -101,3 +101,38 @@ def test_solution_marks_are_read_from_the_headings():
     text = f"## Hint 1\n\na\n\n## Hint 2 {SOLUTION_MARK}\n\nb\n\n## Hint 3\n\nc\n"
     assert parse_hints(text) == ["a", "b", "c"]
     assert solution_hints(text) == {2}
+
+
+def test_a_false_alarm_report_shows_the_failing_script():
+    """Lesson 12 runs the learner's properties with hypothesis itself, so the only record of
+    the script a false alarm failed on is hypothesis' note (this one from `nanovllm lesson 12
+    --check` on a property that insists on consecutive block ids): the report shows it."""
+    from nanovllm.lessons.report import describe_failure
+
+    lesson = get_lesson(12)
+    name = "test_your_properties_pass_on_the_engine"
+    prop = dict(harness.properties(lesson))[name]
+    alarm = AssertionError()
+    alarm.__notes__ = [
+        "Failing test case: search(\n    args=(AllocatorCase(num_blocks=2, block_size=1, script="
+        "(('allocate', 'b', 1), ('allocate', 'a', 1), ('free', 'b'))),),\n)"
+    ]
+    failure = describe_failure(name, prop, alarm)
+    assert failure.inputs == [
+        (
+            "args",
+            "(AllocatorCase(num_blocks=2, block_size=1, script=(('allocate', 'b', 1), "
+            "('allocate', 'a', 1), ('free', 'b'))),)",
+        )
+    ]
+
+
+def test_a_failing_example_note_becomes_the_input():
+    from nanovllm.lessons.report import example_arguments
+
+    note = (
+        "Falsifying example: test_x(\n    impl=<module>,\n    seq=Sequence(\n        block_size=1,"
+        "\n    ),\n    n=3,\n)"
+    )
+    assert example_arguments(note) == [("seq", "Sequence(block_size=1,)"), ("n", "3")]
+    assert example_arguments("Draw 1: 5") == []
