@@ -355,11 +355,18 @@ def _function(module: Any, qualname: str) -> types.FunctionType:
 
 
 def mutated_function(lesson: Lesson, mutant: GeneratedMutant) -> types.FunctionType:
+    """The mutated function (made once per process: see `_mutated_function`)."""
+    return _mutated_function(lesson.name, mutant)
+
+
+@cache
+def _mutated_function(lesson_name: str, mutant: GeneratedMutant) -> types.FunctionType:
     """The mutated function, defined where it stands in its file: among its module's names (for
     the default values of its parameters), a method inside a class of its class's name (so that
     `super()` finds its `__class__`), on the lines it has there (for tracebacks)."""
     import textwrap
 
+    lesson = get_lesson(lesson_name)
     text = mutant.source
     if mutant.owner is not None:
         text = f"class {mutant.owner}:\n" + textwrap.indent(text, "    ")
