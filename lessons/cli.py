@@ -479,10 +479,15 @@ def _mutate(console, lesson: Lesson | None) -> int:
     """The generated mutants' table (`mutation`): each lesson in a niced child process."""
     if _needs_test_tools(console):
         return 2
-    from nanovllm.lessons import mutation
+    from nanovllm.lessons import harness, mutation
 
     rows = []
     for lesson_ in all_lessons() if lesson is None else (lesson,):
+        try:
+            harness.implementation(lesson_, "reference")
+        except ImportError as exc:  # lesson 05 without Triton
+            console.print(f"[yellow]Lesson {lesson_.number} skipped: {exc}[/]")
+            continue
         with console.status(f"lesson {lesson_.number}: generated mutants...") as status:
 
             def progress(done: int, total: int, status=status, n=lesson_.number) -> None:
