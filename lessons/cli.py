@@ -514,8 +514,10 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
             f"[yellow]Lesson {lesson.number} has no {what}: its exercise is not engine code.[/]"
         )
         return 2
+    # Loading the engine (torch, the model's code) takes seconds before anything else shows.
     try:
-        spec = lesson_module(lesson, "run")
+        with console.status(f"lesson {lesson.number}: loading the engine..."):
+            spec = lesson_module(lesson, "run")
     except ImportError as exc:  # lesson 05 without Triton
         console.print(f"[yellow]Lesson {lesson.number}'s --run needs {exc.name or exc}.[/]")
         return 2
@@ -563,21 +565,28 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
             return 0 if report.passed else 1
         events = report.events
     else:
-        with console.status("running the engine..."):
+        with console.status(
+            f"running the engine on lesson {lesson.number}'s workload, to find the moment..."
+        ):
             events = your_engine.record_stock(lesson, trace)
     step = moment.find(events)
     if step is None:
         console.print(f"[yellow]This run never reached the moment to show ({moment.words}).[/]")
         return 1
-    console.print(f"The visualizer, paused after step {step}: {moment.words}. Space resumes.")
+    request = moment.request(events, step)
+    on = f", {request} selected" if request else ""
+    console.print(
+        f"The visualizer, paused after step {step}{on}: {moment.words}. Space resumes. "
+        "[dim](opening it...)[/]"
+    )
     from nanovllm.lessons import viz_adapter
 
     if args.screenshot is None and not sys.stdout.isatty():
         console.print(
-            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step, panel=moment.panel))}[/]"
+            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step, panel=moment.panel, select=request))}[/]"
         )
         return 2
-    return viz_adapter.show(trace, step, args.screenshot, moment.panel)
+    return viz_adapter.show(trace, step, args.screenshot, moment.panel, request)
 
 
 def _single_thread() -> None:
