@@ -574,9 +574,9 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
         console.print(f"[yellow]This run never reached the moment to show ({moment.words}).[/]")
         return 1
     request = moment.request(events, step)
-    on = f", {request} selected" if request else ""
+    on = f" ({request} selected)" if request else ""
     console.print(
-        f"The visualizer, paused after step {step}{on}: {moment.words}. Space resumes. "
+        f"The visualizer, paused after step {step}: {moment.words}{on}. Space resumes. "
         "[dim](opening it...)[/]"
     )
     from nanovllm.lessons import viz_adapter

@@ -88,7 +88,7 @@ def test_lesson_04_viz_selects_the_request_whose_reads_are_scattered(home, tmp_p
     shot = tmp_path / "moment.txt"
     assert main(["4", "--viz", "--screenshot", str(shot)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    request = out.split(" selected:")[0].rsplit(", ", 1)[1]
+    request = out.split(" selected)")[0].rsplit("(", 1)[1]
     line = next(line for line in shot.read_text().splitlines() if " reads ctx " in line)
     assert f" {request} reads ctx " in line, line
     reads = line.split(" reads ctx ")[1].split("│")[0]  # "33: L0→#2[16] ⇢ L1→#3[16] ⇢ ..."
