@@ -137,11 +137,11 @@ def test_latencies_add_up(impl, arrival, token_times):
     )
 
 
+# Text with non-ASCII characters often: "é", "☕", "😀" must reach the client as they are.
+texts = st.text(alphabet=st.sampled_from('ab \n"é☕😀€'), max_size=8) | st.text(max_size=8)
 payloads = st.dictionaries(
-    st.text(max_size=8),
-    st.one_of(
-        st.text(max_size=20), st.integers(), st.none(), st.lists(st.text(max_size=5), max_size=3)
-    ),
+    texts,
+    st.one_of(texts, st.integers(), st.none(), st.lists(texts, max_size=3)),
     max_size=5,
 )
 
@@ -160,3 +160,18 @@ def test_an_sse_event_is_exactly_one_event(impl, payload):
     body = event[len("data: ") : -2]
     assert "\n" not in body and "\r" not in body, "a raw newline inside would end the event early"
     assert json.loads(body) == payload, "the data must be the payload, as JSON"
+    kept = [c for text in _texts(payload) for c in text if ord(c) > 127]
+    assert all(c in body for c in kept), (
+        "non-ASCII text must stay as it is (ensure_ascii=False), not become \\u escapes"
+    )
+
+
+def _texts(value) -> list[str]:
+    """Every string in a payload: keys and values, inside lists too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []
