@@ -268,7 +268,7 @@ SOLUTIONS["10_sampling_streaming"] = {
     'raise NotImplementedError("write apply_top_p': """
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        drop = probs.cumsum(dim=-1) - probs >= p
+        drop = (probs.cumsum(dim=-1) - probs >= p) & (p < 1)
         masked = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter(-1, order, masked)
     """,
