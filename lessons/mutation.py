@@ -413,10 +413,10 @@ class Verdict:
 
 
 def try_generated(
-    lesson: Lesson, mutant: GeneratedMutant, *, fresh: bool = False, quick: bool = False
+    lesson: Lesson, mutant: GeneratedMutant, *, fresh: bool = False, quick: int | None = None
 ) -> Verdict:
     """Run the lesson's properties against its reference with `mutant` in place: a few examples
-    each, then (unless `quick`) each property's own count."""
+    each, then each property's own count; `quick`: only that many examples each."""
     from nanovllm.lessons import harness
 
     start = time.perf_counter()
@@ -426,7 +426,7 @@ def try_generated(
     clear_caches(lesson)
     try:
         with applied(lesson, mutant):
-            for budget in (QUICK_EXAMPLES,) if quick else (QUICK_EXAMPLES, None):
+            for budget in (QUICK_EXAMPLES, None) if quick is None else (quick,):
                 for name, prop in _checks(lesson):
                     result = harness.run_property(name, prop, impl, budget, fresh=fresh)
                     if not result.passed:
@@ -570,6 +570,9 @@ def markdown(rows: list[LessonFigures]) -> str:
     for row in rows:
         for mutant in row.surviving:
             lines += ["", f"{row.lesson.name} {mutant.id}:", "```diff", mutant.diff(), "```"]
+        if row.listed_but_killed:
+            lines += ["", f"{row.lesson.name}: listed as equivalent, yet killed (take them off the"]
+            lines += [f"list): {', '.join(row.listed_but_killed)}"]
     return "\n".join(lines)
 
 
