@@ -7,6 +7,7 @@ planted bug.
 
 from __future__ import annotations
 
+import inspect
 import random
 from functools import lru_cache
 from typing import NamedTuple
@@ -185,6 +186,18 @@ PROPERTIES = [
 ]
 
 
+def _by_parameter(prop, args: tuple) -> dict[str, object]:
+    """`args` keyed by the names of `prop`'s parameters after its system (`script`, `case`,
+    ...); by position where the signature cannot be read."""
+    try:
+        names = list(inspect.signature(prop).parameters)[1:]
+    except (TypeError, ValueError):
+        names = []
+    if len(names) < len(args):
+        names = [f"args[{i}]" for i in range(len(args))]
+    return dict(zip(names, args))
+
+
 def _run(prop, system, inputs, *, max_examples: int, quiet: bool) -> None:
     """Drive one property with hypothesis; raises whatever the property raises.
 
@@ -207,7 +220,13 @@ def _run(prop, system, inputs, *, max_examples: int, quiet: bool) -> None:
     )
     @given(args=inputs)
     def search(args):
-        prop(system, *args)
+        try:
+            prop(system, *args)
+        except Exception as exc:
+            # hypothesis' own note on the failing example reads `args=,` under pytest: attach
+            # the script itself, by the property's own parameter names, for the report.
+            exc.lesson_inputs = _by_parameter(prop, args)  # type: ignore[attr-defined]
+            raise
 
     search()
 

@@ -136,3 +136,32 @@ def test_a_failing_example_note_becomes_the_input():
     )
     assert example_arguments(note) == [("seq", "Sequence(block_size=1,)"), ("n", "3")]
     assert example_arguments("Draw 1: 5") == []
+
+
+def test_a_false_alarm_under_pytest_shows_the_script_it_failed_on():
+    """Under pytest hypothesis' note on lesson 12's failing script reads `args=,`: the check
+    attaches the script itself, by the property's parameter name, and the report shows it."""
+    import types
+
+    from nanovllm.lessons.report import describe_failure
+
+    lesson = get_lesson(12)
+    reference = lesson_module(lesson, "reference")
+    failed_on = []
+
+    def prop_free_queue(FreeBlockQueue, script):  # noqa: N803 - a false alarm: any popleft
+        if any(op == "popleft" for op, _ in script):
+            failed_on.append(list(script))
+            raise AssertionError("no popleft expected")
+
+    impl = types.SimpleNamespace(
+        prop_free_queue=prop_free_queue,
+        prop_allocator=reference.prop_allocator,
+        prop_slot_mapping=reference.prop_slot_mapping,
+    )
+    name = "test_your_properties_pass_on_the_engine"
+    prop = dict(harness.properties(lesson))[name]
+    with pytest.raises(AssertionError) as raised:
+        prop(impl)
+    failure = describe_failure(name, prop, raised.value)
+    assert failure.inputs[0] == ("script", repr(failed_on[-1]))
