@@ -123,3 +123,19 @@ def test_inputs_are_not_modified(impl, case):
     expected_k, expected_v = case.caches()
     assert torch.equal(key_cache, expected_k), "attention must only read the cache"
     assert torch.equal(value_cache, expected_v), "attention must only read the cache"
+
+
+@lesson_settings(10)
+@given(case=paged_sequence(max_len=12))
+@show_inputs
+def test_decode_keeps_the_cache_dtype(impl, case):
+    """With float64 caches and query, paged_decode returns float64, equal to the formula: the
+    attention weights are brought to the values' dtype before they weigh them."""
+    key_cache, value_cache = (c.double() for c in case.caches())
+    query = case.query.double()
+    out = impl.paged_decode(
+        query, key_cache, value_cache, list(case.block_table), case.seq_len, case.scale
+    )
+    assert out.dtype == torch.float64, f"paged_decode returned {out.dtype}; the cache is float64"
+    expected = causal_attention_oracle(query[None], case.k.double(), case.v.double(), case.scale)
+    assert _close(out, expected[0]), "differs from attention over the contiguous sequence"
