@@ -196,7 +196,7 @@ def schedule_with_engine(
     The state is replayed into a fresh engine scheduler (each running request allocates the
     blocks for its computed tokens, the waiting ones are queued in order), `schedule()` runs, and
     its decisions are written back: admitted requests move to `running`, preempted ones return
-    to the front of `waiting` with `num_computed = 0`. Prefix caching is off. `num_blocks=None`
+    to the front of `waiting` with the `num_computed` the engine gave them (0). Prefix caching is off. `num_blocks=None`
     means memory is never short (no preemption).
     """
     from nanovllm.config import EngineConfig
@@ -241,8 +241,8 @@ def schedule_with_engine(
 
     out = scheduler.schedule()
 
-    for request in out.preempted:
-        sim_of[request.request_id].num_computed = 0
+    for request in out.preempted:  # what the engine's preemption left them (0: KV recomputed)
+        sim_of[request.request_id].num_computed = request.num_computed_tokens
     running[:] = [sim_of[request.request_id] for request in scheduler.running]
     waiting[:] = [sim_of[request.request_id] for request in scheduler.waiting]
     return StepPlan(

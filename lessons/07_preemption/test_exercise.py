@@ -65,6 +65,27 @@ READMITTED = SchedState(
     block_size=4,
 )
 
+# Every seat is taken (max_num_seqs 1): w0 waits, though budget and blocks are free.
+SEATS_FULL = SchedState(
+    running=((4, 1, 4),),
+    waiting=((2, 0),),
+    max_num_seqs=1,
+    token_budget=16,
+    num_blocks=10,
+    block_size=4,
+)
+
+# r0 decodes 1 token of the budget of 2: w0's prompt of 1 token takes exactly the 1 left (a
+# prompt as long as the budget fits), and then w1 waits: no budget is left.
+BUDGET_EXACT = SchedState(
+    running=((4, 1, 4),),
+    waiting=((1, 0), (2, 0)),
+    max_num_seqs=4,
+    token_budget=2,
+    num_blocks=10,
+    block_size=4,
+)
+
 
 def _step(impl, state: SchedState):
     running, waiting = state.build()
@@ -255,6 +276,8 @@ def _by_the_rule(state: SchedState):
 @example(state=TWO_VICTIMS)
 @example(state=READMITTED)
 @example(state=TIGHT)
+@example(state=SEATS_FULL)
+@example(state=BUDGET_EXACT)
 @show_inputs
 def test_the_step_is_exactly_the_rule(impl, state):
     """The scheduled requests, their tokens and order, the victims and their order, and both
