@@ -340,6 +340,10 @@ class StepSummary(Event):
     waiting_reason: str | None = None
     waiting_head: str | None = None
     budget_cut: dict[str, int] = field(default_factory=dict)
+    # With "no_free_block": the blocks the head needed and the blocks free when the scheduler
+    # decided (`num_free_blocks` counts them after the step, when finished requests freed more).
+    waiting_blocks_needed: int | None = None
+    waiting_free_blocks: int | None = None
 
 
 # --- the model executor's step (`nanovllm/executor/step_events.py`) ---------------------------

@@ -140,6 +140,40 @@ class KVCacheManager:
 
     # --- allocation -------------------------------------------------------------------------
 
+    def get_num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> int:
+        """How many blocks of the free queue `allocate_slots` with the same arguments takes:
+        new blocks, and prefix-cache hits on free blocks (vLLM's name)."""
+        return sum(
+            self._blocks_to_allocate(
+                request, num_new_tokens, new_computed_blocks or [], num_lookahead_tokens
+            )
+        )
+
+    def _blocks_to_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock],
+        num_lookahead_tokens: int,
+    ) -> tuple[int, int]:
+        """(new blocks, prefix-cache hits on free blocks) that `allocate_slots` takes."""
+        num_held = len(self.req_to_blocks.get(request.request_id, ()))
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total_tokens = num_computed + num_new_tokens
+        num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
+        num_new_blocks = max(num_required - num_held - len(new_computed_blocks), 0)
+        # A cache hit on a *free* block takes it out of the free queue as well.
+        num_hits_on_free = 0
+        if new_computed_blocks:  # (rare: only when a request is admitted)
+            num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        return num_new_blocks, num_hits_on_free
+
     def allocate_slots(
         self,
         request: Request,
@@ -158,19 +192,14 @@ class KVCacheManager:
         """
         new_computed_blocks = new_computed_blocks or []
         req_id = request.request_id
+        num_new_blocks, num_hits_on_free = self._blocks_to_allocate(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+        )
+        if num_new_blocks + num_hits_on_free > self.num_free_blocks:
+            return None
         blocks = self.req_to_blocks.setdefault(req_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
-        num_new_blocks = max(num_required - len(blocks) - len(new_computed_blocks), 0)
-        # A cache hit on a *free* block takes it out of the free queue as well.
-        num_hits_on_free = 0
-        if new_computed_blocks:  # (rare: only when a request is admitted)
-            num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks + num_hits_on_free > self.num_free_blocks:
-            if not blocks:
-                del self.req_to_blocks[req_id]
-            return None
 
         if new_computed_blocks or num_new_blocks:
             self.req_to_block_ids.pop(req_id, None)  # the table grows

@@ -93,6 +93,9 @@ class SchedulerOutput:
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: object = None  # what its KV source sends the workers this step
     waiting_reason: str | None = None  # "token_budget": an unchunked prompt did not fit
+    # No free block for the waiting head: (blocks it needed, blocks free) when it was decided;
+    # requests that finish later in the step free more.
+    waiting_blocks: tuple[int, int] | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -219,7 +222,12 @@ class Scheduler:
             # The external tokens need new blocks (their KV is copied in) but no compute.
             num_slots = num_new + num_external
             if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
-                break  # not enough free blocks: wait for running requests to finish
+                # Not enough free blocks: wait for running requests to finish.
+                needed = self.kv.get_num_blocks_to_allocate(
+                    request, num_slots, computed_blocks, lookahead
+                )
+                out.waiting_blocks = (needed, self.kv.num_free_blocks)
+                break
             self.kv_source.update_state_after_alloc(
                 request, self.kv.block_ids(request.request_id), num_external
             )

@@ -132,7 +132,21 @@ def check_waiting(state: VizState, spy: Spy, config: dict) -> str | None:
         assert left == 0 or (not chunked and at["head_tokens"] > left)
     else:  # no free block for the head's tokens (no prefix caching here: it needs them all)
         assert reason == "no_free_block"
-        assert -(-at["head_tokens"] // config["block_size"]) > at["num_free_blocks"]
+        left = budget - out.num_scheduled_tokens  # (unchunked, the whole prompt fit in it)
+        needed = -(-min(at["head_tokens"], left) // config["block_size"])
+        assert needed > at["num_free_blocks"]
+        # Both counts, each said with when it was true: requests finishing in the step free
+        # blocks after the scheduler decided.
+        summary = state.last_step.summary
+        free_now = spy.engine.kv_cache_manager.num_free_blocks
+        assert summary.waiting_blocks_needed == needed
+        assert summary.waiting_free_blocks == at["num_free_blocks"]
+        words = (
+            f"when the scheduler decided: {at['num_free_blocks']} free, {needed} needed; "
+            f"after the step: {free_now} free"
+        )
+        assert any(words in n.text for n in state.last_step.notes), words
+        assert words in why_waiting(state, at["head"])[1]
     return reason
 
 
