@@ -294,7 +294,10 @@ class VizApp(App[object]):
         self._last_frame = time.monotonic()
         state, self.status = self._latest
         # Two engines: the single-engine views (hidden) and the selection follow the decode one.
-        self.pair = state if isinstance(state, DisaggState) else None
+        pair = state if isinstance(state, DisaggState) else None
+        if (pair is None) != (self.pair is None):
+            self.refresh_bindings()  # `x` (one engine's executor panel) comes or goes
+        self.pair = pair
         self.state = state.decode if isinstance(state, DisaggState) else state
         self.screen.set_class(self.pair is not None, "-disagg")
         self.screen.set_class(self.state.tier.connector is not None, "-tier")
@@ -375,8 +378,11 @@ class VizApp(App[object]):
         self.driver.send(ToLatest())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide what the source cannot do: a replay has no model; only a live run has scenarios."""
+        """Hide what the source cannot do: a replay has no model; only a live run has scenarios;
+        two engines (`disagg`) have no executor panel (it shows one engine's step)."""
         mode = self.driver.mode
+        if action == "toggle_executor":
+            return self.pair is None
         if action == "add_request":
             return mode != "replay"
         if action in ("scenario", "next_scenario"):
