@@ -116,6 +116,9 @@ class VizApp(App[object]):
         Binding("space", "toggle_pause", "pause"),
         Binding("s", "step", "step"),
         Binding("e", "step_event", "event"),
+        # Shown only with the executor panel: its flat batch, a page of columns at a time.
+        Binding("left_square_bracket", "page_batch(-1)", "page", key_display="[ ]"),
+        Binding("right_square_bracket", "page_batch(1)", "page", show=False),
         Binding("left", "back", "back", key_display="←"),
         Binding("right", "forward", "fwd", key_display="→"),
         Binding("end", "latest", "latest", show=False),
@@ -387,6 +390,8 @@ class VizApp(App[object]):
             return mode != "replay"
         if action in ("scenario", "next_scenario"):
             return mode == "live"
+        if action == "page_batch":
+            return self.show_executor and self.pair is None
         return True
 
     def _change_speed(self, delta: int) -> None:
@@ -425,6 +430,10 @@ class VizApp(App[object]):
     def action_toggle_executor(self) -> None:
         self.show_executor = not self.show_executor
         self.screen.set_class(self.show_executor, "-executor")
+        self.refresh_bindings()  # `[ ]` shows in the footer with the panel only
+
+    def action_page_batch(self, delta: int) -> None:
+        self.query_one(ExecutorView).page(delta)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
