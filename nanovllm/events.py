@@ -397,6 +397,31 @@ class AttentionComputed(Event):
 
 
 @dataclass(frozen=True)
+class AttentionProbed(Event):
+    """What paged attention computed in layer `layer` for one request's newest query (position
+    `seq_len - 1`, the row that attends to the whole context), walking its `block_table`: per
+    query head, each context token's score q·k × `scale`, the online softmax's running max and
+    running sum after each block, and the final weights that combine the values
+    (`nanovllm/executor/online_softmax.py`). Sent only while a probe is on
+    (`LLMEngine.probe_attention`), read from the forward pass's own query and paged keys; query
+    head h reads KV head h // (heads / `num_kv_heads`)."""
+
+    kind: ClassVar[str] = "attention_probed"
+    step: int
+    request_id: str
+    layer: int
+    block_size: int
+    seq_len: int
+    block_table: tuple[int, ...]  # the blocks read, in logical order
+    scale: float
+    num_kv_heads: int
+    scores: tuple[tuple[float, ...], ...]  # [heads][seq_len]
+    running_max: tuple[tuple[float, ...], ...]  # [heads][blocks]: after each block
+    running_sum: tuple[tuple[float, ...], ...]  # [heads][blocks]: relative to that max
+    weights: tuple[tuple[float, ...], ...]  # [heads][seq_len]: the softmax, summing to 1
+
+
+@dataclass(frozen=True)
 class LogitsComputed(Event):
     """The LM head ran on `logits_rows` only: [len(logits_rows), vocab_size] logits."""
 
@@ -498,6 +523,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StepInputsPrepared,
         KVWritten,
         AttentionComputed,
+        AttentionProbed,
         LogitsComputed,
         TokensSampled,
     )

@@ -113,6 +113,11 @@ class LLMEngine:
         self.events.send_to(fn, self.started_event)
         return self.events.subscribe(fn)
 
+    def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
+        """From the next step on, also tell what layer `layer`'s attention computes for
+        `request_id` (`AttentionProbed`: `executor/attention_probe.py`); None stops."""
+        self.executor.probe_attention(request_id, layer)
+
     # --- requests -------------------------------------------------------------------------------
 
     def add_request(
