@@ -60,6 +60,7 @@ from nanovllm.viz.executor_layout import (
     plan_lines,
     wrap_items,
 )
+from nanovllm.viz.executor_text import no_step_words, sampled_words
 from nanovllm.viz.state import VizState
 from nanovllm.viz.style import (
     DIM,
@@ -75,7 +76,6 @@ from nanovllm.viz.waiting import budget_cut
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.words import count
 
-NO_STEP = "no executor step yet (a trace recorded before these events has none)"
 LABELS = ("row", "token", "id", "pos", "slot", "logits")
 LABEL_WIDTH = 7
 MAX_TOKEN = 16  # cells of a token's text at most (a longer one ends in `…`, the only cut)
@@ -139,7 +139,7 @@ class ExecutorView(StateView):
         if width < 10 or height < 1:
             return Text()
         if ex is None:
-            return Text(NO_STEP, DIM)
+            return Text(no_step_words(self.state, self.status), DIM)
         columns = token_columns(ex.inputs)
         spans = request_spans(ex.inputs)
         selected = self._selected_span(spans)
@@ -301,8 +301,9 @@ class ExecutorView(StateView):
         return lines
 
     def _sampled(self, request_id: str, tokens: tuple[int, ...]) -> list[str]:
-        """The tokens a request sampled this step, one item each."""
-        return [str(t) for t in tokens]
+        """The tokens a request sampled this step, one item each: id and text (`472 ' the'`)."""
+        step = self.state.executor.step if self.state.executor else 0
+        return sampled_words(self.state, step, request_id, tokens)
 
     def _request(self, ex: ExecutorStep, span: RequestSpan, selected: bool, width: int) -> Text:
         """`A r1 q@0 ×1 · ctx 56 · [0 1 22 24] · sampled 427`, its block table and its tail
