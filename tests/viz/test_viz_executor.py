@@ -337,7 +337,7 @@ def test_the_panel_draws_the_figures(trace_path: Path, size):
     text = asyncio.run(shoot())
     spans = request_spans(inputs)
     first = spans[0]
-    assert f"q@{first.query_start} ×{first.query_len} · ctx {first.seq_len}" in text
+    assert f"q@{first.query_start} ×{first.query_len} ctx {first.seq_len}" in text
     for c in token_columns(inputs)[:3]:
         assert f"{c.block}·{inputs.block_size}+{c.offset}" in text
     reads = block_reads(first, inputs.block_size)

@@ -73,6 +73,7 @@ from nanovllm.viz.style import (
     short_id,
 )
 from nanovllm.viz.waiting import budget_cut
+from nanovllm.viz.widgets.attention_heat import attention_heat
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.words import count
 
@@ -100,6 +101,7 @@ class ExecutorView(StateView):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.hop = 0  # which of the selected request's blocks attention is reading
+        self.attention_head = 0  # the head the heat row shows (`h` cycles them)
         # The first column shown when the learner paged (`[`, `]`), for (step, selection);
         # otherwise the page starts at the selected request's first token.
         self._paged: tuple[int, str | None, int] | None = None
@@ -115,7 +117,7 @@ class ExecutorView(StateView):
             self.refresh()
 
     def watched(self, state: VizState, status: DriverStatus | None) -> tuple[Any, ...]:
-        return (state.executor, state.requests, state.last_step)
+        return (state.executor, state.requests, state.last_step, state.attention_probe)
 
     def page(self, delta: int) -> None:
         """Show the flat batch's next (`delta` 1) or previous (-1) page of columns."""
@@ -167,8 +169,14 @@ class ExecutorView(StateView):
 
     def heat_lines(self, ex: ExecutorStep, span: RequestSpan, width: int, room: int) -> list[Text]:
         """The attention heat row under the selected request's block reads: at most `room`
-        lines of at most `width` cells (none yet)."""
-        return []
+        lines of at most `width` cells (`attention_heat.py`)."""
+        mode = self.status.mode if self.status is not None else "live"
+        hop = self.hop if ex.stage == ATTENTION else None
+        probe = self.state.attention_probe
+        return attention_heat(
+            probe, span.request_id, ex.step, mode, self.attention_head, width, room, hop,
+            attention_ran=ex.reached(ATTENTION),
+        )  # fmt: skip
 
     def _selected_span(self, spans: list[RequestSpan]) -> RequestSpan | None:
         for span in spans:
@@ -267,9 +275,9 @@ class ExecutorView(StateView):
         return Text(
             first_fitting(
                 [
-                    "per request: q@query start ×tokens · ctx context length · [block table]",
-                    "q@query start ×tokens · ctx context · [block table]",
-                    "q@start ×tokens · ctx · [blocks]",
+                    "per request: q@query start ×tokens ctx context length [block table]",
+                    "q@query start ×tokens ctx context [block table]",
+                    "q@start ×tokens ctx [blocks]",
                 ],
                 width,
             ),
@@ -306,11 +314,11 @@ class ExecutorView(StateView):
         return sampled_words(self.state, step, request_id, tokens)
 
     def _request(self, ex: ExecutorStep, span: RequestSpan, selected: bool, width: int) -> Text:
-        """`A r1 q@0 ×1 · ctx 56 · [0 1 22 24] · sampled 427`, its block table and its tail
+        """`A r1 q@0 ×1 ctx 56 [0 1 22 24] · sampled 427`, its block table and its tail
         cut between two items to fit `width`."""
         line = self._letter(span.request_id)
         line.append(f" {short_id(span.request_id, ID_ROOM)}", "bold" if selected else "")
-        line.append(f" q@{span.query_start} ×{span.query_len} · ctx {span.seq_len} · ")
+        line.append(f" q@{span.query_start} ×{span.query_len} ctx {span.seq_len} ")
         room = width - line.cell_len
         blocks = [str(b) for b in span.block_table]
         table_full = 2 + len(" ".join(blocks))
@@ -348,7 +356,8 @@ class ExecutorView(StateView):
             [
                 f" · sampled {whole}",
                 f" → {whole}",
-                " → " + fit_list(items, room - 3, " ", more("token")),
+                " → " + fit_list(items, room - 3, " ", more("")),
+                f" → {count(len(items), 'token')}",
             ],
             room,
         ), style
