@@ -159,8 +159,8 @@ def test_the_probe_equals_the_reference_attention(tiny_llama: Path, block_size, 
         assert [e.step for e in mine] == (ran if rid == "r1" else [s for s in ran if s <= switch])
         for e in mine:
             check_probe(e, reference, block_size)
-    before = [events[i - 1].kind for i, e in enumerate(events) if isinstance(e, AttentionProbed)]
-    assert set(before) == {"attention_computed"}  # each right after its step's attention
+    after = [events[i + 1].kind for i, e in enumerate(events) if isinstance(e, AttentionProbed)]
+    assert set(after) == {"attention_computed"}  # each right before its step's attention summary
     assert any(e.seq_len < len(prompts[e.request_id]) for e in probes), "a chunk probed"
     assert num_cached >= block_size * (17 // block_size), "r1 hit r0's cached prefix"
     r1 = [e for e in probes if e.request_id == "r1"]

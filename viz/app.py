@@ -40,6 +40,7 @@ from nanovllm.viz.driver import (
     DriverStatus,
     Forward,
     Notify,
+    ProbeAttention,
     Publish,
     SetSpeed,
     Step,
@@ -119,6 +120,7 @@ class VizApp(App[object]):
         # Shown only with the executor panel: its flat batch, a page of columns at a time.
         Binding("left_square_bracket", "page_batch(-1)", "page", key_display="[ ]"),
         Binding("right_square_bracket", "page_batch(1)", "page", show=False),
+        Binding("h", "next_head", "head"),  # the heat row's head (also only with the panel)
         Binding("left", "back", "back", key_display="←"),
         Binding("right", "forward", "fwd", key_display="→"),
         Binding("end", "latest", "latest", show=False),
@@ -166,6 +168,7 @@ class VizApp(App[object]):
         self._measure_start: tuple[float, float, int, int] | None = None
         self.engine_thread: threading.Thread | None = None
         self.speed = self.driver.status.speed  # the pace; `+`/`-` change it (`_change_speed`)
+        self._probe_target: str | None = None  # the request the engine's probe follows
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -325,6 +328,7 @@ class VizApp(App[object]):
             for view in self._engine_views["decode"]:
                 view.show(self.pair.decode, self.selected, self.status)
             self.query_one(LinkView).show(self.pair, self.selected, self.status)  # type: ignore[arg-type]
+        self._sync_probe()
 
     # --- selection ------------------------------------------------------------------------------
 
@@ -390,7 +394,7 @@ class VizApp(App[object]):
             return mode != "replay"
         if action in ("scenario", "next_scenario"):
             return mode == "live"
-        if action == "page_batch":
+        if action in ("page_batch", "next_head"):
             return self.show_executor and self.pair is None
         return True
 
@@ -431,6 +435,21 @@ class VizApp(App[object]):
         self.show_executor = not self.show_executor
         self.screen.set_class(self.show_executor, "-executor")
         self.refresh_bindings()  # `[ ]` shows in the footer with the panel only
+        self._sync_probe()
+
+    def _sync_probe(self) -> None:
+        """While the executor panel is open, the engine's attention probe follows the selected
+        request (the panel's heat row, `widgets/attention_heat.py`); closed, the probe is off
+        and the forward pass runs untouched. Told to the driver only when it changes."""
+        want = self.selected if self.show_executor and self.pair is None else None
+        if want != self._probe_target:
+            self._probe_target = want
+            self.driver.send(ProbeAttention(want))
+
+    def action_next_head(self) -> None:
+        view = self.query_one(ExecutorView)
+        view.attention_head += 1
+        view.refresh()
 
     def action_page_batch(self, delta: int) -> None:
         self.query_one(ExecutorView).page(delta)

@@ -103,7 +103,7 @@ class ObservedExecutor:
 
     def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
         """Tell what layer `layer`'s attention computes for `request_id` from the next step on
-        (an `AttentionProbed` event after its `AttentionComputed`); None: stop."""
+        (an `AttentionProbed` event before its `AttentionComputed`); None: stop."""
         runner = self.runner
         probe = (
             None
@@ -133,7 +133,7 @@ class ObservedExecutor:
                 args.vocab_size,
                 self.attention_backend,
             ):
-                self.events.emit(event)
                 if probed is not None and isinstance(event, AttentionComputed):
-                    self.events.emit(probed)
+                    self.events.emit(probed)  # (a detail of attention, before its summary)
+                self.events.emit(event)
         return result
