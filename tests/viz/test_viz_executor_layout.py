@@ -184,3 +184,36 @@ def test_wrap_items_cuts_between_items_and_counts_the_rest(items, width, max_lin
             used += (1 if line else 0) + cell_len(wrapped.marker)
         # (a heading wider than `width` is the caller's; so is a marker that fits no line)
         assert used <= width or not line, (line, used)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(steps(), SIZES)
+def test_paging_reaches_every_token_of_the_batch(step, size):
+    """`]` pages through the flat batch: from the first page, every row comes on screen, in
+    order, each page starting where the last ended; `[` goes back a page."""
+    state, inputs, _selected = step
+    width, height = size
+
+    class Sized(ExecutorView):
+        @property
+        def size(self) -> Size:  # type: ignore[override]
+            return Size(width, height)
+
+    view = Sized()
+    view.state, view.selected = state, inputs.request_ids[0]
+
+    def rows_shown() -> list[int]:
+        row = view.render().plain.split("\n")[2]
+        return [int(r) for r in re.findall(r"(\d+) \S", row[7:].split("+")[0])]
+
+    pages = [rows_shown()]
+    while pages[-1][-1] < len(inputs.input_ids) - 1:
+        view.page(1)
+        pages.append(rows_shown())
+        assert pages[-1][0] == pages[-2][-1] + 1 or pages[-1][-1] == len(inputs.input_ids) - 1
+        assert len(pages) <= len(inputs.input_ids)
+    assert sorted(set(sum(pages, []))) == list(range(len(inputs.input_ids)))
+    if len(pages) > 1:
+        view.page(-1)  # the page that ends where the last one begins
+        back = rows_shown()
+        assert back[-1] == pages[-1][0] - 1 or back[0] == 0, (back, pages)
