@@ -92,6 +92,7 @@ def test_the_heat_row_shows_the_events_walk(block_size, seq_len, width, room, he
     tokens = [range(i * size, min((i + 1) * size, seq_len)) for i in blocks]
     weights = probe.weights[h]
     largest = max(weights)
+    assert weights.index(largest) // size in blocks  # the largest weight is on screen
     for toks, shades in zip(tokens, cells(rows["weights"])):
         assert len(shades) == len(toks)  # a cell a token
         for t, shade in zip(toks, shades):

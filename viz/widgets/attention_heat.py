@@ -11,10 +11,12 @@ one column a block of the request's block table, in the order attention reads th
                                             for each factor of 4 below the largest)
 
 With fewer lines it keeps the weights first, then the scores, then max and sum (on one line),
-then the block ids. Blocks that do not fit are counted at the line's end (`2 more▸`), or at
-its start when the window follows the block being read (`◂3`). While the panel plays the
-attention stage, the walk is replayed: the block being read is marked and the blocks after it
-are still blank; the weights appear once the last block is read. `h` cycles the heads.
+then the block ids; with six, a title line first (layer, head, its KV head, the query's
+position, the scale). Blocks that do not fit are counted, at the line's end (`2 more▸`) and at
+its start (`◂3`): the window keeps the block being read on screen, or else the block with the
+largest weight. While the panel plays the attention stage, the walk is replayed: the block
+being read is marked and the blocks after it are still blank; the weights appear once the last
+block is read. `h` cycles the heads.
 
 Every number is the engine's (`AttentionProbed`, from the forward pass's own query and keys).
 """
@@ -114,7 +116,10 @@ def heat_lines(
         if "ids" in rows:
             w = max(w, len(f"#{c.block}"))
         widths.append(w + 1)  # + the separator before it
-    first, last = _window(widths, width - LABEL, reading)
+    # On screen: the block being read, or else the one holding the largest weight.
+    top = max(range(probe.seq_len), key=probe.weights[h].__getitem__)
+    anchor = reading if reading is not None else top // probe.block_size
+    first, last = _window(widths, width - LABEL, anchor)
     if last <= first:  # not even one block fits beside the labels
         return note_lines(f"a block needs {widths[0] + LABEL} columns here", width, 1)
     left = f"◂{first} " if first else ""
@@ -162,7 +167,6 @@ def heat_lines(
         if first_row:
             line.append(right, DIM)
         if row == "weights":  # the largest weight, where it fits
-            top = max(range(probe.seq_len), key=probe.weights[h].__getitem__)
             words = f"  top {probe.weights[h][top]:.2f} at position {top}"
             if line.cell_len + len(words) <= width:
                 line.append(words, DIM)
@@ -183,17 +187,16 @@ def _rows(n: int) -> list[str]:
     ][n - 1]
 
 
-def _window(widths: list[int], room: int, reading: int | None) -> tuple[int, int]:
-    """The blocks [first, last) shown in `room` cells: from the first, or ending at the one
-    being read when it would not be on screen; markers' room kept when some are left out."""
+def _window(widths: list[int], room: int, anchor: int) -> tuple[int, int]:
+    """The blocks [first, last) shown in `room` cells: from the first, or ending at block
+    `anchor` when it would not be on screen; markers' room kept when some are left out."""
     n = len(widths)
     if sum(widths) <= room:
         return 0, n
     room -= len(f"◂{n} ") + len(f" {n} more▸")
     first = 0
-    if reading is not None:
-        while first < reading and sum(widths[first : reading + 1]) > room:
-            first += 1
+    while first < anchor and sum(widths[first : anchor + 1]) > room:
+        first += 1
     last = first
     while last < n and sum(widths[first : last + 1]) <= room:
         last += 1
