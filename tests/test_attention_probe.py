@@ -12,6 +12,8 @@ Two oracles, both independent of the engine's attention code:
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from pathlib import Path
 
@@ -23,6 +25,16 @@ from hypothesis import strategies as st
 
 from nanovllm.events import AttentionProbed, event_from_dict, event_to_dict
 from nanovllm.executor.online_softmax import online_softmax_walk
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors run single-threaded (as in tests/kernels/conftest.py: on a busy two-core
+    machine, worker threads cost 100x the work), the setting restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @settings(max_examples=examples(15), deadline=None)
@@ -68,15 +80,20 @@ def test_online_softmax_walk_refuses_bad_input():
 # --- on a real engine ------------------------------------------------------------------------------
 
 
-def hf_attentions(model_path: Path, token_ids: list[int]) -> tuple[torch.Tensor, ...]:
-    """transformers' eager attention weights of every layer, [1, heads, n, n] each."""
+@functools.cache
+def hf_model(model_path: Path):
+    """transformers' model with its eager attention, which can return the weights."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         model_path, dtype=torch.float32, attn_implementation="eager"
     )
+
+
+def hf_attentions(model_path: Path, token_ids: list[int]) -> tuple[torch.Tensor, ...]:
+    """transformers' eager attention weights of every layer, [1, heads, n, n] each."""
     with torch.no_grad():
-        return model(torch.tensor([token_ids]), output_attentions=True).attentions
+        return hf_model(model_path)(torch.tensor([token_ids]), output_attentions=True).attentions
 
 
 def check_probe(event: AttentionProbed, reference: torch.Tensor, block_size: int) -> None:
@@ -125,7 +142,9 @@ def test_the_probe_equals_the_reference_attention(tiny_llama: Path, block_size, 
     )
     events: list = []
     # Through JSON, as --record/--replay and the server's event stream carry it.
-    engine.subscribe(lambda e: events.append(event_from_dict(event_to_dict(e))))
+    engine.subscribe(
+        lambda e: events.append(event_from_dict(json.loads(json.dumps(event_to_dict(e)))))
+    )
     shared = [(7 * i) % 200 + 3 for i in range(17)]
     prompts = {
         "other": [40, 41, 42],
