@@ -322,8 +322,9 @@ class ExecutorView(StateView):
         room = width - line.cell_len
         blocks = [str(b) for b in span.block_table]
         table_full = 2 + len(" ".join(blocks))
-        # The tail gets what the whole table leaves, or at least what its shortest form does.
-        least = 2 + len(fit_list(blocks, 0, " ", TABLE_MORE))
+        # The tail gets what the whole table leaves, or else what its first two blocks and
+        # the count of the rest leave (`[0 1 … 16 more]`).
+        least = 2 + len(" ".join([*blocks[:2], TABLE_MORE(len(blocks) - 2)]))
         tail, style = self._request_tail(ex, span, room - table_full)
         if cell_len(tail) > room - table_full:
             tail, style = self._request_tail(ex, span, room - least)
