@@ -381,3 +381,48 @@ def test_kv_writes_light_their_slots_and_blocks(trace_events):
     state = reduce(state, trace_events[i + 1])  # attention
     assert isinstance(trace_events[i + 1], AttentionComputed)
     assert written_slots(state.draft.events) == frozenset()
+
+
+def test_brackets_page_the_flat_batch(trace_events):
+    """At 80x24 the footer offers `[ ]` with the panel open, and `]` / `[` show the flat
+    batch's next / previous page of rows (issue 53: a prefill's every token is reachable)."""
+    import asyncio
+    import re
+
+    from nanovllm.viz.app import VizApp, screen_text
+    from nanovllm.viz.driver import ReplayDriver
+
+    step = next(
+        e.step for e in trace_events if isinstance(e, StepInputsPrepared) and len(e.input_ids) > 8
+    )
+
+    def rows(text: str) -> tuple[int, int]:
+        found = re.search(r"flat batch: \d+ tokens · rows (\d+)-(\d+)", text)
+        assert found, text
+        return int(found[1]), int(found[2])
+
+    async def go() -> list[str]:
+        app = VizApp(
+            lambda publish, notify: ReplayDriver(
+                trace_events, publish, notify=notify, paused=False, speed=0, max_steps=step
+            ),
+            panel="executor",
+        )
+        screens = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            for _ in range(200):
+                await pilot.pause(0.02)
+                if app.state.step >= step and app.status and app.status.paused:
+                    break
+            await pilot.pause(0.1)
+            screens.append(screen_text(app))
+            for key in ("right_square_bracket", "left_square_bracket"):
+                await pilot.press(key)
+                await pilot.pause(0.05)
+                screens.append(screen_text(app))
+        return screens
+
+    first, paged, back = asyncio.run(go())
+    assert "[ ] page" in first.splitlines()[-1]
+    assert rows(paged)[0] == rows(first)[1] + 1 or rows(paged)[1] > rows(first)[1]
+    assert rows(back) == rows(first)
