@@ -116,10 +116,17 @@ def check_probe(event: AttentionProbed, reference: torch.Tensor, block_size: int
 
 
 @settings(max_examples=examples(5), deadline=None)
-@example(block_size=1, layer=0, budget=7).via("the smallest block")
-@example(block_size=16, layer=1, budget=7).via("the largest block")
-@given(block_size=st.integers(1, 16), layer=st.integers(0, 1), budget=st.integers(6, 12))
-def test_the_probe_equals_the_reference_attention(tiny_llama: Path, block_size, layer, budget):
+@example(block_size=1, layer=0, budget=7, backend="cpu").via("the smallest block")
+@example(block_size=16, layer=1, budget=7, backend="torch").via("the largest block")
+@given(
+    block_size=st.integers(1, 16),
+    layer=st.integers(0, 1),
+    budget=st.integers(6, 12),
+    backend=st.sampled_from(["cpu", "torch"]),  # its fused layer calls `attend`; plain `forward`
+)
+def test_the_probe_equals_the_reference_attention(
+    tiny_llama: Path, block_size, layer, budget, backend
+):
     """`r0`'s prompt is chunked (the budget is under its length) beside `other`'s decodes; once
     it decodes, `r1` arrives with the same first 17 prompt tokens: a prefix-cache hit on each
     full block of them, then its chunks and decodes beside the others. The probe follows `r0`,
@@ -133,6 +140,7 @@ def test_the_probe_equals_the_reference_attention(tiny_llama: Path, block_size, 
         EngineConfig(
             model=str(tiny_llama),
             num_threads=1,
+            attention_backend=backend,
             block_size=block_size,
             num_kv_blocks=max(8, 128 // block_size),
             max_num_batched_tokens=budget,
