@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,3 +270,33 @@ def test_the_engine_driver_keeps_the_probe_across_engines():
     replay = ReplayDriver([], lambda s, st: None, notify=lambda m, s: notes.append(m))
     replay._handle_common(ProbeAttention("r2"))
     assert notes == []
+
+
+def test_a_live_engine_probes_the_request_the_panel_asks_for(tiny_llama: Path):
+    """Through the driver to a real engine and back as events: while asked, each step that runs
+    the request carries its probe, shaped like its context in the executor's own inputs; once
+    stopped, none."""
+    from nanovllm.viz.driver import EngineDriver, ProbeAttention
+    from nanovllm.viz.executor import request_spans
+
+    driver = EngineDriver(
+        lambda s, st: None, scenario="steady", overrides=dict(model=str(tiny_llama), num_threads=1)
+    )
+    driver.setup()
+    try:
+        driver._handle_common(ProbeAttention("r1"))
+        for _ in range(3):
+            driver.pull()
+        driver.tape.to_end()
+        state = driver.tape.state
+        probe, span = state.attention_probe, request_spans(state.executor.inputs)[0]
+        assert probe is not None and probe.step == state.step and probe.request_id == "r1"
+        assert (span.request_id, span.seq_len, span.block_table) == (
+            "r1", probe.seq_len, probe.block_table
+        )  # fmt: skip
+        driver._handle_common(ProbeAttention(None))
+        driver.pull()
+        driver.tape.to_end()
+        assert driver.tape.state.attention_probe is probe  # no new one
+    finally:
+        driver.close()
