@@ -570,19 +570,73 @@ def test_models_come_from_decode_with_the_clients_key(prefill, decode, proxy):
     assert answer.json() == {"object": "list", "data": [{"id": "decode", "auth": "Bearer c"}]}
 
 
-def test_health_is_ok_only_when_both_are(prefill, decode, proxy):
+def test_health_is_ok_when_both_are_and_names_each(prefill, decode, proxy):
     ok = httpx.get(proxy.url + "/health")
-    assert ok.status_code == 200
-    assert ok.json()["prefill"]["status"] == ok.json()["decode"]["status"] == "ok"
-    decode[0].health_status = 503
-    sick = httpx.get(proxy.url + "/health")
-    assert sick.status_code == 503
-    assert sick.json()["prefill"] == {"url": prefill[1].url, "status": "ok"}
-    assert sick.json()["decode"] == {"url": decode[1].url, "status": "HTTP 503"}
-    with proxy_of(closed_url(), decode[1].url) as half:
-        down = httpx.get(half.url + "/health")
-    assert down.status_code == 503
-    assert down.json()["prefill"]["status"].startswith("unreachable: ConnectError")
+    assert ok.status_code == 200 and ok.json()["status"] == "ok"
+    assert ok.json()["prefill"] == {"url": prefill[1].url, "status": "ok"}
+    assert ok.json()["decode"] == {"url": decode[1].url, "status": "ok"}
+
+
+@pytest.mark.parametrize(
+    "prefill_state, decode_state, expected",
+    [
+        ("closed", "ok", "degraded"),  # decode computes every prompt
+        ("503", "ok", "degraded"),
+        ("ok", "closed", "degraded"),  # prefill runs whole requests
+        ("ok", "503", "unavailable"),  # decode's 503 is what a client would get
+        ("closed", "closed", "unavailable"),
+        ("503", "503", "unavailable"),
+    ],
+)
+def test_health_says_degraded_while_the_proxy_still_answers_and_503_only_when_it_cannot(
+    prefill, decode, prefill_state, decode_state, expected
+):
+    """The oracle is a request sent right after: /health is 200 exactly when it is answered
+    with a 200 (the fakes answer 200 unless told otherwise)."""
+    urls = {}
+    for name, (fake, server), state in (
+        ("prefill", prefill, prefill_state),
+        ("decode", decode, decode_state),
+    ):
+        urls[name] = closed_url() if state == "closed" else server.url
+        if state == "503":
+            fake.health_status = fake.status = 503
+    with proxy_of(urls["prefill"], urls["decode"], prefill_timeout_s=1) as proxy:
+        health = httpx.get(proxy.url + "/health", timeout=10)
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert health.json()["status"] == expected
+    assert health.status_code == (503 if expected == "unavailable" else 200)
+    assert (health.status_code == 200) == (answer.status_code == 200)
+    if "closed" in (prefill_state, decode_state):
+        closed = "prefill" if prefill_state == "closed" else "decode"
+        assert health.json()[closed]["status"].startswith("unreachable: ConnectError")
+
+
+@pytest.mark.parametrize("ask_health", [True, False])
+def test_a_proxy_started_before_prefill_uses_it_once_it_is_up(decode, ask_health):
+    """Started together, as the README shows: the proxy's first poll finds no prefill server,
+    and its watcher would not poll again for 100 s here. Yet once the proxy's /health says 200,
+    every request goes through prefill; and without /health asked, so does the first request
+    after prefill came up. The oracle: POSTs reaching the prefill server, and the transfer
+    named to decode."""
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+    fake = Fake("prefill")
+    with proxy_of(f"http://127.0.0.1:{port}", decode[1].url, health_check_interval_s=100) as proxy:
+        state = proxy.server.config.app.state.proxy
+        wait_for(lambda: state.prefill_down not in (None, "not polled yet"), "the first poll")
+        httpx.post(proxy.url + "/v1/completions", json=BODY)  # skips prefill: it is down
+        assert decode[0].received[-1].body == BODY
+        with ServerThread(fake.app(), port=port):
+            if ask_health:
+                health = httpx.get(proxy.url + "/health")
+                assert health.status_code == 200 and health.json()["status"] == "ok"
+            for _ in range(5):
+                assert httpx.post(proxy.url + "/v1/completions", json=BODY).status_code == 200
+    assert len(fake.received) == 5
+    params = [r.body["kv_transfer_params"] for r in decode[0].received[1:]]
+    assert len(params) == 5 and all(p["do_remote_prefill"] for p in params)
 
 
 @pytest.mark.parametrize("name", ["prefill", "decode"])
