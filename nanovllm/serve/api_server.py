@@ -177,7 +177,7 @@ def build_app(
             raise APIError(
                 "the server is shutting down", status_code=503, code="server_shutting_down"
             )
-        reason = engine.dead_reason()
+        reason = engine.dead_reason() or engine.stall_reason()
         if reason is not None:
             raise APIError(reason, status_code=503, code="engine_unavailable")
         return JSONResponse({"status": "ok"})
