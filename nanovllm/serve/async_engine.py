@@ -225,6 +225,7 @@ class _Abort:
 @dataclass
 class _FailAll:
     error: BaseException
+    unstarted_only: bool = False
 
 
 @dataclass
@@ -290,6 +291,7 @@ class AsyncLLMEngine:
         self._finished: Counter[str] = Counter()
         # Adds whose grammar still compiles: accepted (their caller answered) once it has.
         self._awaiting_grammar: list[tuple[_Add, Request]] = []
+        self._has_output: set[str] = set()  # requests whose stream has had an output
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -364,10 +366,12 @@ class AsyncLLMEngine:
         """Abort a request (thread-safe, idempotent); its blocks are freed before the next step."""
         self._send(_Abort(request_id))
 
-    def fail_requests(self, error: BaseException) -> None:
+    def fail_requests(self, error: BaseException, unstarted_only: bool = False) -> None:
         """Abort every request in flight (thread-safe): each stream gets `error`, its blocks are
-        freed. The engine goes on serving new requests. (A draining server's last word.)"""
-        self._send(_FailAll(error))
+        freed. The engine goes on serving new requests. (A draining server's last word.) With
+        `unstarted_only`, only those that have had no output yet: a draining server's word to
+        the requests it would otherwise make wait, so their clients retry elsewhere at once."""
+        self._send(_FailAll(error, unstarted_only))
 
     def subscribe_events(self) -> EventStream:
         """Start receiving engine events; the first is `EngineStarted`. `close()` to stop."""
@@ -530,6 +534,7 @@ class AsyncLLMEngine:
             else:
                 self._call(command.loop, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
+            self._has_output.discard(command.request_id)
             if self._streams.pop(command.request_id, None) is None:
                 return False  # finished already, or never accepted
             self._timer.forget(command.request_id)
@@ -540,6 +545,8 @@ class AsyncLLMEngine:
             self._finished["abort"] += 1
             return True  # the abort output waits in the engine until the next step
         elif isinstance(command, _FailAll):
+            if command.unstarted_only:
+                return self._fail_unstarted(command.error)
             self._fail_streams(command.error)
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
@@ -578,8 +585,10 @@ class AsyncLLMEngine:
                 continue  # aborted: nobody is listening
             stream, loop = entry
             by_loop.setdefault(loop, []).append((stream, output))
+            self._has_output.add(output.request_id)
             if output.finished:
                 del self._streams[output.request_id]
+                self._has_output.discard(output.request_id)
                 self._finished[output.outputs[0].finish_reason or "unknown"] += 1
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
@@ -609,6 +618,27 @@ class AsyncLLMEngine:
                 waiting.append((command, request))
         self._awaiting_grammar = waiting
 
+    def _fail_unstarted(self, error: BaseException) -> bool:
+        """Abort each request that has had no output yet and hand its stream `error`; True when
+        one was (its abort output waits for the next step, which the running ones need)."""
+        failed = [rid for rid in self._streams if rid not in self._has_output]
+        for command, _ in self._awaiting_grammar:
+            if command.request_id in failed:
+                self._call(command.loop, _resolve, command.accepted, None)
+        self._awaiting_grammar = [
+            a for a in self._awaiting_grammar if a[0].request_id not in failed
+        ]
+        for request_id in failed:
+            stream, loop = self._streams.pop(request_id)
+            self._timer.forget(request_id)
+            try:
+                self.engine.abort_request(request_id)
+                self._finished["abort"] += 1
+            except ValueError:
+                pass
+            self._call(loop, _deliver, [(stream, error)])
+        return bool(failed)
+
     def _fail_streams(self, error: BaseException) -> None:
         """Abort every request we serve (freeing its blocks) and hand each stream `error`."""
         for command, _ in self._awaiting_grammar:  # each stream below hears `error`
@@ -623,6 +653,7 @@ class AsyncLLMEngine:
                 pass
             by_loop.setdefault(loop, []).append((stream, error))
         self._streams.clear()
+        self._has_output.clear()
         self._timer.clear()
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
