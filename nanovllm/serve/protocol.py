@@ -125,10 +125,28 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _same_type(value: Any) -> Any:
+    """A check that a field's value has `value`'s type exactly: Literal[False] alone takes 0
+    (Python's 0 == False), which JSON Schema's `false` does not, and Literal[0] takes `false`."""
+
+    def check(given: Any) -> Any:
+        if type(value) is int:
+            given = _json_integer(given)  # (JSON Schema's 0 is 0.0 too)
+        if given is not None and type(given) is not type(value):
+            raise ValueError(f"must be {value!r} (a {type(value).__name__}), got {given!r}")
+        return given
+
+    return check
+
+
 def Neutral(value: Any, why: str) -> Any:  # noqa: N802 - used as a type
     """A vLLM field nanovllm does not implement: its neutral `value` (or null) only, so the
     schema says so and any other value is a 400 naming the field."""
-    return Annotated[Literal[value] | None, Field(description=f"only {value!r}: {why}")]
+    return Annotated[
+        Literal[value] | None,
+        Field(description=f"only {value!r}: {why}"),
+        BeforeValidator(_same_type(value)),
+    ]
 
 
 def _not_both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -69,6 +69,9 @@ def test_draining_ends_the_waiting_requests_at_once_and_the_running_one_goes_on(
     assert not answers and not waiting, "a request behind the long stream ran: inconclusive"
     one_seat_server.server.start_drain("the test")
     drained = time.monotonic()
+    health = httpx.get(url + "/health", timeout=10)  # the README's draining 503, headers too
+    assert health.status_code == 503 and health.json()["error"]["code"] == "server_shutting_down"
+    assert health.headers["retry-after"] == "1" and health.headers["connection"] == "close"
     for thread in threads[1:]:
         thread.join(30)
     assert answers[0].status_code == 503, answers[0].text

@@ -38,6 +38,12 @@ BAD_BODIES = [
     ({"bad_words": [""]}, "bad_words.0"),
     ({"bad_words": ["\ud800"]}, "bad_words.0"),
     ({"use_beam_search": True}, "use_beam_search"),  # vLLM's, not implemented: never ignored
+    # Only `false`, as the schema says: 0 equals False in Python, not in JSON.
+    ({"use_beam_search": 0}, "use_beam_search"),
+    ({"return_token_ids": 0}, "return_token_ids"),
+    ({"return_token_offsets": 0}, "return_token_offsets"),
+    ({"watermarking": 0}, "watermarking"),
+    ({"echo": 0}, "echo"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -162,3 +168,11 @@ def test_a_masked_tokens_logprob_is_json(server, async_engine):
     top = response.json()["choices"][0]["logprobs"]["top_logprobs"]
     assert min(v for entry in top for v in entry.values()) == -9999.0, top
     wait_idle(async_engine)
+
+
+@pytest.mark.parametrize("field", ["continue_final_message", "echo", "add_special_tokens"])
+def test_a_chat_neutral_boolean_takes_false_only_as_its_schema_says(chat_server, field):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, field: 0}
+    response = httpx.post(chat_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field, response.text
