@@ -99,6 +99,18 @@ def Int(**bounds: int) -> Any:  # noqa: N802 - used as a type
 
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# Python's whitespace (`str.isspace`), written out: JSON Schema's `\s` (ECMAScript's) differs.
+_PY_SPACE = "\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# A bad word is tokenized without its leading whitespace (as vLLM does): whitespace alone would
+# ban nothing, so a word must hold one other character.
+BadWord = Annotated[
+    str,
+    Field(
+        min_length=1,
+        pattern=f"[^{_PY_SPACE}]",
+        description="a word with at least one character that is not whitespace",
+    ),
+]
 TokenId = Int(ge=0)  # (the app's schema adds the vocabulary's bound: openapi.py)
 
 
@@ -201,7 +213,7 @@ class _GenerationRequest(_Strict):
     min_tokens: Int(ge=0) = Field(
         default=0, description="at most max_tokens (a rule JSON Schema cannot state)"
     )
-    bad_words: list[NonEmptyStr] | None = None
+    bad_words: list[BadWord] | None = None
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     user: str | None = None
