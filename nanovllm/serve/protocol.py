@@ -36,6 +36,7 @@ import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -102,14 +103,26 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 # Python's whitespace (`str.isspace`), written out: JSON Schema's `\s` (ECMAScript's) differs.
 _PY_SPACE = "\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 # A bad word is tokenized without its leading whitespace (as vLLM does): whitespace alone would
-# ban nothing, so a word must hold one other character.
+# ban nothing, so a word must hold one other character. The schema states it as a pattern; the
+# check is Python's own, with a message that names the word.
+
+
+def _not_all_space(word: str) -> str:
+    if word.isspace():
+        raise ValueError(
+            f"{word!r} is whitespace only: a bad word must hold a character other than whitespace"
+        )
+    return word
+
+
 BadWord = Annotated[
     str,
     Field(
         min_length=1,
-        pattern=f"[^{_PY_SPACE}]",
         description="a word with at least one character that is not whitespace",
+        json_schema_extra={"pattern": f"[^{_PY_SPACE}]"},
     ),
+    AfterValidator(_not_all_space),
 ]
 TokenId = Int(ge=0)  # (the app's schema adds the vocabulary's bound: openapi.py)
 

@@ -145,8 +145,9 @@ def test_protocol_errors_are_openai_shaped(server):
 
 @pytest.mark.parametrize("key", [lambda i: str(10**6 + i), lambda i: f"0{i}"])
 def test_a_huge_bad_logit_bias_gets_a_short_error_naming_a_few(server, key):
-    """100,000 bad keys: the error names the first few and the count, not every one."""
-    bias = {key(i): 1.0 for i in range(100_000)}
+    """60,000 bad keys (under the 65,536 entries any object may hold): the error names the
+    first few and the count, not every one."""
+    bias = {key(i): 1.0 for i in range(60_000)}
     response = httpx.post(
         server.url + "/v1/completions", json={"prompt": "x", "logit_bias": bias}, timeout=60
     )
@@ -154,7 +155,7 @@ def test_a_huge_bad_logit_bias_gets_a_short_error_naming_a_few(server, key):
     assert len(response.content) < 1000, len(response.content)
     error = response.json()["error"]
     assert error["param"] == "logit_bias"
-    assert key(0) in error["message"] and "99,995 more" in error["message"], error
+    assert key(0) in error["message"] and "59,995 more" in error["message"], error
 
 
 def test_a_masked_tokens_logprob_is_json(server, async_engine):
