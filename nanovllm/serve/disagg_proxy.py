@@ -53,6 +53,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -102,8 +103,11 @@ PASSED_HEADERS = (
 )
 
 
-def prefill_body(body: dict[str, Any], transfer_id: str, signature: str = "") -> dict[str, Any]:
-    """The prefill engine's request: the prompt, one token, no stream, KV to be sent away."""
+def prefill_body(
+    body: dict[str, Any], transfer_id: str, signature: str = "", deadline_ms: int | None = None
+) -> dict[str, Any]:
+    """The prefill engine's request: the prompt, one token, no stream, KV to be sent away (by
+    `deadline_ms`, when given: past it, the server refuses the request)."""
     prefill = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
     prefill["max_tokens"] = 1
     if "max_completion_tokens" in body:  # chat: OpenAI's newer name wins over max_tokens
@@ -115,6 +119,8 @@ def prefill_body(body: dict[str, Any], transfer_id: str, signature: str = "") ->
         "transfer_id": transfer_id,
         "signature": signature,
     }
+    if deadline_ms is not None:
+        prefill["kv_transfer_params"]["deadline_ms"] = deadline_ms
     return prefill
 
 
@@ -140,6 +146,17 @@ def _upstream_headers(request: Request) -> dict[str, str]:
     if "authorization" in request.headers:
         headers["authorization"] = request.headers["authorization"]
     return headers
+
+
+def _refuses_transfer(answer: httpx.Response) -> bool:
+    """Whether a server refused the `kv_transfer_params` the proxy added (its clock ahead of
+    the proxy's by more than the prefill timeout, say, or another KV secret)."""
+    if answer.status_code != 403:
+        return False
+    try:
+        return answer.json()["error"]["code"] == "kv_transfer_params_forbidden"
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -325,6 +342,10 @@ class DisaggProxy:
         assert self.client is not None
         transfer_id: str | None = uuid.uuid4().hex
         signature = transfer_signature(self.kv_secret, transfer_id)
+        # The prefill request carries the moment the proxy gives up on it, signed: a prefill
+        # server that reads it later (it was stopped, and resumed) refuses it uncomputed.
+        deadline_ms = int((time.time() + self.prefill_timeout_s) * 1000)
+        prefill_signature = transfer_signature(self.kv_secret, transfer_id, deadline_ms)
         down = self.prefill_down
         if down is not None and not self.prefill_seen_up and not down.startswith(NO_ANSWER):
             # Never seen up, and its last poll was answered at once (the proxy started before
@@ -334,7 +355,8 @@ class DisaggProxy:
         if down is not None:
             failure: Response | str | None = f"skipped: {down}"
         else:
-            failure = await self._prefill(path, prefill_body(body, transfer_id, signature), headers)
+            prefill = prefill_body(body, transfer_id, prefill_signature, deadline_ms)
+            failure = await self._prefill(path, prefill, headers)
         if isinstance(failure, Response):
             return failure  # the client's own mistake, as the prefill server worded it
         if failure is not None:
@@ -380,6 +402,8 @@ class DisaggProxy:
             return repr(exc)
         if answer.is_success:
             return None
+        if _refuses_transfer(answer):  # ours to mend, never the client's: decode computes it
+            return f"HTTP {answer.status_code}: {answer.text[:200]}"
         if 400 <= answer.status_code < 500:
             return Response(answer.content, answer.status_code, headers=_passed_headers(answer))
         return f"HTTP {answer.status_code}: {answer.text[:200]}"

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.cli import main
-from nanovllm.kv_transfer.secret import kv_secret, transfer_signature
+from nanovllm.kv_transfer.secret import check_transfer_params, kv_secret, transfer_signature
 from nanovllm.serve.disagg_proxy import PREFILL_DROPPED, build_proxy_app, decode_body, prefill_body
 from nanovllm.serve.errors import error_body
 from nanovllm.serve.server import ServerThread
@@ -233,6 +233,26 @@ def proxy_of(prefill_url: str, decode_url: str, **kwargs: Any) -> ServerThread:
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 20, "temperature": 0}
 
 
+def assert_prefill_params(params: dict[str, Any], transfer_id: str, timeout_s: float = 10) -> None:
+    """A prefill request's kv_transfer_params: its transfer, and the moment the proxy gives up
+    on it (within `timeout_s`, the prefill timeout, from now), both signed; the servers' own
+    check accepts them now and refuses them once that moment has passed."""
+    deadline_ms = params["deadline_ms"]
+    assert 0 < deadline_ms - time.time() * 1000 <= timeout_s * 1000
+    signature = transfer_signature(kv_secret(), transfer_id, deadline_ms)
+    assert params == {
+        "do_remote_decode": True,
+        "transfer_id": transfer_id,
+        "signature": signature,
+        "deadline_ms": deadline_ms,
+    }
+    assert check_transfer_params(kv_secret(), params) is None
+    assert "deadline_ms passed 1 ms ago" in check_transfer_params(
+        kv_secret(), params, now_ms=deadline_ms + 1
+    )
+    assert "signature" in check_transfer_params(kv_secret(), {**params, "deadline_ms": 2**62})
+
+
 # --- what each engine is sent ---------------------------------------------------------------
 
 
@@ -258,6 +278,7 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
     assert len(transfer_id) == 32 and int(transfer_id, 16) >= 0  # uuid4().hex
     # Signed with the KV secret, which the servers check: only the proxy names a transfer.
     signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
+    assert_prefill_params(sent_prefill.body["kv_transfer_params"], transfer_id)
     assert sent_prefill.body == {
         "model": "m",
         "prompt": "hello",
@@ -267,7 +288,7 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
         "stop": ["\n"],
         "seed": 5,
         "stream": False,
-        "kv_transfer_params": {"do_remote_decode": True, **signed},
+        "kv_transfer_params": sent_prefill.body["kv_transfer_params"],
     }
     assert sent_decode.body == {**body, "kv_transfer_params": {"do_remote_prefill": True, **signed}}
     assert sent_prefill.path == sent_decode.path == "/v1/completions"
@@ -304,12 +325,13 @@ def test_chat_prefill_is_limited_to_one_token_whichever_limit_is_sent(
     assert sent_prefill.path == "/v1/chat/completions"
     transfer_id = sent_prefill.body["kv_transfer_params"]["transfer_id"]
     signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
+    assert_prefill_params(sent_prefill.body["kv_transfer_params"], transfer_id)
     assert sent_prefill.body == {
         "messages": body["messages"],
         "stream": False,
         "n": 1,
         **expected,
-        "kv_transfer_params": {"do_remote_decode": True, **signed},
+        "kv_transfer_params": sent_prefill.body["kv_transfer_params"],
     }
     assert decode[0].received[0].body == {
         **body,
@@ -407,6 +429,39 @@ def test_a_hung_prefill_costs_at_most_the_health_interval_plus_the_timeout(decod
             assert all(r.body == BODY for r in decode[0].received)  # no kv_transfer_params
             health = httpx.get(proxy.url + "/health", timeout=10).json()
             assert health["prefill"]["status"] != "ok"
+
+
+def test_prefill_work_the_proxy_gave_up_on_is_refused_when_read_late(prefill, decode):
+    """A stopped prefill server (SIGSTOP: the kernel accepts the connection and keeps its
+    bytes) resumes after the proxy gave up on it, and reads the request then. The servers'
+    own check, which runs before a request reaches the engine (`check_transfer_params`),
+    refuses it: its signed deadline has passed. (Before, the request carried no deadline, and
+    the resumed engine computed a prefill nobody would use.) A prefill server that refuses the
+    proxy's kv_transfer_params (its clock ahead, say) costs the client nothing: decode answers."""
+    prefill[0].mode = "wait"  # answers nothing, as a stopped server
+    with proxy_of(prefill[1].url, decode[1].url, prefill_timeout_s=0.5) as proxy:
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert answer.status_code == 200 and answer.json() == decode[0].answer(BODY)
+    [late] = prefill[0].received
+    assert "deadline_ms passed" in check_transfer_params(
+        kv_secret(), late.body["kv_transfer_params"]
+    )
+
+    refusing = FastAPI()
+
+    @refusing.post("/v1/completions")
+    async def refuse() -> Response:
+        message = "kv_transfer_params' deadline_ms passed 7 ms ago"
+        body = error_body(
+            message, "invalid_request_error", "kv_transfer_params", "kv_transfer_params_forbidden"
+        )
+        return JSONResponse(body, status_code=403)
+
+    decode[0].received.clear()
+    with ServerThread(refusing) as refuser, proxy_of(refuser.url, decode[1].url) as proxy:
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert answer.status_code == 200 and answer.json() == decode[0].answer(BODY)
+    assert [r.body for r in decode[0].received] == [BODY]  # computed there, no transfer named
 
 
 def test_prefill_resumes_when_its_health_answers_again(prefill, decode):
