@@ -172,10 +172,10 @@ class P2pTransport:
 
     def close(self) -> None:
         """Stop sending and receiving, end every wait, and free the consumer's port at once (a
-        new engine may listen there). The consumer's thread stays, idle, until its producer
-        leaves or the process exits: tearing down a gloo group whose thread is still in a call
-        aborts the process (torch 2.13), so a group is dropped only once no call is in it.
-        The producer's thread leaves its group and ends."""
+        new engine may listen there); the consumer's accept loop ends. Its session thread
+        stays, idle, until its producer leaves or the process exits: tearing down a gloo group
+        whose thread is still in a call aborts the process (torch 2.13), so a group is dropped
+        only once no call is in it. The producer's thread leaves its group and ends."""
         if self.closed.is_set():
             return
         self.closed.set()
