@@ -421,7 +421,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "json-depth-counts-brackets-inside-strings",
         "nanovllm/serve/body.py",
-        "json_depth",
+        "_depths",
         (
             (
                 "    steps[inside] = 0\n",

@@ -193,12 +193,12 @@ class LLMEngine:
         if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
             return self.async_step.step()
         sched = self.scheduler.schedule()
+        result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
+        outputs, self._pending = self._pending, []  # the outputs of aborts come first
         if sched.is_empty and self.awaiting_grammar:  # nothing to run but compiles: wait a bit
             self.input_processor.structured_output.wait_for_any(
                 [r.structured_output_request for r in self.awaiting_grammar], GRAMMAR_WAIT_S
             )
-        result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
-        outputs, self._pending = self._pending, []  # the outputs of aborts come first
         return outputs + (self.update_from_output(sched, result) if result is not None else [])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
