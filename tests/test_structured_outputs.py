@@ -342,6 +342,7 @@ def test_a_constraint_that_does_not_compile_is_refused_and_others_run_on(
     assert_no_leak(llm)
 
 
+@pytest.mark.slow
 def test_other_requests_run_while_a_grammar_compiles(engines):
     """The grammar compiles on its own thread (vLLM's design): a plain request added after a
     large constraint finishes its tokens while that constraint is still compiling, and the

@@ -49,6 +49,7 @@ def best_of_three(server, send, allowed: float) -> tuple[list[float], list]:
     return worsts, results
 
 
+@pytest.mark.slow
 def test_a_large_grammar_compiles_while_the_streams_run(server, async_engine):
     manager = async_engine.engine.input_processor.structured_output
     sizes = iter(range(29_000, 29_003))  # a new constraint each try: never from the cache
