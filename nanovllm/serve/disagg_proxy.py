@@ -250,7 +250,7 @@ class DisaggProxy:
         # The last word on the prefill server (the watcher's, a request's or /health's poll):
         # None while it answers /health with a 200, else why not. Requests skip prefill while
         # it is set, and /health reports it: one state for both.
-        self.prefill_down: str | None = "not polled yet"
+        self.prefill_down: str | None = None  # (until the first poll says otherwise: used)
         self.prefill_seen_up = False  # has its /health ever answered 200?
         self._poll: asyncio.Future | None = None  # the poll in flight, shared by its callers
         self._watcher: asyncio.Task | None = None

@@ -680,7 +680,7 @@ def test_a_proxy_started_before_prefill_uses_it_once_it_is_up(decode, ask_health
     fake = Fake("prefill")
     with proxy_of(f"http://127.0.0.1:{port}", decode[1].url, health_check_interval_s=100) as proxy:
         state = proxy.server.config.app.state.proxy
-        wait_for(lambda: state.prefill_down not in (None, "not polled yet"), "the first poll")
+        wait_for(lambda: state.prefill_down is not None, "the first poll")
         httpx.post(proxy.url + "/v1/completions", json=BODY)  # skips prefill: it is down
         assert decode[0].received[-1].body == BODY
         with ServerThread(fake.app(), port=port):
