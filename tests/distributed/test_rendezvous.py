@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 from rank_checks import RankChecks
 
@@ -54,6 +55,7 @@ def stranger_reads(ports: set[int]) -> dict[int, list[str] | None]:
     return dict(found)
 
 
+@pytest.mark.slow  # (6 s: a two-rank group starts, and strangers wait 2 s)
 def test_a_group_listens_on_loopback_alone_and_shows_strangers_no_store(monkeypatch):
     """Every port the group's processes listen on is on loopback, and none answers a stranger
     as a store: the ranks meet at a file in a folder only this user may enter. (Before, the
