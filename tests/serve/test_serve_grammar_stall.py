@@ -75,6 +75,7 @@ def test_a_large_grammar_compiles_while_the_streams_run(server, async_engine):
     wait_idle(async_engine)
 
 
+@pytest.mark.slow
 def test_a_grammar_past_the_size_limit_is_a_400_at_once_while_the_streams_run(server):
     """The issue's 50,001-choice enum (a 439 KB body)."""
 
