@@ -1,7 +1,7 @@
 """`/health` sees a stuck engine: 503 while it has work and makes no step, 200 again after.
 
 The stall is injected: the engine's `step` blocks on an event the test holds, with a request
-waiting, and the server's bound is lowered to 0.3 s. Oracle: `/health`'s status before, during
+waiting, and the server's bound is lowered to 1 s. Oracle: `/health`'s status before, during
 and after, and the request's own answer once the engine steps again. Before the fix `/health`
 answered 200 throughout (it asked only whether the engine thread was alive).
 """
@@ -35,7 +35,7 @@ def test_health_is_503_while_the_engine_is_stalled_and_200_after(server, async_e
         release.wait(30)
         return step()
 
-    monkeypatch.setattr(async_engine, "stall_timeout_s", 0.3)
+    monkeypatch.setattr(async_engine, "stall_timeout_s", 1.0)
     monkeypatch.setattr(engine, "step", stalled_step)
     answers = []
     body = {"prompt": [5, 6, 7], "max_tokens": 3}
@@ -52,7 +52,7 @@ def test_health_is_503_while_the_engine_is_stalled_and_200_after(server, async_e
         assert stalled.status_code == 503, stalled.text
         error = stalled.json()["error"]
         assert error["code"] == "engine_unavailable", error
-        assert "has made no step" in error["message"] and "0.3 s" in error["message"], error
+        assert "has made no step" in error["message"] and "1 s" in error["message"], error
     finally:
         monkeypatch.setattr(engine, "step", step)
         release.set()
@@ -60,5 +60,5 @@ def test_health_is_503_while_the_engine_is_stalled_and_200_after(server, async_e
     assert answers and answers[0].status_code == 200, answers
     assert poll_health(server.url, 200).status_code == 200
     wait_idle(async_engine)
-    time.sleep(0.5)  # idle past the bound: an engine without work is not stalled
+    time.sleep(1.2)  # idle past the bound: an engine without work is not stalled
     assert httpx.get(server.url + "/health", timeout=5).status_code == 200
