@@ -205,10 +205,17 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, in arrival order. Not when we just preempted: memory is tight.
+        # A request whose grammar is still compiling is passed over (vLLM's WAITING_FOR_FSM):
+        # set aside, and put back in its place after the loop.
+        skipped: list[Request] = []
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._peek_waiting()
             if request is None:
                 break
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                skipped.append(self.waiting.popleft())
+                continue
             computed_blocks, num_cached, num_external = [], 0, 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(request)
@@ -242,6 +249,7 @@ class Scheduler:
             self.external_prefix_cache_hits += num_external
             self.add_to_step(out, request, num_new)
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
 
         out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
         out.kv_connector_metadata = self.kv_source.build_connector_meta(out)

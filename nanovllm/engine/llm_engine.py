@@ -45,6 +45,9 @@ from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("nanovllm")
 
+# How long a step with nothing to run waits for a grammar being compiled (rather than spin).
+GRAMMAR_WAIT_S = 0.01
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
@@ -88,6 +91,9 @@ class LLMEngine:
             is_known=self._is_known,
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
+        # Requests whose grammar compiles on its own thread (`structured_output/manager.py`):
+        # the scheduler passes over them until `_install_grammars` finds them ready.
+        self.awaiting_grammar: list[Request] = []
         self.started_event = setup.started_event(config)  # what a subscriber hears first
         self.async_step = setup.async_step(self)  # None, unless async scheduling (`async_step.py`)
 
@@ -132,6 +138,9 @@ class LLMEngine:
         for request in requests:
             self.output_processor.add_request(request, parent)
             self.scheduler.add_request(request)
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                self.awaiting_grammar.append(request)
             if self.events.active:
                 self.events.emit(request_added(self.tokenizer, request))
         return requests[0]
@@ -184,11 +193,17 @@ class LLMEngine:
         """One iteration of continuous batching: the outputs of requests that progressed."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
+        if self.awaiting_grammar:
+            self._install_grammars()
         if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
             return self.async_step.step()
         sched = self.scheduler.schedule()
         result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
         outputs, self._pending = self._pending, []  # the outputs of aborts come first
+        if sched.is_empty and self.awaiting_grammar:  # nothing to run but compiles: wait a bit
+            self.input_processor.structured_output.wait_for_any(
+                [r.structured_output_request for r in self.awaiting_grammar], GRAMMAR_WAIT_S
+            )
         return outputs + (self.update_from_output(sched, result) if result is not None else [])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
@@ -228,6 +243,25 @@ class LLMEngine:
         if self.events.active:
             self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs
+
+    def _install_grammars(self) -> None:
+        """Give each request whose grammar has compiled its matcher (so the scheduler takes it
+        from now on); end with an error, named, each whose compile failed or ran too long."""
+        manager = self.input_processor.structured_output
+        waiting, progress = [], []
+        for request in self.awaiting_grammar:
+            if request.is_finished:
+                continue  # aborted while its grammar compiled
+            try:
+                if not manager.grammar_ready(request.structured_output_request):
+                    waiting.append(request)
+            except ValueError as exc:
+                logger.warning("nanovllm: request %r: %s", request.request_id, exc)
+                request.error = str(exc)
+                progress.append(self._finish(request, FinishReason.ERROR))
+        self.awaiting_grammar = waiting
+        if progress:
+            self._pending.extend(self.output_processor.make_request_outputs(progress))
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""
