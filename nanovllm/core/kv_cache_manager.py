@@ -147,32 +147,15 @@ class KVCacheManager:
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> int:
-        """How many blocks of the free queue `allocate_slots` with the same arguments takes:
-        new blocks, and prefix-cache hits on free blocks (vLLM's name)."""
-        return sum(
-            self._blocks_to_allocate(
-                request, num_new_tokens, new_computed_blocks or [], num_lookahead_tokens
-            )
-        )
-
-    def _blocks_to_allocate(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock],
-        num_lookahead_tokens: int,
-    ) -> tuple[int, int]:
-        """(new blocks, prefix-cache hits on free blocks) that `allocate_slots` takes."""
-        num_held = len(self.req_to_blocks.get(request.request_id, ()))
+        """How many blocks `allocate_slots` with the same arguments takes from the free queue
+        (vLLM's name): its new blocks, and its prefix-cache hits on free blocks."""
+        new_computed_blocks = new_computed_blocks or []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        total_tokens = num_computed + num_new_tokens
-        num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
-        num_new_blocks = max(num_required - num_held - len(new_computed_blocks), 0)
-        # A cache hit on a *free* block takes it out of the free queue as well.
-        num_hits_on_free = 0
-        if new_computed_blocks:  # (rare: only when a request is admitted)
-            num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        return num_new_blocks, num_hits_on_free
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        num_held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
+        num_new_blocks = max(-(-num_slots // self.block_size) - num_held, 0)  # (ceil)
+        # A hit on a free block takes it out of the free queue too (hits: only at admission).
+        return num_new_blocks + sum(b.ref_cnt == 0 for b in new_computed_blocks)
 
     def allocate_slots(
         self,
@@ -191,21 +174,22 @@ class KVCacheManager:
         preempts someone or waits.
         """
         new_computed_blocks = new_computed_blocks or []
-        req_id = request.request_id
-        num_new_blocks, num_hits_on_free = self._blocks_to_allocate(
+        num_to_take = self.get_num_blocks_to_allocate(
             request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
         )
-        if num_new_blocks + num_hits_on_free > self.num_free_blocks:
+        if num_to_take > self.num_free_blocks:
             return None
+        req_id = request.request_id
         blocks = self.req_to_blocks.setdefault(req_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
 
-        if new_computed_blocks or num_new_blocks:
+        if num_to_take or new_computed_blocks:
             self.req_to_block_ids.pop(req_id, None)  # the table grows
         emit = self.events.active
         for block in new_computed_blocks:
             was_free = self.block_pool.touch(block)
+            num_to_take -= was_free  # a hit on a free block took it out of the free queue
             self.num_extra_refs += not was_free
             blocks.append(block)
             if emit:
@@ -214,7 +198,7 @@ class KVCacheManager:
                 )
 
         new_blocks = []
-        for _ in range(num_new_blocks):
+        for _ in range(num_to_take):
             block = self.block_pool.get_new_block()  # (evicted from the prefix cache if cached)
             blocks.append(block)
             new_blocks.append(block)

@@ -205,8 +205,7 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, in arrival order. Not when we just preempted: memory is tight.
-        # A request whose grammar is still compiling is passed over (vLLM's WAITING_FOR_FSM):
-        # set aside, and put back in its place after the loop.
+        # One whose grammar is still compiling is set aside, then put back (vLLM's WAITING_FOR_FSM).
         skipped: list[Request] = []
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._peek_waiting()
@@ -228,13 +227,13 @@ class Scheduler:
             num_new = min(num_new, budget)
             # The external tokens need new blocks (their KV is copied in) but no compute.
             num_slots = num_new + num_external
-            if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
-                # Not enough free blocks: wait for running requests to finish.
-                needed = self.kv.get_num_blocks_to_allocate(
-                    request, num_slots, computed_blocks, lookahead
-                )
+            needed = self.kv.get_num_blocks_to_allocate(
+                request, num_slots, computed_blocks, lookahead
+            )
+            if needed > self.kv.num_free_blocks:  # wait for running requests to finish
                 out.waiting_blocks = (needed, self.kv.num_free_blocks)
                 break
+            self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead)
             self.kv_source.update_state_after_alloc(
                 request, self.kv.block_ids(request.request_id), num_external
             )

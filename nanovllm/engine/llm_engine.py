@@ -45,9 +45,6 @@ from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("nanovllm")
 
-# How long a step with nothing to run waits for a grammar being compiled (rather than spin).
-GRAMMAR_WAIT_S = 0.01
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
@@ -91,8 +88,7 @@ class LLMEngine:
             is_known=self._is_known,
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
-        # Requests whose grammar compiles on its own thread (`structured_output/manager.py`):
-        # the scheduler passes over them until `_install_grammars` finds them ready.
+        # Requests whose grammar is compiling (`structured_output/manager.py`): not scheduled.
         self.awaiting_grammar: list[Request] = []
         self.started_event = setup.started_event(config)  # what a subscriber hears first
         self.async_step = setup.async_step(self)  # None, unless async scheduling (`async_step.py`)
@@ -201,9 +197,7 @@ class LLMEngine:
         result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
         outputs, self._pending = self._pending, []  # the outputs of aborts come first
         if sched.is_empty and self.awaiting_grammar:  # nothing to run but compiles: wait a bit
-            self.input_processor.structured_output.wait_for_any(
-                [r.structured_output_request for r in self.awaiting_grammar], GRAMMAR_WAIT_S
-            )
+            self.input_processor.structured_output.wait_for_any(self.awaiting_grammar)
         return outputs + (self.update_from_output(sched, result) if result is not None else [])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
@@ -245,23 +239,12 @@ class LLMEngine:
         return outputs
 
     def _install_grammars(self) -> None:
-        """Give each request whose grammar has compiled its matcher (so the scheduler takes it
-        from now on); end with an error, named, each whose compile failed or ran too long."""
+        """Requests whose grammar has compiled are scheduled from now on; each whose compile
+        failed or ran too long ends with that error (`structured_output/manager.py`)."""
         manager = self.input_processor.structured_output
-        waiting, progress = [], []
-        for request in self.awaiting_grammar:
-            if request.is_finished:
-                continue  # aborted while its grammar compiled
-            try:
-                if not manager.grammar_ready(request.structured_output_request):
-                    waiting.append(request)
-            except ValueError as exc:
-                logger.warning("nanovllm: request %r: %s", request.request_id, exc)
-                request.error = str(exc)
-                progress.append(self._finish(request, FinishReason.ERROR))
-        self.awaiting_grammar = waiting
-        if progress:
-            self._pending.extend(self.output_processor.make_request_outputs(progress))
+        self.awaiting_grammar, failed = manager.take_compiled(self.awaiting_grammar)
+        progress = [self._finish_with_error(r.request_id, error) for r, error in failed]
+        self._pending.extend(self.output_processor.make_request_outputs(progress))
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""

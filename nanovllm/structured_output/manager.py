@@ -58,6 +58,8 @@ CACHE_SIZE = 128
 # choices, 169 KB, compiles in ~0.6 s on the tests' 320-token vocabulary).
 MAX_GRAMMAR_CHARS = 262_144
 MAX_COMPILE_S = 10.0
+# How long a step with nothing to run waits for a grammar being compiled.
+GRAMMAR_WAIT_S = 0.01
 # Constraints up to this long are parsed at arrival, on the caller's thread (under ~5 ms).
 MAX_PARSE_AT_ARRIVAL_CHARS = 16_384
 
@@ -148,10 +150,26 @@ class StructuredOutputManager:
             )
         return False
 
-    def wait_for_any(self, requests: list[StructuredOutputRequest], timeout: float) -> None:
+    def take_compiled(self, requests: list[Request]) -> tuple[list[Request], list[tuple]]:
+        """Of the requests waiting for their grammar (the engine's, each step): those still
+        compiling, and (request, error) for each whose compile failed or ran too long. The
+        others have their matcher now; an aborted one is dropped."""
+        waiting, failed = [], []
+        for request in requests:
+            if request.is_finished:
+                continue  # aborted while its grammar compiled
+            try:
+                if not self.grammar_ready(request.structured_output_request):
+                    waiting.append(request)
+            except ValueError as exc:
+                failed.append((request, f"request {request.request_id!r}: {exc}"))
+        return waiting, failed
+
+    def wait_for_any(self, requests: list[Request], timeout: float = GRAMMAR_WAIT_S) -> None:
         """Block until one of the requests' grammars has compiled, or `timeout` seconds (the
-        engine, with nothing else to do)."""
-        pending = [r.compiled for r in requests if not r.compiled.done()]
+        engine, with nothing else to do, rather than spin)."""
+        pending = [r.structured_output_request.compiled for r in requests]
+        pending = [f for f in pending if not f.done()]
         if pending:
             wait(pending, timeout, FIRST_COMPLETED)
 
