@@ -249,7 +249,7 @@ class LLMEngine:
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""
         request = self.scheduler.requests[request_id]
-        logger.warning("nanovllm: %s", error)
+        logger.warning("nanovllm: request %r: %s", request_id, error)
         request.error = error
         return self._finish(request, FinishReason.ERROR)
 

@@ -162,7 +162,7 @@ class StructuredOutputManager:
                 if not self.grammar_ready(request.structured_output_request):
                     waiting.append(request)
             except ValueError as exc:
-                failed.append((request, f"request {request.request_id!r}: {exc}"))
+                failed.append((request, str(exc)))
         return waiting, failed
 
     def wait_for_any(self, requests: list[Request], timeout: float = GRAMMAR_WAIT_S) -> None:
