@@ -13,6 +13,8 @@
     nanovllm lesson 3 --path        where your copy of the exercise is
     nanovllm lesson next            carry on where you stopped (takes the same options)
     nanovllm lesson --mutants       how many of the course's planted bugs its properties catch
+    nanovllm lesson --mutate [N]    how many generated mutants the properties kill (slow: all
+                                    fifteen lessons take hours; one lesson, minutes)
 
 Your exercises live in $NANOVLLM_HOME/lessons (default ~/.nanovllm/lessons), copied there on
 first use and never overwritten, so your work survives upgrades of the package.
@@ -57,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mutants",
         action="store_true",
         help="run the properties against every planted bug (of one lesson, or all)",
+    )
+    what.add_argument(
+        "--mutate",
+        action="store_true",
+        help="run the properties against every generated mutant (lessons/mutation.py)",
     )
     parser.add_argument(
         "--run",
@@ -108,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mutants:
         return _mutants(console, lesson)
+    if args.mutate:
+        return _mutate(console, lesson)
     acts = ("check", "watch", "hint", "path", "text", "demo", "reset")
     if (args.run or args.viz) and any(getattr(args, name) for name in acts):
         console.print("[red]--run and --viz go with a lesson alone: nanovllm lesson N --run[/]")
@@ -231,17 +240,35 @@ def parse_hints(text: str) -> list[str]:
     return [part.strip() for part in parts[1:] if part.strip()]
 
 
+SOLUTION_MARK = "(nearly the whole solution)"
+"""What a hints.md heading ends with when its hint all but gives the solution away."""
+
+
+def solution_hints(text: str) -> set[int]:
+    """The numbers (from 1) of the hints whose heading carries `SOLUTION_MARK`."""
+    headings = re.findall(r"^## +Hint +\d+(.*)$", text, flags=re.MULTILINE)
+    return {i for i, rest in enumerate(headings, start=1) if SOLUTION_MARK in rest}
+
+
 def _hint(console, workspace: Workspace, lesson: Lesson) -> int:
     from rich.markdown import Markdown
     from rich.panel import Panel
 
-    hints = parse_hints(lesson.file("hints.md").read_text(encoding="utf-8"))
+    text = lesson.file("hints.md").read_text(encoding="utf-8")
+    hints, giveaways = parse_hints(text), solution_hints(text)
     n = min(workspace.next_hint(lesson), len(hints))
-    console.print(
-        Panel(Markdown(hints[n - 1]), title=f"Lesson {lesson.number}, hint {n} of {len(hints)}")
-    )
+    title = f"Lesson {lesson.number}, hint {n} of {len(hints)}"
+    if n in giveaways:
+        title += ": nearly the whole solution"
+    console.print(Panel(Markdown(hints[n - 1]), title=title))
     if n == len(hints):
         console.print("[dim]That was the last hint.[/]")
+    elif n + 1 in giveaways:
+        last = "the last one, " if n + 1 == len(hints) else ""
+        console.print(
+            f"[yellow]The next hint ({last}hint {n + 1}) is nearly the whole solution:[/] try "
+            "with the hints so far first; `--hint` again shows it."
+        )
     return 0
 
 
@@ -448,6 +475,30 @@ def _mutants(console, lesson: Lesson | None) -> int:
     return 0 if caught == len(results) else 1
 
 
+def _mutate(console, lesson: Lesson | None) -> int:
+    """The generated mutants' table (`mutation`): each lesson in a niced child process."""
+    if _needs_test_tools(console):
+        return 2
+    from nanovllm.lessons import harness, mutation
+
+    rows = []
+    for lesson_ in all_lessons() if lesson is None else (lesson,):
+        try:
+            harness.implementation(lesson_, "reference")
+        except ImportError as exc:  # lesson 05 without Triton
+            console.print(f"[yellow]Lesson {lesson_.number} skipped: {exc}[/]")
+            continue
+        with console.status(f"lesson {lesson_.number}: generated mutants...") as status:
+
+            def progress(done: int, total: int, status=status, n=lesson_.number) -> None:
+                status.update(f"lesson {n}: {done}/{total} generated mutants run")
+
+            verdicts = mutation.run_lesson(lesson_, progress=progress)
+        rows.append(mutation.figures(lesson_, verdicts))
+    print(mutation.markdown(rows))
+    return 0 if all(not row.surviving for row in rows) else 1
+
+
 # --- your engine, and the visualizer -------------------------------------------------------------
 
 
@@ -463,8 +514,10 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
             f"[yellow]Lesson {lesson.number} has no {what}: its exercise is not engine code.[/]"
         )
         return 2
+    # Loading the engine (torch, the model's code) takes seconds before anything else shows.
     try:
-        spec = lesson_module(lesson, "run")
+        with console.status(f"lesson {lesson.number}: loading the engine..."):
+            spec = lesson_module(lesson, "run")
     except ImportError as exc:  # lesson 05 without Triton
         console.print(f"[yellow]Lesson {lesson.number}'s --run needs {exc.name or exc}.[/]")
         return 2
@@ -512,21 +565,28 @@ def _run_engine(console, workspace: Workspace, lesson: Lesson, args: argparse.Na
             return 0 if report.passed else 1
         events = report.events
     else:
-        with console.status("running the engine..."):
+        with console.status(
+            f"running the engine on lesson {lesson.number}'s workload, to find the moment..."
+        ):
             events = your_engine.record_stock(lesson, trace)
     step = moment.find(events)
     if step is None:
         console.print(f"[yellow]This run never reached the moment to show ({moment.words}).[/]")
         return 1
-    console.print(f"The visualizer, paused after step {step}: {moment.words}. Space resumes.")
+    request = moment.request(events, step)
+    on = f" ({request} selected)" if request else ""
+    console.print(
+        f"The visualizer, paused after step {step}: {moment.words}{on}. Space resumes. "
+        "[dim](opening it...)[/]"
+    )
     from nanovllm.lessons import viz_adapter
 
     if args.screenshot is None and not sys.stdout.isatty():
         console.print(
-            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step, panel=moment.panel))}[/]"
+            f"[yellow]The visualizer needs a terminal. Replay it later: nanovllm viz {' '.join(viz_adapter.viz_argv(trace, step, panel=moment.panel, select=request))}[/]"
         )
         return 2
-    return viz_adapter.show(trace, step, args.screenshot, moment.panel)
+    return viz_adapter.show(trace, step, args.screenshot, moment.panel, request)
 
 
 def _single_thread() -> None:

@@ -15,6 +15,9 @@ code decides (`ASPECTS`, named by `COMPARE` in the lesson's `run.py`):
                    (not by slot: which free slot a tier takes is its own business)
     verifications  every verification of a request's proposed tokens, and how many it accepted
 
+Whatever the lesson, `broken_invariant` reads what every run must keep: no step of 0 tokens,
+and blocks conserved.
+
 The events of one step are those after the previous `StepSummary` up to its own. `first_difference`
 names the first step at which the two runs differ, and what differs there, request by request.
 """
@@ -272,6 +275,65 @@ def _first_verification_difference(
         f"at step {step}, {rid}'s verification {i + 1}",
         [said(a, "the stock engine"), said(b, "yours")],
     )
+
+
+# --- what every run must keep, whoever decided -------------------------------------------------
+
+
+INVARIANTS = "the engine's invariants (no step of 0 tokens, blocks conserved)"
+
+
+def broken_invariant(events: list) -> str | None:
+    """The first place where a run's events break what every engine run keeps, in words (None:
+    none broken):
+
+    - no step gives a request 0 tokens (an entry of 0 is a request that did not run);
+    - blocks are conserved: a request gives back only blocks it holds, a fresh block is handed
+      to one request only, and after every step the blocks some request holds plus the free
+      queue's count are all the cache's blocks (`EngineStarted.num_kv_blocks`); once every
+      request has finished, no request holds a block.
+    """
+    held: dict[str, list[int]] = {}  # request id -> its blocks (a shared one in several lists)
+    total: int | None = None
+    step = 1
+    for e in events:
+        name = type(e).__name__
+        if name == "EngineStarted":
+            total = e.num_kv_blocks
+        elif name == "RequestScheduled" and e.num_tokens <= 0:
+            return f"at step {e.step}: {e.request_id} was scheduled with {_tokens(e.num_tokens)}"
+        elif name == "BlockAllocated":
+            owners = [rid for rid, blocks in held.items() if e.block_id in blocks]
+            if e.from_free_queue and owners:
+                return (
+                    f"at step {step}: block {e.block_id} was handed to {e.request_id} from the "
+                    f"free queue while {owners[0]} held it"
+                )
+            held.setdefault(e.request_id, []).append(e.block_id)
+        elif name == "CacheHit":
+            held.setdefault(e.request_id, []).append(e.block_id)
+        elif name == "BlockFreed":
+            blocks = held.get(e.request_id, [])
+            if e.block_id not in blocks:
+                return f"at step {step}: {e.request_id} gave back block {e.block_id}, not its own"
+            blocks.remove(e.block_id)
+        elif name == "StepSummary":
+            zero = [rid for rid, n in e.scheduled.items() if n <= 0]
+            if zero:
+                return f"at step {e.step}: {zero[0]} was scheduled with {_tokens(e.scheduled[zero[0]])}"
+            in_use = {block for blocks in held.values() for block in blocks}
+            if total is not None and len(in_use) + e.num_free_blocks != total:
+                return (
+                    f"after step {e.step}: {_count(len(in_use), 'block')} held and "
+                    f"{e.num_free_blocks} free make {len(in_use) + e.num_free_blocks}, but the "
+                    f"cache has {total}: blocks were lost or made up"
+                )
+            step = e.step + 1
+    left = {rid: blocks for rid, blocks in held.items() if blocks}
+    if left and any(type(e).__name__ == "StepSummary" for e in events):
+        rid, blocks = next(iter(left.items()))
+        return f"after the run: {rid} still holds {_blocks(blocks)}, though every request finished"
+    return None
 
 
 def first_listed_difference(stock: list[str], yours: list[str], where: str) -> str | None:

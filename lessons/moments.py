@@ -36,6 +36,13 @@ class Moment:
     words: str  # "the first preemption"
     find: Callable[[list], int | None]  # the step it happens at, or None
     panel: str | None = None  # "executor": the visualizer opens on its executor panel
+    # The request the moment was found on, given the events and its step (None: any); the
+    # visualizer opens with it selected.
+    subject: Callable[[list, int], str | None] | None = None
+
+    def request(self, events: list, step: int) -> str | None:
+        """The request to select at `step` (None when the moment names none)."""
+        return self.subject(events, step) if self.subject is not None else None
 
 
 def steps(events: list) -> Iterator[tuple[int, list]]:
@@ -126,9 +133,9 @@ def _chunk_with_decodes(events: list) -> int | None:
     return None
 
 
-def _scattered_reads(events: list) -> int | None:
-    """A step whose flat batch has a decode reading 3+ blocks that are not in id order one
-    after the other (paging: the context is scattered over the cache)."""
+def _scattered(events: list) -> Iterator[tuple[int, str]]:
+    """(step, request) for each decode reading 3+ blocks that are not in id order one after
+    the other (paging: the context is scattered over the cache), in order."""
     for step, frame in steps(events):
         for e in frame:
             if _kind(e) != "StepInputsPrepared":
@@ -137,8 +144,27 @@ def _scattered_reads(events: list) -> int | None:
                 decode = e.query_start_loc[i + 1] - e.query_start_loc[i] == 1
                 jumps = any(b != a + 1 for a, b in zip(table, table[1:]))
                 if decode and len(table) >= 3 and jumps:
-                    return step
-    return None
+                    yield step, e.request_ids[i]
+
+
+def _scattered_reads(events: list) -> int | None:
+    return next((step for step, _ in _scattered(events)), None)
+
+
+def _scattered_request(events: list, step: int) -> str | None:
+    return next((rid for at, rid in _scattered(events) if at == step), None)
+
+
+def _first_request(kind: str) -> Callable[[list, int], str | None]:
+    """The request of the first event of `kind` in `step`."""
+
+    def subject(events: list, step: int) -> str | None:
+        for at, frame in steps(events):
+            if at == step:
+                return next((e.request_id for e in frame if _kind(e) == kind), None)
+        return None
+
+    return subject
 
 
 def _busiest_step(events: list) -> int | None:
@@ -160,10 +186,12 @@ MOMENTS: dict[str, Moment] = {
     "preemption": Moment(
         "the first preemption",
         lambda events: _first(events, lambda e: _kind(e) == "RequestPreempted"),
+        subject=_first_request("RequestPreempted"),
     ),
     "first_hit": Moment(
         "the first prefix-cache hit",
         lambda events: _first(events, lambda e: _kind(e) == "CacheHit"),
+        subject=_first_request("CacheHit"),
     ),
     "rejected_block_freed": Moment(
         "proposals rejected: a block that held only their slots goes back to the free queue",
@@ -190,5 +218,6 @@ MOMENTS: dict[str, Moment] = {
         "(the executor panel)",
         _scattered_reads,
         panel="executor",
+        subject=_scattered_request,
     ),
 }

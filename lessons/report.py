@@ -41,6 +41,9 @@ from typing import Any
 from nanovllm.lessons.catalog import Lesson
 
 DRAW_NOTE = re.compile(r"^Draw (\d+)(?: \((.*)\))?: (.*?)(?:  # .*)?$")
+# hypothesis' note on the failing example of a test it ran: "Failing test case: f(\n    x=1,\n)"
+# (older versions: "Falsifying example: ...").
+EXAMPLE_NOTE = re.compile(r"^(?:Failing test case|Falsifying example): \w+\($")
 
 
 @dataclass
@@ -123,12 +126,40 @@ def describe_failure(
         inputs.extend(named_fields(key, value))
     for label, value in getattr(exc, "lesson_returned", None) or []:
         inputs.append((label, repr(value)))
-    for note in getattr(exc, "__notes__", None) or []:
+    notes = getattr(exc, "__notes__", None) or []
+    for note in notes:
         match = DRAW_NOTE.match(note.strip())
         if match:
             number, label, value = match.groups()
             inputs.append((label or f"draw {number}", value))
+    if not inputs:
+        # A property that drives hypothesis itself (lesson 12 runs the learner's properties
+        # that way) has only hypothesis' own note on its failing example: show that.
+        for note in notes:
+            inputs.extend(example_arguments(note))
     return Failure(name, meaning(prop), inputs, message, where)
+
+
+def example_arguments(note: str) -> list[tuple[str, str]]:
+    """The (name, value) arguments of hypothesis' failing-example note, `impl` left out; none
+    if `note` is not one. An argument hypothesis wrapped over several lines is joined."""
+    lines = note.strip().splitlines()
+    if not lines or not EXAMPLE_NOTE.match(lines[0]):
+        return []
+    arguments: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        argument = re.match(r"^    (\w+)=(.*)$", line)
+        if argument:
+            arguments.append((argument.group(1), argument.group(2)))
+        elif arguments and line.startswith("    "):  # a wrapped value goes on
+            key, value = arguments[-1]
+            joint = "" if value.endswith("(") or line.strip()[0] in ")]}" else " "
+            arguments[-1] = (key, value + joint + line.strip())
+    return [
+        (key, value[:-1] if value.endswith(",") else value)
+        for key, value in arguments
+        if key != "impl"
+    ]
 
 
 def meaning(prop: Any) -> str:

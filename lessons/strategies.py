@@ -89,10 +89,11 @@ class PagedCase:
     block_table: tuple[int, ...]  # may be longer than needed (padded), as the engine's are
     pool_size: int
     seed: int
+    scaling: float = 1.0  # the attention scale, as a multiple of the usual head_dim ** -0.5
 
     @property
     def scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.scaling * self.head_dim**-0.5
 
     @cached_property
     def k(self) -> torch.Tensor:  # [seq_len, num_kv_heads, head_dim]: the contiguous keys
@@ -128,6 +129,8 @@ def paged_sequence(
     pool = num_blocks + draw(st.integers(0, 3), label="spare blocks")
     table = scattered_table(seed, num_blocks, pool)
     padding = draw(st.integers(0, 2), label="padding entries")
+    # Not always head_dim ** -0.5: code that ignores the scale it is given must show.
+    scaling = draw(st.sampled_from([1.0, 1.0, 0.25, 3.0]), label="scale / head_dim ** -0.5")
     return PagedCase(
         block_size,
         seq_len,
@@ -137,6 +140,7 @@ def paged_sequence(
         tuple(table + [table[0]] * padding),
         pool,
         seed,
+        scaling,
     )
 
 

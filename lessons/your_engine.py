@@ -19,6 +19,9 @@ down before the learner's starts. Both serve the same requests (`workload.py`), 
   proposals and how many were accepted) for speculative decoding, every block saved to the host
   tier, dropped from it and loaded back for the tier. The report names the first
   step where your engine decided otherwise, and what it decided.
+- whatever the lesson, what every run keeps (`compare.broken_invariant`): no step gives a
+  request 0 tokens, and blocks are conserved (none given back by a request that does not hold
+  it, none handed to two requests, the held and the free ones always all the cache's blocks).
 - where the lesson's code guards against a mistake the engine never makes (a double free),
   `run.py`'s `after_serving` tries that mistake on both engines once they are idle, and what
   each did is compared.
@@ -175,6 +178,11 @@ def run_lesson(
         found = compare.first_difference(aspect, stock_events, your_events, compared)
         if found is not None:
             report.differences.append(f"{compare.described(aspect)} differ, first {found}")
+    # Whatever the lesson, your engine keeps what every run keeps (checked on the stock run
+    # too: a rule the stock engine breaks would be this check's mistake, not yours).
+    broken = compare.broken_invariant(your_events)
+    if broken is not None and compare.broken_invariant(stock_events) is None:
+        report.differences.append(f"{compare.INVARIANTS} broke, first {broken}")
     if after_serving is not None:
         report.decisions.append(spec.AFTER_SERVING)
         found = compare.first_listed_difference(stock_after, your_after, "after the run")
@@ -366,6 +374,8 @@ def write_events(path: Path, events: list) -> None:
 def render(console, report: RunReport) -> None:
     from rich.markup import escape
 
+    from nanovllm.lessons import compare
+
     if report.swapped:  # empty when the engine could not be built with your code
         console.print("Yours in the engine: " + "; ".join(escape(s) for s in report.swapped))
     if report.error is not None:
@@ -403,6 +413,7 @@ def render(console, report: RunReport) -> None:
         facts.append(f"{checked} sampled requests' verifications checked against the rule")
     if report.passed:
         also = f", and {' and '.join(report.decisions)} matched" if report.decisions else ""
+        also += f"; {compare.INVARIANTS} held"
         console.print(
             f"[green]✓ Your engine produced the same {same} completions as the stock engine[/] "
             f"({total} tokens{also}; {', '.join(facts)}; {report.seconds:.1f} s)"

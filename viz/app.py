@@ -145,6 +145,7 @@ class VizApp(App[object]):
         screenshot_steps: int | None = None,
         measure: float | None = None,
         panel: str | None = None,
+        select: str | None = None,
     ) -> None:
         super().__init__()
         self.show_executor = panel == "executor"  # the executor panel, in the timeline's place
@@ -153,6 +154,8 @@ class VizApp(App[object]):
         self.status: DriverStatus | None = None
         self.selected: str | None = None
         self.follow = True  # select the oldest running request until the user picks one
+        # A request to select as soon as it appears (`--select`), as if the user had picked it.
+        self._wanted = select
         self.screenshot = Path(screenshot) if screenshot else None
         self.screenshot_steps = screenshot_steps
         self.measure = measure
@@ -338,6 +341,8 @@ class VizApp(App[object]):
         return [*s.waiting, *s.running, *reversed(s.finished)]
 
     def _follow_selection(self) -> None:
+        if self._wanted is not None and self._wanted in self.state.requests:
+            self.selected, self.follow, self._wanted = self._wanted, False, None
         info = self.state.requests.get(self.selected) if self.selected else None
         if info is None or (self.follow and info.status != RUNNING):
             if self.state.running:

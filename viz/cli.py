@@ -85,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="open with the executor panel (the step's flat batch) shown; x toggles it",
     )
     g.add_argument(
+        "--select",
+        metavar="REQUEST_ID",
+        default=None,
+        help="select this request as soon as it appears (as clicking it would)",
+    )
+    g.add_argument(
         "--measure",
         type=float,
         metavar="SECONDS",
@@ -237,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         screenshot_steps=steps,
         measure=args.measure,
         panel=args.panel,
+        select=args.select,
     )
     if args.animate is not None:
         result = app.run(headless=True, size=size, auto_pilot=partial(_animate, args, steps))

@@ -61,6 +61,24 @@ def _attend_then_append(reference):
     return variant(reference, decode_step=decode_step)
 
 
+# --- Learner mistakes: wrong solutions written as a learner writes them (issue #52), kept so that
+# the properties go on catching them.
+
+
+def _head_dim_scale(q, k, v, scale):
+    """Ignores `scale`: always head_dim ** -0.5, the value the engine usually passes."""
+    return _attention(q, k, v, q.shape[-1] ** -0.5)
+
+
+def _decode_scales_q_in_place(reference):
+    def decode_step(cache, q, k, v, scale):
+        cache.append(k, v)
+        q *= scale  # the caller's query, scaled in place
+        return _attention(q, cache.keys, cache.values, 1.0, mask=False)
+
+    return variant(reference, decode_step=decode_step)
+
+
 MUTANTS = [
     Mutant(
         "scales-q-in-place",
@@ -108,5 +126,15 @@ MUTANTS = [
         "attend-before-append",
         "decode_step attends before storing the new token: it never sees itself",
         _attend_then_append,
+    ),
+    Mutant(
+        "learner-ignores-scale",
+        "attention uses head_dim ** -0.5 instead of the scale it is given",
+        lambda ref: variant(ref, attention=_head_dim_scale),
+    ),
+    Mutant(
+        "learner-decode-scales-q-in-place",
+        "decode_step scales the caller's query in place (q *= scale), then attends with 1.0",
+        _decode_scales_q_in_place,
     ),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from nanovllm.lessons.testing import Mutant, variant
 
 
@@ -18,6 +20,32 @@ def _with_slot(reference, slot_fn):
             slot_fn(table, p, bs) for p in range(start, end)
         ],
     )
+
+
+# --- Learner mistakes: wrong solutions written as a learner writes them (issue #52), kept so that
+# the properties go on catching them.
+
+
+def _narrow(dtype: torch.dtype):
+    """slot_mapping (and slot_for through it) in tensors of a narrow integer type: the slots
+    wrap once they pass that type's largest value."""
+
+    def slot_mapping(block_table, start, end, block_size):
+        positions = torch.arange(start, end, dtype=dtype)
+        blocks = torch.tensor(block_table, dtype=dtype)
+        return (
+            blocks[(positions // block_size).long()] * block_size + positions % block_size
+        ).tolist()
+
+    def slot_for(block_table, position, block_size):
+        return slot_mapping(block_table, position, position + 1, block_size)[0]
+
+    return slot_mapping, slot_for
+
+
+def _narrow_variant(reference, dtype):
+    slot_mapping, slot_for = _narrow(dtype)
+    return variant(reference, slot_mapping=slot_mapping, slot_for=slot_for)
 
 
 MUTANTS = [
@@ -77,5 +105,15 @@ MUTANTS = [
         lambda ref: variant(
             ref, slot_mapping=lambda t, s, e, bs: [_slot(t, p, bs) for p in range(e - s)]
         ),
+    ),
+    Mutant(
+        "learner-int16-slots",
+        "slots computed in int16 tensors: they wrap past 32,767",
+        lambda ref: _narrow_variant(ref, torch.int16),
+    ),
+    Mutant(
+        "learner-int32-slots",
+        "slots computed in int32 tensors (the engine's block-table type): they wrap past 2^31",
+        lambda ref: _narrow_variant(ref, torch.int32),
     ),
 ]

@@ -56,6 +56,8 @@ def _replay(
     model = list(range(num_blocks))
     taken: list[KVCacheBlock] = []
     assert _ids(free) == model, "the queue must start with the blocks in the order given"
+    listed = [b.block_id for b in queue.get_all_free_blocks()]
+    assert listed == model, f"a new queue's get_all_free_blocks() gives {listed}, expected {model}"
     for op, k in script:
         if op == "popleft":
             if not model:
@@ -82,6 +84,10 @@ def _replay(
         ids = _ids(free)
         assert ids == model, f"after {op}: queue {ids}, expected {model}"
         assert queue.num_free_blocks == len(model), "num_free_blocks is out of date"
+        listed = [b.block_id for b in queue.get_all_free_blocks()]
+        assert listed == model, (
+            f"after {op}: get_all_free_blocks() gives {listed}, expected {model}"
+        )
     return queue, model, taken, free
 
 

@@ -59,6 +59,22 @@ def _with_gather(reference, gather):
     )
 
 
+# --- Learner mistakes: wrong solutions written as a learner writes them (issue #52), kept so that
+# the properties go on catching them.
+
+
+def _head_dim_scale(query, key_cache, value_cache, block_table, seq_len, scale):
+    """Ignores `scale`: always head_dim ** -0.5, the value the engine usually passes."""
+    head_dim = query.shape[-1]
+    return _decode(query, key_cache, value_cache, block_table, seq_len, head_dim**-0.5)
+
+
+def _scales_query_in_place(query, key_cache, value_cache, block_table, seq_len, scale):
+    """The right output, but the caller's query is scaled in place first."""
+    query *= scale
+    return _decode(query, key_cache, value_cache, block_table, seq_len, 1.0)
+
+
 MUTANTS = [
     Mutant(
         "reads-whole-last-block",
@@ -121,5 +137,15 @@ MUTANTS = [
                 ref.paged_decode(q, kc, vc, t, n, s)
             ),
         ),
+    ),
+    Mutant(
+        "learner-ignores-scale",
+        "paged_decode uses head_dim ** -0.5 instead of the scale it is given",
+        lambda ref: variant(ref, paged_decode=_head_dim_scale),
+    ),
+    Mutant(
+        "learner-scales-query-in-place",
+        "paged_decode scales the caller's query in place (query *= scale): right output",
+        lambda ref: variant(ref, paged_decode=_scales_query_in_place),
     ),
 ]

@@ -29,7 +29,9 @@ def _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, *, bug
         for head in range(num_heads):
             kv_head = head % num_kv_heads if bug == "gqa-modulo" else head // group
             q = query[seq, head].float()
-            m, total, acc = -math.inf, 0.0, torch.zeros(head_dim)  # max, sum, weighted sum
+            # max, sum, weighted sum (a learner's max may start at 0)
+            m = 0.0 if bug == "learner-max-starts-at-zero" else -math.inf
+            total, acc = 0.0, torch.zeros(head_dim)
             for start in range(0, seq_len, BLOCK_N):
                 pos = torch.arange(start, start + BLOCK_N)
                 valid = pos <= seq_len if bug == "mask-off-by-one" else pos < seq_len
@@ -91,4 +93,9 @@ MUTANTS = [
     _store_bug("writes-padding", "a padding token (slot -1) is written, to the last slot"),
     _store_bug("k-v-swapped", "the key is written to the value cache and vice versa"),
     _store_bug("offset-off-by-one", "each token is written one slot too far"),
+    # Learner mistakes: wrong solutions written as a learner writes them (issue #52).
+    _decode_bug(
+        "learner-max-starts-at-zero",
+        "online softmax: the running maximum starts at 0, not -inf (NaN when all scores < -103)",
+    ),
 ]

@@ -45,6 +45,9 @@ class DecodeBatch:
     num_kv_heads: int
     seq_lens: tuple[int, ...]
     seed: int
+    # Every query element negative and every key element positive: all of a sequence's scores
+    # lie far below zero (with a scale of 30, below -120), where exp(s - 0) underflows to 0.
+    scores_below_zero: bool = False
 
     @cached_property
     def tensors(self) -> dict:
@@ -59,10 +62,15 @@ class DecodeBatch:
         ks, vs = [], []
         for i, (n, table) in enumerate(zip(self.seq_lens, tables)):
             ks.append(randn(self.seed + 10 + 2 * i, n, self.num_kv_heads, HEAD_DIM))
+            if self.scores_below_zero:
+                ks[-1] = ks[-1].abs() + 0.5
             vs.append(randn(self.seed + 11 + 2 * i, n, self.num_kv_heads, HEAD_DIM))
             scatter_into_pool(ks[-1], vs[-1], key_cache, value_cache, table)
+        query = randn(self.seed + 2, len(self.seq_lens), self.num_heads, HEAD_DIM)
+        if self.scores_below_zero:
+            query = -(query.abs() + 0.5)
         return dict(
-            query=randn(self.seed + 2, len(self.seq_lens), self.num_heads, HEAD_DIM),
+            query=query,
             key_cache=key_cache,
             value_cache=value_cache,
             block_tables=torch.tensor(
@@ -75,7 +83,7 @@ class DecodeBatch:
 
 
 @st.composite
-def decode_batches(draw, max_len: int = 32) -> DecodeBatch:
+def decode_batches(draw, max_len: int = 32, scores_below_zero: bool = False) -> DecodeBatch:
     heads = draw(head_layouts.filter(lambda hk: hk[0] <= 4), label="(num_heads, num_kv_heads)")
     return DecodeBatch(
         block_size=draw(st.sampled_from([1, 2, 4, 8]), label="block_size"),
@@ -83,24 +91,28 @@ def decode_batches(draw, max_len: int = 32) -> DecodeBatch:
         num_kv_heads=heads[1],
         seq_lens=tuple(draw(st.lists(st.integers(1, max_len), min_size=1, max_size=3))),
         seed=draw(seeds, label="seed"),
+        scores_below_zero=scores_below_zero,
     )
 
 
-def _check_decode(impl, spec: DecodeBatch, scale: float) -> None:
+def _check_decode(impl, spec: DecodeBatch, scale: float, why_not_finite: str = "") -> None:
+    """paged_decode on copies of `spec`'s tensors against the float64 formula; every argument
+    is checked unchanged. `why_not_finite`: what an inf/nan output most likely means here."""
     batch = spec.tensors
     device = _device()
-    out = impl.paged_decode(
-        batch["query"].to(device),
-        batch["key_cache"].to(device),
-        batch["value_cache"].to(device),
-        batch["block_tables"].to(device),
-        batch["seq_lens"].to(device),
-        scale,
-    ).cpu()
+    names = ("query", "key_cache", "value_cache", "block_tables", "seq_lens")
+    args = [batch[name].to(device, copy=True) for name in names]
+    given = [arg.clone() for arg in args]
+    out = impl.paged_decode(*args, scale).cpu()
+    for name, now, was in zip(names, args, given):
+        assert torch.equal(now, was), f"paged_decode changed its argument {name}: it only reads"
     assert out.shape == batch["query"].shape
     for i, (k, v) in enumerate(zip(batch["ks"], batch["vs"])):
         expected = causal_attention_oracle(batch["query"][i : i + 1], k, v, scale)[0]
         error = (out[i].double() - expected).abs().max()
+        assert torch.isfinite(out[i]).all(), (
+            f"sequence {i} (seq_len {len(k)}): inf/nan in the output{why_not_finite}"
+        )
         assert torch.allclose(out[i].double(), expected, atol=1e-4, rtol=1e-3), (
             f"sequence {i} (seq_len {len(k)}): max error {error:.3g}"
         )
@@ -159,4 +171,18 @@ def test_decode_matches_attention(impl, batch):
 @show_inputs
 def test_decode_survives_large_scores(impl, batch):
     """Scores in the thousands: exp() overflows unless the running maximum is subtracted."""
-    _check_decode(impl, batch, 30.0)
+    _check_decode(impl, batch, 30.0, ": exp() overflowed (subtract the running maximum)")
+
+
+@lesson_settings(2)
+@given(batch=decode_batches(max_len=20, scores_below_zero=True))
+@example(
+    batch=DecodeBatch(
+        block_size=4, num_heads=2, num_kv_heads=1, seq_lens=(3,), seed=5, scores_below_zero=True
+    )
+)
+@show_inputs
+def test_decode_survives_scores_far_below_zero(impl, batch):
+    """Every score of a sequence far below zero (under -120): the running maximum must start at
+    -inf, not 0, or every exp() underflows to 0 and the output is 0 / 0."""
+    _check_decode(impl, batch, 30.0, ": does the running maximum start at 0 instead of -inf?")

@@ -105,6 +105,48 @@ def test_admission_stops_only_for_a_reason(impl, state):
         )
 
 
+def _by_the_rule(state: SchedState) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    """One step as the exercise's docstring says it, written out here (not the engine's code: the
+    check must not share a fault with what it checks): the scheduled (id, tokens) in order, then
+    the ids running and waiting after it."""
+    running, waiting = state.build()
+    budget, scheduled = state.token_budget, []
+    for req in running:
+        if budget == 0:
+            break
+        scheduled.append((req.id, min(req.remaining, budget)))
+        budget -= scheduled[-1][1]
+    while waiting and budget > 0 and len(running) < state.max_num_seqs:
+        if waiting[0].num_tokens > budget:
+            break
+        req = waiting.pop(0)
+        running.append(req)
+        scheduled.append((req.id, req.num_tokens))
+        budget -= req.num_tokens
+    return scheduled, [r.id for r in running], [r.id for r in waiting]
+
+
+@lesson_settings(40)
+@given(state=sched_states())
+# The budget has exactly one token left for a one-token prompt: it is admitted.
+@example(state=SchedState(running=((4, 0, 1),), waiting=((1, 0),), max_num_seqs=3, token_budget=4))
+@show_inputs
+def test_the_step_is_exactly_the_rule(impl, state):
+    """The scheduled requests, their tokens, their order, and the two lists after the step are
+    exactly what the rule gives, whatever the budget, the seats and the queue."""
+    _, (running, waiting), scheduled = _step(impl, state)
+    expected, expected_running, expected_waiting = _by_the_rule(state)
+    assert list(scheduled.items()) == expected, (
+        f"scheduled {list(scheduled.items())}; the rule schedules {expected}"
+    )
+    assert [r.id for r in running] == expected_running, (
+        f"running after the step: {[r.id for r in running]}, expected {expected_running}"
+    )
+    assert [r.id for r in waiting] == expected_waiting, (
+        f"waiting after the step: {[r.id for r in waiting]}, expected {expected_waiting}"
+    )
+
+
 @lesson_settings(30)
 @given(state=sched_states())
 @show_inputs

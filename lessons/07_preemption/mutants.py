@@ -12,6 +12,7 @@ def _schedule(running, waiting, *, max_num_seqs, token_budget, num_blocks, block
     free = num_blocks - sum(blocks_for(r.num_computed, block_size) for r in running)
     scheduled: dict[str, int] = {}
     preempted: list[str] = []
+    front = 0  # where a learner who keeps victims newest-first puts the next one
     i = 0
     while i < len(running) and budget > 0:
         r = running[i]
@@ -27,6 +28,9 @@ def _schedule(running, waiting, *, max_num_seqs, token_budget, num_blocks, block
                 victim.num_computed = 0
             if bug == "victim-to-back":
                 waiting.append(victim)
+            elif bug == "learner-victims-newest-first":
+                waiting.insert(front, victim)
+                front += 1
             elif bug != "victim-lost":
                 waiting.insert(0, victim)  # the newest first: victims end up in their order
             preempted.append(victim.id)
@@ -46,13 +50,14 @@ def _schedule(running, waiting, *, max_num_seqs, token_budget, num_blocks, block
     if not preempted:
         while waiting and budget > 0 and len(running) < max_num_seqs:
             r = waiting[0]
-            need = blocks_for(r.num_tokens, block_size)
-            if r.num_tokens > budget or (need > free and bug != "admission-ignores-memory"):
+            tokens = r.prompt_len if bug == "learner-admits-prompt-len" else r.num_tokens
+            need = blocks_for(tokens, block_size)
+            if tokens > budget or (need > free and bug != "admission-ignores-memory"):
                 break
             waiting.pop(0)
             running.append(r)
-            scheduled[r.id] = r.num_tokens
-            budget -= r.num_tokens
+            scheduled[r.id] = tokens
+            budget -= tokens
             free -= need
     return StepPlan(scheduled, preempted)
 
@@ -76,4 +81,14 @@ MUTANTS = [
     ),
     _bug("ignores-memory", "never preempts: running requests take blocks that do not exist"),
     _bug("admission-ignores-memory", "admits a request whether or not its blocks are free"),
+    # Learner mistakes: wrong solutions written as a learner writes them (issue #52).
+    _bug(
+        "learner-victims-newest-first",
+        "two or more victims in one step go back to the front of the queue newest first",
+    ),
+    _bug(
+        "learner-admits-prompt-len",
+        "admission gives a request prompt_len tokens, not num_tokens (a preempted request's "
+        "output is forgotten)",
+    ),
 ]

@@ -44,6 +44,28 @@ TOO_BIG = SchedState(
 )
 
 
+# r0 needs two more blocks (8 tokens from 4); the cache is full: both r2 and then r1 must go,
+# and they go back to the front of the queue in their own order, r1 before r2.
+TWO_VICTIMS = SchedState(
+    running=((12, 0, 4), (4, 1, 4), (4, 1, 4)),
+    waiting=((2, 0),),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=3,
+    block_size=4,
+)
+
+# w0 was preempted after 2 tokens of output: it recomputes all 7 (prompt and output), not 5.
+READMITTED = SchedState(
+    running=((4, 1, 4),),
+    waiting=((5, 2), (3, 0)),
+    max_num_seqs=4,
+    token_budget=16,
+    num_blocks=10,
+    block_size=4,
+)
+
+
 def _step(impl, state: SchedState):
     running, waiting = state.build()
     before = dict(
@@ -185,3 +207,67 @@ def test_every_request_finishes_in_a_small_cache(impl, jobs, max_num_seqs, block
     for r in requests:
         assert r.num_output == r.max_output, f"{r.id} generated {r.num_output}/{r.max_output}"
     assert records, "nothing was scheduled"
+
+
+def _by_the_rule(state: SchedState):
+    """One step as the exercise's docstring says it, written out here (not the engine's code:
+    the check must not share a fault with what it checks): the scheduled (id, tokens) in order,
+    the preempted ids in order, then (id, num_computed) of running and of waiting after it."""
+    running, waiting = state.build()
+    size = state.block_size
+    budget = state.token_budget
+    free = state.num_blocks - sum(blocks_for(r.num_computed, size) for r in running)
+    scheduled: list[tuple[str, int]] = []
+    preempted: list[str] = []
+    i = 0
+    while i < len(running) and budget > 0:
+        req = running[i]
+        n = min(req.remaining, budget)
+        need = blocks_for(req.num_computed + n, size) - blocks_for(req.num_computed, size)
+        while need > free:
+            victim = running.pop()  # the newest
+            free += blocks_for(victim.num_computed, size)
+            victim.num_computed = 0
+            waiting.insert(0, victim)  # victims popped newest first end up in their order
+            preempted.append(victim.id)
+            if victim is req:
+                break
+        if req not in running:
+            break
+        free -= need
+        scheduled.append((req.id, n))
+        budget -= n
+        i += 1
+    while not preempted and waiting and budget > 0 and len(running) < state.max_num_seqs:
+        req = waiting[0]
+        if req.num_tokens > budget or blocks_for(req.num_tokens, size) > free:
+            break
+        running.append(waiting.pop(0))
+        scheduled.append((req.id, req.num_tokens))
+        budget -= req.num_tokens
+        free -= blocks_for(req.num_tokens, size)
+    after = [[(r.id, r.num_computed) for r in queue] for queue in (running, waiting)]
+    return scheduled, preempted, *after
+
+
+@lesson_settings(40)
+@given(state=states)
+@example(state=TWO_VICTIMS)
+@example(state=READMITTED)
+@example(state=TIGHT)
+@show_inputs
+def test_the_step_is_exactly_the_rule(impl, state):
+    """The scheduled requests, their tokens and order, the victims and their order, and both
+    queues afterwards (every num_computed included) are exactly what the rule gives."""
+    _, running, waiting, scheduled, preempted = _step(impl, state)
+    expected, victims, expected_running, expected_waiting = _by_the_rule(state)
+    assert list(scheduled.items()) == expected, (
+        f"scheduled {list(scheduled.items())}; the rule schedules {expected} (id, tokens)"
+    )
+    assert preempted == victims, f"preempted {preempted}; the rule preempts {victims}, in order"
+    for name, queue, want in (
+        ("running", running, expected_running),
+        ("waiting", waiting, expected_waiting),
+    ):
+        got = [(r.id, r.num_computed) for r in queue]
+        assert got == want, f"afterwards {name} is {got}; the rule's is {want} (id, num_computed)"

@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 from nanovllm.lessons.processes import call_elsewhere, recipe
 from nanovllm.lessons.testing import lesson_settings, show_inputs
 
-tokens = st.lists(st.integers(0, 50_000), max_size=40)
-blocks = st.lists(st.integers(0, 50_000), min_size=1, max_size=8)
+# Token ids up to 2**31 - 1, past every vocabulary (a hash of 16-bit packed ids would pass
+# below 2**16).
+token_id = st.one_of(st.integers(0, 50_000), st.integers(0, 2**31 - 1))
+tokens = st.lists(token_id, max_size=40)
+blocks = st.lists(token_id, min_size=1, max_size=8)
 block_sizes = st.sampled_from([1, 2, 3, 4, 8])
 
 

@@ -9,12 +9,12 @@ from nanovllm.lessons.testing import Mutant, variant
 def _schedule(running, waiting, max_num_seqs, budget, *, bug=""):
     scheduled = {}
     for r in running:
-        if budget <= 0:
+        if budget <= 0 and bug != "learner-zero-token-entries":
             break
         n = 1 if bug == "chunks-advance-one-token" else min(r.remaining, budget)
         scheduled[r.id] = n
         budget -= n
-    while waiting and budget > 0 and len(running) < max_num_seqs:
+    while waiting and budget > 0 and (len(running) < max_num_seqs or bug == "ignores-seats"):
         r = waiting[0]
         if r.num_tokens > budget and bug == "no-chunking":
             break
@@ -83,5 +83,10 @@ MUTANTS = [
     _prep_bug(
         "logits-row-in-the-request",
         "a logits row counted within its own request: right for the first one only",
+    ),
+    # Learner mistakes: wrong solutions written as a learner writes them (issue #52).
+    _sched_bug(
+        "learner-zero-token-entries",
+        "once the budget runs out, the remaining running requests get entries of 0 tokens",
     ),
 ]

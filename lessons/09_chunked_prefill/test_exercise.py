@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import NamedTuple
 
@@ -17,6 +18,10 @@ states = sched_states(max_prompt=100, max_budget=40)
 LONG_PROMPT = SchedState(
     running=((6, 2, 7),), waiting=((50, 0), (3, 0)), max_num_seqs=4, token_budget=16
 )
+# r0's chunk takes the whole budget: r1 and r2 get nothing this step, and no entry at all.
+BUDGET_RUNS_OUT = SchedState(
+    running=((40, 0, 10), (5, 1, 6), (5, 1, 6)), waiting=((3, 0),), max_num_seqs=4, token_budget=8
+)
 
 
 def _step(impl, state: SchedState):
@@ -29,13 +34,22 @@ def _step(impl, state: SchedState):
 @lesson_settings(30)
 @given(state=states)
 @example(state=LONG_PROMPT)
+@example(state=BUDGET_RUNS_OUT)
 @show_inputs
 def test_budget_seats_and_running_first(impl, state):
     """Budget and seats hold, and running requests go first with min(remaining, budget left)
     tokens each."""
     old_running, _, running, _, scheduled = _step(impl, state)
     assert sum(scheduled.values()) <= state.token_budget, "the step is over its token budget"
-    assert len(running) <= state.max_num_seqs
+    assert len(running) <= state.max_num_seqs, (
+        f"{len(running)} requests are running after the step ({[r.id for r in running]}); "
+        f"max_num_seqs is {state.max_num_seqs}: admit only while a seat is free"
+    )
+    zero = [rid for rid, n in scheduled.items() if n <= 0]
+    assert not zero, (
+        f"{zero} are scheduled with {[scheduled[r] for r in zero]} tokens: a request that gets "
+        "no tokens this step has no entry"
+    )
     left = state.token_budget
     for r in old_running:
         want = min(r.remaining, left)
@@ -126,9 +140,11 @@ def steps(draw) -> Step:
 @show_inputs
 def test_flat_inputs_put_every_token_in_its_place(impl, step):
     """Every new token has its id, its position (from num_computed on), its slot, and each request
-    its rows and context length."""
+    its rows and context length; the batch is left as it was."""
     batch, block_size = step
+    given = copy.deepcopy(batch)
     inputs = impl.prepare_inputs(batch, block_size)
+    assert batch == given, "prepare_inputs changed the batch it was given: it only reads it"
     qsl = list(inputs.query_start_loc)
     assert qsl[0] == 0 and len(qsl) == len(batch) + 1, "query_start_loc: 0, then running totals"
     for i, seq in enumerate(batch):
@@ -170,3 +186,47 @@ def test_logits_only_where_a_token_is_sampled(impl, step):
         f"logits rows {list(inputs.logits_rows)}, expected {expected}: the last row of each "
         "request that catches up, and nothing for a chunk that stops short"
     )
+
+
+def _by_the_rule(state: SchedState):
+    """One step as the exercise's docstring says it, written out here (not the engine's code:
+    the check must not share a fault with what it checks): the scheduled (id, tokens) in order,
+    then the ids running and waiting after it."""
+    running, waiting = state.build()
+    budget, scheduled = state.token_budget, []
+    for req in running:
+        if budget == 0:
+            break
+        scheduled.append((req.id, min(req.remaining, budget)))
+        budget -= scheduled[-1][1]
+    while waiting and budget > 0 and len(running) < state.max_num_seqs:
+        req = waiting.pop(0)
+        running.append(req)
+        scheduled.append((req.id, min(req.num_tokens, budget)))
+        budget -= scheduled[-1][1]
+    return scheduled, [r.id for r in running], [r.id for r in waiting]
+
+
+@lesson_settings(40)
+@given(state=states)
+@example(state=LONG_PROMPT)
+@example(state=BUDGET_RUNS_OUT)
+@show_inputs
+def test_the_step_is_exactly_the_rule(impl, state):
+    """The scheduled requests, their tokens and order, and both queues afterwards are exactly
+    what the rule gives (chunks included); no num_computed changes."""
+    _, _, running, waiting, scheduled = _step(impl, state)
+    expected, expected_running, expected_waiting = _by_the_rule(state)
+    assert list(scheduled.items()) == expected, (
+        f"scheduled {list(scheduled.items())}; the rule schedules {expected} (id, tokens)"
+    )
+    assert [r.id for r in running] == expected_running, (
+        f"running after the step: {[r.id for r in running]}, expected {expected_running}"
+    )
+    assert [r.id for r in waiting] == expected_waiting, (
+        f"waiting after the step: {[r.id for r in waiting]}, expected {expected_waiting}"
+    )
+    built_running, built_waiting = state.build()
+    computed = {r.id: r.num_computed for r in built_running + built_waiting}
+    for r in running + waiting:
+        assert r.num_computed == computed[r.id], f"{r.id}'s num_computed changed"

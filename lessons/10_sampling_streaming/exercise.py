@@ -25,8 +25,10 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep, per row, the smallest set of most likely tokens whose probabilities (softmax of the
     row) sum to at least p; set all others to -inf.
 
-    logits: [num_rows, vocab] float; 0 < p <= 1. The most likely token is always kept. Kept
-    logits are unchanged. Return a new tensor; do not modify `logits`.
+    logits: [num_rows, vocab] float; 0 < p <= 1. The most likely token is always kept, and
+    p = 1 keeps every token (top-p off, as in vLLM: in float32 the running sum can reach 1.0
+    before the last, least likely tokens). Kept logits are unchanged. Return a new tensor; do
+    not modify `logits`.
     Hint: a token is dropped exactly when the tokens ranked above it already sum to >= p.
     """
     raise NotImplementedError("write apply_top_p (lesson 10)")

@@ -14,10 +14,14 @@ from nanovllm.lessons.testing import lesson_settings, returned, show_inputs
 @st.composite
 def logit_rows(draw) -> torch.Tensor:
     """1-3 rows over a vocabulary of 1-12, with many ties (values from a small set) and a wide
-    range (from confident to flat)."""
+    range (from flat to so confident that some probabilities are exactly 0 in float32)."""
     rows = draw(st.integers(1, 3))
     vocab = draw(st.integers(1, 12))
-    values = st.one_of(st.integers(-6, 6).map(float), st.floats(-30, 30, width=32))
+    values = st.one_of(
+        st.integers(-6, 6).map(float),
+        st.floats(-30, 30, width=32),
+        st.floats(-300, 300, width=32),
+    )
     data = draw(
         st.lists(st.lists(values, min_size=vocab, max_size=vocab), min_size=rows, max_size=rows)
     )
@@ -94,6 +98,39 @@ def test_top_p_keeps_the_smallest_nucleus(impl, logits, p):
             )
 
 
+@lesson_settings(20)
+@given(
+    vocab=st.sampled_from([1, 2, 4, 8]),
+    rows=st.integers(1, 3),
+    level=st.floats(-50, 50, width=32),
+    data=st.data(),
+)
+@show_inputs
+def test_top_p_boundary_is_inclusive(impl, vocab, rows, level, data):
+    """With all logits equal (each probability exactly 1/vocab, a power of two, so every sum is
+    exact), p = j/vocab keeps exactly j tokens: a token is dropped when those ranked above it
+    sum to p exactly, not only past it."""
+    j = data.draw(st.integers(1, vocab), label="j")
+    logits = torch.full((rows, vocab), level)
+    kept = torch.isfinite(impl.apply_top_p(logits, j / vocab)).sum(dim=-1)
+    assert kept.tolist() == [j] * rows, (
+        f"p = {j}/{vocab} over {vocab} equally likely tokens kept {kept.tolist()} per row; "
+        f"the first {j} already sum to p exactly: the rest are dropped"
+    )
+
+
+@lesson_settings(30)
+@given(logits=logit_rows())
+@show_inputs
+def test_top_p_of_one_keeps_every_token(impl, logits):
+    """p = 1 is top-p off: every token is kept, the least likely too (in float32 the running sum
+    of a confident row reaches 1.0 before its last tokens)."""
+    original = logits.clone()
+    filtered = impl.apply_top_p(logits, 1.0)
+    _unchanged(logits, original, "apply_top_p")
+    assert torch.equal(filtered, logits), f"p = 1 removed tokens: {filtered.tolist()}"
+
+
 def _stream(impl, token_ids: list[int]):
     tokenizer = ToyTokenizer()
     state = DetokenizerState()
@@ -101,6 +138,17 @@ def _stream(impl, token_ids: list[int]):
     for i in range(1, len(token_ids) + 1):
         deltas.append(impl.detokenize_step(tokenizer, state, token_ids[:i]))
     return tokenizer, state, deltas
+
+
+def _offsets_after(state: DetokenizerState, token_ids: list[int]) -> tuple[int, int]:
+    """The (prefix_offset, read_offset) one step should leave, from the rule in the exercise's
+    docstring (not the engine's code: the check must not share a fault with what it checks)."""
+    decode = ToyTokenizer().decode
+    prefix_text = decode(token_ids[state.prefix_offset : state.read_offset])
+    new_text = decode(token_ids[state.prefix_offset :])
+    if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        return state.prefix_offset, state.read_offset
+    return state.read_offset, len(token_ids)
 
 
 @lesson_settings(40)
@@ -112,7 +160,14 @@ def test_streamed_pieces_add_up_to_the_text(impl, token_ids):
     tokenizer, state = ToyTokenizer(), DetokenizerState()
     streamed = ""
     for i in range(1, len(token_ids) + 1):
+        offsets = _offsets_after(state, token_ids[:i])
         delta = impl.detokenize_step(tokenizer, state, token_ids[:i])
+        assert (state.prefix_offset, state.read_offset) == offsets, (
+            f"after {token_ids[:i]}: offsets (prefix, read) = "
+            f"({state.prefix_offset}, {state.read_offset}), expected {offsets}: a step that "
+            'returns "" changes nothing; one that sends text moves prefix_offset to read_offset '
+            "and read_offset to the end"
+        )
         streamed += delta
         full = ToyTokenizer().decode(token_ids[:i])
         assert streamed == state.text, "the returned pieces must add up to state.text"

@@ -21,6 +21,8 @@ def _percentile(values, q, *, bug=""):
     if bug == "percentile-floor":
         return xs[math.floor(pos)]
     lo, hi = math.floor(pos), math.ceil(pos)
+    if bug == "learner-weight-is-q":
+        return xs[lo] + (xs[hi] - xs[lo]) * q / 100  # right for two values only
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
@@ -59,4 +61,6 @@ MUTANTS = [
         "the JSON is indented: its newlines split the event",
         lambda ref: variant(ref, sse_event=lambda p: f"data: {json.dumps(p, indent=1)}\n\n"),
     ),
+    # Learner mistakes: wrong solutions written as a learner writes them (issue #52).
+    _p("learner-weight-is-q", "interpolates with weight q / 100 instead of pos - floor(pos)"),
 ]

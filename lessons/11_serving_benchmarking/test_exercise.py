@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from fractions import Fraction
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -56,6 +58,49 @@ def test_percentile_interpolates_linearly(impl, a, b, q):
     assert impl.percentile([a, a, b, b, b], 50) == b, "the median of 5 values is the 3rd smallest"
 
 
+# Any magnitude: huge, ordinary, tiny (subnormal), with ties and all-equal lists, 1 to 40 values.
+magnitudes = st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False)
+any_values = st.one_of(
+    st.lists(magnitudes, min_size=1, max_size=40),
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=40),
+    st.lists(st.integers(-3, 3).map(float), min_size=1, max_size=40),  # many ties
+    st.tuples(magnitudes, st.integers(1, 40)).map(lambda xn: [xn[0]] * xn[1]),  # all equal
+)
+any_qs = st.one_of(qs, st.integers(0, 100).map(float))
+
+
+def _linear_percentile(values: list[float], q: float) -> Fraction:
+    """The oracle, in exact arithmetic: position (n - 1) * q / 100 of the sorted values,
+    linear between the two values around it."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * Fraction(q) / 100
+    lo = int(pos)  # pos >= 0: int() is floor()
+    hi = min(lo + 1, len(xs) - 1)
+    return Fraction(xs[lo]) + (Fraction(xs[hi]) - Fraction(xs[lo])) * (pos - lo)
+
+
+@lesson_settings(40)
+@given(xs=any_values, q=any_qs)
+@show_inputs
+def test_percentile_is_numpys_linear_method(impl, xs, q):
+    """For any number of values of any size, the q-th percentile is (to float rounding) the
+    value at position (n - 1) * q / 100 of the sorted values, linear between the two around it;
+    the caller's list is left as it was."""
+    given = list(xs)
+    expected = _linear_percentile(given, q)
+    p = impl.percentile(xs, q)
+    assert xs == given, "percentile changed the caller's list: sort a copy, sorted(values)"
+    # Float rounding, relative to the two values the percentile lies between.
+    pos = (len(given) - 1) * Fraction(q) / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(given) - 1)
+    around = [abs(Fraction(x)) for x in sorted(given)[lo : hi + 1]]
+    tol = Fraction(1e-12) * max(around) + Fraction(1e-300) * Fraction(1e-20)
+    assert abs(Fraction(p) - expected) <= tol, (
+        f"percentile({len(xs)} values, {q}) = {p!r}; the linear method gives "
+        f"{float(expected)!r} (position (n - 1) * q / 100 = {float((len(xs) - 1) * Fraction(q) / 100)!r})"
+    )
+
+
 @lesson_settings(5)
 @given(q=qs)
 @show_inputs
@@ -73,8 +118,11 @@ times = st.lists(st.floats(0, 1e4, allow_nan=False), max_size=20).map(sorted)
 def test_latencies_add_up(impl, arrival, token_times):
     """TTFT is arrival to first token; the n - 1 gaps between n tokens add up to the last token's
     time."""
+    given = list(token_times)
     first = impl.ttft(arrival, token_times)
+    assert token_times == given, "ttft changed the caller's token_times"
     gaps = list(impl.inter_token_latencies(token_times))
+    assert token_times == given, "inter_token_latencies changed the caller's token_times"
     if not token_times:
         assert first is None, "no tokens, no time to first token"
         assert gaps == []
@@ -89,11 +137,11 @@ def test_latencies_add_up(impl, arrival, token_times):
     )
 
 
+# Text with non-ASCII characters often: "é", "☕", "😀" must reach the client as they are.
+texts = st.text(alphabet=st.sampled_from('ab \n"é☕😀€'), max_size=8) | st.text(max_size=8)
 payloads = st.dictionaries(
-    st.text(max_size=8),
-    st.one_of(
-        st.text(max_size=20), st.integers(), st.none(), st.lists(st.text(max_size=5), max_size=3)
-    ),
+    texts,
+    st.one_of(texts, st.integers(), st.none(), st.lists(texts, max_size=3)),
     max_size=5,
 )
 
@@ -104,9 +152,26 @@ payloads = st.dictionaries(
 def test_an_sse_event_is_exactly_one_event(impl, payload):
     """An SSE event is 'data: <json>' and a blank line, with no raw newline inside, carrying the
     payload."""
+    given = copy.deepcopy(payload)
     event = impl.sse_event(payload)
+    assert payload == given, "sse_event changed the payload it was given"
     assert event.startswith("data: "), "an event's line starts with 'data: '"
     assert event.endswith("\n\n"), "an event ends with a blank line"
     body = event[len("data: ") : -2]
     assert "\n" not in body and "\r" not in body, "a raw newline inside would end the event early"
     assert json.loads(body) == payload, "the data must be the payload, as JSON"
+    kept = [c for text in _texts(payload) for c in text if ord(c) > 127]
+    assert all(c in body for c in kept), (
+        "non-ASCII text must stay as it is (ensure_ascii=False), not become \\u escapes"
+    )
+
+
+def _texts(value) -> list[str]:
+    """Every string in a payload: keys and values, inside lists too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []

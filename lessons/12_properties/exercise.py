@@ -2,8 +2,8 @@
 
 Each function receives a system under test and one generated input; it must raise (an
 `assert` is the usual way) if and only if the system misbehaves on that input. They run against
-the engine, where they must pass, and against systems with planted bugs, each of which at least
-one of them must catch. Check with `nanovllm lesson 12 --check`.
+the engine, where they must pass, and against systems with planted bugs and generated mutants
+(small changes to the engine's code), each of which at least one of them must catch. Check with `nanovllm lesson 12 --check`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def prop_allocator(make_manager: Callable[[int, int], object], case: AllocatorCa
     - exclusivity: no block is in two tables, and no block in a table is in the free queue;
     - sizes: each live request's table holds exactly blocks_for(its tokens, block_size) blocks;
     - atomicity: when an allocation fails (`snapshot.ok` is False), the tables and the number of
-      free blocks are exactly what they were before it.
+      free blocks are exactly what they were before it;
+    - no false refusal: an allocation fails only when the blocks it needs (blocks_for the
+      request's tokens after it, less the blocks its table held before) are more than the free
+      blocks before it.
 
     (At the end, freeing every live request must leave all blocks free: you may add that.)
     """

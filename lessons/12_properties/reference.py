@@ -34,7 +34,9 @@ def prop_free_queue(FreeBlockQueue, script) -> None:  # noqa: N803
 
 def prop_allocator(make_manager, case: AllocatorCase) -> None:
     manager = make_manager(case.num_blocks, case.block_size)
-    before = None
+    tables: dict[str, list[int]] = {}  # as they were before the operation
+    tokens: dict[str, int] = {}
+    num_free = case.num_blocks
     for snap in run_allocator_script(manager, case.script):
         owned = [b for table in snap.tables.values() for b in table]
         free = {b.block_id for b in manager.free_block_queue.get_all_free_blocks()}
@@ -47,11 +49,14 @@ def prop_allocator(make_manager, case: AllocatorCase) -> None:
             assert len(table) == blocks_for(snap.tokens[rid], case.block_size), (
                 f"{rid} has {len(table)} blocks for {snap.tokens[rid]} tokens"
             )
-        if not snap.ok and before is not None:
-            assert (snap.tables, manager.num_free_blocks) == before, (
+        if not snap.ok:
+            _, rid, n = snap.op
+            needed = blocks_for(tokens.get(rid, 0) + n, case.block_size) - len(tables.get(rid, []))
+            assert needed > num_free, f"{snap.op} failed with {num_free} free blocks for {needed}"
+            assert (snap.tables, manager.num_free_blocks) == (tables, num_free), (
                 f"the failed {snap.op} changed the state"
             )
-        before = (snap.tables, manager.num_free_blocks)
+        tables, tokens, num_free = snap.tables, snap.tokens, manager.num_free_blocks
 
 
 def prop_slot_mapping(slot_for, block_table, block_size) -> None:

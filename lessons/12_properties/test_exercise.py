@@ -226,27 +226,28 @@ def test_your_properties_pass_on_the_engine(impl):
         _run(getattr(impl, name), ENGINE[system], inputs, max_examples=30, quiet=False)
 
 
+def _catches(impl, systems, first: str, max_examples: int) -> bool:
+    """Whether some property of `impl` fails against `systems`; the ones that drive the system
+    named `first` are tried first."""
+    for name, system, inputs in sorted(PROPERTIES, key=lambda prop: prop[1] != first):
+        try:
+            _run(
+                getattr(impl, name), systems[system], inputs, max_examples=max_examples, quiet=True
+            )
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 - any failure of a property is a catch
+            return True
+    return False
+
+
 def _catch_test(bug: str):
     description, overrides = BUGS[bug]
 
     def test(impl):
         systems = {**ENGINE, **overrides}
-        # Any property may catch the bug; the one that drives the buggy system is tried first.
-        ordered = sorted(PROPERTIES, key=lambda prop: prop[1] not in overrides)
-        for name, system, inputs in ordered:
-            try:
-                _run(
-                    getattr(impl, name),
-                    systems[system],
-                    inputs,
-                    max_examples=CATCH_EXAMPLES,
-                    quiet=True,
-                )
-            except NotImplementedError:
-                raise
-            except Exception:  # noqa: BLE001 - any failure of a property is a catch
-                return
-        raise AssertionError(f"planted bug not caught by any of your properties: {description}")
+        if not _catches(impl, systems, next(iter(overrides)), CATCH_EXAMPLES):
+            raise AssertionError(f"planted bug not caught by any of your properties: {description}")
 
     test.__name__ = f"test_catches_{bug}"
     test.__doc__ = f"Some property must fail when {description}."
@@ -256,3 +257,42 @@ def _catch_test(bug: str):
 for _bug in BUGS:
     globals()[f"test_catches_{_bug}"] = _catch_test(_bug)
 del _bug
+
+
+SHOWN_MUTANTS = 3  # surviving mutants shown (the search stops there)
+
+
+def test_catches_every_generated_mutant(impl):
+    """Some property must fail on every generated mutant of the allocator and of slot_for: each
+    small change a mutation tool makes to the engine's code (`nanovllm.lessons.mutation`), not
+    only the planted bugs above. (Those that change nothing your properties could see are listed
+    in this lesson's equivalent_mutants.txt, each with the reason.)"""
+    from nanovllm.lessons import mutation
+
+    lesson = get_lesson("12_properties")
+    listed = mutation.equivalents(lesson)
+    pool = [m for m in mutation.generate(lesson.name) if m.id not in listed]
+    missed = []
+    for mutant in pool:
+        first = "slot_for" if mutant.module.endswith("step_inputs") else "make_manager"
+        with mutation.applied(lesson, mutant):
+            _engine_slots.cache_clear()  # slot mappings computed without this mutant
+            try:
+                # Most mutants show within a few examples; the rest get the planted bugs' count.
+                caught = _catches(impl, ENGINE, first, 8) or _catches(
+                    impl, ENGINE, first, CATCH_EXAMPLES
+                )
+            finally:
+                _engine_slots.cache_clear()
+        if not caught:
+            missed.append(mutant)
+            if len(missed) == SHOWN_MUTANTS:  # enough to show; the rest are not run
+                break
+    if missed:
+        count = f"{len(missed)}" if len(missed) < SHOWN_MUTANTS else f"At least {len(missed)}"
+        shown = "\n\n".join(m.diff() for m in missed)
+        raise AssertionError(
+            f"{count} of the {len(pool)} generated mutants of the engine's allocator and slot "
+            f"mapping pass all your properties. Each line marked - is the engine's, the line "
+            f"marked + the mutant's:\n\n{shown}"
+        )

@@ -143,6 +143,14 @@ def _verify(impl, case: SamplingCase, generator: torch.Generator, draft: list[in
     case=SamplingCase(torch.tensor([[0.2, 0.8], [0.5, 0.5]]), [0], torch.tensor([[0.1, 0.9]]), 0),
     repeats=4,
 )
+# p = q = 0 at the proposal: the target rules it out, so it is rejected (min(1, p/q) with p = 0),
+# and the residual max(0, p - q) is 0 everywhere: the token comes from p itself, never token 0.
+@example(
+    case=SamplingCase(
+        torch.tensor([[0.0, 0.5, 0.5], [0.0, 0.25, 0.75]]), [0], torch.tensor([[0.0, 0.5, 0.5]]), 0
+    ),
+    repeats=4,
+)
 @show_inputs
 def test_random_emits_accepted_proposals_then_one_token(impl, case, repeats):
     """Rejection sampling emits between 1 and s + 1 tokens: accepted proposals, then one more,
@@ -169,7 +177,7 @@ def test_random_emits_accepted_proposals_then_one_token(impl, case, repeats):
             # q: the draft's probabilities; an n-gram proposal is certain, q = 1 on it.
             p_x = float(p[i, x])
             q_x = 1.0 if case.draft_probs is None else float(case.draft_probs[i, x])
-            assert p_x < q_x, (
+            assert p_x < q_x or p_x == 0, (
                 f"emitted {emitted}: proposal {x} at position {i} was rejected, but there "
                 f"p = {p_x:.4g} >= q = {q_x:.4g}: a proposal is accepted with probability "
                 "min(1, p/q), here 1. The fault is in your acceptance test: does it use q?"
@@ -183,6 +191,9 @@ def test_random_emits_accepted_proposals_then_one_token(impl, case, repeats):
 
 @lesson_settings(12)
 @given(case=sampling_cases(max_s=3, max_vocab=5))
+# One likely token among many unlikely ones: a draw not in proportion to the weights (an
+# exponential race that multiplies by the noise instead of dividing) favours the likely one.
+@example(case=SamplingCase(torch.tensor([[0.3] + [0.1] * 7]), [], None, 0))
 @show_inputs
 def test_every_emitted_token_is_distributed_as_the_target(impl, case):
     """Over 2,000 verifications, the token emitted at each position has the target's

@@ -68,7 +68,8 @@ def heads_of_rank(
     kv = torch.arange(num_kv_heads, dtype=torch.float64)[:, None]
     layer.weight_loader(layer.weight, kv, "k")
     layer.weight_loader(layer.weight, kv, "v")
-    rows = [int(h) for h in layer.weight[:, 0]]  # [q heads; k heads; v heads]
-    q_heads = rows[: layer.num_heads]
-    k_heads = rows[layer.num_heads : layer.num_heads + layer.num_kv_heads]
+    rows = layer.weight[:, 0]  # [q heads; k heads; v heads]
+    # Only the q and k rows are read: they are what this function returns.
+    q_heads = [int(h) for h in rows[: layer.num_heads]]
+    k_heads = [int(h) for h in rows[layer.num_heads : layer.num_heads + layer.num_kv_heads]]
     return q_heads, k_heads

@@ -268,7 +268,7 @@ SOLUTIONS["10_sampling_streaming"] = {
     'raise NotImplementedError("write apply_top_p': """
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        drop = probs.cumsum(dim=-1) - probs >= p
+        drop = (probs.cumsum(dim=-1) - probs >= p) & (p < 1)
         masked = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter(-1, order, masked)
     """,
@@ -323,7 +323,7 @@ SOLUTIONS["12_properties"] = {
     """,
     'raise NotImplementedError("write prop_allocator': """
         manager = make_manager(case.num_blocks, case.block_size)
-        before = None
+        before = ({}, {}, case.num_blocks)  # tables, tokens, free blocks
         for snap in run_allocator_script(manager, case.script):
             owned = [b for table in snap.tables.values() for b in table]
             free = {b.block_id for b in manager.free_block_queue.get_all_free_blocks()}
@@ -331,9 +331,13 @@ SOLUTIONS["12_properties"] = {
             assert manager.num_free_blocks + len(owned) == case.num_blocks
             for rid, table in snap.tables.items():
                 assert len(table) == blocks_for(snap.tokens[rid], case.block_size)
-            if not snap.ok and before is not None:
-                assert (snap.tables, manager.num_free_blocks) == before
-            before = (snap.tables, manager.num_free_blocks)
+            if not snap.ok:
+                tables, tokens, num_free = before
+                _, rid, n = snap.op
+                need = blocks_for(tokens.get(rid, 0) + n, case.block_size) - len(tables.get(rid, []))
+                assert need > num_free
+                assert (snap.tables, manager.num_free_blocks) == (tables, num_free)
+            before = (snap.tables, snap.tokens, manager.num_free_blocks)
     """,
     'raise NotImplementedError("write prop_slot_mapping': """
         slots = [slot_for(block_table, p, block_size) for p in range(len(block_table) * block_size)]
