@@ -227,13 +227,13 @@ class Scheduler:
             num_new = min(num_new, budget)
             # The external tokens need new blocks (their KV is copied in) but no compute.
             num_slots = num_new + num_external
-            needed = self.kv.get_num_blocks_to_allocate(
-                request, num_slots, computed_blocks, lookahead
-            )
-            if needed > self.kv.num_free_blocks:  # wait for running requests to finish
+            if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
+                # Not enough free blocks: wait for running requests to finish.
+                needed = self.kv.get_num_blocks_to_allocate(
+                    request, num_slots, computed_blocks, lookahead
+                )
                 out.waiting_blocks = (needed, self.kv.num_free_blocks)
                 break
-            self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead)
             self.kv_source.update_state_after_alloc(
                 request, self.kv.block_ids(request.request_id), num_external
             )
