@@ -340,6 +340,10 @@ class StepSummary(Event):
     waiting_reason: str | None = None
     waiting_head: str | None = None
     budget_cut: dict[str, int] = field(default_factory=dict)
+    # With "no_free_block": the blocks the head needed and the blocks free when the scheduler
+    # decided (`num_free_blocks` counts them after the step, when finished requests freed more).
+    waiting_blocks_needed: int | None = None
+    waiting_free_blocks: int | None = None
 
 
 # --- the model executor's step (`nanovllm/executor/step_events.py`) ---------------------------
@@ -390,6 +394,31 @@ class AttentionComputed(Event):
     request_ids: tuple[str, ...]
     seq_lens: tuple[int, ...]
     attention_backend: str
+
+
+@dataclass(frozen=True)
+class AttentionProbed(Event):
+    """What paged attention computed in layer `layer` for one request's newest query (position
+    `seq_len - 1`, the row that attends to the whole context), walking its `block_table`: per
+    query head, each context token's score q·k × `scale`, the online softmax's running max and
+    running sum after each block, and the final weights that combine the values
+    (`nanovllm/executor/online_softmax.py`). Sent only while a probe is on
+    (`LLMEngine.probe_attention`), read from the forward pass's own query and paged keys; query
+    head h reads KV head h // (heads / `num_kv_heads`)."""
+
+    kind: ClassVar[str] = "attention_probed"
+    step: int
+    request_id: str
+    layer: int
+    block_size: int
+    seq_len: int
+    block_table: tuple[int, ...]  # the blocks read, in logical order
+    scale: float
+    num_kv_heads: int
+    scores: tuple[tuple[float, ...], ...]  # [heads][seq_len]
+    running_max: tuple[tuple[float, ...], ...]  # [heads][blocks]: after each block
+    running_sum: tuple[tuple[float, ...], ...]  # [heads][blocks]: relative to that max
+    weights: tuple[tuple[float, ...], ...]  # [heads][seq_len]: the softmax, summing to 1
 
 
 @dataclass(frozen=True)
@@ -494,6 +523,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StepInputsPrepared,
         KVWritten,
         AttentionComputed,
+        AttentionProbed,
         LogitsComputed,
         TokensSampled,
     )

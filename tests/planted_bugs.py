@@ -421,7 +421,7 @@ PLANTED_BUGS = [
     PlantedBug(
         "json-depth-counts-brackets-inside-strings",
         "nanovllm/serve/body.py",
-        "json_depth",
+        "_depths",
         (
             (
                 "    steps[inside] = 0\n",
@@ -450,7 +450,7 @@ PLANTED_BUGS = [
         "DisaggProxy._prefill_then_decode",
         (
             (
-                "    if self.prefill_down is not None:\n",
+                "    if down is not None:\n",
                 "    if False:\n",
             ),
         ),
@@ -1124,12 +1124,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "p2p-disconnect-leaves-waiters-waiting",
         "nanovllm/kv_transfer/p2p_transport.py",
-        "P2pTransport._receive_loop",
+        "P2pTransport._run_session",
         (
             (
-                "                self._end(tid, state, 'the producer disconnected before the "
-                "transfer ended')\n",
-                "                pass\n",
+                "        self._end(tid, state, 'the producer disconnected before the transfer "
+                "ended')\n",
+                "        pass\n",
             ),
         ),
         ("tests/test_kv_p2p.py", "-k", "producer_killed"),

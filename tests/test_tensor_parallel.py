@@ -158,6 +158,30 @@ def test_engines_alone_and_parallel_side_by_side_in_one_process(tiny_llama, tmp_
     assert done.returncode == 0 and "same tokens" in done.stdout, done.stderr[-3000:]
 
 
+UNGUARDED = """
+import sys
+from nanovllm import LLM
+LLM(sys.argv[1], tensor_parallel_size=2)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_is_told_so(tiny_llama, tmp_path) -> None:
+    """Each spawned rank imports the script again and would start the engine again, which
+    multiprocessing refuses (in the rank's stderr only). The error names the missing guard and
+    the script; before, it said only "rank 1 died: exited with code 1"."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_llama)], capture_output=True, text=True, timeout=300
+    )
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert last_line.startswith("RuntimeError: tensor-parallel rank 1 died"), last_line
+    assert f"the script {str(script)!r}" in last_line, last_line
+    assert 'without `if __name__ == "__main__":`' in last_line, last_line
+
+
 def test_an_engine_is_released_at_once_by_del_with_and_shutdown(tiny_llama) -> None:
     """A notebook re-runs its cell: each way of letting an `LLM` go (del, leaving `with`,
     `shutdown()`) releases its worker, its ports and its group at once, so the next

@@ -40,6 +40,7 @@ from nanovllm.viz.driver import (
     DriverStatus,
     Forward,
     Notify,
+    ProbeAttention,
     Publish,
     SetSpeed,
     Step,
@@ -116,6 +117,10 @@ class VizApp(App[object]):
         Binding("space", "toggle_pause", "pause"),
         Binding("s", "step", "step"),
         Binding("e", "step_event", "event"),
+        # Shown only with the executor panel: its flat batch, a page of columns at a time.
+        Binding("left_square_bracket", "page_batch(-1)", "page", key_display="[ ]"),
+        Binding("right_square_bracket", "page_batch(1)", "page", show=False),
+        Binding("h", "next_head", "head"),  # the heat row's head (also only with the panel)
         Binding("left", "back", "back", key_display="←"),
         Binding("right", "forward", "fwd", key_display="→"),
         Binding("end", "latest", "latest", show=False),
@@ -166,6 +171,7 @@ class VizApp(App[object]):
         self._measure_start: tuple[float, float, int, int] | None = None
         self.engine_thread: threading.Thread | None = None
         self.speed = self.driver.status.speed  # the pace; `+`/`-` change it (`_change_speed`)
+        self._probe_target: str | None = None  # the request the engine's probe follows
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -297,7 +303,10 @@ class VizApp(App[object]):
         self._last_frame = time.monotonic()
         state, self.status = self._latest
         # Two engines: the single-engine views (hidden) and the selection follow the decode one.
-        self.pair = state if isinstance(state, DisaggState) else None
+        pair = state if isinstance(state, DisaggState) else None
+        if (pair is None) != (self.pair is None):
+            self.refresh_bindings()  # `x` (one engine's executor panel) comes or goes
+        self.pair = pair
         self.state = state.decode if isinstance(state, DisaggState) else state
         self.screen.set_class(self.pair is not None, "-disagg")
         self.screen.set_class(self.state.tier.connector is not None, "-tier")
@@ -322,6 +331,7 @@ class VizApp(App[object]):
             for view in self._engine_views["decode"]:
                 view.show(self.pair.decode, self.selected, self.status)
             self.query_one(LinkView).show(self.pair, self.selected, self.status)  # type: ignore[arg-type]
+        self._sync_probe()
 
     # --- selection ------------------------------------------------------------------------------
 
@@ -380,12 +390,17 @@ class VizApp(App[object]):
         self.driver.send(ToLatest())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide what the source cannot do: a replay has no model; only a live run has scenarios."""
+        """Hide what the source cannot do: a replay has no model; only a live run has scenarios;
+        two engines (`disagg`) have no executor panel (it shows one engine's step)."""
         mode = self.driver.mode
+        if action == "toggle_executor":
+            return self.pair is None
         if action == "add_request":
             return mode != "replay"
         if action in ("scenario", "next_scenario"):
             return mode == "live"
+        if action in ("page_batch", "next_head"):
+            return self.show_executor and self.pair is None
         return True
 
     def _change_speed(self, delta: int) -> None:
@@ -424,6 +439,25 @@ class VizApp(App[object]):
     def action_toggle_executor(self) -> None:
         self.show_executor = not self.show_executor
         self.screen.set_class(self.show_executor, "-executor")
+        self.refresh_bindings()  # `[ ]` shows in the footer with the panel only
+        self._sync_probe()
+
+    def _sync_probe(self) -> None:
+        """While the executor panel is open, the engine's attention probe follows the selected
+        request (the panel's heat row, `widgets/attention_heat.py`); closed, the probe is off
+        and the forward pass runs untouched. Told to the driver only when it changes."""
+        want = self.selected if self.show_executor and self.pair is None else None
+        if want != self._probe_target:
+            self._probe_target = want
+            self.driver.send(ProbeAttention(want))
+
+    def action_next_head(self) -> None:
+        view = self.query_one(ExecutorView)
+        view.attention_head += 1
+        view.refresh()
+
+    def action_page_batch(self, delta: int) -> None:
+        self.query_one(ExecutorView).page(delta)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -10,6 +10,7 @@
     nanovllm viz --screenshot out.svg --steps 40  headless: run 40 steps, save the screen
     nanovllm viz --animate out.svg --steps 6      headless: step 7 event by event, animated
     nanovllm viz --measure 10                     headless: frames/s and engine steps/s
+    nanovllm viz --web                            in a browser: prints a URL holding a key
 
 Engine options (`--num-kv-blocks`, `--max-num-batched-tokens`, ...) override the scenario's.
 """
@@ -96,6 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="headless: play for SECONDS (as fast as possible, or at --speed) and print UI "
         "frames/s, engine steps/s and the process's CPU use",
     )
+    g.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the app to a browser (textual-serve, `pip install -e .[web]`): one app per "
+        "tab, at a printed URL whose path holds a fresh key",
+    )
+    g.add_argument(
+        "--host", default="127.0.0.1", help="with --web: the address to bind (default %(default)s)"
+    )
+    g.add_argument("--port", type=int, default=8000, help="with --web (default %(default)s)")
     g.add_argument("--workload-seed", type=int, default=0)
     add_engine_arguments(parser)
     # None = "the scenario decides"; an explicit value wins.
@@ -159,7 +170,20 @@ def run(args: argparse.Namespace) -> int:
         return fail("--screenshot, --animate and --measure do not go together")
     if args.frames < 1:
         return fail(f"--frames must be >= 1, got {args.frames}")
-    if not headless and not sys.stdout.isatty():
+    if args.web:
+        if headless:
+            return fail("--web does not go with --screenshot, --animate or --measure")
+        if args.record is not None:
+            return fail("--web does not go with --record (every browser tab runs its own app)")
+        if os.environ.get("NANOVLLM_VIZ_WEB_CHILD"):
+            return fail("--web inside a --web session")
+        if not 0 <= args.port <= 65535:
+            return fail(f"--port must be 0-65535, got {args.port}")
+        if sys.argv[1:2] != ["viz"]:
+            return fail("--web runs from the command line only (`nanovllm viz --web`)")
+    # Under --web each tab's app runs with Textual's web driver on a pipe, not a terminal.
+    web_child = bool(os.environ.get("NANOVLLM_VIZ_WEB_CHILD"))
+    if not headless and not args.web and not web_child and not sys.stdout.isatty():
         return fail("nanovllm viz needs an interactive terminal (or --screenshot / --measure)")
 
     steps = args.steps
@@ -205,6 +229,14 @@ def run(args: argparse.Namespace) -> int:
                 **common,
             ),
         )
+    if args.web:  # (the options are checked here, before any browser tab starts an app)
+        try:
+            import textual_serve  # noqa: F401  (an extra)
+
+            from nanovllm.viz.web import serve_web
+        except ImportError as exc:
+            return fail(f"--web needs textual-serve: pip install -e '.[web]' ({exc})")
+        return serve_web(sys.argv[2:], args.host, args.port)
     app = VizApp(
         make_driver,
         screenshot=args.screenshot,

@@ -137,6 +137,16 @@ class SwitchScenario(Command):
 
 
 @dataclass(frozen=True)
+class ProbeAttention(Command):
+    """Have the engine tell what layer `layer`'s attention computes for `request_id` from its
+    next step on (None: stop); the executor panel asks while it is open. Only a live engine has
+    the probe: elsewhere this does nothing (the panel says why it has no numbers)."""
+
+    request_id: str | None
+    layer: int = 0
+
+
+@dataclass(frozen=True)
 class Stop(Command):
     pass
 
@@ -364,6 +374,8 @@ class Driver:
             self.publish()
         elif isinstance(command, SetSpeed):
             self._set(speed=command.steps_per_s)
+        elif isinstance(command, ProbeAttention):
+            self.probe(command)
         else:
             self.handle(command)
 
@@ -377,6 +389,9 @@ class Driver:
 
     def handle(self, command: Command) -> None:
         self.notify_fn(f"{type(command).__name__} is not available here", "warning")
+
+    def probe(self, command: ProbeAttention) -> None:
+        """Only a live engine has an attention probe (a trace holds what was probed)."""
 
     def close(self) -> None:
         pass
@@ -448,6 +463,7 @@ class EngineDriver(Driver):
         self._pending: list[Event] = []
         self._user_requests = 0
         self._arrivals = 0
+        self._probe = ProbeAttention(None)  # what the executor panel asked for last
         self.status = replace(self.status, scenario=scenario)
 
     def engine_options(self) -> dict[str, Any]:
@@ -482,6 +498,7 @@ class EngineDriver(Driver):
         self._arrivals = 0
         self._unsubscribe = self.engine.subscribe(self._on_event)
         self._record_pending()  # `EngineStarted`: a new tape
+        self.probe(self._probe)  # (a new engine: the panel's probe again)
         self.status = replace(
             self.status, source=self.engine.model_path.name, scenario=self.scenario.name
         )
@@ -540,6 +557,15 @@ class EngineDriver(Driver):
         if self.recorder is not None:
             self.recorder.flush()
         return self._record_pending()
+
+    def probe(self, command: ProbeAttention) -> None:
+        self._probe = command
+        if self.engine is None:  # (two engines, `disagg`: no executor panel)
+            return
+        try:
+            self.engine.probe_attention(command.request_id, command.layer)
+        except ValueError as exc:  # (a model with fewer layers, say)
+            self.notify_fn(f"no attention probe: {exc}", "warning")
 
     def handle(self, command: Command) -> None:
         from nanovllm import SamplingParams

@@ -63,6 +63,7 @@ from nanovllm.events import (
 )
 from nanovllm.viz.executor import EXECUTOR_EVENTS, executor_words, waiting_words
 from nanovllm.viz.families import follows
+from nanovllm.viz.waiting import blocks_words
 from nanovllm.viz.words import count
 
 if TYPE_CHECKING:
@@ -188,10 +189,13 @@ def narrate(state: VizState, event: Event) -> Note | None:
             split += f", {proposed} of them proposed"
         detail = (
             f"step {event.step} done: {count(tokens, 'token')} ({split}); "
-            f"{event.num_running} running, {event.num_waiting} waiting, "
-            f"{count(event.num_free_blocks, 'block')} free"
+            f"{event.num_running} running, {event.num_waiting} waiting"
         )
+        blocks = blocks_words(event)
+        if not blocks:  # (else the waiting head's words say when each count was true)
+            detail += f", {count(event.num_free_blocks, 'block')} free"
         detail += waiting_words(event.waiting_reason, event.waiting_head, event.num_waiting)
+        detail += blocks
         return Note(SUMMARY, None, i, i, detail=detail)
     if isinstance(event, EngineSnapshot):
         detail = (

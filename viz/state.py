@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from nanovllm.events import (
+    AttentionProbed,
     BlockAllocated,
     BlockCached,
     BlockEvicted,
@@ -276,6 +277,9 @@ class VizState:
     tier: TierState = field(default_factory=TierState)  # the KV connector's (`tier.py`)
     # The model executor's latest step: its flat inputs and the stage reached (`executor.py`).
     executor: ExecutorStep | None = None
+    # What attention computed for one request in one layer, the latest the probe caught
+    # (`attention_heat.py`; only while the executor panel is open in a live run).
+    attention_probe: AttentionProbed | None = None
     # Why the waiting requests wait, as the last `StepSummary` said (`waiting.py`).
     waiting_reason: str | None = None
     waiting_head: str | None = None
@@ -938,6 +942,7 @@ def _on_executor_event(state: VizState, e: Event) -> VizState:
 
 _HANDLERS: dict[type, Callable[[VizState, Event], VizState]] = {
     **{cls: _on_executor_event for cls in EXECUTOR_EVENTS},
+    AttentionProbed: lambda state, e: replace(state, attention_probe=e),
     EngineSnapshot: _on_engine_snapshot,
     RequestAdded: _on_request_added,
     RequestRejected: _on_request_rejected,

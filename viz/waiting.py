@@ -8,6 +8,10 @@ behind the head waits for the same reason, behind it. A preempted request also s
 lost its blocks and recomputes from its prompt when it is admitted again). A request that
 arrived after the last step has not been considered yet.
 
+"No free block" was true when the scheduler decided, before the step ran; requests that finish
+in the step free their blocks after it, so the free count after the step can be more than the
+head needed. The summary carries both counts and `blocks_words` says which is which.
+
 `budget_cut` in the same summary names the requests whose step was a chunk: the token budget
 gave them fewer tokens than they needed.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nanovllm.events import WAITING_REASONS
+from nanovllm.events import WAITING_REASONS, StepSummary
 
 if TYPE_CHECKING:
     from nanovllm.viz.state import VizState
@@ -48,6 +52,9 @@ def why_waiting(state: VizState, request_id: str) -> tuple[str, str] | None:
         ahead = state.waiting.index(request_id) - state.waiting.index(head)
         if ahead > 0:
             words = f"behind {head} ({ahead} ahead, first come first served): {words}"
+    summary = state.last_step.summary if state.last_step else None
+    if summary is not None and summary.waiting_reason == reason:
+        words += blocks_words(summary)
     if preempted:
         words = f"preempted ×{info.num_preemptions}, recomputes from its prompt; {words}"
     return short, words
@@ -57,3 +64,15 @@ def budget_cut(state: VizState) -> dict[str, int]:
     """Request id -> tokens it needed, for each request the last step's budget cut to a chunk."""
     summary = state.last_step.summary if state.last_step else None
     return dict(summary.budget_cut) if summary is not None else {}
+
+
+def blocks_words(summary: StepSummary) -> str:
+    """` (when the scheduler decided: 2 free, 5 needed; after the step: 12 free)` for a head
+    that found no free block; "" for any other reason, or a trace without the counts."""
+    needed, free = summary.waiting_blocks_needed, summary.waiting_free_blocks
+    if summary.waiting_reason != "no_free_block" or needed is None or free is None:
+        return ""
+    return (
+        f" (when the scheduler decided: {free} free, {needed} needed; "
+        f"after the step: {summary.num_free_blocks} free)"
+    )

@@ -140,6 +140,23 @@ class KVCacheManager:
 
     # --- allocation -------------------------------------------------------------------------
 
+    def get_num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> int:
+        """How many blocks `allocate_slots` with the same arguments takes from the free queue
+        (vLLM's name): its new blocks, and its prefix-cache hits on free blocks."""
+        new_computed_blocks = new_computed_blocks or []
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        num_held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
+        num_new_blocks = max(-(-num_slots // self.block_size) - num_held, 0)  # (ceil)
+        # A hit on a free block takes it out of the free queue too (hits: only at admission).
+        return num_new_blocks + sum(b.ref_cnt == 0 for b in new_computed_blocks)
+
     def allocate_slots(
         self,
         request: Request,
@@ -157,26 +174,22 @@ class KVCacheManager:
         preempts someone or waits.
         """
         new_computed_blocks = new_computed_blocks or []
+        num_to_take = self.get_num_blocks_to_allocate(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+        )
+        if num_to_take > self.num_free_blocks:
+            return None
         req_id = request.request_id
         blocks = self.req_to_blocks.setdefault(req_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        num_required = -(-(total_tokens + num_lookahead_tokens) // self.block_size)  # ceil
-        num_new_blocks = max(num_required - len(blocks) - len(new_computed_blocks), 0)
-        # A cache hit on a *free* block takes it out of the free queue as well.
-        num_hits_on_free = 0
-        if new_computed_blocks:  # (rare: only when a request is admitted)
-            num_hits_on_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks + num_hits_on_free > self.num_free_blocks:
-            if not blocks:
-                del self.req_to_blocks[req_id]
-            return None
 
-        if new_computed_blocks or num_new_blocks:
+        if num_to_take or new_computed_blocks:
             self.req_to_block_ids.pop(req_id, None)  # the table grows
         emit = self.events.active
         for block in new_computed_blocks:
             was_free = self.block_pool.touch(block)
+            num_to_take -= was_free  # a hit on a free block took it out of the free queue
             self.num_extra_refs += not was_free
             blocks.append(block)
             if emit:
@@ -185,7 +198,7 @@ class KVCacheManager:
                 )
 
         new_blocks = []
-        for _ in range(num_new_blocks):
+        for _ in range(num_to_take):
             block = self.block_pool.get_new_block()  # (evicted from the prefix cache if cached)
             blocks.append(block)
             new_blocks.append(block)

@@ -93,6 +93,9 @@ class SchedulerOutput:
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: object = None  # what its KV source sends the workers this step
     waiting_reason: str | None = None  # "token_budget": an unchunked prompt did not fit
+    # No free block for the waiting head: (blocks it needed, blocks free) when it was decided;
+    # requests that finish later in the step free more.
+    waiting_blocks: tuple[int, int] | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -202,10 +205,16 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, in arrival order. Not when we just preempted: memory is tight.
+        # One whose grammar is still compiling is set aside, then put back (vLLM's WAITING_FOR_FSM).
+        skipped: list[Request] = []
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._peek_waiting()
             if request is None:
                 break
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                skipped.append(self.waiting.popleft())
+                continue
             computed_blocks, num_cached, num_external = [], 0, 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(request)
@@ -219,7 +228,12 @@ class Scheduler:
             # The external tokens need new blocks (their KV is copied in) but no compute.
             num_slots = num_new + num_external
             if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
-                break  # not enough free blocks: wait for running requests to finish
+                # Not enough free blocks: wait for running requests to finish.
+                needed = self.kv.get_num_blocks_to_allocate(
+                    request, num_slots, computed_blocks, lookahead
+                )
+                out.waiting_blocks = (needed, self.kv.num_free_blocks)
+                break
             self.kv_source.update_state_after_alloc(
                 request, self.kv.block_ids(request.request_id), num_external
             )
@@ -234,6 +248,7 @@ class Scheduler:
             self.external_prefix_cache_hits += num_external
             self.add_to_step(out, request, num_new)
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
 
         out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
         out.kv_connector_metadata = self.kv_source.build_connector_meta(out)

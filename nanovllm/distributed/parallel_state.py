@@ -70,7 +70,6 @@ def init_distributed(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     store: dist.Store | None = None,
     init_method: str | None = None,
-    secret: str | None = None,
 ) -> ParallelState:
     """Join the group as `rank` of `world_size`; rank 0 hosts the rendezvous at master_addr:port.
 
@@ -79,9 +78,8 @@ def init_distributed(
     raise instead of waiting forever. `store` lets a caller that already created the rendezvous
     store (to learn a free port before starting the other ranks) hand it over; `init_method`
     ("env://") lets torch find the rendezvous itself, as it must under torchrun, whose agent
-    already hosts the store at MASTER_PORT. With `secret`, every rank keeps its rendezvous keys
-    under that name: a client of the store that does not know it finds nothing and cannot
-    join. Gloo's connections listen on master_addr's interface (`rendezvous.py`).
+    already hosts the store at MASTER_PORT. Gloo's connections listen on master_addr's
+    interface (`rendezvous.py`).
     """
     global _STATE
     if _STATE is not None:
@@ -107,8 +105,6 @@ def init_distributed(
                 if rank == 0
                 else dist.TCPStore(master_addr, master_port, world_size, timeout=timeout)
             )
-        if secret is not None and store is not None:
-            store = dist.PrefixStore(f"{secret}/", store)
         # (under torchrun, gloo listens where GLOO_SOCKET_IFNAME says, as torch's docs tell)
         binding = gloo_bound_to(master_addr) if init_method is None else nullcontext()
         with binding:

@@ -12,9 +12,12 @@ started on 127.0.0.1 would then be open to the whole network.
 - `gloo_bound_to(host)`: gloo groups created inside it listen on the interface holding `host`
   (gloo's `GLOO_SOCKET_IFNAME`, set for the duration only).
 
-Who may join is the callers' business: the tensor-parallel group keeps its keys under a random
-name its ranks alone know (`worker_group.py`), the KV link under one derived from the KV secret
-(`kv_transfer/secret.py`).
+Who may join is the callers' business. A TCPStore shows every key to whoever connects
+(`list_keys`) and takes writes from anyone, so neither caller exposes one: the tensor-parallel
+group meets at a file store in a private folder (`worker_group.py`), and the KV link
+authenticates each connection before any store exists (`kv_transfer/p2p_transport.py`).
+`listening_store` remains for a group started by hand across machines (`init_distributed` with
+a port).
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ the other ranks it serves rank 0 until the group closes, then exits the process.
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
-import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -59,7 +59,6 @@ from nanovllm.distributed.parallel_state import (
     init_distributed,
     init_distributed_from_env,
 )
-from nanovllm.distributed.rendezvous import listening_store
 from nanovllm.distributed.validation import check_device_count
 
 _METHOD, _ARGS, _ALL = "__method__", "__args__", "__all_ranks__"
@@ -127,10 +126,9 @@ def _worker_main(
     rank: int,
     world_size: int,
     master_addr: str,
-    master_port: int,
+    store_path: str,
     device_type: str,
     timeout_s: float,
-    secret: str,
     worker_factory: Callable[[int], Any],
     status: connection.Connection,
     death_pipe: connection.Connection,
@@ -143,10 +141,9 @@ def _worker_main(
             rank,
             world_size,
             master_addr,
-            master_port,
             device_type=device_type,
             timeout_s=timeout_s,
-            secret=secret,
+            store=dist.FileStore(store_path, world_size),
         )
         worker = worker_factory(rank)
         status.send(("ready", None))
@@ -248,7 +245,7 @@ class WorkerGroup:
         self._closed = False
         self._monitor: threading.Thread | None = None
         self._stop_monitor_r = self._stop_monitor_w = None
-        self.rendezvous_port: int | None = None  # the store's, while ranks start (None: no store)
+        self.store_dir: str | None = None  # the rendezvous store's private folder (rank > 1)
         atexit.register(self.close)
 
     # ----- start-up -----
@@ -257,13 +254,13 @@ class WorkerGroup:
         if self.world_size == 1:
             self.driver_worker = worker_factory(0)
             return
-        # The driver hosts the rendezvous store on a free port (port 0), learnt before spawning,
-        # listening on master_addr alone. Every rank keeps its keys under a random name that
-        # only the ranks learn (through their spawn arguments, never the network): anyone else
-        # who reaches the port finds nothing in the store and cannot pose as a rank.
-        store, _ = listening_store(master_addr, 0, datetime.timedelta(seconds=self.timeout_s))
-        secret = secrets.token_hex(16)
-        self.rendezvous_port = store.port
+        # The ranks meet at a store that is a file in a folder only this user may enter (mkdtemp:
+        # mode 0700), its path handed to each rank in its spawn arguments. No port is opened for
+        # it, so nothing on the network can list, read or write the keys the ranks rely on
+        # (gloo's addresses): the store is private to the processes this group started.
+        self.store_dir = tempfile.mkdtemp(prefix="nanovllm-tp-")
+        store_path = os.path.join(self.store_dir, "store")
+        store = dist.FileStore(store_path, self.world_size)
         ctx = mp.get_context("spawn")
         _start_resource_tracker()
         for rank in range(1, self.world_size):
@@ -275,10 +272,9 @@ class WorkerGroup:
                     rank,
                     self.world_size,
                     master_addr,
-                    store.port,
+                    store_path,
                     device_type,
                     self.timeout_s,
-                    secret,
                     worker_factory,
                     status_w,
                     death_r,
@@ -300,7 +296,6 @@ class WorkerGroup:
             device_type=device_type,
             timeout_s=self.timeout_s,
             store=store,
-            secret=secret,
         )
         self.driver_worker = worker_factory(0)
         self._await_all("ready")
@@ -461,6 +456,8 @@ class WorkerGroup:
             if conn is not None:
                 conn.close()
         destroy_distributed()
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def __enter__(self) -> WorkerGroup:
         return self

@@ -88,6 +88,8 @@ class LLMEngine:
             is_known=self._is_known,
         )
         self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
+        # Requests whose grammar is compiling (`structured_output/manager.py`): not scheduled.
+        self.awaiting_grammar: list[Request] = []
         self.started_event = setup.started_event(config)  # what a subscriber hears first
         self.async_step = setup.async_step(self)  # None, unless async scheduling (`async_step.py`)
 
@@ -113,6 +115,11 @@ class LLMEngine:
         self.events.send_to(fn, self.started_event)
         return self.events.subscribe(fn)
 
+    def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
+        """From the next step on, also tell what layer `layer`'s attention computes for
+        `request_id` (`AttentionProbed`: `executor/attention_probe.py`); None stops."""
+        self.executor.probe_attention(request_id, layer)
+
     # --- requests -------------------------------------------------------------------------------
 
     def add_request(
@@ -127,6 +134,9 @@ class LLMEngine:
         for request in requests:
             self.output_processor.add_request(request, parent)
             self.scheduler.add_request(request)
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                self.awaiting_grammar.append(request)
             if self.events.active:
                 self.events.emit(request_added(self.tokenizer, request))
         return requests[0]
@@ -179,11 +189,15 @@ class LLMEngine:
         """One iteration of continuous batching: the outputs of requests that progressed."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
+        if self.awaiting_grammar:
+            self._install_grammars()
         if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
             return self.async_step.step()
         sched = self.scheduler.schedule()
         result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
         outputs, self._pending = self._pending, []  # the outputs of aborts come first
+        if sched.is_empty and self.awaiting_grammar:  # nothing to run but compiles: wait a bit
+            self.input_processor.structured_output.wait_for_any(self.awaiting_grammar)
         return outputs + (self.update_from_output(sched, result) if result is not None else [])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
@@ -224,10 +238,18 @@ class LLMEngine:
             self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
         return outputs
 
+    def _install_grammars(self) -> None:
+        """Requests whose grammar has compiled are scheduled from now on; each whose compile
+        failed or ran too long ends with that error (`structured_output/manager.py`)."""
+        manager = self.input_processor.structured_output
+        self.awaiting_grammar, failed = manager.take_compiled(self.awaiting_grammar)
+        progress = [self._finish_with_error(r.request_id, error) for r, error in failed]
+        self._pending.extend(self.output_processor.make_request_outputs(progress))
+
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""
         request = self.scheduler.requests[request_id]
-        logger.warning("nanovllm: %s", error)
+        logger.warning("nanovllm: request %r: %s", request_id, error)
         request.error = error
         return self._finish(request, FinishReason.ERROR)
 

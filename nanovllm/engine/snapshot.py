@@ -129,4 +129,6 @@ def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float)
         waiting_reason=reason,
         waiting_head=head,
         budget_cut=budget_cut(sched),
+        waiting_blocks_needed=sched.waiting_blocks[0] if sched.waiting_blocks else None,
+        waiting_free_blocks=sched.waiting_blocks[1] if sched.waiting_blocks else None,
     )

@@ -19,11 +19,14 @@ layers meet in all-reduces); rank 0 alone samples (`TensorParallelExecutor`).
 Without torchrun, `LLM(..., tensor_parallel_size=2)` starts its worker processes itself, with
 the "spawn" method (a fresh interpreter, as CUDA requires), which imports the caller's script
 again in each worker: as with vLLM, a script must be a file whose work sits under
-`if __name__ == "__main__":`.
+`if __name__ == "__main__":`. Without it, each worker starts the engine again as it imports the
+script, and multiprocessing ends it (its error only on the worker's stderr); the driver sees a
+rank that died at start, without a word, and names the missing guard (`_unguarded_main`).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import sys
@@ -38,7 +41,7 @@ from nanovllm.backends import get_backend
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
-from nanovllm.distributed.worker_group import WorkerGroup
+from nanovllm.distributed.worker_group import WorkerDiedError, WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_inputs import step_inputs
@@ -125,6 +128,22 @@ def _check_main_is_importable() -> None:
         )
 
 
+def _unguarded_main() -> str | None:
+    """The main script's path when it is a file with no `if __name__ == "__main__":` at its top
+    level (what every spawned worker runs again as it starts); None otherwise."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is None:
+        return None
+    try:
+        tree = ast.parse(Path(main_file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return None
+    return main_file
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE"} <= set(os.environ)
 
@@ -155,5 +174,19 @@ def start_runners(
     else:
         check_device_count(tp, spec.device_type)
         _check_main_is_importable()
-        group = WorkerGroup(tp, factory, device_type=spec.device_type)
+        try:
+            group = WorkerGroup(tp, factory, device_type=spec.device_type)
+        except WorkerDiedError as exc:
+            script = _unguarded_main()
+            if script is None or exc.reason != "exited with code 1":
+                raise
+            # A rank that died as it started, without a traceback of ours: multiprocessing's
+            # refusal to start the engine again from a worker that is importing the script.
+            raise RuntimeError(
+                f"{exc}: the script {script!r} starts the engine at its top level, without "
+                '`if __name__ == "__main__":`. With tensor_parallel_size > 1 each rank is a '
+                "fresh interpreter (multiprocessing's spawn) that imports the script first, and "
+                "so started the engine again. Put the script's work under "
+                '`if __name__ == "__main__":` (the rank\'s own error is on stderr above)'
+            ) from exc
     return group.driver_worker, group

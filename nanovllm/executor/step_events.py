@@ -11,6 +11,9 @@ plain tuples after the step ran.
 connector's) and does this only while someone subscribes (`EventBus.active`): with no
 subscriber a step costs one call and one attribute read more, and nothing is copied (the runner
 keeps a reference to its last step's inputs, `last_inputs`, whoever listens).
+
+`probe_attention` adds what one layer's attention computed for one request
+(`attention_probe.py`), from the next step on, until it is called with None.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nanovllm.events import (
     StepInputsPrepared,
     TokensSampled,
 )
+from nanovllm.executor.attention_probe import AttentionProbe
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 
@@ -95,11 +99,31 @@ class ObservedExecutor:
         self.runner = runner  # rank 0's: its `last_inputs` are the step's inputs
         self.events = events
         self.attention_backend = backend
+        self.probe: AttentionProbe | None = None  # `probe_attention`: one request, one layer
+
+    def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
+        """Tell what layer `layer`'s attention computes for `request_id` from the next step on
+        (an `AttentionProbed` event before its `AttentionComputed`); None: stop."""
+        runner = self.runner
+        probe = (
+            None
+            if request_id is None
+            else AttentionProbe(runner.model, runner.block_size, request_id, layer)
+        )
+        if self.probe is not None:
+            self.probe.remove()
+        self.probe = probe
+        if probe is not None:
+            probe.install()
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        probe = self.probe
+        if probe is not None and self.events.active:
+            probe.arm(sched)
         result = self.executor.execute(sched)
         if self.events.active:
             args = self.runner.model.args
+            probed = probe.event(sched.step) if probe is not None else None
             for event in executor_events(
                 sched,
                 self.runner.last_inputs,
@@ -109,5 +133,7 @@ class ObservedExecutor:
                 args.vocab_size,
                 self.attention_backend,
             ):
+                if probed is not None and isinstance(event, AttentionComputed):
+                    self.events.emit(probed)  # (a detail of attention, before its summary)
                 self.events.emit(event)
         return result

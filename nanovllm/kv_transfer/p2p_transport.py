@@ -6,27 +6,31 @@ point-to-point `send`/`recv` on a two-rank gloo process group (rank 0 the produc
 consumer), the transport vLLM's P2pNcclConnector uses, with gloo's TCP in place of NCCL. KV
 kept on a GPU travels through host memory: it is copied to the CPU before it is sent.
 
-Who connects to whom. The consumer listens: it hosts a `TCPStore` at (`kv_ip`, `kv_port`), and
-each *session* (one producer's connection) rendezvouses under its own store prefix. The consumer
-publishes the session's number and waits in it; a producer reads the number and joins. When
-either side dies, the other sees the connection close: the consumer opens the next session and
-waits for a producer again, a producer reconnects whenever it has something to send. So either
-engine can be restarted, and one that is down costs the other nothing but the transfers. Both
-engines are given the consumer's address (`kv_ip`); each end's gloo connections use the local
-address on the route between them, so the same flags work on one machine or two. The store
-listens on `kv_ip` alone (`distributed/rendezvous.py`).
+Who connects to whom. The consumer listens on (`kv_ip`, `kv_port`); a producer connects there
+whenever it has something to send. Each connection that proves it holds the secret (below)
+becomes a *session*: the two ends form a two-rank gloo group and KV flows until either side
+dies. Then the consumer waits for the next producer, and a producer reconnects when it next has
+something to send. So either engine can be restarted, and one that is down costs the other
+nothing but the transfers. Both engines are given the consumer's address (`kv_ip`); each end's
+gloo connections use the local address of its connection to the other, so the same flags work
+on one machine or two. The port listens on `kv_ip` alone.
 
-Who may connect. Both engines hold the KV secret (`secret.py`). The store's keys live under a
-name derived from it, so a client without it reads nothing there. Once a session's group has
-formed, and before any KV crosses, each end proves it holds the secret by answering the other's
-fresh random challenge (HMAC-SHA256):
+Who may connect. Both engines hold the KV secret (`secret.py`). A store such as torch's
+`TCPStore` shows every key to whoever connects and takes writes from anyone, so none is exposed:
+each connection must first prove it holds the secret, by answering a fresh random challenge
+(HMAC-SHA256), and only then does a store exist, private to the pair (`PairStore`: each end
+keeps a copy, and writes cross only that authenticated connection). The handshake, on the
+connection as it opens:
 
-    consumer -> producer   challenge_c                            uint8 [32]
-    producer -> consumer   challenge_p, HMAC(secret, challenge_c)  uint8 [64]
-    consumer -> producer   HMAC(secret, challenge_p) (zeros: refused)  uint8 [32]
+    consumer -> producer   challenge_c                                 [32 bytes]
+    producer -> consumer   challenge_p, HMAC(secret, challenge_c)       [64 bytes]
+    consumer -> producer   HMAC(secret, challenge_p) (zeros: refused)  [32 bytes]
 
-An end that fails the other's check, or stays silent past `HANDSHAKE_S`, is dropped: the
-consumer opens the next session, the producer counts its messages as dropped.
+A joiner that fails it, or does not finish it within `HANDSHAKE_S`, is dropped; each joiner is
+heard on a thread of its own, so a silent one never delays the next, and while a session runs,
+another producer (even one holding the secret) is turned away until it ends. The same exchange
+runs once more over the gloo group just formed, before any KV crosses: gloo's own connections
+are then known to join the two ends that proved themselves, not a stranger who raced to them.
 
 One message after another, in order, on one channel (tag 0):
 
@@ -63,17 +67,18 @@ import logging
 import os
 import queue
 import socket
+import struct
 import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from nanovllm.distributed.rendezvous import listening_store, stop_listening
-from nanovllm.kv_transfer.secret import sign, store_prefix
+from nanovllm.kv_transfer.secret import sign
 
 logger = logging.getLogger("nanovllm")
 
@@ -99,12 +104,16 @@ _LINKS: weakref.WeakSet[P2pTransport] = weakref.WeakSet()
 def _let_closed_links_end() -> None:
     for link in list(_LINKS):
         if link.closed.is_set():
-            link.thread.join(timeout=EXIT_WAIT_S)
+            for thread in (link.thread, link.session_thread):
+                if thread is not None:
+                    thread.join(timeout=EXIT_WAIT_S)
 
 
 MAX_TRANSFERS = 4096  # finished transfers remembered (for a late waiter), oldest forgotten first
-HANDSHAKE_S = 30.0  # how long either end waits for the other's answer to its challenge
+HANDSHAKE_S = 5.0  # how long either end waits for the other's answers to its challenge
+RENDEZVOUS_S = 30.0  # how long two ends that proved themselves take to form their group
 CHALLENGE_LEN = 32
+MAX_JOINERS = 64  # connections in their handshake at once; more are closed at once
 
 
 @dataclass
@@ -132,8 +141,10 @@ class P2pTransport:
     def __init__(self, ip: str, port: int, rank: int, model_tag: str, secret: str) -> None:
         self.ip, self.port, self.rank, self.model_tag = ip, port, rank, model_tag
         self.secret = secret
-        self.prefix = store_prefix(secret)  # every key of the store lives under it
-        self.num_refused = 0  # consumer: sessions whose producer failed the handshake
+        self.num_refused = 0  # consumer: joiners that failed the handshake
+        self.session: socket.socket | None = None  # the running session's connection
+        self.session_thread: threading.Thread | None = None  # consumer: the one receiving
+        self.joiners = threading.BoundedSemaphore(MAX_JOINERS)  # consumer: in their handshake
         self.closed = threading.Event()
         self.connected = threading.Event()
         self.group: dist.ProcessGroup | None = None
@@ -151,8 +162,8 @@ class P2pTransport:
         self.staged: OrderedDict[bytes, ReceivedBlock] = OrderedDict()
         if rank == CONSUMER:
             # Bind now, so a port in use is an error at start-up, not a silent thread's death.
-            self.store, self.listen_fd = listening_store(ip, port, FOREVER)
-            target = self._receive_loop
+            self.listener = _listen(ip, port)
+            target = self._accept_loop
         else:
             target = self._send_loop
         self.thread = threading.Thread(target=target, name=f"kv-p2p-{rank}", daemon=True)
@@ -161,15 +172,15 @@ class P2pTransport:
 
     def close(self) -> None:
         """Stop sending and receiving, end every wait, and free the consumer's port at once (a
-        new engine may listen there). The consumer's thread stays, idle, until its producer
-        leaves or the process exits: tearing down a gloo group whose thread is still in a call
-        aborts the process (torch 2.13), so a group is dropped only once no call is in it.
-        The producer's thread leaves its group and ends."""
+        new engine may listen there); the consumer's accept loop ends. Its session thread
+        stays, idle, until its producer leaves or the process exits: tearing down a gloo group
+        whose thread is still in a call aborts the process (torch 2.13), so a group is dropped
+        only once no call is in it. The producer's thread leaves its group and ends."""
         if self.closed.is_set():
             return
         self.closed.set()
         if self.rank == CONSUMER:
-            stop_listening(self.listen_fd)
+            _shut(self.listener)  # (wakes the accept loop, which ends)
         else:
             self.outbox.put(None)  # the sender thread's last item
         with self.lock:
@@ -219,8 +230,7 @@ class P2pTransport:
         while True:
             item = self.outbox.get()
             if item is None:  # closed: leave the group (no call is in it), and end
-                self.group = None
-                self.connected.clear()
+                self._leave()
                 return
             if self.closed.is_set():
                 continue
@@ -241,65 +251,45 @@ class P2pTransport:
             except RuntimeError as exc:
                 reason = str(exc).splitlines()[0][:120]
                 logger.warning("nanovllm: KV link to %s:%d broke (%s)", self.ip, self.port, reason)
-                self.group = None
-                self.connected.clear()
+                self._leave()
                 self.num_dropped += 1
                 skipping = True
 
     def _connect_producer(self) -> bool:
-        """Join the consumer's current session; False if none is reachable now."""
-        try:  # (a plain probe first: torch's store logs a stack trace for a refused connect)
-            socket.create_connection((self.ip, self.port), timeout=2).close()
+        """Connect to the consumer, prove the secret, and form the session's group; False if
+        that fails now (the consumer is down, busy with another producer, or refuses us)."""
+        try:
+            conn = socket.create_connection((self.ip, self.port), timeout=HANDSHAKE_S)
         except OSError as exc:
             self._report_down(str(exc))
             return False
         try:
-            store = dist.TCPStore(
-                self.ip, self.port, None, is_master=False, timeout=datetime.timedelta(seconds=2)
-            )
-        except (RuntimeError, OSError) as exc:
-            self._report_down(str(exc).splitlines()[0][:120])
-            return False
-        try:
-            session = int(store.get(f"{self.prefix}session"))
-        except RuntimeError:  # the store answers, but not under this secret's name
-            self._report_down("it answers, but not with this engine's KV secret")
-            return False
-        try:
-            prefixed = dist.PrefixStore(f"{self.prefix}session{session}/", store)
-            local_ip = _local_ip_towards(socket.gethostbyname(self.ip))
-            group = _group(prefixed, PRODUCER, local_ip, datetime.timedelta(seconds=30))
-            if not self._producer_handshake(group):
-                self._report_down("it failed the KV secret's challenge")
+            if not _producer_handshake(self.secret, *_socket_channel(conn)):
+                self._report_down("it refused this engine's KV secret")
+                _shut(conn)
                 return False
-        except (RuntimeError, OSError) as exc:
-            self._report_down(str(exc).splitlines()[0][:120])
+            conn.settimeout(None)
+            store = PairStore(conn, RENDEZVOUS_S)
+            group = _group(store, PRODUCER, conn.getsockname()[0], RENDEZVOUS_S)
+            if not _producer_handshake(self.secret, *_group_channel(group, CONSUMER)):
+                raise RuntimeError("it failed the KV secret's challenge on the group")
+        except (RuntimeError, OSError, EOFError) as exc:
+            self._report_down(str(exc).splitlines()[0][:120] if str(exc) else repr(exc))
+            _shut(conn)
             return False
-        self.group = group
+        self.group, self.session = group, conn
         self.num_sessions += 1
         self.connected.set()
         self.reported_down = False
         return True
 
-    def _producer_handshake(self, group: dist.ProcessGroup) -> bool:
-        """Answer the consumer's challenge, and check its answer to ours (module docstring)."""
-        challenge_c = _recv_within(group, CONSUMER, CHALLENGE_LEN)
-        challenge_p = os.urandom(CHALLENGE_LEN)
-        proof = sign(self.secret, "kv-producer", challenge_c)
-        group.send([_tensor(challenge_p + proof)], CONSUMER, 0).wait()
-        answer = _recv_within(group, CONSUMER, CHALLENGE_LEN)
-        return hmac.compare_digest(answer, sign(self.secret, "kv-consumer", challenge_p))
-
-    def _consumer_handshake(self, group: dist.ProcessGroup) -> bool:
-        """Challenge the producer that joined; answer its challenge only if it passed ours."""
-        challenge_c = os.urandom(CHALLENGE_LEN)
-        group.send([_tensor(challenge_c)], PRODUCER, 0).wait()
-        reply = _recv_within(group, PRODUCER, 2 * CHALLENGE_LEN)
-        challenge_p, proof = reply[:CHALLENGE_LEN], reply[CHALLENGE_LEN:]
-        accepted = hmac.compare_digest(proof, sign(self.secret, "kv-producer", challenge_c))
-        answer = sign(self.secret, "kv-consumer", challenge_p) if accepted else bytes(32)
-        group.send([_tensor(answer)], PRODUCER, 0).wait()
-        return accepted
+    def _leave(self) -> None:
+        """Producer: drop the session's group and connection."""
+        self.group = None
+        if self.session is not None:
+            _shut(self.session)
+            self.session = None
+        self.connected.clear()
 
     def _report_down(self, reason: str) -> None:
         """Warn once per outage, not once per dropped message."""
@@ -314,41 +304,77 @@ class P2pTransport:
 
     # --- consumer ---------------------------------------------------------------------------
 
-    def _receive_loop(self) -> None:
-        while not self.closed.is_set():  # (messages arriving after `close` are dropped)
-            session = self.num_sessions = self.num_sessions + 1
-            self.store.set(f"{self.prefix}session", str(session))
+    def _accept_loop(self) -> None:
+        """Hear each joiner on a thread of its own (`_admit`), so none waits behind another."""
+        while not self.closed.is_set():
             try:
-                prefixed = dist.PrefixStore(f"{self.prefix}session{session}/", self.store)
-                group = _group(prefixed, CONSUMER, socket.gethostbyname(self.ip), FOREVER)
-                accepted = self._consumer_handshake(group)
-            except RuntimeError as exc:
-                logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
-                time.sleep(RECONNECT_S)  # (then the next session: never a busy loop)
+                conn, _ = self.listener.accept()
+            except OSError:
+                if not self.closed.is_set():
+                    time.sleep(RECONNECT_S)  # (never a busy loop)
                 continue
-            if not accepted:
-                self.num_refused += 1
-                logger.warning(
-                    "nanovllm: KV link session %d refused: its producer does not hold the KV "
-                    "secret",
-                    session,
-                )
-                time.sleep(RECONNECT_S)
+            if not self.joiners.acquire(blocking=False):
+                _shut(conn)  # a flood of joiners: each stays HANDSHAKE_S at most, then room
                 continue
-            self.group = group
-            self.connected.set()
-            try:
-                while True:
-                    self._receive_message(group)
-            except RuntimeError as exc:
-                logger.warning(
-                    "nanovllm: KV producer disconnected (%s)", str(exc).splitlines()[0][:120]
-                )
-            self.connected.clear()
-            self.group = None
-            with self.lock:  # whatever was in flight will not arrive now
-                for tid, state in list(self.transfers.items()):
-                    self._end(tid, state, "the producer disconnected before the transfer ended")
+            threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
+
+    def _admit(self, conn: socket.socket) -> None:
+        """One joiner: the handshake within HANDSHAKE_S; then, if no session runs, its session."""
+        try:
+            accepted = _consumer_handshake(self.secret, *_socket_channel(conn))
+        except (OSError, EOFError):  # silent past the deadline, or gone
+            accepted = False
+        finally:
+            self.joiners.release()
+        if not accepted:
+            self.num_refused += 1
+            logger.warning("nanovllm: KV link refused a joiner: it did not prove the KV secret")
+            _shut(conn)
+            return
+        with self.lock:
+            busy = self.closed.is_set() or self.session is not None
+            if not busy:
+                self.session = conn
+        if busy:  # one producer at a time: another retries once this session ends
+            _shut(conn)
+            return
+        self.session_thread = threading.current_thread()
+        try:
+            self._run_session(conn)
+        finally:
+            _shut(conn)
+            with self.lock:
+                self.session = None
+
+    def _run_session(self, conn: socket.socket) -> None:
+        """Form the group with the producer that proved itself; receive until it leaves."""
+        session = self.num_sessions = self.num_sessions + 1
+        try:
+            conn.settimeout(None)
+            store = PairStore(conn, RENDEZVOUS_S)
+            group = _group(store, CONSUMER, conn.getsockname()[0], FOREVER.total_seconds())
+            accepted = _consumer_handshake(self.secret, *_group_channel(group, PRODUCER))
+        except (RuntimeError, OSError) as exc:
+            logger.warning("nanovllm: KV link session %d failed to start: %s", session, exc)
+            return
+        if not accepted:
+            self.num_refused += 1
+            logger.warning("nanovllm: KV link session %d refused on its group", session)
+            return
+        self.group = group
+        self.connected.set()
+        try:
+            while True:
+                self._receive_message(group)
+        except RuntimeError as exc:
+            logger.warning(
+                "nanovllm: KV producer disconnected (%s)", str(exc).splitlines()[0][:120]
+            )
+        self.connected.clear()
+        self.group = None
+        with self.lock:  # whatever was in flight will not arrive now
+            for tid, state in list(self.transfers.items()):
+                self._end(tid, state, "the producer disconnected before the transfer ended")
 
     def _receive_message(self, group: dist.ProcessGroup) -> None:
         header = _recv(group, torch.empty(HEADER_LEN, dtype=torch.int64)).tolist()
@@ -445,24 +471,153 @@ class P2pTransport:
         state.waiters.clear()
 
 
-def _group(
-    store: dist.Store, rank: int, local_ip: str, timeout: datetime.timedelta
-) -> dist.ProcessGroup:
+class PairStore(dist.Store):
+    """The rendezvous store of one session, private to its two ends: each keeps its own copy,
+    and every `set` is applied to both, over their connection (authenticated before this store
+    exists). Nothing else can list, read or write it. Gloo's rendezvous is all that uses it
+    (`set`, `get`, `wait`, `check`).
+
+    On the connection, each `set` is one frame: key length and value length (uint32,
+    big-endian), the key (UTF-8), the value."""
+
+    def __init__(self, conn: socket.socket, timeout_s: float) -> None:
+        super().__init__()
+        self.conn, self.timeout_s = conn, timeout_s
+        self.values: dict[str, bytes] = {}
+        self.changed = threading.Condition()
+        self.broken: str | None = None  # why the connection ended, once it has
+        threading.Thread(target=self._read, name="kv-pair-store", daemon=True).start()
+
+    def set(self, key: str, value: bytes | str) -> None:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        name = key.encode()
+        self.conn.sendall(struct.pack("!II", len(name), len(data)) + name + data)
+        self._put(key, data)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return self.values[key]
+
+    def check(self, keys: list[str]) -> bool:
+        with self.changed:
+            return all(k in self.values for k in keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        limit = timeout.total_seconds() if timeout is not None else self.timeout_s
+        with self.changed:
+            self.changed.wait_for(
+                lambda: self.broken is not None or all(k in self.values for k in keys), limit
+            )
+            if not all(k in self.values for k in keys):
+                why = self.broken or f"not set within {limit:g} s"
+                raise dist.DistStoreError(f"the KV link's rendezvous failed: {keys}: {why}")
+
+    def _put(self, key: str, value: bytes) -> None:
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def _read(self) -> None:
+        """Apply the other end's writes, until the connection ends."""
+        try:
+            while True:
+                key_len, value_len = struct.unpack("!II", _recv_exactly(self.conn, 8))
+                key = _recv_exactly(self.conn, key_len).decode()
+                self._put(key, _recv_exactly(self.conn, value_len))
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            with self.changed:
+                self.broken = f"the connection ended ({exc!r})"
+                self.changed.notify_all()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port` alone."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # A restarted engine rebinds its port at once (old connections in TIME_WAIT).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _shut(sock: socket.socket) -> None:
+    """Close `sock` now, waking any thread blocked on it (a plain close would not, on Linux)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected, or already shut
+    sock.close()
+
+
+def _recv_exactly(conn: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """`n` bytes from `conn`, all by `deadline` (time.monotonic(); None: the socket's own
+    timeout). EOFError if the other end closes first; TimeoutError past the deadline."""
+    data = bytearray()
+    while len(data) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer within {HANDSHAKE_S:g} s")
+            conn.settimeout(left)
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the connection closed")
+        data += chunk
+    return bytes(data)
+
+
+Channel = tuple[Callable[[bytes], None], Callable[[int], bytes]]  # (send, receive n bytes)
+
+
+def _socket_channel(conn: socket.socket) -> Channel:
+    """Send and receive on a fresh connection, all of it within HANDSHAKE_S from now."""
+    deadline = time.monotonic() + HANDSHAKE_S
+    conn.settimeout(HANDSHAKE_S)
+    return conn.sendall, lambda n: _recv_exactly(conn, n, deadline)
+
+
+def _group_channel(group: dist.ProcessGroup, peer: int) -> Channel:
+    """Send and receive on a session's group (each receive within HANDSHAKE_S)."""
+
+    def send(data: bytes) -> None:
+        group.send([_tensor(data)], peer, 0).wait()
+
+    return send, lambda n: _recv_within(group, peer, n)
+
+
+def _consumer_handshake(secret: str, send, receive) -> bool:
+    """Challenge the producer; answer its challenge only if it passed ours (module docstring).
+    Raises when the producer falls silent past the bound, or leaves."""
+    challenge_c = os.urandom(CHALLENGE_LEN)
+    send(challenge_c)
+    reply = receive(2 * CHALLENGE_LEN)
+    challenge_p, proof = reply[:CHALLENGE_LEN], reply[CHALLENGE_LEN:]
+    accepted = hmac.compare_digest(proof, sign(secret, "kv-producer", challenge_c))
+    send(sign(secret, "kv-consumer", challenge_p) if accepted else bytes(CHALLENGE_LEN))
+    return accepted
+
+
+def _producer_handshake(secret: str, send, receive) -> bool:
+    """Answer the consumer's challenge, and check its answer to ours (module docstring)."""
+    challenge_c = receive(CHALLENGE_LEN)
+    challenge_p = os.urandom(CHALLENGE_LEN)
+    send(challenge_p + sign(secret, "kv-producer", challenge_c))
+    return hmac.compare_digest(receive(CHALLENGE_LEN), sign(secret, "kv-consumer", challenge_p))
+
+
+def _group(store: dist.Store, rank: int, local_ip: str, timeout_s: float) -> dist.ProcessGroup:
     """A two-rank gloo group whose connections use `local_ip`: the address the peer reaches
     this engine at (gloo's default, the host name's address, may be one the peer cannot
     reach)."""
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip)]
-    options._timeout = timeout
+    options._timeout = datetime.timedelta(seconds=timeout_s)
     return dist.ProcessGroupGloo(store, rank, 2, options)
-
-
-def _local_ip_towards(ip: str) -> str:
-    """This machine's address on the route to `ip` (no packet is sent: a UDP socket's connect
-    only picks the route)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((ip, 9))
-        return s.getsockname()[0]
 
 
 def _resolve(future: asyncio.Future, error: str | None) -> None:

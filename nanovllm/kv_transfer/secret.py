@@ -4,12 +4,15 @@ A KV link's port must be reachable by the other engine, which may be on another 
 "listen on loopback" alone cannot protect it. The engines prove instead that they hold one
 shared secret, and a client that does not hold it is turned away:
 
-- the KV link (`p2p_transport.py`): every key of the consumer's rendezvous store lives under a
-  name derived from the secret (`store_prefix`), so a client without it finds nothing there;
-  then both ends answer each other's fresh challenge (HMAC-SHA256) before any KV crosses;
+- the KV link (`p2p_transport.py`): whoever connects to the consumer's port must first answer
+  a fresh challenge (HMAC-SHA256), and both ends answer each other's; only then is a rendezvous
+  store formed, private to the two of them, so a client without the secret finds no store,
+  no key, and nothing to write;
 - the servers (`serve/serving.py`): a request's `kv_transfer_params` count only when the proxy
   signed its transfer id with the secret (`sign`); anything else is refused (403), so no client
-  can make the decode server hold a request for a transfer that will never come.
+  can make the decode server hold a request for a transfer that will never come. A prefill
+  request's signature covers its deadline too (`deadline_ms`): read after the proxy gave up
+  (a stopped server resumed), it is refused before the engine computes it.
 
 Where the secret comes from, first found first:
 
@@ -31,6 +34,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from pathlib import Path
 
 SECRET_ENV = "NANOVLLM_KV_SECRET"
@@ -88,28 +92,37 @@ def sign(secret: str, purpose: str, message: bytes) -> bytes:
     return hmac.new(secret.encode(), purpose.encode() + b"\0" + message, hashlib.sha256).digest()
 
 
-def store_prefix(secret: str) -> str:
-    """The rendezvous store's namespace: known only to who holds the secret."""
-    return sign(secret, "store", b"").hex()[:32] + "/"
+def transfer_signature(secret: str, transfer_id: str, deadline_ms: int | None = None) -> str:
+    """What the proxy adds to `kv_transfer_params` (as "signature") to name a transfer; with
+    `deadline_ms` (the prefill request's), the deadline is signed with it."""
+    message = transfer_id if deadline_ms is None else f"{transfer_id}@{deadline_ms}"
+    return sign(secret, "transfer", message.encode()).hex()
 
 
-def transfer_signature(secret: str, transfer_id: str) -> str:
-    """What the proxy adds to `kv_transfer_params` (as "signature") to name a transfer."""
-    return sign(secret, "transfer", transfer_id.encode()).hex()
-
-
-def check_transfer_params(secret: str, params: dict) -> str | None:
+def check_transfer_params(secret: str, params: dict, now_ms: int | None = None) -> str | None:
     """None if `params` (a request's `kv_transfer_params`) carry a valid signature of their
-    transfer id, else why not (for a 403 naming the field)."""
+    transfer id (and of their `deadline_ms`, when they have one) and that deadline has not
+    passed (`now_ms`: the clock, milliseconds since the epoch), else why not (for a 403 naming
+    the field). A prefill request past its deadline is one the proxy has given up on (a
+    prefill server that was stopped reads it late): refused before the engine sees it."""
     transfer_id, signature = params.get("transfer_id"), params.get("signature")
+    deadline_ms = params.get("deadline_ms")
     if not isinstance(transfer_id, str) or not isinstance(signature, str):
         return (
             "kv_transfer_params are accepted only from the disaggregated proxy (a transfer_id "
             "and its signature with the KV secret); a client sends none"
         )
-    if not hmac.compare_digest(signature, transfer_signature(secret, transfer_id)):
+    if deadline_ms is not None and type(deadline_ms) is not int:
+        return f"kv_transfer_params' deadline_ms must be an integer, got {deadline_ms!r}"
+    if not hmac.compare_digest(signature, transfer_signature(secret, transfer_id, deadline_ms)):
         return (
             "kv_transfer_params' signature does not match this server's KV secret "
             f"(${SECRET_ENV}): only the disaggregated proxy may name a transfer"
+        )
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if deadline_ms is not None and now_ms > deadline_ms:
+        return (
+            f"kv_transfer_params' deadline_ms passed {now_ms - deadline_ms} ms ago: the proxy "
+            "has given up on this prefill (or this machine's clock is ahead of the proxy's)"
         )
     return None

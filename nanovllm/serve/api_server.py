@@ -175,9 +175,12 @@ def build_app(
     async def health() -> JSONResponse:
         if app.state.server_state.draining:
             raise APIError(
-                "the server is shutting down", status_code=503, code="server_shutting_down"
+                "the server is shutting down: send the request to another server",
+                status_code=503,
+                code="server_shutting_down",
+                headers={"Connection": "close", "Retry-After": "1"},  # as the guard's 503
             )
-        reason = engine.dead_reason()
+        reason = engine.dead_reason() or engine.stall_reason()
         if reason is not None:
             raise APIError(reason, status_code=503, code="engine_unavailable")
         return JSONResponse({"status": "ok"})

@@ -49,12 +49,16 @@ from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
+from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.serve.stats import IterationStats, RequestTimer
 
 logger = logging.getLogger("nanovllm.serve")
 
 RATE_WINDOW_S = 10.0  # tokens/s is averaged over this many seconds
+# With work waiting, an engine thread that has made no step for this long is stalled (`/health`
+# answers 503). A step of the largest prefill on a CPU takes seconds, far below it.
+STALL_TIMEOUT_S = 60.0
 MAX_PENDING_EVENTS = 200_000  # an event listener further behind than this is cut off
 
 
@@ -221,6 +225,7 @@ class _Abort:
 @dataclass
 class _FailAll:
     error: BaseException
+    unstarted_only: bool = False
 
 
 @dataclass
@@ -269,14 +274,24 @@ def _deliver(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -
 class AsyncLLMEngine:
     """Share one `LLMEngine` among asyncio tasks (from any number of event loops)."""
 
-    def __init__(self, engine: LLMEngine, start: bool = True) -> None:
+    def __init__(
+        self, engine: LLMEngine, start: bool = True, stall_timeout_s: float = STALL_TIMEOUT_S
+    ) -> None:
         self.engine = engine
+        self.stall_timeout_s = stall_timeout_s
+        # The engine thread's heartbeat: when it last woke with work or ended a step, and
+        # whether it now sleeps for want of work (then no heartbeat is due).
+        self._beat = time.monotonic()
+        self._sleeping = True
         self.model_name = engine.started_event.model
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # Owned by the engine thread only:
         self._streams: dict[str, tuple[RequestStream, asyncio.AbstractEventLoop]] = {}
         self._sinks: dict[EventStream, _Sink] = {}
         self._finished: Counter[str] = Counter()
+        # Adds whose grammar still compiles: accepted (their caller answered) once it has.
+        self._awaiting_grammar: list[tuple[_Add, Request]] = []
+        self._has_output: set[str] = set()  # requests whose stream has had an output
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -351,10 +366,12 @@ class AsyncLLMEngine:
         """Abort a request (thread-safe, idempotent); its blocks are freed before the next step."""
         self._send(_Abort(request_id))
 
-    def fail_requests(self, error: BaseException) -> None:
+    def fail_requests(self, error: BaseException, unstarted_only: bool = False) -> None:
         """Abort every request in flight (thread-safe): each stream gets `error`, its blocks are
-        freed. The engine goes on serving new requests. (A draining server's last word.)"""
-        self._send(_FailAll(error))
+        freed. The engine goes on serving new requests. (A draining server's last word.) With
+        `unstarted_only`, only those that have had no output yet: a draining server's word to
+        the requests it would otherwise make wait, so their clients retry elsewhere at once."""
+        self._send(_FailAll(error, unstarted_only))
 
     def subscribe_events(self) -> EventStream:
         """Start receiving engine events; the first is `EngineStarted`. `close()` to stop."""
@@ -403,6 +420,18 @@ class AsyncLLMEngine:
         if reason is not None:
             raise EngineDeadError(reason)
 
+    def stall_reason(self) -> str | None:
+        """Why the engine is stuck (None: it is not): it has work, yet has made no step for
+        longer than `stall_timeout_s` (a step that never returns, a thread that hangs)."""
+        beat, sleeping = self._beat, self._sleeping
+        quiet = time.monotonic() - beat
+        if sleeping or quiet <= self.stall_timeout_s:
+            return None
+        return (
+            f"the engine has made no step for {quiet:.1f} s while it has work "
+            f"(the bound: {self.stall_timeout_s:g} s)"
+        )
+
     def has_stopped(self) -> bool:
         """Whether the engine thread has ended, having failed every request it was serving."""
         return not self._thread.is_alive()
@@ -449,7 +478,11 @@ class AsyncLLMEngine:
             idle = not engine.has_unfinished_requests()
             must_step = False
             barriers = []
-            for command in self._take_commands(block=idle):
+            self._sleeping = idle
+            commands = self._take_commands(block=idle)
+            self._beat = time.monotonic()  # (before `_sleeping` falls: never a stale beat)
+            self._sleeping = False
+            for command in commands:
                 if isinstance(command, _Stop):
                     return
                 if isinstance(command, _Barrier):
@@ -493,8 +526,15 @@ class AsyncLLMEngine:
                 request.max_tokens,
             )
             self._prompt_tokens += request.num_prompt_tokens
-            self._call(command.loop, _resolve, command.accepted, None)
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                # Its grammar compiles off this thread: the caller hears once it has (or a
+                # ValueError naming why not), while the other requests step on.
+                self._awaiting_grammar.append((command, request))
+            else:
+                self._call(command.loop, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
+            self._has_output.discard(command.request_id)
             if self._streams.pop(command.request_id, None) is None:
                 return False  # finished already, or never accepted
             self._timer.forget(command.request_id)
@@ -505,6 +545,8 @@ class AsyncLLMEngine:
             self._finished["abort"] += 1
             return True  # the abort output waits in the engine until the next step
         elif isinstance(command, _FailAll):
+            if command.unstarted_only:
+                return self._fail_unstarted(command.error)
             self._fail_streams(command.error)
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
@@ -530,8 +572,10 @@ class AsyncLLMEngine:
             self._num_errors += 1
             self._fail_streams(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
             return
-        step_end = time.monotonic()
+        step_end = self._beat = time.monotonic()
         self._num_steps += 1
+        if self._awaiting_grammar:
+            self._accept_compiled()
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         new_tokens = 0
         for output in outputs:
@@ -541,8 +585,10 @@ class AsyncLLMEngine:
                 continue  # aborted: nobody is listening
             stream, loop = entry
             by_loop.setdefault(loop, []).append((stream, output))
+            self._has_output.add(output.request_id)
             if output.finished:
                 del self._streams[output.request_id]
+                self._has_output.discard(output.request_id)
                 self._finished[output.outputs[0].finish_reason or "unknown"] += 1
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
@@ -555,8 +601,49 @@ class AsyncLLMEngine:
                 except Exception:  # noqa: BLE001 - a broken observer must not stop the engine
                     logger.exception("a stats observer failed")
 
+    def _accept_compiled(self) -> None:
+        """Answer the adds whose grammar the engine has now installed, or refused: a refused
+        one's caller gets the engine's ValueError (its error output goes to nobody)."""
+        waiting = []
+        for command, request in self._awaiting_grammar:
+            if request.structured_output_request.grammar is not None:
+                self._call(command.loop, _resolve, command.accepted, None)
+            elif request.is_finished:
+                if self._streams.pop(command.request_id, None) is not None:
+                    self._timer.forget(command.request_id)
+                    self._prompt_tokens -= request.num_prompt_tokens
+                error = ValueError(request.error or "the request was aborted")
+                self._call(command.loop, _resolve, command.accepted, error)
+            else:
+                waiting.append((command, request))
+        self._awaiting_grammar = waiting
+
+    def _fail_unstarted(self, error: BaseException) -> bool:
+        """Abort each request that has had no output yet and hand its stream `error`; True when
+        one was (its abort output waits for the next step, which the running ones need)."""
+        failed = [rid for rid in self._streams if rid not in self._has_output]
+        for command, _ in self._awaiting_grammar:
+            if command.request_id in failed:
+                self._call(command.loop, _resolve, command.accepted, None)
+        self._awaiting_grammar = [
+            a for a in self._awaiting_grammar if a[0].request_id not in failed
+        ]
+        for request_id in failed:
+            stream, loop = self._streams.pop(request_id)
+            self._timer.forget(request_id)
+            try:
+                self.engine.abort_request(request_id)
+                self._finished["abort"] += 1
+            except ValueError:
+                pass
+            self._call(loop, _deliver, [(stream, error)])
+        return bool(failed)
+
     def _fail_streams(self, error: BaseException) -> None:
         """Abort every request we serve (freeing its blocks) and hand each stream `error`."""
+        for command, _ in self._awaiting_grammar:  # each stream below hears `error`
+            self._call(command.loop, _resolve, command.accepted, None)
+        self._awaiting_grammar = []
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for request_id, (stream, loop) in list(self._streams.items()):
             try:
@@ -566,6 +653,7 @@ class AsyncLLMEngine:
                 pass
             by_loop.setdefault(loop, []).append((stream, error))
         self._streams.clear()
+        self._has_output.clear()
         self._timer.clear()
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)

@@ -32,6 +32,13 @@ itself: while the last poll failed, requests skip prefill. So a prefill server t
 a request at most the health-check interval plus the prefill timeout, and once the watcher has
 seen it, nothing; when its `/health` answers 200 again, prefill is used again.
 
+One state says whether prefill is used (`prefill_down`), and every poll writes it: the
+watcher's, the proxy's own `/health` (so once it says 200, the next request goes through
+prefill), and a request's, which polls at once rather than skip a prefill server never yet
+seen up whose last poll was answered (refused: the proxy started before it). `/health` says
+what the routing will do: `ok` (200) with both servers up, `degraded` (200) while one is out
+and the proxy still answers through the other, `unavailable` (503) when it cannot answer.
+
 A client that disconnects has its upstream requests closed at once, and nanovllm's server aborts
 a request whose client has gone: no engine keeps generating for nobody. The proxy's door is
 the server's own (`RequestGuard`: API key, body size, concurrency); the client's Authorization
@@ -46,6 +53,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -73,6 +81,8 @@ CONNECT_TIMEOUT_S = 10.0
 PREFILL_TIMEOUT_S = 10.0  # the whole prefill request; past it, decode computes the prompt
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_CHECK_INTERVAL_S = 2.0  # how often the prefill server's /health is polled
+UNREACHABLE = "unreachable"  # how a /health probe that reached no server begins
+NO_ANSWER = "no answer within"  # how one that reached a server that did not answer begins
 # Fields the prefill request drops: they shape the output, which the proxy discards, and
 # min_tokens > 1 would be refused next to max_tokens=1.
 PREFILL_DROPPED = (
@@ -93,8 +103,11 @@ PASSED_HEADERS = (
 )
 
 
-def prefill_body(body: dict[str, Any], transfer_id: str, signature: str = "") -> dict[str, Any]:
-    """The prefill engine's request: the prompt, one token, no stream, KV to be sent away."""
+def prefill_body(
+    body: dict[str, Any], transfer_id: str, signature: str = "", deadline_ms: int | None = None
+) -> dict[str, Any]:
+    """The prefill engine's request: the prompt, one token, no stream, KV to be sent away (by
+    `deadline_ms`, when given: past it, the server refuses the request)."""
     prefill = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
     prefill["max_tokens"] = 1
     if "max_completion_tokens" in body:  # chat: OpenAI's newer name wins over max_tokens
@@ -106,6 +119,8 @@ def prefill_body(body: dict[str, Any], transfer_id: str, signature: str = "") ->
         "transfer_id": transfer_id,
         "signature": signature,
     }
+    if deadline_ms is not None:
+        prefill["kv_transfer_params"]["deadline_ms"] = deadline_ms
     return prefill
 
 
@@ -131,6 +146,17 @@ def _upstream_headers(request: Request) -> dict[str, str]:
     if "authorization" in request.headers:
         headers["authorization"] = request.headers["authorization"]
     return headers
+
+
+def _refuses_transfer(answer: httpx.Response) -> bool:
+    """Whether a server refused the `kv_transfer_params` the proxy added (its clock ahead of
+    the proxy's by more than the prefill timeout, say, or another KV secret)."""
+    if answer.status_code != 403:
+        return False
+    try:
+        return answer.json()["error"]["code"] == "kv_transfer_params_forbidden"
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -221,38 +247,57 @@ class DisaggProxy:
         self.health_check_interval_s = health_check_interval_s
         self.client: httpx.AsyncClient | None = None
         self.kv_secret = kv_secret()  # signs each transfer id: only the proxy may name one
-        # The watcher's last word on the prefill server: None while it answers /health with a
-        # 200, else why not. Requests skip prefill while it is set.
-        self.prefill_down: str | None = None
+        # The last word on the prefill server (the watcher's, a request's or /health's poll):
+        # None while it answers /health with a 200, else why not. Requests skip prefill while
+        # it is set, and /health reports it: one state for both.
+        self.prefill_down: str | None = None  # (until the first poll says otherwise: used)
+        self.prefill_seen_up = False  # has its /health ever answered 200?
+        self._poll: asyncio.Future | None = None  # the poll in flight, shared by its callers
         self._watcher: asyncio.Task | None = None
 
     async def watch_prefill(self) -> None:
         """Poll the prefill server's /health for as long as the proxy runs (its own task)."""
-        assert self.client is not None
         interval = self.health_check_interval_s
         while True:
             started = asyncio.get_running_loop().time()
-            try:
-                answer = await self.client.get(self.prefill_url + "/health", timeout=interval)
-                down = None if answer.status_code == 200 else f"/health: HTTP {answer.status_code}"
-            except httpx.TimeoutException:
-                down = f"/health did not answer within {interval:g} s"
-            except httpx.TransportError as exc:
-                down = f"/health unreachable: {exc!r}"
-            if down != self.prefill_down:
-                if down is None:
-                    logger.warning(
-                        "prefill at %s is healthy again: prefill resumes", self.prefill_url
-                    )
-                else:
-                    logger.warning(
-                        "prefill at %s is down (%s): decode computes prompts until it is back",
-                        self.prefill_url,
-                        down,
-                    )
-            self.prefill_down = down
+            await self.check_prefill()
             elapsed = asyncio.get_running_loop().time() - started
             await asyncio.sleep(max(interval - elapsed, 0.0))
+
+    async def check_prefill(self) -> str | None:
+        """Ask the prefill server's /health now and record the answer in `prefill_down` (None:
+        up), which the routing reads. Callers at the same moment share one poll; a caller that
+        is cancelled (a client gone) does not cancel it for the others."""
+        if self._poll is None or self._poll.done():
+            self._poll = asyncio.ensure_future(self._poll_prefill())
+        return await asyncio.shield(self._poll)
+
+    async def _poll_prefill(self) -> str | None:
+        status = await self._probe(self.prefill_url, self.health_check_interval_s)
+        down = None if status == "ok" else status
+        if down != self.prefill_down:
+            if down is None:
+                logger.warning("prefill at %s is healthy: prefill is used", self.prefill_url)
+            elif self.prefill_seen_up:
+                logger.warning(
+                    "prefill at %s is down (/health: %s): decode computes prompts until it is back",
+                    self.prefill_url,
+                    down,
+                )
+        self.prefill_down = down
+        self.prefill_seen_up |= down is None
+        return down
+
+    async def _probe(self, base_url: str, timeout: float) -> str:
+        """One GET of `base_url`/health: "ok" for a 200, else what it answered, in words."""
+        assert self.client is not None
+        try:
+            answer = await self.client.get(base_url + "/health", timeout=timeout)
+        except httpx.TimeoutException:
+            return f"{NO_ANSWER} {timeout:g} s"
+        except httpx.TransportError as exc:
+            return f"{UNREACHABLE}: {exc!r}"
+        return "ok" if answer.status_code == 200 else f"HTTP {answer.status_code}"
 
     def open(self) -> None:
         self.client = httpx.AsyncClient(
@@ -267,9 +312,10 @@ class DisaggProxy:
         self._watcher = asyncio.ensure_future(self.watch_prefill())
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+        for task in (self._watcher, self._poll):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
 
@@ -296,10 +342,21 @@ class DisaggProxy:
         assert self.client is not None
         transfer_id: str | None = uuid.uuid4().hex
         signature = transfer_signature(self.kv_secret, transfer_id)
-        if self.prefill_down is not None:
-            failure: Response | str | None = f"skipped: {self.prefill_down}"
+        # The prefill request carries the moment the proxy gives up on it, signed: a prefill
+        # server that reads it later (it was stopped, and resumed) refuses it uncomputed.
+        deadline_ms = int((time.time() + self.prefill_timeout_s) * 1000)
+        prefill_signature = transfer_signature(self.kv_secret, transfer_id, deadline_ms)
+        down = self.prefill_down
+        if down is not None and not self.prefill_seen_up and not down.startswith(NO_ANSWER):
+            # Never seen up, and its last poll was answered at once (the proxy started before
+            # it, say: refused): ask again now rather than skip it until the next poll. (One
+            # that does not answer at all would cost each request the wait: it is skipped.)
+            down = await self.check_prefill()
+        if down is not None:
+            failure: Response | str | None = f"skipped: {down}"
         else:
-            failure = await self._prefill(path, prefill_body(body, transfer_id, signature), headers)
+            prefill = prefill_body(body, transfer_id, prefill_signature, deadline_ms)
+            failure = await self._prefill(path, prefill, headers)
         if isinstance(failure, Response):
             return failure  # the client's own mistake, as the prefill server worded it
         if failure is not None:
@@ -345,6 +402,8 @@ class DisaggProxy:
             return repr(exc)
         if answer.is_success:
             return None
+        if _refuses_transfer(answer):  # ours to mend, never the client's: decode computes it
+            return f"HTTP {answer.status_code}: {answer.text[:200]}"
         if 400 <= answer.status_code < 500:
             return Response(answer.content, answer.status_code, headers=_passed_headers(answer))
         return f"HTTP {answer.status_code}: {answer.text[:200]}"
@@ -379,26 +438,24 @@ class DisaggProxy:
         return UpstreamResponse(answer, name)
 
     async def health(self) -> JSONResponse:
-        """200 when both upstreams' /health answer 200; else 503 saying which does not."""
-        assert self.client is not None
-
-        async def check(base_url: str) -> str:
-            try:
-                answer = await self.client.get(base_url + "/health", timeout=HEALTH_TIMEOUT_S)
-            except httpx.TransportError as exc:
-                return f"unreachable: {exc!r}"
-            return "ok" if answer.status_code == 200 else f"HTTP {answer.status_code}"
-
-        prefill, decode = await asyncio.gather(check(self.prefill_url), check(self.decode_url))
+        """What the routing will do, from a fresh poll of both upstreams: 200 `ok` when both
+        answer /health with a 200; 200 `degraded` while one is out but the proxy still answers
+        through the other (prefill down: decode computes prompts; decode unreachable: prefill
+        runs whole requests); 503 `unavailable` when it cannot answer. The prefill poll is the
+        routing's own (`check_prefill`), so a 200 here means the next request uses prefill."""
+        prefill, decode = await asyncio.gather(
+            self.check_prefill(), self._probe(self.decode_url, HEALTH_TIMEOUT_S)
+        )
+        prefill = prefill or "ok"
         report = {
             "prefill": {"url": self.prefill_url, "status": prefill},
             "decode": {"url": self.decode_url, "status": decode},
         }
-        healthy = prefill == decode == "ok"
-        return JSONResponse(
-            {"status": "ok" if healthy else "unavailable", **report},
-            status_code=200 if healthy else 503,
-        )
+        # A decode server that answers is relayed whatever it says; one that cannot be reached
+        # is replaced by the prefill server (`_prefill_then_decode`).
+        answers = decode == "ok" or (decode.startswith(UNREACHABLE) and prefill == "ok")
+        status = "ok" if prefill == decode == "ok" else "degraded" if answers else "unavailable"
+        return JSONResponse({"status": status, **report}, status_code=200 if answers else 503)
 
 
 def _unauthorized() -> JSONResponse:

@@ -49,6 +49,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = "invalid_value",
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -56,6 +57,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or error_type(status_code)
+        self.headers = headers  # sent with the response (`Retry-After`, `Connection`)
 
 
 def error_type(status_code: int) -> str:
@@ -72,7 +74,9 @@ def error_body(
 
 def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(
-        error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status_code
+        error_body(exc.message, exc.type, exc.param, exc.code),
+        status_code=exc.status_code,
+        headers=exc.headers,
     )
 
 

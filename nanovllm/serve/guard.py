@@ -44,7 +44,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from nanovllm.serve.body import BodyError, check_json_body, check_prompt_ids
+from nanovllm.serve.body import BodyError, check_items, check_json_body
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -160,7 +160,7 @@ class RequestGuard:
                 try:
                     check_json_body(_header(scope, b"content-type"), body)
                     if self.max_model_len is not None:
-                        check_prompt_ids(body, self.max_model_len)
+                        check_items(body, self.max_model_len)
                 except BodyError as exc:
                     await _error(
                         send,

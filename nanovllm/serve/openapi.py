@@ -11,6 +11,8 @@ what only the running server knows:
 - a prompt of ids is shorter than `max_model_len` (and `max_tokens` is described with it: its
   bound depends on the prompt's length, so it is not a `maximum`);
 - `model` is the one model served (another name is a 404);
+- every array holds at most `MAX_JSON_ITEMS` entries (the guard's bound on any array or object
+  in a body, `body.py`);
 - with an API key, every guarded route (guard.py) declares the bearer scheme and its 401.
 
 What JSON Schema cannot state stays a 400 naming the field, and is written in the field's
@@ -25,6 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from nanovllm.serve.body import MAX_JSON_ITEMS
 from nanovllm.serve.guard import needs_api_key
 
 GENERATION_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest")
@@ -94,6 +97,21 @@ def _bound(schema: dict, model_name: str | list[str], max_model_len: int, vocab_
                 branch["not"] = {"const": 0}
         for field, value in properties.items():
             _bound_token_ids(value, vocab_size, max_model_len - 1 if field == "prompt" else None)
+    # The guard's bound on any array or object (`body.py`), on every request schema's arrays.
+    for component in schemas.values():
+        _bound_items(component)
+
+
+def _bound_items(node: Any) -> None:
+    """At most MAX_JSON_ITEMS entries in every array the schema declares."""
+    if isinstance(node, dict):
+        if node.get("type") == "array":
+            node["maxItems"] = min(node.get("maxItems", MAX_JSON_ITEMS), MAX_JSON_ITEMS)
+        for value in node.values():
+            _bound_items(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_items(value)
 
 
 def _bound_token_ids(node: Any, vocab_size: int, max_len: int | None = None) -> None:

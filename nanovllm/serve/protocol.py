@@ -36,6 +36,7 @@ import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -99,6 +100,30 @@ def Int(**bounds: int) -> Any:  # noqa: N802 - used as a type
 
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# Python's whitespace (`str.isspace`), written out: JSON Schema's `\s` (ECMAScript's) differs.
+_PY_SPACE = "\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# A bad word is tokenized without its leading whitespace (as vLLM does): whitespace alone would
+# ban nothing, so a word must hold one other character. The schema states it as a pattern; the
+# check is Python's own, with a message that names the word.
+
+
+def _not_all_space(word: str) -> str:
+    if word.isspace():
+        raise ValueError(
+            f"{word!r} is whitespace only: a bad word must hold a character other than whitespace"
+        )
+    return word
+
+
+BadWord = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="a word with at least one character that is not whitespace",
+        json_schema_extra={"pattern": f"[^{_PY_SPACE}]"},
+    ),
+    AfterValidator(_not_all_space),
+]
 TokenId = Int(ge=0)  # (the app's schema adds the vocabulary's bound: openapi.py)
 
 
@@ -125,10 +150,28 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _same_type(value: Any) -> Any:
+    """A check that a field's value has `value`'s type exactly: Literal[False] alone takes 0
+    (Python's 0 == False), which JSON Schema's `false` does not, and Literal[0] takes `false`."""
+
+    def check(given: Any) -> Any:
+        if type(value) is int:
+            given = _json_integer(given)  # (JSON Schema's 0 is 0.0 too)
+        if given is not None and type(given) is not type(value):
+            raise ValueError(f"must be {value!r} (a {type(value).__name__}), got {given!r}")
+        return given
+
+    return check
+
+
 def Neutral(value: Any, why: str) -> Any:  # noqa: N802 - used as a type
     """A vLLM field nanovllm does not implement: its neutral `value` (or null) only, so the
     schema says so and any other value is a 400 naming the field."""
-    return Annotated[Literal[value] | None, Field(description=f"only {value!r}: {why}")]
+    return Annotated[
+        Literal[value] | None,
+        Field(description=f"only {value!r}: {why}"),
+        BeforeValidator(_same_type(value)),
+    ]
 
 
 def _not_both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +226,7 @@ class _GenerationRequest(_Strict):
     min_tokens: Int(ge=0) = Field(
         default=0, description="at most max_tokens (a rule JSON Schema cannot state)"
     )
-    bad_words: list[NonEmptyStr] | None = None
+    bad_words: list[BadWord] | None = None
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     user: str | None = None

@@ -6,8 +6,10 @@
 - `structured_outputs: {"json": ..., "regex": ..., "choice": [...], "grammar": ...,
   "json_object": true}`: vLLM's extension, the fields of `StructuredOutputsParams`.
 
-Both become `SamplingParams.structured_outputs`. A constraint that does not compile is refused
-when the engine compiles it at `add_request`: a 400 naming the value (`serving.py`).
+Both become `SamplingParams.structured_outputs`. A constraint that does not compile, is longer
+than the engine's bound or compiles for longer than its bound, is refused: a 400 naming the value
+or the bound (`serving.py`), once the engine's compile thread has answered
+(`structured_output/manager.py`).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class StructuredOutputs(BaseModel):
         extra="forbid",
         strict=True,
         json_schema_extra={
-            "description": "exactly one constraint; it must compile (a 400 naming it if not: "
-            "a rule JSON Schema cannot state)",
+            "description": "exactly one constraint; it must compile, within 10 s, and its text "
+            "(a JSON Schema as JSON, a choice list as a JSON list) may hold at most 262,144 "
+            "characters (a 400 naming it if not: rules JSON Schema cannot state)",
             "oneOf": [
                 {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
                 for name in ("json", "regex", "choice", "grammar")

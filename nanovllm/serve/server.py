@@ -16,7 +16,10 @@ which one it got.
 - **Draining, as vLLM does.** SIGTERM (or Ctrl-C) does not stop the server at once: it drains.
   `/health` answers 503 and new generation requests are refused with a 503
   (`server_shutting_down`), so a load balancer moves traffic elsewhere, while the streams
-  already running go on for up to `shutdown_timeout` seconds (`--shutdown-timeout`). A stream
+  already running go on for up to `shutdown_timeout` seconds (`--shutdown-timeout`). A request
+  that has not started (no output yet: queued) is ended at once with `server_shutting_down` (a
+  503, or an error chunk and `data: [DONE]` for a stream), so its client retries elsewhere
+  rather than wait out the window for nothing. A stream
   still running then is cut with an error chunk and `data: [DONE]` (a non-streamed request gets
   a 503), and the process exits 0. A second signal stops at once, as uvicorn does.
 - **A dead engine ends the process.** When the engine can never step again (a tensor-parallel
@@ -124,6 +127,19 @@ class Server(uvicorn.Server):
                 self.flush_deadline = now + FLUSH_S
         if self.drain_deadline is None and self.flush_deadline is None and self.engine_dead is None:
             return False
+        if self.flush_deadline is None and self.engine_dead is None and self.engine is not None:
+            from nanovllm.serve.async_engine import ServerShutdownError  # (no torch here)
+
+            # Every tick while draining: a request that has not started (queued, or accepted
+            # as the drain began) would wait out the window for nothing; its client hears now
+            # (a 503, or an error chunk) and sends it to another server.
+            self.engine.fail_requests(
+                ServerShutdownError(
+                    "the server is shutting down: the request had not started: send it to "
+                    "another server"
+                ),
+                unstarted_only=True,
+            )
         in_flight = self.state.in_flight if self.state is not None else 0
         if in_flight == 0:
             return True

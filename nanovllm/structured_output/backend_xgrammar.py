@@ -152,34 +152,48 @@ class XgrammarBackend:
         )
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
 
-    def compile(self, params: StructuredOutputsParams) -> Any:
-        """The compiled grammar of `params`; a ValueError naming the value it cannot compile."""
-        compact = params.disable_any_whitespace
+    def parse(self, params: StructuredOutputsParams) -> Any:
+        """The grammar of `params`, parsed but not compiled against the vocabulary (cheap: a
+        pass over the constraint's text); a ValueError naming the value it cannot use."""
+        xgr, compact = self.xgr, params.disable_any_whitespace
         try:
             if params.json is not None:
-                return self.compiler.compile_json_schema(params.json, any_whitespace=not compact)
-            if params.json_object:
-                return self.compiler.compile_json_schema(
+                grammar = xgr.Grammar.from_json_schema(params.json, any_whitespace=not compact)
+            elif params.json_object:
+                grammar = xgr.Grammar.from_json_schema(
                     '{"type": "object"}', any_whitespace=not compact
                 )
-            if params.regex is not None:
-                return self.compiler.compile_regex(params.regex)
-            if params.choice is not None:
-                return self.compiler.compile_grammar(choice_as_grammar(list(params.choice)))
-            compiled = self.compiler.compile_grammar(params.grammar)
+            elif params.regex is not None:
+                grammar = xgr.Grammar.from_regex(params.regex)
+            elif params.choice is not None:
+                grammar = xgr.Grammar.from_ebnf(choice_as_grammar(list(params.choice)))
+            else:
+                grammar = xgr.Grammar.from_ebnf(params.grammar)
         except Exception as exc:  # xgrammar raises RuntimeError, ValueError, its own errors
             raise _not_compiled(params, _first_line(exc)) from exc
         # xgrammar compiles a grammar that matches no finite string (`root ::= root`); its
         # requests could only run into a dead end or max_tokens, so it is refused here, like
         # one that does not parse.
-        stuck = unproductive_rules(compiled.grammar.serialize_json())
+        stuck = unproductive_rules(grammar.serialize_json())
         if stuck:
             raise _not_compiled(
                 params,
                 f"the grammar matches no finite string: rule {stuck[0]!r} never ends"
                 + (f" (nor {', '.join(map(repr, stuck[1:4]))})" if stuck[1:] else ""),
             )
-        return compiled
+        return grammar
+
+    def compile(self, params: StructuredOutputsParams, grammar: Any = None) -> Any:
+        """`grammar` (`parse`'s; parsed here when None) compiled against the vocabulary: the
+        slow part, which grows faster than the constraint (50,001 choices: seconds).
+        Thread-safe; xgrammar releases the GIL while it compiles. A ValueError naming `params`
+        if it fails."""
+        if grammar is None:
+            grammar = self.parse(params)
+        try:
+            return self.compiler.compile_grammar(grammar)
+        except Exception as exc:  # noqa: BLE001 - xgrammar's errors, named
+            raise _not_compiled(params, _first_line(exc)) from exc
 
     def matcher(self, compiled: Any) -> Grammar:
         """A fresh matcher at the start of `compiled`, for one request."""

@@ -8,10 +8,15 @@ every logits row of a structured request, which the runner applies before sampli
 
 The three moments, and where the engine calls them:
 
-- `grammar_init`, when a request arrives (`InputProcessor`): compile (or take from the cache)
-  and start a matcher. A constraint that does not compile is a ValueError naming it, before the
-  request takes anything. With n > 1 each child gets its own matcher over the same compiled
-  grammar.
+- `grammar_init`, when a request arrives (`InputProcessor`): check the constraint's size, and
+  hand the compiling, which can take seconds, to a thread of its own (or take the compiled
+  grammar from the cache). A constraint that is too large, or a small one (the most common)
+  that does not parse, is a ValueError naming it, before the request takes anything; a large
+  one is parsed in the compile thread too (its parse and check take ~0.2 s at 250 KB). The request then waits, as
+  vLLM's does (its `WAITING_FOR_FSM`): the scheduler passes over it while the other requests
+  run, until `grammar_ready` has installed its matcher. A compile that fails or runs past
+  `max_compile_s` ends the request with an error naming it. With n > 1 each child gets its own
+  matcher over the same compiled grammar.
 - `grammar_bitmask(sched)`, after scheduling (`LLMEngine.step`): the masks of the step's
   sampling rows. A request verifying k proposed tokens has k + 1 rows: row j is filled after
   tentatively accepting proposals 0..j-1, which are rolled back right after. (Proposals were
@@ -31,8 +36,10 @@ preempted request's matcher needs nothing.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,14 +52,29 @@ from nanovllm.structured_output.bitmask import GrammarBitmask, unpack_bitmask
 
 # How many compiled grammars are kept (least recently used ones go first).
 CACHE_SIZE = 128
+# The bounds on one constraint: its text's length (a JSON Schema as its JSON, a choice list as
+# a JSON list), checked before anything is parsed, and the seconds its compiling may take. A
+# 256 KiB constraint parses in ~20 ms; compiling grows faster than the text (an enum of 20,000
+# choices, 169 KB, compiles in ~0.6 s on the tests' 320-token vocabulary).
+MAX_GRAMMAR_CHARS = 262_144
+MAX_COMPILE_S = 10.0
+# How long a step with nothing to run waits for a grammar being compiled.
+GRAMMAR_WAIT_S = 0.01
+# Constraints up to this long are parsed at arrival, on the caller's thread (under ~5 ms).
+MAX_PARSE_AT_ARRIVAL_CHARS = 16_384
 
 
 @dataclass
 class StructuredOutputRequest:
-    """A request's constraint and its own matcher (`Request.structured_output_request`)."""
+    """A request's constraint and its own matcher (`Request.structured_output_request`).
+
+    `grammar` is None while the compiled grammar is on its way (`compiled`, from the compile
+    thread): the scheduler does not schedule the request until `grammar_ready` sets it."""
 
     params: StructuredOutputsParams
-    grammar: Grammar
+    compiled: Future
+    submitted_at: float = field(default_factory=time.monotonic)
+    grammar: Grammar | None = None
 
 
 class StructuredOutputManager:
@@ -61,26 +83,95 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size  # the model's: its logits' width
         self.stop_token_ids = stop_token_ids
         self.backend: XgrammarBackend | None = None  # made with the first structured request
-        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        # Compiled grammars by constraint, finished or on their way: a constraint asked for
+        # again while it compiles waits for the same compile.
+        self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.num_compiled = 0  # grammars compiled (not taken from the cache)
+        self.max_grammar_chars = MAX_GRAMMAR_CHARS
+        self.max_compile_s = MAX_COMPILE_S
+        # One thread: compiles queue behind each other, never crowd the engine's cores. Made
+        # with the first compile (an engine that never sees a grammar starts no thread).
+        self._executor: ThreadPoolExecutor | None = None
 
     def grammar_init(self, params: SamplingParams) -> StructuredOutputRequest | None:
-        """A new matcher for a request with these params (None without structured_outputs)."""
+        """A new request's constraint, its compile started (None without structured_outputs).
+        A ValueError naming the constraint when it is too large or does not parse."""
         constraint = params.structured_outputs
         if constraint is None:
             return None
+        key = constraint.key
+        size = len(key[1])
+        if size > self.max_grammar_chars:
+            raise ValueError(
+                f"structured_outputs.{key[0].split('/')[0]} is {size} characters long, more "
+                f"than the limit of {self.max_grammar_chars} characters for a constraint"
+            )
         if self.backend is None:
             self.backend = XgrammarBackend(self.tokenizer, self.vocab_size, self.stop_token_ids)
-        key = constraint.key
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self.backend.compile(constraint)
+            grammar = None
+            if size <= MAX_PARSE_AT_ARRIVAL_CHARS:
+                grammar = self.backend.parse(constraint)  # may refuse, naming it
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="nanovllm-grammar")
+            compiled = self._executor.submit(self.backend.compile, constraint, grammar)
             self.num_compiled += 1
             self._compiled[key] = compiled
             if len(self._compiled) > CACHE_SIZE:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(key)
-        return StructuredOutputRequest(constraint, self.backend.matcher(compiled))
+        request = StructuredOutputRequest(constraint, compiled)
+        if compiled.done():  # the cache had it: the matcher at once
+            self.grammar_ready(request)
+        return request
+
+    def grammar_ready(self, request: StructuredOutputRequest, now: float | None = None) -> bool:
+        """Whether the request's matcher is installed, installing it once its grammar has
+        compiled. A ValueError naming the constraint when the compile failed or has taken
+        longer than `max_compile_s` (it goes on in its thread; its result is cached)."""
+        if request.grammar is not None:
+            return True
+        compiled = request.compiled
+        if compiled.done():
+            error = compiled.exception()
+            if error is not None:
+                if self._compiled.get(request.params.key) is compiled:
+                    del self._compiled[request.params.key]  # asked again: compiled again
+                raise error
+            request.grammar = self.backend.matcher(compiled.result())
+            return True
+        waited = (time.monotonic() if now is None else now) - request.submitted_at
+        if waited > self.max_compile_s:
+            kind = request.params.key[0].split("/")[0]
+            raise ValueError(
+                f"structured_outputs.{kind} took longer to compile than the limit of "
+                f"{self.max_compile_s:g} s"
+            )
+        return False
+
+    def take_compiled(self, requests: list[Request]) -> tuple[list[Request], list[tuple]]:
+        """Of the requests waiting for their grammar (the engine's, each step): those still
+        compiling, and (request, error) for each whose compile failed or ran too long. The
+        others have their matcher now; an aborted one is dropped."""
+        waiting, failed = [], []
+        for request in requests:
+            if request.is_finished:
+                continue  # aborted while its grammar compiled
+            try:
+                if not self.grammar_ready(request.structured_output_request):
+                    waiting.append(request)
+            except ValueError as exc:
+                failed.append((request, str(exc)))
+        return waiting, failed
+
+    def wait_for_any(self, requests: list[Request], timeout: float = GRAMMAR_WAIT_S) -> None:
+        """Block until one of the requests' grammars has compiled, or `timeout` seconds (the
+        engine, with nothing else to do, rather than spin)."""
+        pending = [r.structured_output_request.compiled for r in requests]
+        pending = [f for f in pending if not f.done()]
+        if pending:
+            wait(pending, timeout, FIRST_COMPLETED)
 
 
 def grammar_bitmask(sched: Any, events: EventBus) -> GrammarBitmask | None:

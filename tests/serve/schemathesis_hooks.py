@@ -112,7 +112,8 @@ def _compiling(constraint: Any, names: tuple[str, ...]) -> None:
         for name in names:
             value = constraint.get(name)
             replacement = COMPILES.get((name, type(value)))
-            if replacement is not None:
+            # (An empty string is what a negative case sends to break `minLength`: kept.)
+            if replacement is not None and value != "":
                 constraint[name] = replacement
 
 

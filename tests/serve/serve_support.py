@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -100,3 +101,53 @@ def stop_process(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
         process.wait(30)
+
+
+NUM_STREAMS = 4
+
+
+def worst_gap_while(server, send) -> tuple[float, object]:
+    """The longest gap between consecutive chunks of any of NUM_STREAMS running streams while
+    `send(client)` runs (from each stream's last chunk before it), and what `send` returned."""
+    arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
+    ended: list[bool] = [False] * NUM_STREAMS
+
+    def stream(i: int) -> None:
+        body = {"prompt": [5, 6, 7 + i], "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        arrivals[i].append(time.monotonic())
+                        ended[i] = line == "data: [DONE]"
+
+    runners = [threading.Thread(target=stream, args=(i,)) for i in range(NUM_STREAMS)]
+    for runner in runners:
+        runner.start()
+    deadline = time.monotonic() + 30
+    while min(len(a) for a in arrivals) < 10:  # every stream is under way
+        assert time.monotonic() < deadline and all(r.is_alive() for r in runners)
+        time.sleep(0.005)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        start = time.monotonic()
+        result = send(client)
+        end = time.monotonic()
+    for runner in runners:
+        runner.join(60)
+    assert all(ended), "a stream did not end with [DONE]"
+    worst = 0.0
+    for times in arrivals:
+        times = [t for t in times if t >= max(t for t in times if t < start)]
+        worst = max(worst, *(b - a for a, b in zip(times, times[1:])))
+        if times[-1] < end:  # the stream ended first: its gaps do not cover the request
+            worst = max(worst, end - times[-1])
+    return worst, result
+
+
+def allowed_gap(server, bound: float = 0.5) -> float:
+    """The bound on a stream's gap: `bound`, or twice the control's gap (the same streams
+    while a small request is answered) on a loaded machine."""
+    control, _ = worst_gap_while(
+        server, lambda client: client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2})
+    )
+    return max(bound, 2 * control)

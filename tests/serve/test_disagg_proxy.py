@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.cli import main
-from nanovllm.kv_transfer.secret import kv_secret, transfer_signature
+from nanovllm.kv_transfer.secret import check_transfer_params, kv_secret, transfer_signature
 from nanovllm.serve.disagg_proxy import PREFILL_DROPPED, build_proxy_app, decode_body, prefill_body
 from nanovllm.serve.errors import error_body
 from nanovllm.serve.server import ServerThread
@@ -233,6 +233,26 @@ def proxy_of(prefill_url: str, decode_url: str, **kwargs: Any) -> ServerThread:
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 20, "temperature": 0}
 
 
+def assert_prefill_params(params: dict[str, Any], transfer_id: str, timeout_s: float = 10) -> None:
+    """A prefill request's kv_transfer_params: its transfer, and the moment the proxy gives up
+    on it (within `timeout_s`, the prefill timeout, from now), both signed; the servers' own
+    check accepts them now and refuses them once that moment has passed."""
+    deadline_ms = params["deadline_ms"]
+    assert 0 < deadline_ms - time.time() * 1000 <= timeout_s * 1000
+    signature = transfer_signature(kv_secret(), transfer_id, deadline_ms)
+    assert params == {
+        "do_remote_decode": True,
+        "transfer_id": transfer_id,
+        "signature": signature,
+        "deadline_ms": deadline_ms,
+    }
+    assert check_transfer_params(kv_secret(), params) is None
+    assert "deadline_ms passed 1 ms ago" in check_transfer_params(
+        kv_secret(), params, now_ms=deadline_ms + 1
+    )
+    assert "signature" in check_transfer_params(kv_secret(), {**params, "deadline_ms": 2**62})
+
+
 # --- what each engine is sent ---------------------------------------------------------------
 
 
@@ -258,6 +278,7 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
     assert len(transfer_id) == 32 and int(transfer_id, 16) >= 0  # uuid4().hex
     # Signed with the KV secret, which the servers check: only the proxy names a transfer.
     signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
+    assert_prefill_params(sent_prefill.body["kv_transfer_params"], transfer_id)
     assert sent_prefill.body == {
         "model": "m",
         "prompt": "hello",
@@ -267,7 +288,7 @@ def test_prefill_gets_one_token_and_decode_the_body_both_with_one_transfer_id(
         "stop": ["\n"],
         "seed": 5,
         "stream": False,
-        "kv_transfer_params": {"do_remote_decode": True, **signed},
+        "kv_transfer_params": sent_prefill.body["kv_transfer_params"],
     }
     assert sent_decode.body == {**body, "kv_transfer_params": {"do_remote_prefill": True, **signed}}
     assert sent_prefill.path == sent_decode.path == "/v1/completions"
@@ -304,12 +325,13 @@ def test_chat_prefill_is_limited_to_one_token_whichever_limit_is_sent(
     assert sent_prefill.path == "/v1/chat/completions"
     transfer_id = sent_prefill.body["kv_transfer_params"]["transfer_id"]
     signed = {"transfer_id": transfer_id, "signature": transfer_signature(kv_secret(), transfer_id)}
+    assert_prefill_params(sent_prefill.body["kv_transfer_params"], transfer_id)
     assert sent_prefill.body == {
         "messages": body["messages"],
         "stream": False,
         "n": 1,
         **expected,
-        "kv_transfer_params": {"do_remote_decode": True, **signed},
+        "kv_transfer_params": sent_prefill.body["kv_transfer_params"],
     }
     assert decode[0].received[0].body == {
         **body,
@@ -407,6 +429,39 @@ def test_a_hung_prefill_costs_at_most_the_health_interval_plus_the_timeout(decod
             assert all(r.body == BODY for r in decode[0].received)  # no kv_transfer_params
             health = httpx.get(proxy.url + "/health", timeout=10).json()
             assert health["prefill"]["status"] != "ok"
+
+
+def test_prefill_work_the_proxy_gave_up_on_is_refused_when_read_late(prefill, decode):
+    """A stopped prefill server (SIGSTOP: the kernel accepts the connection and keeps its
+    bytes) resumes after the proxy gave up on it, and reads the request then. The servers'
+    own check, which runs before a request reaches the engine (`check_transfer_params`),
+    refuses it: its signed deadline has passed. (Before, the request carried no deadline, and
+    the resumed engine computed a prefill nobody would use.) A prefill server that refuses the
+    proxy's kv_transfer_params (its clock ahead, say) costs the client nothing: decode answers."""
+    prefill[0].mode = "wait"  # answers nothing, as a stopped server
+    with proxy_of(prefill[1].url, decode[1].url, prefill_timeout_s=0.5) as proxy:
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert answer.status_code == 200 and answer.json() == decode[0].answer(BODY)
+    [late] = prefill[0].received
+    assert "deadline_ms passed" in check_transfer_params(
+        kv_secret(), late.body["kv_transfer_params"]
+    )
+
+    refusing = FastAPI()
+
+    @refusing.post("/v1/completions")
+    async def refuse() -> Response:
+        message = "kv_transfer_params' deadline_ms passed 7 ms ago"
+        body = error_body(
+            message, "invalid_request_error", "kv_transfer_params", "kv_transfer_params_forbidden"
+        )
+        return JSONResponse(body, status_code=403)
+
+    decode[0].received.clear()
+    with ServerThread(refusing) as refuser, proxy_of(refuser.url, decode[1].url) as proxy:
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert answer.status_code == 200 and answer.json() == decode[0].answer(BODY)
+    assert [r.body for r in decode[0].received] == [BODY]  # computed there, no transfer named
 
 
 def test_prefill_resumes_when_its_health_answers_again(prefill, decode):
@@ -570,19 +625,73 @@ def test_models_come_from_decode_with_the_clients_key(prefill, decode, proxy):
     assert answer.json() == {"object": "list", "data": [{"id": "decode", "auth": "Bearer c"}]}
 
 
-def test_health_is_ok_only_when_both_are(prefill, decode, proxy):
+def test_health_is_ok_when_both_are_and_names_each(prefill, decode, proxy):
     ok = httpx.get(proxy.url + "/health")
-    assert ok.status_code == 200
-    assert ok.json()["prefill"]["status"] == ok.json()["decode"]["status"] == "ok"
-    decode[0].health_status = 503
-    sick = httpx.get(proxy.url + "/health")
-    assert sick.status_code == 503
-    assert sick.json()["prefill"] == {"url": prefill[1].url, "status": "ok"}
-    assert sick.json()["decode"] == {"url": decode[1].url, "status": "HTTP 503"}
-    with proxy_of(closed_url(), decode[1].url) as half:
-        down = httpx.get(half.url + "/health")
-    assert down.status_code == 503
-    assert down.json()["prefill"]["status"].startswith("unreachable: ConnectError")
+    assert ok.status_code == 200 and ok.json()["status"] == "ok"
+    assert ok.json()["prefill"] == {"url": prefill[1].url, "status": "ok"}
+    assert ok.json()["decode"] == {"url": decode[1].url, "status": "ok"}
+
+
+@pytest.mark.parametrize(
+    "prefill_state, decode_state, expected",
+    [
+        ("closed", "ok", "degraded"),  # decode computes every prompt
+        ("503", "ok", "degraded"),
+        ("ok", "closed", "degraded"),  # prefill runs whole requests
+        ("ok", "503", "unavailable"),  # decode's 503 is what a client would get
+        ("closed", "closed", "unavailable"),
+        ("503", "503", "unavailable"),
+    ],
+)
+def test_health_says_degraded_while_the_proxy_still_answers_and_503_only_when_it_cannot(
+    prefill, decode, prefill_state, decode_state, expected
+):
+    """The oracle is a request sent right after: /health is 200 exactly when it is answered
+    with a 200 (the fakes answer 200 unless told otherwise)."""
+    urls = {}
+    for name, (fake, server), state in (
+        ("prefill", prefill, prefill_state),
+        ("decode", decode, decode_state),
+    ):
+        urls[name] = closed_url() if state == "closed" else server.url
+        if state == "503":
+            fake.health_status = fake.status = 503
+    with proxy_of(urls["prefill"], urls["decode"], prefill_timeout_s=1) as proxy:
+        health = httpx.get(proxy.url + "/health", timeout=10)
+        answer = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=10)
+    assert health.json()["status"] == expected
+    assert health.status_code == (503 if expected == "unavailable" else 200)
+    assert (health.status_code == 200) == (answer.status_code == 200)
+    if "closed" in (prefill_state, decode_state):
+        closed = "prefill" if prefill_state == "closed" else "decode"
+        assert health.json()[closed]["status"].startswith("unreachable: ConnectError")
+
+
+@pytest.mark.parametrize("ask_health", [True, False])
+def test_a_proxy_started_before_prefill_uses_it_once_it_is_up(decode, ask_health):
+    """Started together, as the README shows: the proxy's first poll finds no prefill server,
+    and its watcher would not poll again for 100 s here. Yet once the proxy's /health says 200,
+    every request goes through prefill; and without /health asked, so does the first request
+    after prefill came up. The oracle: POSTs reaching the prefill server, and the transfer
+    named to decode."""
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+    fake = Fake("prefill")
+    with proxy_of(f"http://127.0.0.1:{port}", decode[1].url, health_check_interval_s=100) as proxy:
+        state = proxy.server.config.app.state.proxy
+        wait_for(lambda: state.prefill_down is not None, "the first poll")
+        httpx.post(proxy.url + "/v1/completions", json=BODY)  # skips prefill: it is down
+        assert decode[0].received[-1].body == BODY
+        with ServerThread(fake.app(), port=port):
+            if ask_health:
+                health = httpx.get(proxy.url + "/health")
+                assert health.status_code == 200 and health.json()["status"] == "ok"
+            for _ in range(5):
+                assert httpx.post(proxy.url + "/v1/completions", json=BODY).status_code == 200
+    assert len(fake.received) == 5
+    params = [r.body["kv_transfer_params"] for r in decode[0].received[1:]]
+    assert len(params) == 5 and all(p["do_remote_prefill"] for p in params)
 
 
 @pytest.mark.parametrize("name", ["prefill", "decode"])

@@ -13,6 +13,8 @@ import threading
 import time
 
 import httpx
+import pytest
+from serve_support import allowed_gap, worst_gap_while
 
 BIG_TEXT = "hello world, " * 76_924  # 1,000,012 characters
 BIG_IDS = [5] * 400_000
@@ -92,3 +94,28 @@ def test_a_prompt_under_the_limit_is_tokenized_off_the_engine_thread(server, asy
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["prompt_tokens"] == expected
+
+
+@pytest.mark.slow
+def test_400000_ids_where_no_length_check_looked_are_refused_without_pausing_the_streams(server):
+    """The issue's 1.2 MB body of 400,000 ids (as the prompt: the test above), here where no
+    length check looked (`allowed_token_ids`: parsed twice and validated on the event loop,
+    0.2-0.4 s here before the fix). "Quiet":
+    the streams' own gaps (the control) under 0.1 s; the bound is 0.2 s, or twice the control's
+    gap on a loaded machine; best of three tries."""
+    field = "allowed_token_ids"
+    body = {"prompt": [5, 6], "max_tokens": 4, field: BIG_IDS}
+    allowed = allowed_gap(server, 0.2)
+    worsts = []
+    for _ in range(3):
+        worst, response = worst_gap_while(
+            server, lambda client: client.post("/v1/completions", json=body)
+        )
+        worsts.append(worst)
+        if worst < allowed:
+            break
+    assert min(worsts) < allowed, f"the streams waited {[round(w * 1000) for w in worsts]} ms"
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_many_items" and error["param"] == field, error
+    assert "400000" in error["message"], error

@@ -201,9 +201,15 @@ def test_disagg_scenario_in_the_app(tiny_llama: Path):
             assert "prefill (producer)" in text and "decode (consumer)" in text
             assert "(prefill) ──> hash" in text and "sent " in text
             assert app.screen.has_class("-disagg")
+            # Two engines have no executor panel: the footer does not offer `x`, nor does it act.
+            assert "executor" not in text.splitlines()[-1]
+            await pilot.press("x")
+            assert not app.show_executor
             await pilot.press("1")  # back to one engine
             await wait_until(pilot, lambda: app.pair is None and app.status.scenario == "steady")
             assert not app.screen.has_class("-disagg")
+            await pilot.pause(0.2)
+            assert "executor" in screen_text(app).splitlines()[-1]
 
     asyncio.run(go())
 

@@ -132,7 +132,21 @@ def check_waiting(state: VizState, spy: Spy, config: dict) -> str | None:
         assert left == 0 or (not chunked and at["head_tokens"] > left)
     else:  # no free block for the head's tokens (no prefix caching here: it needs them all)
         assert reason == "no_free_block"
-        assert -(-at["head_tokens"] // config["block_size"]) > at["num_free_blocks"]
+        left = budget - out.num_scheduled_tokens  # (unchunked, the whole prompt fit in it)
+        needed = -(-min(at["head_tokens"], left) // config["block_size"])
+        assert needed > at["num_free_blocks"]
+        # Both counts, each said with when it was true: requests finishing in the step free
+        # blocks after the scheduler decided.
+        summary = state.last_step.summary
+        free_now = spy.engine.kv_cache_manager.num_free_blocks
+        assert summary.waiting_blocks_needed == needed
+        assert summary.waiting_free_blocks == at["num_free_blocks"]
+        words = (
+            f"when the scheduler decided: {at['num_free_blocks']} free, {needed} needed; "
+            f"after the step: {free_now} free"
+        )
+        assert any(words in n.text for n in state.last_step.notes), words
+        assert words in why_waiting(state, at["head"])[1]
     return reason
 
 
@@ -323,7 +337,7 @@ def test_the_panel_draws_the_figures(trace_path: Path, size):
     text = asyncio.run(shoot())
     spans = request_spans(inputs)
     first = spans[0]
-    assert f"q@{first.query_start} ×{first.query_len} · ctx {first.seq_len}" in text
+    assert f"q@{first.query_start} ×{first.query_len} ctx {first.seq_len}" in text
     for c in token_columns(inputs)[:3]:
         assert f"{c.block}·{inputs.block_size}+{c.offset}" in text
     reads = block_reads(first, inputs.block_size)
@@ -367,3 +381,48 @@ def test_kv_writes_light_their_slots_and_blocks(trace_events):
     state = reduce(state, trace_events[i + 1])  # attention
     assert isinstance(trace_events[i + 1], AttentionComputed)
     assert written_slots(state.draft.events) == frozenset()
+
+
+def test_brackets_page_the_flat_batch(trace_events):
+    """At 80x24 the footer offers `[ ]` with the panel open, and `]` / `[` show the flat
+    batch's next / previous page of rows (issue 53: a prefill's every token is reachable)."""
+    import asyncio
+    import re
+
+    from nanovllm.viz.app import VizApp, screen_text
+    from nanovllm.viz.driver import ReplayDriver
+
+    step = next(
+        e.step for e in trace_events if isinstance(e, StepInputsPrepared) and len(e.input_ids) > 8
+    )
+
+    def rows(text: str) -> tuple[int, int]:
+        found = re.search(r"flat batch: \d+ tokens · rows (\d+)-(\d+)", text)
+        assert found, text
+        return int(found[1]), int(found[2])
+
+    async def go() -> list[str]:
+        app = VizApp(
+            lambda publish, notify: ReplayDriver(
+                trace_events, publish, notify=notify, paused=False, speed=0, max_steps=step
+            ),
+            panel="executor",
+        )
+        screens = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            for _ in range(200):
+                await pilot.pause(0.02)
+                if app.state.step >= step and app.status and app.status.paused:
+                    break
+            await pilot.pause(0.1)
+            screens.append(screen_text(app))
+            for key in ("right_square_bracket", "left_square_bracket"):
+                await pilot.press(key)
+                await pilot.pause(0.05)
+                screens.append(screen_text(app))
+        return screens
+
+    first, paged, back = asyncio.run(go())
+    assert "[ ] page" in first.splitlines()[-1]
+    assert rows(paged)[0] == rows(first)[1] + 1 or rows(paged)[1] > rows(first)[1]
+    assert rows(back) == rows(first)

@@ -2,7 +2,9 @@
 120x40 and 160x48, the terminal resized in place (`viz/screenshots.py`'s `play`, a few steps a
 scenario). No label is cut mid-word (a letter or digit right before `…`), the `disagg` link
 narrows below 150 columns, the tier's panel has its whole legend and names CPU memory, and
-switching scenario says what to watch."""
+switching scenario says what to watch. The same screens with the executor panel open (`x`,
+issue 53): no word cut, every panel of the middle column whole on screen (none pushed off
+below the panel), and the selected request's six flat inputs and block reads in the panel."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import time
 import pytest
 
 from nanovllm.viz.app import VizApp, screen_text
+from nanovllm.viz.executor import slot_label
 from nanovllm.viz.scenarios import SCENARIOS
 from nanovllm.viz.screenshots import SIZES, play, screenshot_app
+from nanovllm.viz.widgets import ExecutorView
 
 CUT = re.compile(r"[^\W_]…")  # `decod…`: a word cut short
 MARKER = re.compile(r"…\d+ more…")  # the free queue's count of the blocks it leaves out
@@ -34,15 +38,24 @@ def test_every_scenario_at_every_size():
     screens: dict[tuple[str, tuple[int, int]], str] = {}
     widths: dict[tuple[int, int], tuple[int, int, int]] = {}
     notices: list[str] = []
+    executor: dict[tuple[str, tuple[int, int]], str] = {}
 
-    def shoot(app: VizApp, name: str, size: tuple[int, int]) -> None:
+    async def shoot(app: VizApp, name: str, size: tuple[int, int]) -> None:
         screens[name, size] = screen_text(app)
         if name == "disagg":
             widths[size] = tuple(  # type: ignore[assignment]
                 app.query_one(f"#{i}").outer_size.width for i in ("prefill", "link", "decode")
             )
+            return  # (two engines: no executor panel)
+        app.action_toggle_executor()  # `x`
+        for _ in range(3):
+            await app._pilot_pause()
+        executor[name, size] = check_executor(app)
+        app.action_toggle_executor()
+        await app._pilot_pause()
 
     async def go(pilot) -> None:
+        pilot.app._pilot_pause = pilot.pause
         await play(pilot, SCENARIOS, dict.fromkeys(SCENARIOS, 3), SIZES, shoot, notices=notices)
         pilot.app.exit()
 
@@ -50,6 +63,10 @@ def test_every_scenario_at_every_size():
     screenshot_app(next(iter(SCENARIOS))).run(headless=True, size=SIZES[-1], auto_pilot=go)
     took = time.monotonic() - start
     assert len(screens) == len(SCENARIOS) * len(SIZES), took
+    assert len(executor) == (len(SCENARIOS) - 1) * len(SIZES), took
+    bad = [f"{name} {w}x{h}: {line}" for (name, (w, h)), text in executor.items()
+           for line in cut_lines(text)]  # fmt: skip
+    assert not bad, "\n".join(bad)
 
     bad = [f"{name} {w}x{h}: {line}" for (name, (w, h)), text in screens.items()
            for line in cut_lines(text)]  # fmt: skip
@@ -69,3 +86,29 @@ def test_every_scenario_at_every_size():
     # Switching scenario says what to watch.
     for scenario in SCENARIOS.values():
         assert any(scenario.what_to_watch in n for n in notices), scenario.name
+
+
+def check_executor(app: VizApp) -> str:
+    """With the executor panel open: every panel of the middle column whole on screen (D8:
+    speculative at 80x24 showed the free queue's top border alone), and the selected request's
+    six flat inputs and first block read in the panel (D3). The screen's text."""
+    center = app.query_one("#center")
+    for view in center.query("StateView"):
+        region = view.region  # (empty when it, or the row holding it, is not displayed)
+        if region.area:
+            assert center.region.contains_region(region) and region.height >= 3, (view, region)
+    view = app.query_one(ExecutorView)
+    ex = view.state.executor
+    text = view.render().plain
+    assert ex is not None, text
+    inputs = ex.inputs
+    i = inputs.request_ids.index(view.selected) if view.selected in inputs.request_ids else 0
+    first, rid = inputs.query_start_loc[i], inputs.request_ids[i]
+    for label in ("row", "token", "id", "pos", "slot", "logits"):
+        assert any(line.lstrip("◂").startswith(label + " ") for line in text.splitlines()), text
+    assert str(inputs.input_ids[first]) in text and str(inputs.positions[first]) in text, text
+    assert slot_label(inputs.slot_mapping[first], inputs.block_size) in text, text
+    count = inputs.query_start_loc[i + 1] - first
+    assert f"{rid} q@{first} ×{count} ctx {inputs.seq_lens[i]} [" in text, text
+    assert f"L0→#{inputs.block_tables[i][0]}[" in text, text
+    return screen_text(app)

@@ -432,7 +432,9 @@ def test_trace_shows_every_effect(trace_events):
         "kv_load_failed",
         "kv_block_received",
     }
-    expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked"} - kv_connector
+    # (The attention probe's only while the executor panel is open: test_attention_probe.py.)
+    expected = set(EVENT_TYPES) - {"engine_snapshot", "grammar_masked", "attention_probed"}
+    expected -= kv_connector
     assert kinds == expected, expected - kinds
     hits = [e for e in trace_events if isinstance(e, CacheHit)]
     assert any(h.was_free for h in hits) and any(not h.was_free for h in hits)

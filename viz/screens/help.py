@@ -26,6 +26,8 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `a` | add a request with your own prompt (not in a replay) |
 | `1`-`8`, `c` | switch scenario / next scenario (live runs) |
 | `x` | the executor panel (the step's flat batch) in place of the timeline and the step |
+| `[` / `]` | the executor panel's flat batch: previous / next page of tokens |
+| `h` | with the executor panel: the next attention head in the heat row |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 
@@ -35,10 +37,12 @@ What the latest event changed is drawn in white.
 
 - **Queues**: waiting, running, finished. A preempted request goes back to the *front* of
   the waiting queue (`⟲` counts its preemptions); `n=3` marks a child of parallel sampling.
-- **Model executor** (`x`): the step's flat batch, one column a token: row, request, token,
-  position, slot `block·block_size+offset`, logits row (`✓` sampled); each request's query
+- **Model executor** (`x`): the step's flat batch, one column a token: row and request, token
+  text and id, position, slot `block·block_size+offset`, logits row (`✓` sampled); each request's query
   start `q@`, tokens, context `ctx` and block table (a chunk samples nothing); the selected
-  request's attention reading its blocks one after the other; the logits rows. The step
+  request's attention reading its blocks one after the other, and under it what one head
+  computed there (`h`: next head): each token's score q·k, the online softmax's running max
+  and sum after each block, and the final weights as a heat row; the logits rows. The step
   plays stage by stage: inputs, K/V write (slots light up), attention, logits, sampled.
 - **Why it waits** (queues): `⧗seqs` max_num_seqs already run, `⧗block` no free KV block,
   `⧗budget` the token budget is spent, `⧗preempt` a preemption this step, `⧗new` not yet

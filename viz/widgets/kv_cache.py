@@ -89,8 +89,13 @@ class KVCacheView(StateView):
         return 1 + rows * lines
 
     def _medium_short(self) -> bool:
+        """Whether the grid gets a third of the column (app.tcss): from 100 columns below 40
+        rows, or beside the executor panel below 30 rows."""
         screen = self.screen if self.is_mounted else None
-        return screen is not None and screen.has_class("-medium") and not screen.has_class("-tall")
+        if screen is None:
+            return False
+        medium = screen.has_class("-medium") and not screen.has_class("-tall")
+        return medium or (screen.has_class("-executor") and screen.has_class("-short"))
 
     def _big_cells(self) -> bool:
         """Two-line cells only on a tall terminal: a short one needs the lines elsewhere."""
