@@ -75,7 +75,10 @@ TARGETS: dict[str, tuple[Target, ...]] = {
     ),
     "02_paged_blocks": (
         REF,
-        Target("nanovllm.core.kv_cache_manager", ("KVCacheManager.allocate_slots",)),
+        Target(
+            "nanovllm.core.kv_cache_manager",
+            ("KVCacheManager.get_num_blocks_to_allocate", "KVCacheManager.allocate_slots"),
+        ),
         Target("nanovllm.executor.step_inputs", ("step_metadata",)),
     ),
     "03_free_block_queue": (
