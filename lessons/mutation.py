@@ -140,6 +140,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         Target(
             "nanovllm.core.kv_cache_manager",
             (
+                "KVCacheManager.get_num_blocks_to_allocate",
                 "KVCacheManager.allocate_slots",
                 "KVCacheManager.free",
                 "KVCacheManager.get_block_table",
