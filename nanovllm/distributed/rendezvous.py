@@ -36,9 +36,8 @@ GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 SIOCGIFADDR = 0x8915  # Linux's ioctl: an interface's IPv4 address
 
 
-def listening_store(host: str, port: int, timeout: datetime.timedelta) -> tuple[dist.TCPStore, int]:
-    """A TCPStore server listening on `host`:`port` alone (port 0: a free one, see `.port`),
-    and its listening socket's file descriptor (for `stop_listening`)."""
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port` alone (port 0: a free one)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -46,6 +45,17 @@ def listening_store(host: str, port: int, timeout: datetime.timedelta) -> tuple[
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listening_store(host: str, port: int, timeout: datetime.timedelta) -> tuple[dist.TCPStore, int]:
+    """A TCPStore server listening on `host`:`port` alone (port 0: a free one, see `.port`),
+    and its listening socket's file descriptor (for `stop_listening`)."""
+    sock = listening_socket(host, port)
+    try:
         store = dist.TCPStore(
             host,
             sock.getsockname()[1],

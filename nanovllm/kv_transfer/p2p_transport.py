@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from nanovllm.distributed.rendezvous import listening_socket
 from nanovllm.kv_transfer.secret import sign
 
 logger = logging.getLogger("nanovllm")
@@ -162,7 +163,7 @@ class P2pTransport:
         self.staged: OrderedDict[bytes, ReceivedBlock] = OrderedDict()
         if rank == CONSUMER:
             # Bind now, so a port in use is an error at start-up, not a silent thread's death.
-            self.listener = _listen(ip, port)
+            self.listener = listening_socket(ip, port)
             target = self._accept_loop
         else:
             target = self._send_loop
@@ -528,21 +529,6 @@ class PairStore(dist.Store):
             with self.changed:
                 self.broken = f"the connection ended ({exc!r})"
                 self.changed.notify_all()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A socket listening on `host`:`port` alone."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # A restarted engine rebinds its port at once (old connections in TIME_WAIT).
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _shut(sock: socket.socket) -> None:
