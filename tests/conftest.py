@@ -46,6 +46,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA GPU")
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Run torch single-threaded inside a test, restoring the setting afterwards.
+
+    For tiny shapes: worker threads only add start-up and hand-off cost (on a busy two-core
+    machine, 100x the work itself). Tests opt in with `pytest.mark.usefixtures`.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _tiny_models_made_once_per_run(tmp_path_factory) -> Iterator[None]:
     """tiny_models' cache folder for this run: each checkpoint and transformers reference is

@@ -26,15 +26,8 @@ from hypothesis import strategies as st
 from nanovllm.events import AttentionProbed, event_from_dict, event_to_dict
 from nanovllm.executor.online_softmax import online_softmax_walk
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors run single-threaded (as in tests/kernels/conftest.py: on a busy two-core
-    machine, worker threads cost 100x the work), the setting restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny tensors: torch single-threaded (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @settings(max_examples=examples(15), deadline=None)

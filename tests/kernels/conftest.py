@@ -11,7 +11,6 @@ Triton's own library functions for the interpreter (see triton_setup's docstring
 from __future__ import annotations
 
 import pytest
-import torch
 
 from nanovllm.kernels import triton_setup
 
@@ -20,13 +19,6 @@ if triton_setup.triton_available():
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Run torch single-threaded inside these tests, restoring the setting afterwards.
-
-    The shapes here are tiny: worker threads only add start-up and hand-off cost (on a busy
-    two-core machine, 100x the work itself), and the interpreter is single-threaded anyway.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread(one_torch_thread) -> None:
+    """Every kernel test runs torch single-threaded: the shapes are tiny, and the interpreter
+    is single-threaded anyway (`one_torch_thread`, tests/conftest.py)."""

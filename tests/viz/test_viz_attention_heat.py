@@ -27,15 +27,8 @@ from nanovllm.viz.attention_heat import SCORE_BARS, WEIGHT_SHADES, why_none
 from nanovllm.viz.state import VizState, reduce
 from nanovllm.viz.widgets.attention_heat import LABEL, attention_heat, heat_lines
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors run single-threaded (as in tests/kernels/conftest.py: on a busy two-core
-    machine, worker threads cost 100x the work), the setting restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny tensors: torch single-threaded (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def probe_event(
