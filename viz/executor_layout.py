@@ -173,9 +173,10 @@ class Plan:
 
 def plan_lines(height: int, num_requests: int, attention_lines: int, heat_lines: int = 0) -> Plan:
     """Share `height` lines: first one line of each kind of fact (the selected request, its
-    first block reads, a line counting the requests not listed), then a second line of reads,
-    the heat row, the logits line, the rest of the reads, the other requests, the legend. `attention_lines` and
-    `heat_lines` are the lines those parts would need to show whole."""
+    first block reads, a line counting the requests not listed, the logits line, the heat
+    row's weights), then a second line of reads, the rest of the heat row, the rest of the
+    reads, the other requests, the legend.
+    `attention_lines` and `heat_lines` are the lines those parts would need to show whole."""
     left = height - 2 - TABLE_ROWS
     requests = min(1, num_requests)
     attention = min(1, attention_lines)
@@ -183,13 +184,16 @@ def plan_lines(height: int, num_requests: int, attention_lines: int, heat_lines:
     others = max(0, num_requests - requests)
     summary = others > 0
     left -= summary
+    logits = left >= 1
+    left -= logits
+    heat = max(0, min(heat_lines, 1, left))  # the heat row's weights
+    left -= heat
     second = max(0, min(attention_lines - attention, 1, left))  # the reads' second line
     attention += second
     left -= second
-    heat = max(0, min(heat_lines, left))
-    left -= heat
-    logits = left >= 1
-    left -= logits
+    more_heat = max(0, min(heat_lines - heat, left))  # its scores, running max and sum
+    heat += more_heat
+    left -= more_heat
     more_reads = max(0, min(attention_lines - attention, left))
     attention += more_reads
     left -= more_reads

@@ -19,7 +19,7 @@ from textual.geometry import Size
 
 from nanovllm.events import RequestAdded, StepInputsPrepared, TokensSampled
 from nanovllm.viz.executor import block_reads, slot_label
-from nanovllm.viz.executor_layout import more, wrap_items
+from nanovllm.viz.executor_layout import more, plan_lines, wrap_items
 from nanovllm.viz.state import VizState, reduce
 from nanovllm.viz.widgets.executor import ExecutorView
 
@@ -190,7 +190,7 @@ def test_wrap_items_cuts_between_items_and_counts_the_rest(items, width, max_lin
 @given(steps(), SIZES)
 def test_paging_reaches_every_token_of_the_batch(step, size):
     """`]` pages through the flat batch: from the first page, every row comes on screen, in
-    order, each page starting where the last ended; `[` goes back a page."""
+    order, each page starting where the last ended; `[` shows the columns before a page."""
     state, inputs, _selected = step
     width, height = size
 
@@ -214,6 +214,21 @@ def test_paging_reaches_every_token_of_the_batch(step, size):
         assert len(pages) <= len(inputs.input_ids)
     assert sorted(set(sum(pages, []))) == list(range(len(inputs.input_ids)))
     if len(pages) > 1:
-        view.page(-1)  # the page that ends where the last one begins
+        view.page(-1)  # back: the columns right before the last page, from further left
         back = rows_shown()
-        assert back[-1] == pages[-1][0] - 1 or back[0] == 0, (back, pages)
+        # (Filled from its start, a page may reach into the next when widths differ.)
+        assert back[0] < pages[-1][0] and pages[-1][0] - 1 in back, (back, pages)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(13, 40), st.integers(1, 12), st.integers(1, 6), st.integers(0, 5))
+def test_the_logits_line_and_the_heat_rows_weights_always_have_a_line(
+    height, num_requests, attention_lines, heat_lines
+):
+    """From the 13 lines the panel has at 80x24 up: the logits line (the logits' shape, said
+    nowhere else) and the heat row's weights are never dropped to make room for more reads,
+    which are counted when cut (`… 9 more blocks`)."""
+    plan = plan_lines(height, num_requests, attention_lines, heat_lines)
+    assert plan.logits
+    assert plan.heat >= min(1, heat_lines)
+    assert plan.attention >= 1 and plan.requests >= 1
