@@ -170,7 +170,11 @@ def properties(lesson: Lesson) -> list[tuple[str, Callable[..., Any]]]:
 
 @contextmanager
 def _run_settings(
-    prop: Callable[..., Any], mode: RunMode, scale: float, database: ExampleDatabase | None
+    prop: Callable[..., Any],
+    mode: RunMode,
+    scale: float,
+    database: ExampleDatabase | None,
+    deadline_s: float = EXAMPLE_DEADLINE_S,
 ) -> Iterator[None]:
     """Set a hypothesis property's settings for an in-process run (see the module docstring).
 
@@ -212,7 +216,7 @@ def _run_settings(
     # hypothesis runs `prop.hypothesis.inner_test` for each example (the attribute is there to
     # be wrapped): each example runs under its deadline.
     inner = prop.hypothesis.inner_test
-    prop.hypothesis.inner_test = timed(inner, EXAMPLE_DEADLINE_S)
+    prop.hypothesis.inner_test = timed(inner, deadline_s)
     try:
         yield
     finally:
@@ -230,18 +234,20 @@ def run_property(
     scale: float = 1.0,
     shrink: bool = False,
     database: ExampleDatabase | None = None,
+    deadline_s: float = EXAMPLE_DEADLINE_S,
 ) -> PropertyResult:
     """Run one property against `impl`.
 
     max_examples: a cap per property. fresh: new random examples (False: derandomized). scale:
     multiplies the property's own example count. shrink: find the smallest failing example.
     database: where failing examples are saved and replayed first (used only when fresh).
+    deadline_s: the seconds one example may take.
     """
     start = time.perf_counter()
     mode = RunMode(max_examples=max_examples, fresh=fresh, shrink=shrink, scale=scale)
     token = MODE.set(mode)
     try:
-        with _run_settings(prop, mode, scale, database):
+        with _run_settings(prop, mode, scale, database, deadline_s):
             prop(impl=impl)
     except (KeyboardInterrupt, SystemExit):
         raise

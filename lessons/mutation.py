@@ -425,14 +425,14 @@ def try_generated(
 
     start = time.perf_counter()
     impl = lesson_module(lesson, "reference")
-    saved = harness.EXAMPLE_DEADLINE_S
-    harness.EXAMPLE_DEADLINE_S = MUTANT_DEADLINE_S
     clear_caches(lesson)
     try:
         with applied(lesson, mutant):
             for budget in (QUICK_EXAMPLES, None) if quick is None else (quick,):
                 for name, prop in _checks(lesson):
-                    result = harness.run_property(name, prop, impl, budget, fresh=fresh)
+                    result = harness.run_property(
+                        name, prop, impl, budget, fresh=fresh, deadline_s=MUTANT_DEADLINE_S
+                    )
                     if not result.passed:
                         return Verdict(
                             mutant.id, result.name, result.error, time.perf_counter() - start
@@ -440,7 +440,6 @@ def try_generated(
     except (LookupError, TypeError, ValueError, SyntaxError) as exc:  # not loadable
         return Verdict(mutant.id, "(does not load)", str(exc), time.perf_counter() - start)
     finally:
-        harness.EXAMPLE_DEADLINE_S = saved
         clear_caches(lesson)
     return Verdict(mutant.id, None, None, time.perf_counter() - start)
 

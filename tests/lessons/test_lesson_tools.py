@@ -115,7 +115,7 @@ def test_check_reports_the_first_failure_compactly(home, tmp_path, capsys, monke
     out = capsys.readouterr().out
     assert "✓ test_blocks_needed_is_the_fewest_that_fit" in out
     assert "✗ test_slot_is_in_the_right_block_at_the_right_offset" in out
-    assert "(2 of 5)" in out
+    assert "(2 of 6)" in out
     assert "seq.block_table" in out and "seq.block_size" in out and "position" in out
     assert "AssertionError: position" in out
     assert "Not yet" in out
