@@ -174,7 +174,7 @@ def _run_settings(
     mode: RunMode,
     scale: float,
     database: ExampleDatabase | None,
-    deadline_s: float = EXAMPLE_DEADLINE_S,
+    deadline_s: float | None = None,
 ) -> Iterator[None]:
     """Set a hypothesis property's settings for an in-process run (see the module docstring).
 
@@ -216,7 +216,7 @@ def _run_settings(
     # hypothesis runs `prop.hypothesis.inner_test` for each example (the attribute is there to
     # be wrapped): each example runs under its deadline.
     inner = prop.hypothesis.inner_test
-    prop.hypothesis.inner_test = timed(inner, deadline_s)
+    prop.hypothesis.inner_test = timed(inner, deadline_s or EXAMPLE_DEADLINE_S)
     try:
         yield
     finally:
@@ -234,14 +234,14 @@ def run_property(
     scale: float = 1.0,
     shrink: bool = False,
     database: ExampleDatabase | None = None,
-    deadline_s: float = EXAMPLE_DEADLINE_S,
+    deadline_s: float | None = None,
 ) -> PropertyResult:
     """Run one property against `impl`.
 
     max_examples: a cap per property. fresh: new random examples (False: derandomized). scale:
     multiplies the property's own example count. shrink: find the smallest failing example.
     database: where failing examples are saved and replayed first (used only when fresh).
-    deadline_s: the seconds one example may take.
+    deadline_s: the seconds one example may take (None: `EXAMPLE_DEADLINE_S`, read now).
     """
     start = time.perf_counter()
     mode = RunMode(max_examples=max_examples, fresh=fresh, shrink=shrink, scale=scale)
