@@ -8,8 +8,8 @@ reaches into the tier gets that KV copied back into a device block (`KVBlockLoad
 SharedStorageConnector saves to files instead (`tier_slot` -1): there are no slots to draw, only
 the blocks that went out and came back in.
 
-`TierState` is part of `VizState`, changed only by the functions here, which `state.reduce`
-calls. Slot contents follow the events exactly. The LRU order takes more care, because the
+`TierState` is the tier panel of `VizState`, changed only by the functions here: `reduce_tier`
+is its reducer, which `state.reduce` calls only for the events in `TIER_EVENTS`. Slot contents follow the events exactly. The LRU order takes more care, because the
 events of a step do not arrive in the order the tier changed:
 
     during scheduling   each admitted request's tier hits are touched (most recently used);
@@ -29,8 +29,23 @@ failed loads) is kept with the step itself (`state.StepRecord`), like the free q
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from nanovllm.events import EngineStarted
+from nanovllm.events import (
+    BlockAllocated,
+    BlockEvicted,
+    EngineSnapshot,
+    EngineStarted,
+    Event,
+    KVBlockLoaded,
+    KVBlockSaved,
+    KVLoadFailed,
+    KVTierEvicted,
+    StepSummary,
+)
+
+if TYPE_CHECKING:
+    from nanovllm.viz.state import VizState
 
 MAX_FAILURES = 5  # load failures kept (request id, error), most recent last
 
@@ -178,3 +193,36 @@ def end_step(tier: TierState) -> TierState:
     if not tier.pending and not tier.touched:
         return tier
     return replace(_replay(tier, len(tier.pending)), touched=frozenset())
+
+
+def reduce_tier(tier: TierState, event: Event, before: VizState) -> TierState:
+    """The tier after `event`; `before` is the whole state before it (read, never changed)."""
+    if isinstance(event, KVBlockSaved):
+        return saved(tier, event.block_hash, event.tier_slot)
+    if isinstance(event, KVTierEvicted):
+        return dropped(tier, event.block_hash, event.tier_slot)
+    if isinstance(event, KVBlockLoaded):
+        return loaded(tier, event.block_hash, event.tier_slot)
+    if isinstance(event, KVLoadFailed):
+        return load_failed(tier, event.request_id, event.error)
+    if isinstance(event, StepSummary):
+        return end_step(tier)
+    if isinstance(event, EngineSnapshot):
+        return from_snapshot(tier, event.tier)
+    # A `BlockAllocated` off the head of the free queue right after that block's
+    # `BlockEvicted`: the pool hands out a block still caching a prefix, which the tier saves
+    # at the end of scheduling (only these evictions; a failed step's uncaching is not one).
+    previous = before.draft.events[-1] if before.draft.events else None
+    if (
+        event.from_free_queue
+        and 0 <= event.block_id < len(before.blocks)
+        and isinstance(previous, BlockEvicted)
+        and previous.block_id == event.block_id
+    ):
+        return pool_evicted(tier, previous.block_hash)
+    return tier
+
+
+TIER_EVENTS = frozenset(
+    (BlockAllocated, KVBlockSaved, KVTierEvicted, KVBlockLoaded, KVLoadFailed, StepSummary)
+) | {EngineSnapshot}

@@ -1,0 +1,374 @@
+"""The queues panel's state: every request the events told of, and the queues they stand in.
+
+`QueuesState` is one panel of `VizState` (`state.py`): the requests by id, the waiting queue
+(front first), the running requests in admission order (the last one is preempted first), the
+finished ones kept for the view, the rejected ones, the families of parallel sampling
+(`families.py`) and why the waiting requests wait (`waiting.py`). `reduce_queues` is its pure
+reducer; `state.reduce` calls it only for the events in `QUEUE_EVENTS`, so any other event
+leaves this panel the very same object.
+
+A request event replaces its own `RequestInfo` in a new mapping that shares every other entry
+with the old one; a block event changes only the block table of the request it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from nanovllm.events import (
+    BlockAllocated,
+    BlockFreed,
+    CacheHit,
+    EngineSnapshot,
+    Event,
+    GrammarMasked,
+    RequestAdded,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestScheduled,
+    SpecTokensVerified,
+    StepSummary,
+    TokenEmitted,
+)
+from nanovllm.viz.families import follows, group_children
+
+if TYPE_CHECKING:
+    from nanovllm.viz.state import VizState
+
+# Request status, as the visualizer tells it.
+WAITING = "waiting"
+RUNNING = "running"
+FINISHED = "finished"
+
+MAX_FINISHED = 40  # finished requests kept (with their text) for the queue view
+MAX_REJECTED = 5
+NUM_SLOTS = 36  # letters in `style.GLYPHS`
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """One request, as far as events tell."""
+
+    request_id: str
+    index: int  # arrival order from 0: orders the timeline's rows
+    prompt: str | None
+    num_prompt_tokens: int
+    max_tokens: int
+    status: str = WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (after the last step)
+    num_output_tokens: int = 0
+    output_text: str = ""
+    block_table: tuple[int, ...] = ()  # logical block i lives in physical block block_table[i]
+    tokens: tuple[str, ...] = ()  # text of each token (prompt, then output) when events tell
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its last admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    # Speculative decoding: tokens proposed for it and accepted, and where the accepted ones
+    # sit: (position of the first, how many) per verification that accepted any.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted: tuple[tuple[int, int], ...] = ()
+    # Structured outputs: how many tokens its grammar allowed at its last masked step (per
+    # logits row: 1 + the proposals verified), and of how many; None: never masked.
+    grammar_allowed: tuple[int, ...] | None = None
+    vocab_size: int = 0
+    # Picks its colour and letter (`style.py`): at arrival, the lowest that no live request
+    # and no cached prefix's request holds (`free_slot`), so letters on screen do not repeat.
+    slot: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def accepted_positions(self) -> frozenset[int]:
+        """Positions (in prompt + output) of the tokens that were accepted proposals."""
+        return frozenset(t for start, n in self.accepted for t in range(start, start + n))
+
+
+@dataclass(frozen=True)
+class QueuesState:
+    """The requests and the queues they stand in."""
+
+    requests: Mapping[str, RequestInfo] = field(default_factory=lambda: _EMPTY)
+    waiting: tuple[str, ...] = ()  # front of the queue first
+    running: tuple[str, ...] = ()  # in admission order (the last one is preempted first)
+    finished: tuple[str, ...] = ()  # most recent last, at most MAX_FINISHED
+    num_arrivals: int = 0
+    rejected: tuple[tuple[str, str], ...] = ()  # (request id, reason), most recent last
+    # Parallel sampling: parent id -> its children's ids by index (families of two or more).
+    families: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    last_added: str | None = None  # the latest RequestAdded's id (children arrive in a row)
+    # Why the waiting requests wait, as the last `StepSummary` said (`waiting.py`).
+    waiting_reason: str | None = None
+    waiting_head: str | None = None
+
+
+def reduce_queues(queues: QueuesState, event: Event, before: VizState) -> QueuesState:
+    """The queues after `event`; `before` is the whole state before it (read, never changed)."""
+    return _HANDLERS[type(event)](queues, event, before)
+
+
+def without(items: tuple, item: object) -> tuple:
+    """`items` less the first `item` (the same tuple when `item` is not in it)."""
+    if item not in items:
+        return items
+    i = items.index(item)
+    return items[:i] + items[i + 1 :]
+
+
+def _set(queues: QueuesState, info: RequestInfo) -> Mapping[str, RequestInfo]:
+    return MappingProxyType({**queues.requests, info.request_id: info})
+
+
+def free_slot(state: VizState) -> int:
+    """The slot (colour and letter) for a new request: the lowest that no waiting or running
+    request holds, nor the request whose cached prefix a block keeps; if possible none that a
+    listed finished request holds either."""
+    live = {r.slot for r in state.requests.values() if r.status != FINISHED}
+    cached = {
+        state.requests[b.cached_by].slot
+        for b in state.blocks
+        if b.cached and b.cached_by in state.requests
+    }
+    listed = {r.slot for r in state.requests.values()}
+    for avoid in (live | cached | listed, live | cached, live):
+        for slot in range(NUM_SLOTS):
+            if slot not in avoid:
+                return slot
+    return state.num_arrivals % NUM_SLOTS
+
+
+def _on_request_added(q: QueuesState, e: RequestAdded, before: VizState) -> QueuesState:
+    info = RequestInfo(
+        request_id=e.request_id,
+        index=q.num_arrivals,
+        slot=free_slot(before),
+        prompt=e.prompt,
+        num_prompt_tokens=e.num_prompt_tokens,
+        max_tokens=e.max_tokens,
+        tokens=e.prompt_tokens,
+    )
+    families = q.families
+    parent = follows(q.last_added, e.request_id)
+    if parent is not None:
+        members = families.get(parent, ())
+        if not members or members[-1] != q.last_added:  # child 1: a new family
+            members = (q.last_added,)
+        families = MappingProxyType({**families, parent: members + (e.request_id,)})
+    return replace(
+        q,
+        requests=_set(q, info),
+        waiting=q.waiting + (e.request_id,),
+        num_arrivals=q.num_arrivals + 1,
+        families=families,
+        last_added=e.request_id,
+    )
+
+
+def _on_request_rejected(q: QueuesState, e: RequestRejected, before: VizState) -> QueuesState:
+    # The request never entered the engine (its id may even belong to another request).
+    return replace(q, rejected=(q.rejected + ((e.request_id, e.reason),))[-MAX_REJECTED:])
+
+
+def _on_request_scheduled(q: QueuesState, e: RequestScheduled, before: VizState) -> QueuesState:
+    info = q.requests.get(e.request_id)
+    if info is None:
+        return q
+    new_info = replace(info, num_computed_tokens=e.num_computed_tokens + e.num_tokens)
+    if info.status != WAITING:
+        return replace(q, requests=_set(q, new_info))
+    # Admitted this step.
+    new_info = replace(new_info, status=RUNNING, num_cached_tokens=e.num_computed_tokens)
+    return replace(
+        q,
+        requests=_set(q, new_info),
+        waiting=without(q.waiting, e.request_id),
+        running=q.running + (e.request_id,),
+    )
+
+
+def _on_request_preempted(q: QueuesState, e: RequestPreempted, before: VizState) -> QueuesState:
+    info = q.requests.get(e.request_id)
+    if info is None:
+        return q
+    new_info = replace(
+        info,
+        status=WAITING,
+        num_computed_tokens=0,
+        block_table=(),
+        num_preemptions=info.num_preemptions + 1,
+    )
+    return replace(
+        q,
+        requests=_set(q, new_info),
+        running=without(q.running, e.request_id),
+        waiting=(e.request_id,) + without(q.waiting, e.request_id),  # back to the front
+    )
+
+
+def _on_token_emitted(q: QueuesState, e: TokenEmitted, before: VizState) -> QueuesState:
+    info = q.requests.get(e.request_id)
+    if info is None:
+        return q
+    new_info = replace(
+        info,
+        num_output_tokens=e.num_output_tokens,
+        output_text=info.output_text + e.text_delta,
+        tokens=info.tokens + (e.text_delta,) if info.tokens else (),
+    )
+    return replace(q, requests=_set(q, new_info))
+
+
+def _on_request_finished(q: QueuesState, e: RequestFinished, before: VizState) -> QueuesState:
+    info = q.requests.get(e.request_id)
+    if info is None:
+        return q
+    new_info = replace(
+        info,
+        status=FINISHED,
+        finish_reason=e.finish_reason,
+        num_output_tokens=e.num_output_tokens,
+        block_table=(),
+    )
+    requests = dict(q.requests)
+    requests[e.request_id] = new_info
+    finished = q.finished + (e.request_id,)
+    families = q.families
+    if len(finished) > MAX_FINISHED:  # forget the oldest finished requests
+        for old in finished[:-MAX_FINISHED]:
+            requests.pop(old, None)
+        finished = finished[-MAX_FINISHED:]
+        families = MappingProxyType(
+            {p: ids for p, ids in families.items() if any(r in requests for r in ids)}
+        )
+    return replace(
+        q,
+        requests=MappingProxyType(requests),
+        running=without(q.running, e.request_id),
+        waiting=without(q.waiting, e.request_id),
+        finished=finished,
+        families=families,
+    )
+
+
+def _valid_block(before: VizState, block_id: int) -> bool:
+    return 0 <= block_id < len(before.blocks)
+
+
+def _on_block_taken(q: QueuesState, e: BlockAllocated | CacheHit, before: VizState) -> QueuesState:
+    """The request holds the block as its logical block `e.logical_index` now."""
+    info = q.requests.get(e.request_id)
+    if info is None or not _valid_block(before, e.block_id):
+        return q
+    table = info.block_table[: e.logical_index] + (e.block_id,)
+    return replace(q, requests=_set(q, replace(info, block_table=table)))
+
+
+def _on_block_freed(q: QueuesState, e: BlockFreed, before: VizState) -> QueuesState:
+    # Out of the request's block table: a finishing or preempted request's table empties
+    # block by block (tail first), and a running request loses the blocks that held only its
+    # rejected proposals.
+    info = q.requests.get(e.request_id)
+    if info is None or e.block_id not in info.block_table or not _valid_block(before, e.block_id):
+        return q
+    table = without(info.block_table, e.block_id)
+    return replace(q, requests=_set(q, replace(info, block_table=table)))
+
+
+def _on_spec_tokens_verified(
+    q: QueuesState, e: SpecTokensVerified, before: VizState
+) -> QueuesState:
+    """The first `num_accepted` proposals were accepted: the rest are rolled back."""
+    info = q.requests.get(e.request_id)
+    if info is None:
+        return q
+    proposed, accepted = len(e.proposed), e.num_accepted
+    # The accepted tokens come next, as the request's next output tokens (`TokenEmitted`).
+    spans = info.accepted + ((info.num_tokens, accepted),) if accepted else info.accepted
+    new_info = replace(
+        info,
+        num_computed_tokens=max(0, info.num_computed_tokens - (proposed - accepted)),
+        num_draft_tokens=info.num_draft_tokens + proposed,
+        num_accepted_tokens=info.num_accepted_tokens + accepted,
+        accepted=spans,
+    )
+    return replace(q, requests=_set(q, new_info))
+
+
+def _on_grammar_masked(q: QueuesState, e: GrammarMasked, before: VizState) -> QueuesState:
+    """Each structured request's latest mask: how many tokens its grammar allowed."""
+    for rid, counts in e.allowed.items():
+        info = q.requests.get(rid)
+        if info is not None:
+            info = replace(info, grammar_allowed=counts, vocab_size=e.vocab_size)
+            q = replace(q, requests=_set(q, info))
+    return q
+
+
+def _on_step_summary(q: QueuesState, e: StepSummary, before: VizState) -> QueuesState:
+    if (q.waiting_reason, q.waiting_head) == (e.waiting_reason, e.waiting_head):
+        return q
+    return replace(q, waiting_reason=e.waiting_reason, waiting_head=e.waiting_head)
+
+
+def snapshot_order(e: EngineSnapshot) -> list:
+    """The snapshot's requests, running ones first in admission order, then the waiting ones."""
+    order = {rid: i for i, rid in enumerate((*e.running, *e.waiting))}
+    return sorted(e.requests, key=lambda r: order.get(r.request_id, len(order)))
+
+
+def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, before: VizState) -> QueuesState:
+    """A late subscriber's start: the engine's requests and queues replace ours."""
+    requests: dict[str, RequestInfo] = {}
+    for r in snapshot_order(e):
+        requests[r.request_id] = RequestInfo(
+            request_id=r.request_id,
+            index=len(requests),
+            slot=len(requests) % NUM_SLOTS,
+            prompt=r.prompt,
+            num_prompt_tokens=r.num_prompt_tokens,
+            max_tokens=r.max_tokens,
+            status=RUNNING if r.status == RUNNING else WAITING,
+            num_computed_tokens=r.num_computed_tokens,
+            num_output_tokens=r.num_output_tokens,
+            output_text=r.output_text,
+            block_table=r.block_table,
+            tokens=r.tokens,
+            num_cached_tokens=r.num_cached_tokens,
+            num_preemptions=r.num_preemptions,
+        )
+    return replace(
+        q,
+        requests=MappingProxyType(requests),
+        waiting=tuple(r for r in e.waiting if r in requests),
+        running=tuple(r for r in e.running if r in requests),
+        finished=(),
+        num_arrivals=len(requests),
+        rejected=(),
+        families=MappingProxyType(group_children(requests)),
+        last_added=None,
+    )
+
+
+_HANDLERS: dict[type, Callable[[QueuesState, Event, VizState], QueuesState]] = {
+    RequestAdded: _on_request_added,
+    RequestRejected: _on_request_rejected,
+    RequestScheduled: _on_request_scheduled,
+    RequestPreempted: _on_request_preempted,
+    TokenEmitted: _on_token_emitted,
+    RequestFinished: _on_request_finished,
+    BlockAllocated: _on_block_taken,
+    CacheHit: _on_block_taken,
+    BlockFreed: _on_block_freed,
+    SpecTokensVerified: _on_spec_tokens_verified,
+    GrammarMasked: _on_grammar_masked,
+    StepSummary: _on_step_summary,
+    EngineSnapshot: _on_engine_snapshot,
+}
+QUEUE_EVENTS = frozenset(_HANDLERS)
