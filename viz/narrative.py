@@ -1,7 +1,7 @@
 """The step told in words: one `Note` per thing that happened, in the engine's order.
 
-The reducer (`state.reduce`) calls `narrate(state, event)` with the state *before* the event,
-so a note can say what the event meant there: that a block came off the head of the free queue
+A step's story (`story.py`, when a view asks for `StepRecord.notes`) calls
+`narrate(state, event)` with the state *before* the event, so a note can say what the event meant there: that a block came off the head of the free queue
 and evicted the prefix another request had cached in it, that a prefix hit pulled a block out
 of the middle of the queue, which blocks a preempted request gave back. Runs of events that
 belong together (a request's blocks freed one by one, then its preemption; the step's decodes;

@@ -42,7 +42,7 @@ from the connector are taken out of the prefix-cache hits (the scheduler counts 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 
 from nanovllm.events import AttentionProbed, EngineStarted, Event
 from nanovllm.viz.blocks import BLOCK_EVENTS, BlockInfo, BlocksState, fresh_blocks, reduce_blocks
@@ -136,22 +136,53 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class VizState:
     """Everything the views draw, one state per panel. Build it with `initial_state()` and
     `reduce`."""
 
-    engine: EngineStarted | None = None
-    num_events: int = 0
-    queues: QueuesState = field(default_factory=QueuesState)
-    kv: BlocksState = field(default_factory=BlocksState)
-    steps: StepsState = field(default_factory=StepsState)
-    tier: TierState = field(default_factory=TierState)  # the KV connector's (`tier.py`)
+    engine: EngineStarted | None
+    num_events: int
+    queues: QueuesState
+    kv: BlocksState
+    steps: StepsState
+    tier: TierState  # the KV connector's (`tier.py`)
     # The model executor's latest step: its flat inputs and the stage reached (`executor.py`).
-    executor: ExecutorStep | None = None
+    executor: ExecutorStep | None
     # What attention computed for one request in one layer, the latest the probe caught
     # (`attention_heat.py`; only while the executor panel is open in a live run).
-    attention_probe: AttentionProbed | None = None
+    attention_probe: AttentionProbed | None
+
+    def __init__(
+        self,
+        engine: EngineStarted | None = None,
+        num_events: int = 0,
+        queues: QueuesState | None = None,
+        kv: BlocksState | None = None,
+        steps: StepsState | None = None,
+        tier: TierState | None = None,
+        executor: ExecutorStep | None = None,
+        attention_probe: AttentionProbed | None = None,
+        **panel_fields,
+    ) -> None:
+        """`panel_fields`: fields of the panels by name (`VizState(running=..., waiting=...)`),
+        for a view's test that needs a state no event sequence makes quickly."""
+        panels = {"queues": queues, "kv": kv, "steps": steps}
+        for name, value in panel_fields.items():
+            if name not in _PANEL_OF:
+                raise TypeError(f"VizState has no field {name!r}")
+            panels[_PANEL_OF[name]] = replace(
+                panels[_PANEL_OF[name]] or _PANELS[_PANEL_OF[name]](), **{name: value}
+            )
+        set_field = object.__setattr__  # frozen: fields are set once, here
+        set_field(self, "engine", engine)
+        set_field(self, "num_events", num_events)
+        set_field(self, "queues", panels["queues"] or _NO_QUEUES)
+        set_field(self, "kv", panels["kv"] or _NO_BLOCKS)
+        set_field(self, "steps", panels["steps"] or _NO_STEPS)
+        set_field(self, "tier", tier or _NO_TIER)
+        set_field(self, "executor", executor)
+        set_field(self, "attention_probe", attention_probe)
 
     # --- the queues panel ---
     @property
@@ -244,6 +275,16 @@ class VizState:
     @property
     def num_blocks(self) -> int:
         return len(self.kv.blocks)
+
+
+_PANELS = {"queues": QueuesState, "kv": BlocksState, "steps": StepsState}
+_PANEL_OF = {f.name: panel for panel, cls in _PANELS.items() for f in fields(cls)}
+_NO_QUEUES, _NO_BLOCKS, _NO_STEPS, _NO_TIER = (
+    QueuesState(),
+    BlocksState(),
+    StepsState(),
+    TierState(),
+)
 
 
 def initial_state(started: EngineStarted | None = None) -> VizState:
