@@ -14,7 +14,7 @@ prefix), `CacheHit(was_free=True)` pulls a block out of the middle, and `BlockFr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nanovllm.events import (
@@ -26,6 +26,7 @@ from nanovllm.events import (
     EngineSnapshot,
     Event,
 )
+from nanovllm.viz.frozen import evolve
 from nanovllm.viz.queues import snapshot_order, without
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def _set(panel: BlocksState, block_id: int, info: BlockInfo, free_queue: tuple[i
 def _give(panel: BlocksState, request_id: str, block_id: int, ref_count: int, left_free: bool):
     """`request_id` now holds `block_id`."""
     block = panel.blocks[block_id]
-    new_block = replace(
+    new_block = evolve(
         block, ref_count=ref_count, owners=block.owners + (request_id,), last_owner=request_id
     )
     free_queue = without(panel.free_queue, block_id) if left_free else panel.free_queue
@@ -98,7 +99,7 @@ def _on_cache_hit(panel: BlocksState, e: CacheHit) -> BlocksState:
 
 def _on_block_freed(panel: BlocksState, e: BlockFreed) -> BlocksState:
     block = panel.blocks[e.block_id]
-    new_block = replace(block, ref_count=e.ref_count, owners=without(block.owners, e.request_id))
+    new_block = evolve(block, ref_count=e.ref_count, owners=without(block.owners, e.request_id))
     free_queue = panel.free_queue
     if e.ref_count == 0 and e.block_id not in free_queue:
         free_queue = free_queue + (e.block_id,)  # joins the tail
@@ -106,12 +107,12 @@ def _on_block_freed(panel: BlocksState, e: BlockFreed) -> BlocksState:
 
 
 def _on_block_cached(panel: BlocksState, e: BlockCached) -> BlocksState:
-    new_block = replace(panel.blocks[e.block_id], block_hash=e.block_hash, cached_by=e.request_id)
+    new_block = evolve(panel.blocks[e.block_id], block_hash=e.block_hash, cached_by=e.request_id)
     return _set(panel, e.block_id, new_block, panel.free_queue)
 
 
 def _on_block_evicted(panel: BlocksState, e: BlockEvicted) -> BlocksState:
-    new_block = replace(panel.blocks[e.block_id], block_hash=None, cached_by=None)
+    new_block = evolve(panel.blocks[e.block_id], block_hash=None, cached_by=None)
     return _set(panel, e.block_id, new_block, panel.free_queue)
 
 

@@ -14,7 +14,7 @@ with the old one; a block event changes only the block table of the request it n
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.viz.families import follows, group_children
+from nanovllm.viz.frozen import evolve
 
 if TYPE_CHECKING:
     from nanovllm.viz.state import VizState
@@ -161,7 +162,7 @@ def _on_request_added(q: QueuesState, e: RequestAdded, before: VizState) -> Queu
         if not members or members[-1] != q.last_added:  # child 1: a new family
             members = (q.last_added,)
         families = MappingProxyType({**families, parent: members + (e.request_id,)})
-    return replace(
+    return evolve(
         q,
         requests=_set(q, info),
         waiting=q.waiting + (e.request_id,),
@@ -173,19 +174,19 @@ def _on_request_added(q: QueuesState, e: RequestAdded, before: VizState) -> Queu
 
 def _on_request_rejected(q: QueuesState, e: RequestRejected, before: VizState) -> QueuesState:
     # The request never entered the engine (its id may even belong to another request).
-    return replace(q, rejected=(q.rejected + ((e.request_id, e.reason),))[-MAX_REJECTED:])
+    return evolve(q, rejected=(q.rejected + ((e.request_id, e.reason),))[-MAX_REJECTED:])
 
 
 def _on_request_scheduled(q: QueuesState, e: RequestScheduled, before: VizState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
-    new_info = replace(info, num_computed_tokens=e.num_computed_tokens + e.num_tokens)
+    new_info = evolve(info, num_computed_tokens=e.num_computed_tokens + e.num_tokens)
     if info.status != WAITING:
-        return replace(q, requests=_set(q, new_info))
+        return evolve(q, requests=_set(q, new_info))
     # Admitted this step.
-    new_info = replace(new_info, status=RUNNING, num_cached_tokens=e.num_computed_tokens)
-    return replace(
+    new_info = evolve(new_info, status=RUNNING, num_cached_tokens=e.num_computed_tokens)
+    return evolve(
         q,
         requests=_set(q, new_info),
         waiting=without(q.waiting, e.request_id),
@@ -197,14 +198,14 @@ def _on_request_preempted(q: QueuesState, e: RequestPreempted, before: VizState)
     info = q.requests.get(e.request_id)
     if info is None:
         return q
-    new_info = replace(
+    new_info = evolve(
         info,
         status=WAITING,
         num_computed_tokens=0,
         block_table=(),
         num_preemptions=info.num_preemptions + 1,
     )
-    return replace(
+    return evolve(
         q,
         requests=_set(q, new_info),
         running=without(q.running, e.request_id),
@@ -216,20 +217,20 @@ def _on_token_emitted(q: QueuesState, e: TokenEmitted, before: VizState) -> Queu
     info = q.requests.get(e.request_id)
     if info is None:
         return q
-    new_info = replace(
+    new_info = evolve(
         info,
         num_output_tokens=e.num_output_tokens,
         output_text=info.output_text + e.text_delta,
         tokens=info.tokens + (e.text_delta,) if info.tokens else (),
     )
-    return replace(q, requests=_set(q, new_info))
+    return evolve(q, requests=_set(q, new_info))
 
 
 def _on_request_finished(q: QueuesState, e: RequestFinished, before: VizState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
-    new_info = replace(
+    new_info = evolve(
         info,
         status=FINISHED,
         finish_reason=e.finish_reason,
@@ -247,7 +248,7 @@ def _on_request_finished(q: QueuesState, e: RequestFinished, before: VizState) -
         families = MappingProxyType(
             {p: ids for p, ids in families.items() if any(r in requests for r in ids)}
         )
-    return replace(
+    return evolve(
         q,
         requests=MappingProxyType(requests),
         running=without(q.running, e.request_id),
@@ -267,7 +268,7 @@ def _on_block_taken(q: QueuesState, e: BlockAllocated | CacheHit, before: VizSta
     if info is None or not _valid_block(before, e.block_id):
         return q
     table = info.block_table[: e.logical_index] + (e.block_id,)
-    return replace(q, requests=_set(q, replace(info, block_table=table)))
+    return evolve(q, requests=_set(q, evolve(info, block_table=table)))
 
 
 def _on_block_freed(q: QueuesState, e: BlockFreed, before: VizState) -> QueuesState:
@@ -278,7 +279,7 @@ def _on_block_freed(q: QueuesState, e: BlockFreed, before: VizState) -> QueuesSt
     if info is None or e.block_id not in info.block_table or not _valid_block(before, e.block_id):
         return q
     table = without(info.block_table, e.block_id)
-    return replace(q, requests=_set(q, replace(info, block_table=table)))
+    return evolve(q, requests=_set(q, evolve(info, block_table=table)))
 
 
 def _on_spec_tokens_verified(
@@ -291,14 +292,14 @@ def _on_spec_tokens_verified(
     proposed, accepted = len(e.proposed), e.num_accepted
     # The accepted tokens come next, as the request's next output tokens (`TokenEmitted`).
     spans = info.accepted + ((info.num_tokens, accepted),) if accepted else info.accepted
-    new_info = replace(
+    new_info = evolve(
         info,
         num_computed_tokens=max(0, info.num_computed_tokens - (proposed - accepted)),
         num_draft_tokens=info.num_draft_tokens + proposed,
         num_accepted_tokens=info.num_accepted_tokens + accepted,
         accepted=spans,
     )
-    return replace(q, requests=_set(q, new_info))
+    return evolve(q, requests=_set(q, new_info))
 
 
 def _on_grammar_masked(q: QueuesState, e: GrammarMasked, before: VizState) -> QueuesState:
@@ -306,15 +307,15 @@ def _on_grammar_masked(q: QueuesState, e: GrammarMasked, before: VizState) -> Qu
     for rid, counts in e.allowed.items():
         info = q.requests.get(rid)
         if info is not None:
-            info = replace(info, grammar_allowed=counts, vocab_size=e.vocab_size)
-            q = replace(q, requests=_set(q, info))
+            info = evolve(info, grammar_allowed=counts, vocab_size=e.vocab_size)
+            q = evolve(q, requests=_set(q, info))
     return q
 
 
 def _on_step_summary(q: QueuesState, e: StepSummary, before: VizState) -> QueuesState:
     if (q.waiting_reason, q.waiting_head) == (e.waiting_reason, e.waiting_head):
         return q
-    return replace(q, waiting_reason=e.waiting_reason, waiting_head=e.waiting_head)
+    return evolve(q, waiting_reason=e.waiting_reason, waiting_head=e.waiting_head)
 
 
 def snapshot_order(e: EngineSnapshot) -> list:
@@ -343,7 +344,7 @@ def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, before: VizState) -> 
             num_cached_tokens=r.num_cached_tokens,
             num_preemptions=r.num_preemptions,
         )
-    return replace(
+    return evolve(
         q,
         requests=MappingProxyType(requests),
         waiting=tuple(r for r in e.waiting if r in requests),

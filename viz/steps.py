@@ -15,7 +15,7 @@ of the prefix-cache hits (the scheduler counts them apart).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,7 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.frozen import evolve
 from nanovllm.viz.queues import WAITING
 
 if TYPE_CHECKING:
@@ -196,21 +197,21 @@ def reduce_steps(
     The event joins the step in progress before it is applied, so the step a `StepSummary`
     closes holds every event of that step, the summary included. `story` tells the step.
     """
-    draft = replace(steps.draft, events=steps.draft.events + (event,), story=story)
+    draft = evolve(steps.draft, events=steps.draft.events + (event,), story=story)
     handler = _HANDLERS.get(type(event))
     if handler is None:
-        return replace(steps, draft=draft)
-    return handler(replace(steps, draft=draft), event, before)
+        return evolve(steps, draft=draft)
+    return handler(evolve(steps, draft=draft), event, before)
 
 
 def _add(draft: StepRecord, **items: tuple) -> StepRecord:
     """`draft` with each item appended to the tuple field of its name."""
-    return replace(draft, **{name: getattr(draft, name) + item for name, item in items.items()})
+    return evolve(draft, **{name: getattr(draft, name) + item for name, item in items.items()})
 
 
 def _count(metrics: Metrics, **counts: int) -> Metrics:
     """`metrics` with each count added to the field of its name."""
-    return replace(metrics, **{name: getattr(metrics, name) + n for name, n in counts.items()})
+    return evolve(metrics, **{name: getattr(metrics, name) + n for name, n in counts.items()})
 
 
 def _valid_block(before: VizState, block_id: int) -> bool:
@@ -218,7 +219,7 @@ def _valid_block(before: VizState, block_id: int) -> bool:
 
 
 def _on_request_rejected(s: StepsState, e: RequestRejected, before: VizState) -> StepsState:
-    return replace(s, metrics=_count(s.metrics, num_rejected=1))
+    return evolve(s, metrics=_count(s.metrics, num_rejected=1))
 
 
 def _on_request_scheduled(s: StepsState, e: RequestScheduled, before: VizState) -> StepsState:
@@ -231,36 +232,36 @@ def _on_request_scheduled(s: StepsState, e: RequestScheduled, before: VizState) 
         # that one token a decode, but for the request it is the prefill of its prompt.
         kind = PREFILL
     scheduled = (Scheduled(e.request_id, e.num_tokens, kind, e.num_computed_tokens),)
-    draft = replace(_add(s.draft, scheduled=scheduled), step=e.step)
+    draft = evolve(_add(s.draft, scheduled=scheduled), step=e.step)
     metrics = s.metrics
     if info.status == WAITING:  # admitted this step
         draft = _add(draft, admitted=(e.request_id,))
         metrics = _count(metrics, prefix_queries=info.num_tokens, prefix_hits=e.num_computed_tokens)
-    return replace(s, draft=draft, metrics=metrics)
+    return evolve(s, draft=draft, metrics=metrics)
 
 
 def _on_request_preempted(s: StepsState, e: RequestPreempted, before: VizState) -> StepsState:
     if e.request_id not in before.requests:
         return s
-    draft = replace(_add(s.draft, preempted=(e.request_id,)), step=e.step)
-    return replace(s, draft=draft, metrics=_count(s.metrics, num_preemptions=1))
+    draft = evolve(_add(s.draft, preempted=(e.request_id,)), step=e.step)
+    return evolve(s, draft=draft, metrics=_count(s.metrics, num_preemptions=1))
 
 
 def _on_token_emitted(s: StepsState, e: TokenEmitted, before: VizState) -> StepsState:
-    return replace(s, metrics=_count(s.metrics, num_output_tokens=1))
+    return evolve(s, metrics=_count(s.metrics, num_output_tokens=1))
 
 
 def _on_request_finished(s: StepsState, e: RequestFinished, before: VizState) -> StepsState:
     if e.request_id not in before.requests:
         return s
     draft = _add(s.draft, finished=(e.request_id,))
-    return replace(s, draft=draft, metrics=_count(s.metrics, num_finished=1))
+    return evolve(s, draft=draft, metrics=_count(s.metrics, num_finished=1))
 
 
 def _on_block_allocated(s: StepsState, e: BlockAllocated, before: VizState) -> StepsState:
     if not e.from_free_queue or not _valid_block(before, e.block_id):
         return s
-    return replace(s, draft=_add(s.draft, taken=(e.block_id,)))
+    return evolve(s, draft=_add(s.draft, taken=(e.block_id,)))
 
 
 def _on_cache_hit(s: StepsState, e: CacheHit, before: VizState) -> StepsState:
@@ -269,7 +270,7 @@ def _on_cache_hit(s: StepsState, e: CacheHit, before: VizState) -> StepsState:
         return s
     at = free_queue.index(e.block_id)  # out of the middle of the free queue
     gap = (free_queue[at - 1] if at else None, e.block_id)
-    return replace(s, draft=_add(s.draft, pulled=(e.block_id,), gaps=(gap,)))
+    return evolve(s, draft=_add(s.draft, pulled=(e.block_id,), gaps=(gap,)))
 
 
 def _on_block_freed(s: StepsState, e: BlockFreed, before: VizState) -> StepsState:
@@ -277,13 +278,13 @@ def _on_block_freed(s: StepsState, e: BlockFreed, before: VizState) -> StepsStat
         return s
     if e.ref_count != 0 or e.block_id in before.free_queue:
         return s
-    return replace(s, draft=_add(s.draft, returned=(e.block_id,)))  # joins the tail
+    return evolve(s, draft=_add(s.draft, returned=(e.block_id,)))  # joins the tail
 
 
 def _on_block_evicted(s: StepsState, e: BlockEvicted, before: VizState) -> StepsState:
     if not _valid_block(before, e.block_id):
         return s
-    return replace(s, draft=_add(s.draft, evicted=(e.block_id,)))
+    return evolve(s, draft=_add(s.draft, evicted=(e.block_id,)))
 
 
 def _on_spec_tokens_verified(s: StepsState, e: SpecTokensVerified, before: VizState) -> StepsState:
@@ -292,30 +293,30 @@ def _on_spec_tokens_verified(s: StepsState, e: SpecTokensVerified, before: VizSt
         s.metrics, num_drafts=1, num_draft_tokens=proposed, num_accepted_tokens=accepted
     )
     draft = _add(s.draft, verified=((e.request_id, proposed, accepted),))
-    return replace(s, draft=draft, metrics=metrics)
+    return evolve(s, draft=draft, metrics=metrics)
 
 
 def _on_kv_block_saved(s: StepsState, e: KVBlockSaved, before: VizState) -> StepsState:
-    return replace(s, draft=_add(s.draft, saved=((e.block_id, e.tier_slot),)))
+    return evolve(s, draft=_add(s.draft, saved=((e.block_id, e.tier_slot),)))
 
 
 def _on_kv_tier_evicted(s: StepsState, e: KVTierEvicted, before: VizState) -> StepsState:
-    return replace(s, draft=_add(s.draft, dropped=(e.tier_slot,)))
+    return evolve(s, draft=_add(s.draft, dropped=(e.tier_slot,)))
 
 
 def _on_kv_block_loaded(s: StepsState, e: KVBlockLoaded, before: VizState) -> StepsState:
     # The request's admission counted these tokens as computed (`RequestScheduled`); they are
     # the connector's hits, not the prefix cache's (the scheduler counts them apart too).
     draft = _add(s.draft, loaded=((e.tier_slot, e.block_id),))
-    return replace(s, draft=draft, metrics=_count(s.metrics, prefix_hits=-before.block_size))
+    return evolve(s, draft=draft, metrics=_count(s.metrics, prefix_hits=-before.block_size))
 
 
 def _on_kv_load_failed(s: StepsState, e: KVLoadFailed, before: VizState) -> StepsState:
-    return replace(s, draft=_add(s.draft, load_failed=(e.request_id,)))
+    return evolve(s, draft=_add(s.draft, load_failed=(e.request_id,)))
 
 
 def _on_step_summary(s: StepsState, e: StepSummary, before: VizState) -> StepsState:
-    record = replace(s.draft, step=e.step, summary=e)
+    record = evolve(s.draft, step=e.step, summary=e)
     cells: dict[str, str] = {}
     for rid in before.waiting:
         cells[rid] = WAIT
@@ -326,7 +327,7 @@ def _on_step_summary(s: StepsState, e: StepSummary, before: VizState) -> StepsSt
     column = TimelineColumn(e.step, MappingProxyType(cells))
     m = s.metrics
     tokens = e.num_prefill_tokens + e.num_decode_tokens
-    metrics = replace(
+    metrics = evolve(
         m,
         num_steps=m.num_steps + 1,
         num_tokens=m.num_tokens + tokens,
@@ -344,7 +345,7 @@ def _on_engine_snapshot(s: StepsState, e: EngineSnapshot, before: VizState) -> S
         prefix_queries=e.prefix_cache_queries,
         prefix_hits=e.prefix_cache_hits,
     )
-    draft = replace(s.draft, step=e.step + 1)
+    draft = evolve(s.draft, step=e.step + 1)
     return StepsState(draft, StepRecord(step=e.step), (), metrics)
 
 
