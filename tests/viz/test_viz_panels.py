@@ -9,6 +9,10 @@ against narration done the direct way: `narrate` on each real state before its e
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from nanovllm.events import (
     BlockAllocated,
     BlockCached,
@@ -22,7 +26,9 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.viz import story
+from nanovllm.viz.blocks import BlockInfo
 from nanovllm.viz.executor import EXECUTOR_EVENTS
+from nanovllm.viz.frozen import evolve
 from nanovllm.viz.narrative import add_note, narrate
 from nanovllm.viz.state import VizState, reduce, reduce_all
 
@@ -114,3 +120,11 @@ def test_two_continuations_of_one_step_are_told_apart(trace_events):
     for s in (one, other, one, other):
         expected = add_note(state.draft.notes, narrate(state, s.draft.events[-1]))
         assert s.draft.notes == expected
+
+
+def test_evolve_is_replace_and_names_an_unknown_field():
+    block = BlockInfo(ref_count=1, owners=("a",))
+    assert evolve(block, ref_count=2) == dataclasses.replace(block, ref_count=2)
+    assert evolve(block, ref_count=2).cached is False and block.ref_count == 1
+    with pytest.raises(TypeError, match="refcount"):
+        evolve(block, refcount=2)
