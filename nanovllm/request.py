@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     import torch
-
-    from nanovllm.structured_output.manager import StructuredOutputRequest
 
 
 class RequestStatus(enum.Enum):
