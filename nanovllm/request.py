@@ -6,6 +6,8 @@ A request moves through these states:
        ^                     |
        +-----preempt---------+          (abort: any state -> FINISHED)
 
+(and WAITING_FOR_FSM before WAITING while a request's grammar compiles, vLLM's name).
+
 The single number that drives scheduling is `num_computed_tokens`: how many of the request's
 tokens (prompt + output so far) already have their K and V in the paged cache. Each step the
 scheduler gives the request `num_tokens - num_computed_tokens` more tokens to compute (or a
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_FSM = "waiting_for_fsm"  # its grammar is compiling: not scheduled yet
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, after losing its blocks
     FINISHED = "finished"
