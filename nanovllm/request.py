@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +74,9 @@ class Request:
     seed: int | None = None
     generator: torch.Generator | None = None
     logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)  # (logprob, place)
-    structured_output_request: StructuredOutputRequest | None = None  # its grammar's matcher
+    # Structured outputs: its constraint and matcher (`structured_output/manager.py`'s
+    # `StructuredOutputRequest`; untyped here, as the request knows nothing of grammars).
+    structured_output_request: Any = None
     # Token ids, prompt then output, in one list: the KV cache manager hashes from it.
     all_token_ids: list[int] = field(init=False)
 

@@ -5,7 +5,6 @@ The request's side is `StructuredOutputsParams` (`nanovllm/sampling_params.py`, 
 it). The engine's side:
 
 - `backend_xgrammar.py`: compiling a constraint, and the per-request matcher (xgrammar).
-- `request.py`: a request's constraint and matcher (`Request.structured_output_request`).
 - `manager.py`: compile at arrival, the step's bitmask, advancing and ending the request.
 - `bitmask.py`: applying a bitmask to the logits rows before sampling.
 """

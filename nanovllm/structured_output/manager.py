@@ -39,16 +39,16 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from nanovllm.events import EventBus, GrammarMasked
 from nanovllm.request import FinishReason, Request, RequestStatus
-from nanovllm.sampling_params import SamplingParams
-from nanovllm.structured_output.backend_xgrammar import XgrammarBackend
+from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
+from nanovllm.structured_output.backend_xgrammar import Grammar, XgrammarBackend
 from nanovllm.structured_output.bitmask import GrammarBitmask, unpack_bitmask
-from nanovllm.structured_output.request import StructuredOutputRequest
 
 # How many compiled grammars are kept (least recently used ones go first).
 CACHE_SIZE = 128
@@ -62,6 +62,19 @@ MAX_COMPILE_S = 10.0
 GRAMMAR_WAIT_S = 0.01
 # Constraints up to this long are parsed at arrival, on the caller's thread (under ~5 ms).
 MAX_PARSE_AT_ARRIVAL_CHARS = 16_384
+
+
+@dataclass
+class StructuredOutputRequest:
+    """A request's constraint and its own matcher (`Request.structured_output_request`).
+
+    `grammar` is None while the compiled grammar is on its way (`compiled`, from the compile
+    thread): the scheduler does not schedule the request until `grammar_ready` sets it."""
+
+    params: StructuredOutputsParams
+    compiled: Future
+    submitted_at: float = field(default_factory=time.monotonic)
+    grammar: Grammar | None = None
 
 
 class StructuredOutputManager:
