@@ -6,6 +6,8 @@ A request moves through these states:
        ^                     |
        +-----preempt---------+          (abort: any state -> FINISHED)
 
+(and WAITING_FOR_FSM before WAITING while a request's grammar compiles, vLLM's name).
+
 The single number that drives scheduling is `num_computed_tokens`: how many of the request's
 tokens (prompt + output so far) already have their K and V in the paged cache. Each step the
 scheduler gives the request `num_tokens - num_computed_tokens` more tokens to compute (or a
@@ -18,18 +20,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nanovllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
-    from nanovllm.structured_output.manager import StructuredOutputRequest
-
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_FSM = "waiting_for_fsm"  # its grammar is compiling: not scheduled yet
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, after losing its blocks
     FINISHED = "finished"
@@ -73,7 +74,9 @@ class Request:
     seed: int | None = None
     generator: torch.Generator | None = None
     logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)  # (logprob, place)
-    structured_output_request: StructuredOutputRequest | None = None  # its grammar's matcher
+    # Structured outputs: its constraint and matcher (`structured_output/manager.py`'s
+    # `StructuredOutputRequest`; untyped here, as the request knows nothing of grammars).
+    structured_output_request: Any = None
     # Token ids, prompt then output, in one list: the KV cache manager hashes from it.
     all_token_ids: list[int] = field(init=False)
 

@@ -22,7 +22,9 @@ already produced. The recomputed KV equals the first up to float rounding (the b
 in differs), so its greedy output matches in practice what it would have been without preemption.
 
 A KV source (`kv_source.py`: a KV connector) is one more source of computed tokens: at admission,
-the blocks after the prefix-cache hit that it can load into the request's new blocks.
+the blocks after the prefix-cache hit that it can load into the request's new blocks. The two
+come as one `ComputedPrefix`, which counts them. A waiting request whose grammar is still
+compiling (`WAITING_FOR_FSM`, structured outputs) is passed over until it has compiled.
 
 A running request may also have *tokens to verify*: guesses of its next tokens (speculative
 decoding's proposals, `spec_decode/`), asked of `tokens_to_verify` when it is scheduled. They are
@@ -38,72 +40,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.kv_source import KVSource, NoKVSource
+from nanovllm.core.kv_source import KVSource, NoKVSource, find_computed_prefix
+from nanovllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
 
-if TYPE_CHECKING:
-    from nanovllm.executor.logits_mask import LogitsMask
-
-
-@dataclass(slots=True)
-class ScheduledRequest:
-    """One request's part of a step."""
-
-    request: Request
-    num_new_tokens: int  # tokens to compute this step
-    num_computed_tokens: int  # tokens whose KV was already in the cache before this step
-    # Physical block ids, logical order: the KV cache manager's own tuple, the same object as in
-    # the request's previous step unless a block was added or given back since.
-    block_table: tuple[int, ...]
-    # True when this step reaches the end of the request's known tokens: sample the next one.
-    samples: bool
-    # Decode = exactly the one token sampled last step (plus tokens to verify); anything else
-    # computes prompt (or recomputes lost) tokens: a prefill, and a prefill *chunk* when it does
-    # not sample.
-    is_prefill: bool
-    # Guesses of its next tokens, computed after its own, for the sampler to verify.
-    to_verify: list[int] = field(default_factory=list)
-
-    def token_ids(self) -> list[int]:
-        """The tokens this step computes: the request's own, then any to verify."""
-        end = self.num_computed_tokens + self.num_new_tokens - len(self.to_verify)
-        return self.request.all_token_ids[self.num_computed_tokens : end] + self.to_verify
-
-    @property
-    def num_logits_rows(self) -> int:
-        """The rows it samples from, when it samples: its last own token's, then one per token
-        to verify."""
-        return 1 + len(self.to_verify)
-
-
-@dataclass
-class SchedulerOutput:
-    step: int
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    schedule_time: float = 0.0
-    logits_mask: LogitsMask | None = None  # structured outputs: the tokens rows may not take
-    # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
-    evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
-    kv_connector_metadata: object = None  # what its KV source sends the workers this step
-    waiting_reason: str | None = None  # "token_budget": an unchunked prompt did not fit
-    # No free block for the waiting head: (blocks it needed, blocks free) when it was decided;
-    # requests that finish later in the step free more.
-    waiting_blocks: tuple[int, int] | None = None
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+__all__ = [
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerOutput",
+]  # (the step's types: `scheduler_output.py`)
 
 
 class Scheduler:
@@ -205,47 +154,40 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, in arrival order. Not when we just preempted: memory is tight.
-        # One whose grammar is still compiling is set aside, then put back (vLLM's WAITING_FOR_FSM).
+        # One not ready yet (its grammar compiling: vLLM's WAITING_FOR_FSM) is set aside.
         skipped: list[Request] = []
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._peek_waiting()
             if request is None:
                 break
-            so = request.structured_output_request
-            if so is not None and so.grammar is None:
+            if request.status == RequestStatus.WAITING_FOR_FSM:
                 skipped.append(self.waiting.popleft())
                 continue
-            computed_blocks, num_cached, num_external = [], 0, 0
-            if request.num_computed_tokens == 0:
-                computed_blocks, num_cached = self.kv.get_computed_blocks(request)
-                # The blocks right after them, from outside the device pool.
-                num_external, _ = self.kv_source.get_num_new_matched_tokens(request, num_cached)
-            num_new = request.num_tokens - num_cached - num_external
+            # Its tokens with KV already: the prefix cache's, then its KV source's (`kv_source.py`).
+            prefix = find_computed_prefix(self.kv, self.kv_source, request)
+            num_new = request.num_tokens - prefix.num_computed
             if num_new > budget and not self.config.enable_chunked_prefill:
                 out.waiting_reason = "token_budget"  # unchunked, a prompt must fit the budget
                 break
             num_new = min(num_new, budget)
-            # The external tokens need new blocks (their KV is copied in) but no compute.
-            num_slots = num_new + num_external
-            if self.kv.allocate_slots(request, num_slots, computed_blocks, lookahead) is None:
+            num_slots = prefix.num_slots(num_new)
+            if self.kv.allocate_slots(request, num_slots, prefix.blocks, lookahead) is None:
                 # Not enough free blocks: wait for running requests to finish.
                 needed = self.kv.get_num_blocks_to_allocate(
-                    request, num_slots, computed_blocks, lookahead
+                    request, num_slots, prefix.blocks, lookahead
                 )
                 out.waiting_blocks = (needed, self.kv.num_free_blocks)
                 break
-            self.kv_source.update_state_after_alloc(
-                request, self.kv.block_ids(request.request_id), num_external
-            )
+            prefix.allocated(request, self.kv.block_ids(request.request_id))
             self.waiting.popleft()
             self.num_waiting -= 1
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_cached + num_external
-            request.num_cached_tokens = num_cached + num_external
+            request.num_computed_tokens = prefix.num_computed
+            request.num_cached_tokens = prefix.num_computed
             self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += num_cached
-            self.external_prefix_cache_hits += num_external
+            self.prefix_cache_hits += prefix.num_cached
+            self.external_prefix_cache_hits += prefix.num_external
             self.add_to_step(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))

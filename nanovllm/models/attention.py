@@ -90,8 +90,8 @@ class TorchAttention:
                 # Part of the context is cached (an earlier chunk or a prefix-cache hit).
                 ctx_k, ctx_v = gather_context(key_cache, value_cache, meta.block_tables[i], seq_len)
                 q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-                mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
-                out[rows] = self._sdpa(q[rows], ctx_k, ctx_v, mask=mask)
+                visible = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+                out[rows] = self._sdpa(q[rows], ctx_k, ctx_v, visible=visible)
         return out
 
     def _sdpa(
@@ -100,13 +100,13 @@ class TorchAttention:
         k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
         v: torch.Tensor,
         causal: bool = False,
-        mask: torch.Tensor | None = None,  # [q_len, kv_len] bool, True = attend
+        visible: torch.Tensor | None = None,  # [q_len, kv_len] bool, True = attend
     ) -> torch.Tensor:
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1),  # [num_heads, q_len, head_dim]
             k.transpose(0, 1),
             v.transpose(0, 1),
-            attn_mask=mask,
+            attn_mask=visible,
             is_causal=causal,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
@@ -136,9 +136,9 @@ class TorchAttention:
         invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
         values = value_cache[block_tables].reshape(keys.shape)
         values = values.masked_fill(invalid[:, :, None, None], 0.0)
-        group = self.num_heads // self.num_kv_heads
-        # [num_decodes, num_kv_heads, group, head_dim]: query heads grouped by their KV head
-        queries = q.view(num_decodes, self.num_kv_heads, group, self.head_dim)
+        num_queries_per_kv = self.num_heads // self.num_kv_heads
+        # [num_decodes, num_kv_heads, num_queries_per_kv, head_dim]: query heads by their KV head
+        queries = q.view(num_decodes, self.num_kv_heads, num_queries_per_kv, self.head_dim)
         out = torch.empty_like(queries)
         # One batched matmul per KV head. `keys[:, :, h]` is a strided view ([n, L, head_dim]
         # with a row stride of num_kv_heads * head_dim) that BLAS reads in place: no copy.

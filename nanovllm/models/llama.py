@@ -25,7 +25,8 @@ checkpoint's q_proj, k_proj, v_proj, gate_proj and up_proj into the fused ones
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,21 @@ from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.rotary import RotaryEmbedding
 
-if TYPE_CHECKING:
-    from nanovllm.models.model_layers import ModelLayers
+
+class LayerClasses(Protocol):
+    """The classes the decoder builds its layers from (`model_layers.py`'s `ModelLayers`, a
+    backend's or a lesson's): each called as its plain counterpart here and beside."""
+
+    attention: Callable[..., nn.Module]
+    qkv: Callable[..., nn.Module]
+    merged_column: Callable[..., nn.Module]
+    row: Callable[..., nn.Module]
+    embedding: Callable[..., nn.Module]
+    lm_head: Callable[..., nn.Module]
+    self_attn: Callable[..., nn.Module]
+    rms_norm: Callable[..., nn.Module]
+    rotary: Callable[..., nn.Module]
+    decoder_layer: Callable[..., nn.Module]
 
 
 class RMSNorm(nn.Module):
@@ -58,7 +72,7 @@ class Attention(nn.Module):
     """Self-attention: project q, k, v (`qkv`), paged attention over the KV cache (`attn`, the
     backend's implementation of `TorchAttention`'s interface), then the output projection."""
 
-    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
+    def __init__(self, args: ModelArgs, layers: LayerClasses) -> None:
         super().__init__()
         self.head_dim = args.head_dim
         self.qkv_proj = layers.qkv(
@@ -120,7 +134,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
 
-    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
+    def __init__(self, args: ModelArgs, layers: LayerClasses) -> None:
         super().__init__()
         size = args.intermediate_size
         self.gate_up_proj = layers.merged_column(args.hidden_size, [size, size], bias=args.mlp_bias)
@@ -134,7 +148,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """x + attention(norm(x)), then + MLP(norm(x)): the pre-norm residual block."""
 
-    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
+    def __init__(self, args: ModelArgs, layers: LayerClasses) -> None:
         super().__init__()
         self.input_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = layers.self_attn(args, layers)
@@ -154,7 +168,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, args: ModelArgs, layers: ModelLayers) -> None:
+    def __init__(self, args: ModelArgs, layers: LayerClasses) -> None:
         super().__init__()
         self.embed_tokens = layers.embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
@@ -171,7 +185,7 @@ class CausalLM(nn.Module):
     """
 
     def __init__(
-        self, args: ModelArgs, layers: ModelLayers, max_position: int | None = None
+        self, args: ModelArgs, layers: LayerClasses, max_position: int | None = None
     ) -> None:
         super().__init__()
         self.args = args

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from nanovllm.events import EventBus, GrammarMasked
-from nanovllm.request import FinishReason, Request
+from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 from nanovllm.structured_output.backend_xgrammar import Grammar, XgrammarBackend
 from nanovllm.structured_output.bitmask import GrammarBitmask, unpack_bitmask
@@ -151,18 +151,24 @@ class StructuredOutputManager:
         return False
 
     def take_compiled(self, requests: list[Request]) -> tuple[list[Request], list[tuple]]:
-        """Of the requests waiting for their grammar (the engine's, each step): those still
-        compiling, and (request, error) for each whose compile failed or ran too long. The
-        others have their matcher now; an aborted one is dropped."""
+        """Of the requests waiting for their grammar (the engine's, each step, before it
+        schedules): those still compiling (`WAITING_FOR_FSM`, which the scheduler passes over),
+        and (request, error) for each whose compile failed or ran too long. The others have
+        their matcher now and are `WAITING` again; an aborted one is dropped."""
         waiting, failed = [], []
         for request in requests:
             if request.is_finished:
                 continue  # aborted while its grammar compiled
             try:
-                if not self.grammar_ready(request.structured_output_request):
-                    waiting.append(request)
+                ready = self.grammar_ready(request.structured_output_request)
             except ValueError as exc:
                 failed.append((request, str(exc)))
+                continue
+            if not ready:
+                request.status = RequestStatus.WAITING_FOR_FSM  # the scheduler passes over it
+                waiting.append(request)
+            elif request.status == RequestStatus.WAITING_FOR_FSM:
+                request.status = RequestStatus.WAITING
         return waiting, failed
 
     def wait_for_any(self, requests: list[Request], timeout: float = GRAMMAR_WAIT_S) -> None:
