@@ -268,7 +268,7 @@ def naive_slots(events: list, num_slots: int) -> dict[int, str]:
 
 
 def check_tier(state: VizState, engine, events: list) -> None:
-    tier, mine = engine.kv_connector.tier, state.tier
+    tier, mine = engine.kv_source.tier, state.tier
     engine_slots = {slot: short(h) for h, slot in tier.slot_of.items()}
     assert dict(enumerate(mine.slots)) == {i: engine_slots.get(i) for i in range(tier.num_blocks)}
     assert {i: h for i, h in enumerate(mine.slots) if h} == naive_slots(events, tier.num_blocks)
@@ -488,7 +488,7 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
         engine.add_request(f"r{i}", prompt, params)
         while engine.has_unfinished_requests():
             engine.step()
-            if late is None and len(engine.kv_connector.tier) >= 3:
+            if late is None and len(engine.kv_source.tier) >= 3:
                 wire = json.loads(json.dumps(event_to_dict(engine_snapshot(engine))))
                 late = reduce(reduce(VizState(), engine.started_event), event_from_dict(wire))
                 seen = len(run.events)
@@ -497,7 +497,7 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
                     late = reduce(late, event)
                 seen = len(run.events)
             if late is not None:
-                tier = engine.kv_connector.tier
+                tier = engine.kv_source.tier
                 by_slot = {slot: short(h) for h, slot in tier.slot_of.items()}
                 assert late.tier.slots == tuple(by_slot.get(i) for i in range(tier.num_blocks))
                 assert list(late.tier.lru) == [short(h) for h in tier.slot_of]
