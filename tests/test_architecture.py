@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 import pytest
@@ -335,3 +336,92 @@ def test_no_object_changes_class_and_no_class_is_made_at_run_time() -> None:
 def test_the_class_check_can_fail() -> None:
     source = "Made = type('Made', (), {})\nobj.__class__ = Made\n"
     assert sorted(classes_swapped_or_made(ast.parse(source))) == [1, 2]
+
+
+# The engine's public surface (`llm_engine.py`'s docstring): all that code outside the engine's
+# own packages reads of an engine.
+ENGINE_PUBLIC = {
+    # methods
+    "add_request", "abort_request", "step", "stream", "run_until_done", "subscribe",
+    "has_unfinished_requests", "get_num_unfinished_requests", "reset_prefix_cache",
+    "probe_attention", "check_health", "shutdown", "from_engine_args",
+    # attributes
+    "config", "tokenizer", "model_args", "model_path", "max_model_len", "dtype",
+    "num_kv_blocks", "stats", "started_event", "kv_source",
+}  # fmt: skip
+# Who may read only that: the benchmarks, the server, the visualizer, the lessons, the LLM class
+# and the command lines.
+ENGINE_READERS = (
+    "nanovllm.bench", "nanovllm.serve", "nanovllm.viz", "nanovllm.lessons",
+    "nanovllm.engine.llm", "nanovllm.engine.generate_cli", "nanovllm.cli",
+)  # fmt: skip
+
+
+def _engine_own_names() -> set[str]:
+    """What `LLMEngine` has: its methods and the attributes it assigns to itself."""
+    names = set()
+    for node in ast.walk(MODULES["nanovllm.engine.llm_engine"][1]):
+        if isinstance(node, ast.ClassDef) and node.name == "LLMEngine":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.FunctionDef):
+                    names.add(inner.name)
+                elif (
+                    isinstance(inner, ast.Attribute)
+                    and isinstance(inner.ctx, ast.Store)
+                    and isinstance(inner.value, ast.Name)
+                    and inner.value.id == "self"
+                ):
+                    names.add(inner.attr)
+    return names
+
+
+def _lesson_files() -> dict[str, tuple[Path, ast.Module]]:
+    """The files in the lessons' own folders (`01_kv_cache/demo.py`: not importable modules)."""
+    found = {}
+    for path in sorted((REPO / "lessons").glob("[0-9]*/*.py")):
+        found[f"nanovllm.lessons.{path.parent.name}.{path.stem}"] = (
+            path,
+            ast.parse(path.read_text()),
+        )
+    return found
+
+
+def reads_past_the_engines_surface(modules=None) -> list[str]:
+    """In the readers: `x.name` where x is an engine (its last name ends in `engine`) and `name`
+    is one of `LLMEngine`'s own, not on its public surface (`engine.scheduler.running`)."""
+    inside = _engine_own_names() - ENGINE_PUBLIC
+    found = []
+    for name, (path, tree) in (modules or {**MODULES, **_lesson_files()}).items():
+        if not name.startswith(ENGINE_READERS):
+            continue
+        for node in _runtime_nodes(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in inside:
+                continue
+            value = node.value
+            last = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+            if last.lstrip("_").endswith("engine"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_readers_use_only_the_engines_public_surface() -> None:
+    """Benchmarks, the server, the visualizer and the lessons read an engine's statistics
+    (`engine.stats`), its events (`subscribe`) and the documented attributes, nothing else."""
+    assert reads_past_the_engines_surface() == []
+
+
+def test_the_engine_surface_check_can_fail() -> None:
+    source = "def f(llm):\n    e = llm.llm_engine\n    return e.stats, llm.llm_engine.scheduler.running\n"
+    modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
+    assert reads_past_the_engines_surface(modules) == [
+        "nanovllm/bench/x.py:3: llm.llm_engine.scheduler"
+    ]
+
+
+def test_the_documented_surface_is_the_checked_one() -> None:
+    """`llm_engine.py`'s docstring lists exactly `ENGINE_PUBLIC`, and the engine has each."""
+    doc = ast.get_docstring(MODULES["nanovllm.engine.llm_engine"][1])
+    listed = doc[doc.index("the methods ") :].replace("\n", " ")
+    named = set(re.findall(r"[a-z_]+(?=[,.])", listed))
+    assert named == ENGINE_PUBLIC
+    assert ENGINE_PUBLIC <= _engine_own_names() | {"model_args"}

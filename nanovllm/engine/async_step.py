@@ -43,6 +43,7 @@ import torch
 from nanovllm.core.async_scheduler import AsyncScheduler
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.engine.outputs import RequestOutput
+from nanovllm.engine.stats import EngineStats
 from nanovllm.events import (
     BlockAllocated,
     BlockCached,
@@ -89,7 +90,7 @@ class InFlight:
 
 class AsyncStep:
     """The overlapped loop over one engine's scheduler and rank 0's runner (see the module
-    docstring). With `timeline` (a list), each finished step's `StepTimes` is appended to it."""
+    docstring). While `stats.timeline` is a list, each finished step's `StepTimes` is appended."""
 
     def __init__(
         self,
@@ -97,11 +98,11 @@ class AsyncStep:
         runner: ModelRunner,
         events: EventBus,
         attention_backend: str,
-        timeline: list[StepTimes] | None = None,
+        stats: EngineStats,
     ) -> None:
         self.scheduler, self.runner, self.events = scheduler, runner, events
         self.attention_backend = attention_backend
-        self.timeline = timeline
+        self.stats = stats
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanovllm-forward")
         self.in_flight: deque[InFlight] = deque()
         # Events of a schedule that ran nothing, told after the outputs of the step before it.
@@ -212,8 +213,8 @@ class AsyncStep:
             later, self.held_after_oldest = self.held_after_oldest, []
         events.deliver(merge_step_events(told, later, cached))
         step.times.outputs = (start, time.perf_counter())
-        if self.timeline is not None:
-            self.timeline.append(step.times)
+        if self.stats.timeline is not None:
+            self.stats.timeline.append(step.times)
         return outputs
 
     def _roll_back_all(self) -> None:

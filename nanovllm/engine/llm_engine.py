@@ -23,8 +23,9 @@ sampled tokens into text, stops and `RequestOutput`s.
 Outside `nanovllm/engine/` and `nanovllm/core/`, code reads an engine only through its public
 surface (`tests/test_architecture.py` checks it): the methods add_request, abort_request, step,
 stream, run_until_done, subscribe, has_unfinished_requests, get_num_unfinished_requests,
-reset_prefix_cache, probe_attention, shutdown, from_engine_args, and the attributes config,
-tokenizer, model_args, model_path, max_model_len, dtype, num_kv_blocks, stats, started_event.
+reset_prefix_cache, probe_attention, check_health, shutdown, from_engine_args, and the
+attributes config, tokenizer, model_args, model_path, max_model_len, dtype, num_kv_blocks,
+stats, started_event, kv_source.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.engine.async_step import StepTimes
 from nanovllm.engine.input_processor import Prompt
 from nanovllm.engine.output_processor import Progress
 from nanovllm.engine.outputs import RequestOutput
@@ -52,11 +52,10 @@ logger = logging.getLogger("nanovllm")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, timeline: list[StepTimes] | None = None) -> None:
-        """The engine of `config`, from the parts `setup.py` builds (`timeline`: there)."""
+    def __init__(self, config: EngineConfig) -> None:
         self.config = config
         # Every part, built once and finished, by the composition root (`setup.py`).
-        core = build_engine(config, timeline)
+        core = build_engine(config)
         model = core.setup  # the model on its ranks
         self.tokenizer, self.model_args = model.tokenizer, model.model_args
         self.model_path, self.max_model_len = model.model_path, model.max_model_len
@@ -83,6 +82,12 @@ class LLMEngine:
         self.kv_source.close()
         if self.workers is not None:
             self.workers.close()
+
+    def check_health(self) -> None:
+        """Raise why the engine cannot run any more (vLLM's): a worker that died, or a step's."""
+        failure = self.workers.failure if self.workers is not None else None
+        if failure is not None or self._dead is not None:
+            raise failure or self._dead
 
     def __del__(self) -> None:
         workers = getattr(self, "workers", None)

@@ -47,12 +47,12 @@ from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import NullConnector
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroup
-from nanovllm.engine.async_step import AsyncStep, StepTimes
+from nanovllm.engine.async_step import AsyncStep
 from nanovllm.engine.eos import eos_token_ids
 from nanovllm.engine.input_processor import InputProcessor
 from nanovllm.engine.output_processor import OutputProcessor
 from nanovllm.engine.parts import EngineParts
-from nanovllm.engine.stats import EngineStats
+from nanovllm.engine.stats import EngineStats, LiveFigures
 from nanovllm.engine.tensor_parallel import (
     RunnerSpec,
     TensorParallelExecutor,
@@ -76,6 +76,7 @@ from nanovllm.models.loader import (
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.spec_decode.draft_executor import DraftKVExecutor
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.spec_decode.speculator import NoSpeculation, Speculator, speculator_for
 from nanovllm.speculative_config import SpeculativeConfig
@@ -143,21 +144,27 @@ class EngineCore:
     async_loop: AsyncStep | None  # the overlapped step loop (None: the engine's own)
 
 
-def build_engine(config: EngineConfig, timeline: list[StepTimes] | None = None) -> EngineCore:
-    """The steps of the module docstring. `timeline`: with async scheduling, a list that each
-    finished step's times are appended to (`bench/async_scheduling.py`)."""
+def build_engine(config: EngineConfig) -> EngineCore:
+    """The steps of the module docstring."""
     events = EventBus()
     setup = set_up_engine(config, events)  # 1-8
-    stats = EngineStats()
     parts, lookahead = setup.parts, setup.num_lookahead_tokens
     kv = parts.kv_cache_manager_cls(
         setup.num_kv_blocks, config.block_size, config.enable_prefix_caching, events,
         parts.free_block_queue,
     )  # fmt: skip
     kv_source = connector(setup, KVConnectorRole.SCHEDULER, events) or NullConnector()
-    speculator = speculator_for(setup.proposer, stats.spec_decoding)
+    spec_decoding = SpecDecodingStats()
+    speculator = speculator_for(setup.proposer, spec_decoding)
     scheduler = scheduler_class(parts, config.async_scheduling)(
         config, kv, events, lookahead, kv_source, speculator.tokens_to_verify
+    )
+    compiled = getattr(setup.runner.model, "compile_seconds", None)
+    stats = EngineStats(
+        spec_decoding=spec_decoding,
+        live=LiveFigures(scheduler, kv),
+        device=str(setup.device),
+        compile_seconds=compiled,
     )
     output_processor = OutputProcessor(setup.tokenizer, events, parts.detokenizer)
 
@@ -178,7 +185,7 @@ def build_engine(config: EngineConfig, timeline: list[StepTimes] | None = None) 
     )
     async_loop = None
     if config.async_scheduling:
-        async_loop = AsyncStep(scheduler, setup.runner, events, setup.attention_backend, timeline)
+        async_loop = AsyncStep(scheduler, setup.runner, events, setup.attention_backend, stats)
     return EngineCore(
         setup, events, stats, started_event(config, setup), kv, kv_source, speculator, scheduler,
         input_processor, output_processor, functools.partial(grammar_bitmask, events=events),

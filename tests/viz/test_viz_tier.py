@@ -467,7 +467,6 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
     every step after, as the events apply on top."""
     import json
 
-    from nanovllm.engine.snapshot import engine_snapshot
     from nanovllm.events import event_from_dict, event_to_dict
     from nanovllm.sampling_params import SamplingParams
 
@@ -489,7 +488,7 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
         while engine.has_unfinished_requests():
             engine.step()
             if late is None and len(engine.kv_source.tier) >= 3:
-                wire = json.loads(json.dumps(event_to_dict(engine_snapshot(engine))))
+                wire = json.loads(json.dumps(event_to_dict(snapshot_now(engine))))
                 late = reduce(reduce(VizState(), engine.started_event), event_from_dict(wire))
                 seen = len(run.events)
             elif late is not None:
@@ -503,3 +502,10 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
                 assert list(late.tier.lru) == [short(h) for h in tier.slot_of]
                 checks += 1
     assert checks > 5 and late.tier.num_loaded > 0
+
+
+def snapshot_now(engine):
+    """The engine's state now, as a subscriber that joins now receives it after `EngineStarted`."""
+    told = []
+    engine.subscribe(told.append, snapshot=True)()  # (and unsubscribed at once)
+    return told[1]
