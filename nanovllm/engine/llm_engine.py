@@ -37,11 +37,12 @@ from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.core.step_summary import step_summary
 from nanovllm.engine.input_processor import Prompt
 from nanovllm.engine.output_processor import Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import build_engine
-from nanovllm.engine.snapshot import engine_snapshot, request_added, step_summary
+from nanovllm.engine.snapshot import engine_snapshot, request_added
 from nanovllm.events import Event
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVLoadError
@@ -60,7 +61,7 @@ class LLMEngine:
         self.tokenizer, self.model_args = model.tokenizer, model.model_args
         self.model_path, self.max_model_len = model.model_path, model.max_model_len
         self.dtype, self.num_kv_blocks = model.dtype, model.num_kv_blocks
-        self.runner, self.workers, self.executor = model.runner, model.group, model.executor
+        self.runner, self.executor, self.workers = model.runner, core.executor, core.workers
         self.events, self.stats, self.started_event = core.events, core.stats, core.started_event
         self.scheduler, self.kv_cache_manager = core.scheduler, core.kv_cache_manager
         self.input_processor, self.output_processor = core.input_processor, core.output_processor
@@ -227,9 +228,16 @@ class LLMEngine:
             sched, self.scheduler, self.runner, seconds, started, forward_time
         )
         if self.events.active:
-            times = stats.forward_time + stats.sample_time
-            self.events.emit(step_summary(self, sched, times))
+            times = stats.forward_time + stats.sample_time, self._forward_times()
+            self.events.emit(step_summary(self.scheduler, self.kv_cache_manager, sched, *times))
         return outputs
+
+    def _forward_times(self) -> list[float]:
+        """Each worker's last forward pass (a round trip to every one: asked only while someone
+        listens to events)."""
+        if self.workers is None:
+            return [self.runner.forward_logits_time()]
+        return self.workers.run_all("forward_logits_time")
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""

@@ -131,6 +131,8 @@ class EngineCore:
     """The finished parts an `LLMEngine` keeps (steps 9-12 of the module docstring)."""
 
     setup: EngineSetup  # the model on its ranks
+    executor: Any  # runs a step on every rank (`EngineSetup.executor`)
+    workers: WorkerGroup | None  # every rank, with tensor parallelism (`EngineSetup.group`)
     events: EventBus
     stats: EngineStats  # figures about the steps, filled once per step
     started_event: EngineStarted  # what a subscriber hears first
@@ -149,11 +151,13 @@ def build_engine(config: EngineConfig) -> EngineCore:
     events = EventBus()
     setup = set_up_engine(config, events)  # 1-8
     parts, lookahead = setup.parts, setup.num_lookahead_tokens
+    # 9. the KV cache manager and the scheduler's KV source
     kv = parts.kv_cache_manager_cls(
         setup.num_kv_blocks, config.block_size, config.enable_prefix_caching, events,
         parts.free_block_queue,
     )  # fmt: skip
     kv_source = connector(setup, KVConnectorRole.SCHEDULER, events) or NullConnector()
+    # 10. the speculator, then the scheduler (and the statistics, counting both)
     spec_decoding = SpecDecodingStats()
     speculator = speculator_for(setup.proposer, spec_decoding)
     scheduler = scheduler_class(parts, config.async_scheduling)(
@@ -166,6 +170,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
         device=str(setup.device),
         compile_seconds=compiled,
     )
+    # 11. the output and input processors (the logits mask: at the end)
     output_processor = OutputProcessor(setup.tokenizer, events, parts.detokenizer)
 
     def is_known(request_id: str) -> bool:  # (a request, or a parent of n > 1 children)
@@ -183,13 +188,14 @@ def build_engine(config: EngineConfig) -> EngineCore:
         events=events,
         is_known=is_known,
     )
+    # 12. the step loop: None is the engine's own
     async_loop = None
     if config.async_scheduling:
         async_loop = AsyncStep(scheduler, setup.runner, events, setup.attention_backend, stats)
     return EngineCore(
-        setup, events, stats, started_event(config, setup), kv, kv_source, speculator, scheduler,
-        input_processor, output_processor, functools.partial(grammar_bitmask, events=events),
-        async_loop,
+        setup, setup.executor, setup.group, events, stats, started_event(config, setup), kv,
+        kv_source, speculator, scheduler, input_processor, output_processor,
+        functools.partial(grammar_bitmask, events=events), async_loop,
     )  # fmt: skip
 
 

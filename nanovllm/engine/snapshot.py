@@ -10,32 +10,29 @@ equal to the engine's, and the events that follow apply on top of it.
 It must run where the engine runs (the server's engine thread), between two operations, so that
 no event falls between the snapshot and the subscription.
 
-`step_summary` is the same idea once per step: the state after a step, as a `StepSummary`.
+`core/step_summary.py` is the same idea once per step: the state after a step, as a
+`StepSummary`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
-from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
 from nanovllm.events import (
     BlockSnapshot,
     EngineSnapshot,
     RequestAdded,
     RequestSnapshot,
-    StepSummary,
 )
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from nanovllm.core.kv_cache_manager import KVCacheManager
     from nanovllm.core.kv_source import NullConnector
-    from nanovllm.core.scheduler import Scheduler, SchedulerOutput
-    from nanovllm.distributed.worker_group import WorkerGroup
+    from nanovllm.core.scheduler import Scheduler
     from nanovllm.engine.output_processor import OutputProcessor
     from nanovllm.engine.stats import EngineStats
-    from nanovllm.executor.model_runner import ModelRunner
     from nanovllm.kv_transfer.base import KVConnectorBase
 
 
@@ -110,51 +107,4 @@ def _request(
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,
         tokens=token_texts(tokenizer, request.all_token_ids),
-    )
-
-
-class Engine(Protocol):
-    """What `step_summary` reads of an `LLMEngine` (`llm_engine.py`)."""
-
-    scheduler: Scheduler
-    kv_cache_manager: KVCacheManager
-    runner: ModelRunner  # rank 0's
-    workers: WorkerGroup | None  # every rank's, with tensor parallelism
-
-
-def step_summary(engine: Engine, sched: SchedulerOutput, forward_time: float) -> StepSummary:
-    """The `StepSummary` event of a step that ran: what it scheduled, the queues and the KV
-    cache's block counts after it, and its times."""
-    scheduler, kv, workers = engine.scheduler, engine.kv_cache_manager, engine.workers
-    # Each rank's forward pass: a round trip to every rank, asked only when someone listens.
-    if workers is None:
-        rank_forward_times = [engine.runner.forward_logits_time()]
-    else:
-        rank_forward_times = workers.run_all("forward_logits_time")
-    scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
-    reason, head = waiting_reason(scheduler, sched)
-    num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
-    return StepSummary(
-        step=sched.step,
-        scheduled=scheduled,
-        num_prefill_tokens=sched.num_scheduled_tokens - num_decode,
-        num_decode_tokens=num_decode,
-        num_running=len(scheduler.running),
-        num_waiting=scheduler.num_waiting,
-        num_used_blocks=kv.num_used_blocks,
-        num_cached_free_blocks=kv.num_cached_free_blocks,
-        num_free_blocks=kv.num_free_blocks,
-        num_allocated_slots=kv.num_allocated_slots(),
-        num_filled_slots=kv.num_filled_slots(),
-        schedule_time=sched.schedule_time,
-        forward_time=forward_time,
-        num_preempted=len(sched.preempted),
-        token_budget=scheduler.max_num_batched_tokens,
-        free_queue_head=tuple(kv.free_block_queue.peek(8)),
-        rank_forward_times=tuple(rank_forward_times),
-        waiting_reason=reason,
-        waiting_head=head,
-        budget_cut=budget_cut(sched),
-        waiting_blocks_needed=sched.waiting_blocks[0] if sched.waiting_blocks else None,
-        waiting_free_blocks=sched.waiting_blocks[1] if sched.waiting_blocks else None,
     )
