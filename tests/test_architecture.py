@@ -184,13 +184,15 @@ def test_the_engine_never_imports_the_visualizer_or_the_lessons() -> None:
 
 
 def _private_names_defined(tree: ast.Module) -> set[str]:
-    """`_names` a module defines: functions, classes, attributes it assigns, parameters."""
+    """`_names` a module defines: functions, classes, attributes it assigns on `self` or `cls`,
+    names, parameters."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)  # (its own; `engine._x = ...` defines nothing of its own)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
         elif isinstance(node, ast.arg):
@@ -295,6 +297,9 @@ def test_the_engine_reach_check_can_fail() -> None:
     source = "def f(engine):\n    engine.scheduler.schedule = len\n    return engine._pending\n"
     modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
     assert len(reaches_into_the_engine(modules)) == 2
+    source = "def f(engine):\n    engine._pending = []\n    return engine._pending\n"
+    modules = {"nanovllm.engine.x": (REPO / "nanovllm/engine/x.py", ast.parse(source))}
+    assert len(reaches_into_the_engine(modules)) == 2  # (assigning it makes it no one's own)
 
 
 def classes_swapped_or_made(tree: ast.Module) -> list[int]:
