@@ -124,7 +124,9 @@ def oracle_matcher(llm: LLM, constraint: StructuredOutputsParams):
     engine = llm.llm_engine
     vocab = engine.model_args.vocab_size
     info = xgr.TokenizerInfo.from_huggingface(
-        engine.tokenizer, vocab_size=vocab, stop_token_ids=sorted(engine.input_processor.eos_token_ids)
+        engine.tokenizer,
+        vocab_size=vocab,
+        stop_token_ids=sorted(engine.input_processor.eos_token_ids),
     )
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     if constraint.json is not None:
