@@ -234,5 +234,5 @@ def your_model_layers(
 
 def is_yours(engine) -> bool:
     """Whether `engine`'s model (rank 0's shard) was built from the learner's layers."""
-    layer = engine.model.model.layers[0]
+    layer = engine.runner.model.model.layers[0]
     return type(layer.self_attn.o_proj).__name__ == "YourRowParallelLinear"

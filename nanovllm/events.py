@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -575,12 +576,17 @@ class EventBus:
     `subscribe(fn)` returns a function that unsubscribes. `emit` calls every subscriber in
     order. A subscriber that raises is *reported* (to stderr and in `errors`) and never raised
     into the engine step: a broken visualizer must not kill a server.
+
+    Inside `with bus.holding() as held:` the events emitted are collected in `held` instead of
+    delivered; `deliver(held)` tells them later. Async scheduling (`engine/async_step.py`) holds
+    a step's events while it runs ahead, so that they reach subscribers in the plain loop's order.
     """
 
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
         self.active = False  # read by emitters before they build an event
         self.errors: list[str] = []
+        self._held: list[Event] | None = None  # while not None, `emit` collects here
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         self._subscribers.append(fn)
@@ -594,8 +600,26 @@ class EventBus:
         return unsubscribe
 
     def emit(self, event: Event) -> None:
-        for fn in list(self._subscribers):
-            self.send_to(fn, event)
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self.deliver((event,))
+
+    def deliver(self, events: Iterable[Event]) -> None:
+        """Tell every subscriber these events, in order, now (even inside `holding`)."""
+        for event in events:
+            for fn in list(self._subscribers):
+                self.send_to(fn, event)
+
+    @contextmanager
+    def holding(self, into: list[Event] | None = None) -> Iterator[list[Event]]:
+        """Collect the events emitted inside the block (appended to `into`, or a new list) instead
+        of delivering them; the list is yielded. Nested, the inner block collects its own."""
+        before, self._held = self._held, [] if into is None else into
+        try:
+            yield self._held
+        finally:
+            self._held = before
 
     def send_to(self, fn: Subscriber, event: Event) -> None:
         """Deliver one event to one subscriber, reporting (not raising) what it raises."""

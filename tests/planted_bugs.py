@@ -342,12 +342,8 @@ PLANTED_BUGS = [
         "LLMEngine.step",
         (
             (
-                "    sched = self.scheduler.schedule()\n"
-                "    result = None if sched.is_empty else self.execute_model(sched)\n"
-                "    outputs, self._pending = (self._pending, [])\n",
-                "    outputs, self._pending = (self._pending, [])\n"
-                "    sched = self.scheduler.schedule()\n"
-                "    result = None if sched.is_empty else self.execute_model(sched)\n",
+                "    outputs = self._step_fn()\n    ready, self.outbox = (self.outbox, [])\n",
+                "    ready, self.outbox = (self.outbox, [])\n    outputs = self._step_fn()\n",
             ),
         ),
         ("tests/test_robustness.py", "-k", "abort_output"),

@@ -113,7 +113,7 @@ def test_stop_token_ids_and_logprobs(llm: LLM) -> None:
 
 def test_eos_ends_a_request_unless_ignored(tiny_llama) -> None:
     engine = LLMEngine(EngineConfig(model=str(tiny_llama)))
-    eos = engine.eos_token_ids
+    eos = engine.input_processor.eos_token_ids
     # Make EOS the greedy choice by running a prompt whose continuation we then check.
     engine.add_request("a", "ROMEO:", SamplingParams(temperature=0, max_tokens=40))
     out = list(engine.run_until_done().values())[0].outputs[0]

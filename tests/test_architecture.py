@@ -1,8 +1,9 @@
 """The shape of the code, checked from its source: imports point one way, the plain path imports
 no fast path, and no module reads another module's private attribute.
 
-The oracle is the source itself, parsed with `ast` (imports inside functions count; imports
-under `if TYPE_CHECKING:` do not, they never run). Modules are named as installed: `kernels/`
+The oracle is the source itself, parsed with `ast` (imports inside functions count; for the
+cycle checks imports under `if TYPE_CHECKING:` count too: a cycle closed only for the type
+checker is still two modules that each need the other to be read). Modules are named as installed: `kernels/`
 is `nanovllm.kernels`, `viz/` `nanovllm.viz`, `lessons/` `nanovllm.lessons`.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 import pytest
@@ -65,11 +67,12 @@ def _runtime_nodes(tree: ast.Module) -> list[ast.AST]:
     return [n for n in ast.walk(tree) if id(n) not in hidden]
 
 
-def imports_of(name: str) -> set[str]:
-    """Every module name `name` imports (and `package.name` for `from package import name`)."""
+def imports_of(name: str, type_checking: bool = False) -> set[str]:
+    """Every module name `name` imports (and `package.name` for `from package import name`);
+    with `type_checking`, those under `if TYPE_CHECKING:` too."""
     path, tree = MODULES[name]
     names = set()
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -84,10 +87,11 @@ def imports_of(name: str) -> set[str]:
     return names
 
 
-def _graph(key=lambda name: name) -> dict[str, set[str]]:
+def _graph(key=lambda name: name, type_checking: bool = True) -> dict[str, set[str]]:
+    """Who imports whom (with `type_checking`, `if TYPE_CHECKING:` imports included)."""
     graph: dict[str, set[str]] = collections.defaultdict(set)
     for name in MODULES:
-        for imported in imports_of(name):
+        for imported in imports_of(name, type_checking):
             if imported in MODULES and key(imported) != key(name):
                 graph[key(name)].add(key(imported))
     return graph
@@ -134,11 +138,25 @@ def test_no_import_cycle_between_modules() -> None:
 
 
 def test_no_import_cycle_between_packages() -> None:
-    assert _cycles(_graph(package_of)) == []
+    """(At run time: a package may name another's types for the checker alone.)"""
+    assert _cycles(_graph(package_of, type_checking=False)) == []
 
 
 def test_the_cycle_check_can_fail() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_cycle_check_sees_type_checking_imports(monkeypatch) -> None:
+    """A cycle closed only under `if TYPE_CHECKING:` is a cycle."""
+    a = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nanovllm.b import B\n"
+    b = "from nanovllm.a import A\n"
+    fake = {
+        name: (REPO / "x.py", ast.parse(code))
+        for name, code in (("nanovllm.a", a), ("nanovllm.b", b))
+    }
+    monkeypatch.setattr(f"{__name__}.MODULES", fake)
+    assert _cycles(_graph()) == [["nanovllm.a", "nanovllm.b"]]
+    assert _cycles(_graph(type_checking=False)) == []
 
 
 @pytest.mark.parametrize("name", PLAIN_PATH)
@@ -166,13 +184,15 @@ def test_the_engine_never_imports_the_visualizer_or_the_lessons() -> None:
 
 
 def _private_names_defined(tree: ast.Module) -> set[str]:
-    """`_names` a module defines: functions, classes, attributes it assigns, parameters."""
+    """`_names` a module defines: functions, classes, attributes it assigns on `self` or `cls`,
+    names, parameters."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)  # (its own; `engine._x = ...` defines nothing of its own)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
         elif isinstance(node, ast.arg):
@@ -217,9 +237,8 @@ def test_the_readmes_reading_path_is_the_plain_path_and_fits_in_a_sitting() -> N
     assert sum(n for _, n in files) <= 2000
 
 
-# The engine's objects, and the packages that own them (the only ones that may touch their insides).
+# The engine's objects: no module but its own reads their private fields.
 ENGINE_OBJECTS = ("engine", "scheduler", "runner", "kv_cache_manager", "executor", "sampler")
-ENGINE_OWNERS = ("nanovllm.engine", "nanovllm.core")
 
 
 def _engine_method_names() -> set[str]:
@@ -250,14 +269,12 @@ def _names_an_engine_object(node: ast.expr) -> bool:
 
 
 def reaches_into_the_engine(modules=None) -> list[str]:
-    """Outside `nanovllm/engine/` and `nanovllm/core/`: assignments to an engine object's method
-    (`engine.scheduler.schedule = ...`) and reads of an engine object's private attribute
-    (`engine._pending`)."""
+    """Assignments to an engine object's method (`engine.scheduler.schedule = ...`) and reads of
+    an engine object's private attribute (`engine._pending`), in any module, the engine's own
+    packages included (a module's own objects' privates are its business)."""
     methods = _engine_method_names()
     found = []
-    for name, (path, tree) in (modules or MODULES).items():
-        if name.startswith(ENGINE_OWNERS):
-            continue
+    for path, tree in (modules or MODULES).values():
         own = _private_names_defined(tree)  # (its own objects' privates: its business)
         for node in _runtime_nodes(tree):
             if not isinstance(node, ast.Attribute) or not _names_an_engine_object(node.value):
@@ -271,8 +288,8 @@ def reaches_into_the_engine(modules=None) -> list[str]:
 
 
 def test_nothing_outside_the_engine_replaces_its_methods_or_reads_its_private_fields() -> None:
-    """Benchmarks, the server, the visualizer and the lessons read the engine's statistics
-    (`engine/stats.py`) and events; they never patch its methods or read its private fields."""
+    """No module patches the engine's methods or reads its private fields: not the benchmarks,
+    the server, the visualizer or the lessons, and not the engine's own packages either."""
     assert reaches_into_the_engine() == []
 
 
@@ -280,32 +297,136 @@ def test_the_engine_reach_check_can_fail() -> None:
     source = "def f(engine):\n    engine.scheduler.schedule = len\n    return engine._pending\n"
     modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
     assert len(reaches_into_the_engine(modules)) == 2
+    source = "def f(engine):\n    engine._pending = []\n    return engine._pending\n"
+    modules = {"nanovllm.engine.x": (REPO / "nanovllm/engine/x.py", ast.parse(source))}
+    assert len(reaches_into_the_engine(modules)) == 2  # (assigning it makes it no one's own)
+
+
+def classes_swapped_or_made(tree: ast.Module) -> list[int]:
+    """The lines of `obj.__class__ = ...` assignments and `type(name, bases, namespace)` calls."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
+        swaps = any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in targets)
+        makes = (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "type"
+            and len(node.args) == 3
+        )
+        if swaps or makes:
+            found.append(node.lineno)
+    return found
 
 
 def test_no_object_changes_class_and_no_class_is_made_at_run_time() -> None:
     """Fast paths are classes chosen before the model is built (a backend's `model_layers`), so
     nothing assigns `obj.__class__` (a built module turned into another class) or makes a class
-    with `type(name, bases, namespace)` while the engine runs (a lesson's tests may)."""
+    with `type(name, bases, namespace)`: not the engine, and not a test (a class written out
+    reads better; a test that needs a stand-in has a dataclass or a SimpleNamespace)."""
     found = []
-    for folder in ROOTS:
+    for folder in (*ROOTS, "tests"):
         for path in sorted((REPO / folder).rglob("*.py")):
-            if path.name.startswith("test_"):
-                continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                targets = (
-                    node.targets
-                    if isinstance(node, ast.Assign)
-                    else [node.target]
-                    if isinstance(node, (ast.AugAssign, ast.AnnAssign))
-                    else []
-                )
-                swaps = any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in targets)
-                makes = (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id == "type"
-                    and len(node.args) == 3
-                )
-                if swaps or makes:
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            lines = classes_swapped_or_made(ast.parse(path.read_text(), str(path)))
+            found += [f"{path.relative_to(REPO)}:{line}" for line in lines]
     assert not found, f"a class swapped or made at run time: {found}"
+
+
+def test_the_class_check_can_fail() -> None:
+    source = "Made = type('Made', (), {})\nobj.__class__ = Made\n"
+    assert sorted(classes_swapped_or_made(ast.parse(source))) == [1, 2]
+
+
+# The engine's public surface (`llm_engine.py`'s docstring): all that code outside the engine's
+# own packages reads of an engine.
+ENGINE_PUBLIC = {
+    # methods
+    "add_request", "abort_request", "step", "stream", "run_until_done", "subscribe",
+    "has_unfinished_requests", "get_num_unfinished_requests", "reset_prefix_cache",
+    "probe_attention", "check_health", "shutdown", "from_engine_args",
+    # attributes
+    "config", "tokenizer", "model_args", "model_path", "max_model_len", "dtype",
+    "num_kv_blocks", "stats", "started_event", "kv_source",
+}  # fmt: skip
+# Who may read only that: the benchmarks, the server, the visualizer, the lessons, the LLM class
+# and the command lines.
+ENGINE_READERS = (
+    "nanovllm.bench", "nanovllm.serve", "nanovllm.viz", "nanovllm.lessons",
+    "nanovllm.engine.llm", "nanovllm.engine.generate_cli", "nanovllm.cli",
+)  # fmt: skip
+
+
+def _engine_own_names() -> set[str]:
+    """What `LLMEngine` has: its methods and the attributes it assigns to itself."""
+    names = set()
+    for node in ast.walk(MODULES["nanovllm.engine.llm_engine"][1]):
+        if isinstance(node, ast.ClassDef) and node.name == "LLMEngine":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.FunctionDef):
+                    names.add(inner.name)
+                elif (
+                    isinstance(inner, ast.Attribute)
+                    and isinstance(inner.ctx, ast.Store)
+                    and isinstance(inner.value, ast.Name)
+                    and inner.value.id == "self"
+                ):
+                    names.add(inner.attr)
+    return names
+
+
+def _lesson_files() -> dict[str, tuple[Path, ast.Module]]:
+    """The files in the lessons' own folders (`01_kv_cache/demo.py`: not importable modules)."""
+    found = {}
+    for path in sorted((REPO / "lessons").glob("[0-9]*/*.py")):
+        found[f"nanovllm.lessons.{path.parent.name}.{path.stem}"] = (
+            path,
+            ast.parse(path.read_text()),
+        )
+    return found
+
+
+def reads_past_the_engines_surface(modules=None) -> list[str]:
+    """In the readers: `x.name` where x is an engine (its last name ends in `engine`) and `name`
+    is one of `LLMEngine`'s own, not on its public surface (`engine.scheduler.running`)."""
+    inside = _engine_own_names() - ENGINE_PUBLIC
+    found = []
+    for name, (path, tree) in (modules or {**MODULES, **_lesson_files()}).items():
+        if not name.startswith(ENGINE_READERS):
+            continue
+        for node in _runtime_nodes(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in inside:
+                continue
+            value = node.value
+            last = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+            if last.lstrip("_").endswith("engine"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_readers_use_only_the_engines_public_surface() -> None:
+    """Benchmarks, the server, the visualizer and the lessons read an engine's statistics
+    (`engine.stats`), its events (`subscribe`) and the documented attributes, nothing else."""
+    assert reads_past_the_engines_surface() == []
+
+
+def test_the_engine_surface_check_can_fail() -> None:
+    source = "def f(llm):\n    e = llm.llm_engine\n    return e.stats, llm.llm_engine.scheduler.running\n"
+    modules = {"nanovllm.bench.x": (REPO / "nanovllm/bench/x.py", ast.parse(source))}
+    assert reads_past_the_engines_surface(modules) == [
+        "nanovllm/bench/x.py:3: llm.llm_engine.scheduler"
+    ]
+
+
+def test_the_documented_surface_is_the_checked_one() -> None:
+    """`llm_engine.py`'s docstring lists exactly `ENGINE_PUBLIC`, and the engine has each."""
+    doc = ast.get_docstring(MODULES["nanovllm.engine.llm_engine"][1])
+    listed = doc[doc.index("the methods ") :].replace("\n", " ")
+    named = set(re.findall(r"[a-z_]+(?=[,.])", listed))
+    assert named == ENGINE_PUBLIC
+    assert ENGINE_PUBLIC <= _engine_own_names() | {"model_args"}

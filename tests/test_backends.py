@@ -100,10 +100,10 @@ def test_the_cpu_backend_gives_the_plain_paths_tokens(checkpoints, name, config)
             for token in la:
                 assert la[token].logprob == pytest.approx(lb[token].logprob, abs=1e-4)
     # Each engine ran what its backend says: the fast classes in one, none in the other.
-    fast_types = {type(m) for m in fast_llm.llm_engine.model.modules()}
-    plain_types = {type(m) for m in plain_llm.llm_engine.model.modules()}
+    fast_types = {type(m) for m in fast_llm.llm_engine.runner.model.modules()}
+    plain_types = {type(m) for m in plain_llm.llm_engine.runner.model.modules()}
     assert {NumbaRMSNorm, NumbaRotaryEmbedding} <= fast_types
-    packed = [m for m in fast_llm.llm_engine.model.modules() if isinstance(m, PackedMatmul)]
+    packed = [m for m in fast_llm.llm_engine.runner.model.modules() if isinstance(m, PackedMatmul)]
     assert packed and all(m.packed_weight is not None for m in packed)  # built, then packed
     assert not any(t.__module__.startswith("nanovllm.backends") for t in plain_types)
 
@@ -120,7 +120,7 @@ modules = sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "triton"
 with torch.profiler.profile() as prof:
     llm.generate([{"prompt_token_ids": [5, 17, 3, 99, 42]}], params, use_tqdm=False)
 ops = sorted({e.name for e in prof.events()})
-classes = sorted({type(m).__module__ for m in llm.llm_engine.model.modules()})
+classes = sorted({type(m).__module__ for m in llm.llm_engine.runner.model.modules()})
 print(json.dumps({"tokens": out[0].outputs[0].token_ids, "ops": ops, "modules": modules,
                   "classes": classes, "runner": type(llm.llm_engine.runner).__module__}))
 """

@@ -64,7 +64,7 @@ def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
 def test_compiled_greedy_matches_transformers_over_varying_steps(compiled, name: str) -> None:
     path, llm, _ = compiled[name]
     engine = llm.llm_engine
-    assert engine.model.compile_seconds is not None, "the model was not compiled"
+    assert engine.runner.model.compile_seconds is not None, "the model was not compiled"
     prompts = prompts_of([1, 3, 12, 5, 20, 2])
     # The last request runs longest, so the last steps decode it alone (one-token steps).
     max_tokens = [MAX_TOKENS] * (len(prompts) - 1) + [2 * MAX_TOKENS]
@@ -133,16 +133,16 @@ def test_compilation_is_bounded_and_keeps_the_packed_matmuls(compiled) -> None:
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(lengths, 2)], params, use_tqdm=False)
     assert unique_graphs() == before, "a step compiled again"
     # Over this engine's whole life (the other tests' steps too): one graph per region.
-    for region in llm.llm_engine.model.compiled_regions:
+    for region in llm.llm_engine.runner.model.compiled_regions:
         assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(region.__code__)) == 1
     # The compiled layers still multiply through the packed weights, by the op a graph
     # can call (when this torch can pack).
     if cpu_linear.can_prepack(torch.zeros(1, 1)):
-        for layer in cpu_linear.linear_layers(llm.llm_engine.model):
+        for layer in cpu_linear.linear_layers(llm.llm_engine.runner.model):
             assert isinstance(layer, cpu_linear.CompiledPackedMatmul)
     assert all(
         isinstance(layer, compilation.CompiledDecoderLayer)
-        for layer in llm.llm_engine.model.model.layers
+        for layer in llm.llm_engine.runner.model.model.layers
     )
 
 
@@ -156,7 +156,7 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(tiny_llama, monk
     with pytest.warns(UserWarning, match="torch.compile failed") as caught:
         llm = LLM(str(tiny_llama), enforce_eager=False)
     assert sum("torch.compile failed" in str(w.message) for w in caught) == 1
-    model = llm.llm_engine.model
+    model = llm.llm_engine.runner.model
     assert model.compile_seconds is None
     # Built as compiled layers, they run the plain forward: no regions were given to them.
     assert all(layer.regions is None for layer in model.model.layers)

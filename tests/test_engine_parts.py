@@ -85,7 +85,7 @@ def test_every_part_given_is_the_one_the_engine_uses_and_the_tokens_are_the_same
     assert type(engine.kv_cache_manager.free_block_queue) is MyQueue
     assert type(engine.scheduler) is CountingScheduler
     assert type(engine.output_processor.detokenizer) is MyDetokenizer
-    for layer in engine.model.model.layers:
+    for layer in engine.runner.model.model.layers:
         assert type(layer.self_attn.attn) is MyAttention
         assert type(layer.self_attn.o_proj) is type(layer.mlp.down_proj) is MyRowParallelLinear
     got = {rid: out.outputs[0].token_ids for rid, out in serve(engine, arrivals).items()}

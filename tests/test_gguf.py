@@ -104,7 +104,7 @@ def test_gguf_tokenizer_and_chat_template_come_from_the_file(gguf_file, tmp_path
     theirs = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     text = "ROMEO:\nBut soft, caf\u00e9 \u65e5\u672c"
     assert llm.get_tokenizer().encode(text) == theirs.encode(text)
-    assert llm.llm_engine.eos_token_ids == {1}
+    assert llm.llm_engine.input_processor.eos_token_ids == {1}
     out = llm.chat([{"role": "user", "content": "hi"}], greedy(), use_tqdm=False)[0]
     assert out.prompt == "<s>user\nhi</s>\n<s>assistant\n"
     # tokenizer= overrides the file's (vLLM's LLM(model.gguf, tokenizer=...)): this one has no

@@ -160,7 +160,7 @@ def block_kv(llm: LLM) -> dict[bytes, list[torch.Tensor]]:
 
 def loaded_kv(llm: LLM) -> dict[bytes, list[torch.Tensor]]:
     """Record the KV of every block right after the connector loads it."""
-    worker = llm.llm_engine.setup.kv_connector_worker
+    worker = llm.llm_engine.executor.executor.connector  # (the step events' wrapper, then its)
     loaded: dict[bytes, list[torch.Tensor]] = {}
     start = worker.start_load_kv
 
@@ -329,7 +329,7 @@ def test_a_full_tier_drops_saves_and_changes_no_token(checkpoint) -> None:
     got, llm = run(path, twice(prompts), block_size=1, num_kv_blocks=64,
                    kv_transfer_config=offload(1))  # fmt: skip
     assert got == twice(expected)
-    assert len(llm.llm_engine.kv_connector.tier) == 1
+    assert len(llm.llm_engine.kv_source.tier) == 1
 
 
 # --- bad configurations -------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def disaggregated(producer: LLM, consumer: LLM, prompts: list[list[int]], timeou
     tids = [f"t{next(_transfer_ids)}" for _ in prompts]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     producer.generate(inputs, [greedy(t, "decode", 1) for t in tids], use_tqdm=False)
-    transport = consumer.llm_engine.kv_connector.transport
+    transport = consumer.llm_engine.kv_source.transport
     for t in tids:
         assert transport.wait_for_transfer(t, timeout) is None
     return consumer.generate(inputs, [greedy(t, "prefill") for t in tids], use_tqdm=False)
@@ -136,9 +136,9 @@ def test_the_kv_that_arrives_is_the_producers_bit_for_bit(checkpoint) -> None:
     producer.llm_engine.subscribe(saved.append)
     tid = "bits"
     producer.generate([{"prompt_token_ids": prompts[1]}], greedy(tid, "decode", 1), use_tqdm=False)
-    transport = consumer.llm_engine.kv_connector.transport
+    transport = consumer.llm_engine.kv_source.transport
     assert transport.wait_for_transfer(tid, 30) is None
-    consumer.llm_engine.kv_connector.take_received()
+    consumer.llm_engine.kv_source.take_received()
     caches = producer.llm_engine.runner.kv_caches
     sends = [e for e in saved if isinstance(e, KVBlockSaved)]
     assert sends
@@ -199,7 +199,7 @@ def test_a_transfer_that_never_arrives_times_out_and_the_prompt_is_computed(chec
     events = []
     consumer.llm_engine.subscribe(events.append)
     start = time.monotonic()
-    error = consumer.llm_engine.kv_connector.transport.wait_for_transfer("lost", 0.3)
+    error = consumer.llm_engine.kv_source.transport.wait_for_transfer("lost", 0.3)
     assert time.monotonic() - start < 5
     assert error == "its KV did not arrive within 0.3 s"
     outs = consumer.generate(
@@ -238,8 +238,8 @@ def test_a_producer_killed_mid_transfer_loses_nothing_and_a_new_one_is_joined(ch
     path, prompts, expected = checkpoint
     port = free_port()
     consumer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_consumer", port))
-    transport = consumer.llm_engine.kv_connector.transport
-    fake = run_script(FAKE_PRODUCER, str(port), consumer.llm_engine.kv_connector.model_tag)
+    transport = consumer.llm_engine.kv_source.transport
+    fake = run_script(FAKE_PRODUCER, str(port), consumer.llm_engine.kv_source.model_tag)
     start = time.monotonic()
     error = transport.wait_for_transfer("cut", 20)
     assert fake.wait(30) == 1
@@ -274,7 +274,7 @@ def test_a_consumer_killed_costs_the_producer_nothing_and_a_new_one_is_joined(ch
     path, prompts, expected = checkpoint
     port = free_port()
     producer = LLM(str(path), block_size=4, kv_transfer_config=p2p("kv_producer", port))
-    tag = producer.llm_engine.kv_connector.model_tag
+    tag = producer.llm_engine.kv_source.model_tag
     inputs = [{"prompt_token_ids": p} for p in prompts]
 
     def consumer(transfer: str, die: bool) -> subprocess.Popen:
@@ -317,7 +317,7 @@ def test_a_prompt_larger_than_the_consumers_free_blocks_waits_for_them(checkpoin
     long_prompt = prompts[1]  # 20 + tail tokens: 6+ blocks of 12
     tid = "big"
     producer.generate([{"prompt_token_ids": long_prompt}], greedy(tid, "decode", 1), use_tqdm=False)
-    assert consumer.llm_engine.kv_connector.transport.wait_for_transfer(tid, 30) is None
+    assert consumer.llm_engine.kv_source.transport.wait_for_transfer(tid, 30) is None
     local = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = consumer.generate(
         [{"prompt_token_ids": prompts[3]}, {"prompt_token_ids": long_prompt}],
@@ -357,7 +357,7 @@ def test_each_layer_is_queued_for_sending_before_the_next_layer_runs(checkpoint)
     path, prompts, expected = checkpoint
     producer, consumer = pair(path, dict(block_size=4), dict(block_size=4))
     order: list[str] = []
-    transport = producer.llm_engine.kv_connector.transport
+    transport = producer.llm_engine.kv_source.transport
     send_layer = transport.send_layer
     transport.send_layer = lambda k, v: (order.append("sent"), send_layer(k, v))[1]
     layers = producer.llm_engine.runner.model.model.layers

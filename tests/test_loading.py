@@ -106,7 +106,7 @@ def test_the_profile_step_is_the_largest_step_in_a_cache_just_big_enough(tiny_ll
     from nanovllm.backends.cuda_runner import CudaModelRunner
     from nanovllm.executor.model_runner import ModelRunner
 
-    model = LLM(str(tiny_llama), block_size=16).llm_engine.model
+    model = LLM(str(tiny_llama), block_size=16).llm_engine.runner.model
     runner = CudaModelRunner(model, 16, torch.float32, torch.device("cpu"))
     for num_tokens, num_seqs in [(100, 7), (64, 64), (5, 9)]:
         out = runner.profile_step(num_tokens, num_seqs)

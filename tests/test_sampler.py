@@ -306,7 +306,7 @@ def test_tiny_temperatures_do_not_break_the_batch(llm: LLM) -> None:
 def test_a_request_whose_logits_are_nan_finishes_alone_with_an_error(llm: LLM) -> None:
     engine = llm.llm_engine
     clean = llm.generate(["JULIET:"], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
-    model = engine.model
+    model = engine.runner.model
     real = model.compute_logits
     victim = {"row": None}
 

@@ -124,7 +124,9 @@ def oracle_matcher(llm: LLM, constraint: StructuredOutputsParams):
     engine = llm.llm_engine
     vocab = engine.model_args.vocab_size
     info = xgr.TokenizerInfo.from_huggingface(
-        engine.tokenizer, vocab_size=vocab, stop_token_ids=sorted(engine.eos_token_ids)
+        engine.tokenizer,
+        vocab_size=vocab,
+        stop_token_ids=sorted(engine.input_processor.eos_token_ids),
     )
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     if constraint.json is not None:
@@ -193,7 +195,7 @@ def test_every_output_is_a_sentence_of_its_constraint(engines, engine, constrain
         temperature=1.0, max_tokens=MAX_TOKENS, seed=seed, n=n, structured_outputs=constraint
     )
     outputs, events = run(llm, PROMPTS, [params] * len(PROMPTS))
-    eos = llm.llm_engine.eos_token_ids
+    eos = llm.llm_engine.input_processor.eos_token_ids
     for output in outputs:
         assert len(output.outputs) == n
         for completion in output.outputs:

@@ -162,7 +162,7 @@ class DisaggRun:
         arrival = self.plans.pop(request_id)
         # Loopback: the DONE follows the blocks within milliseconds. A failure is not raised:
         # the consumer finds it (`transfer_error`), says why and computes the prompt.
-        self.decode.kv_connector.wait_for_transfer(request_id, TRANSFER_TIMEOUT_S)
+        self.decode.kv_source.wait_for_transfer(request_id, TRANSFER_TIMEOUT_S)
         params = SamplingParams(
             temperature=arrival.temperature,
             top_k=50,

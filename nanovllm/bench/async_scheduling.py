@@ -98,11 +98,11 @@ def run(
 def record_timeline(llm: Any, prompts: list, params: Any) -> list[dict[str, Any]]:
     """One run's steps: per step, (start, end) of each part in seconds from the run's start."""
     engine = llm.llm_engine
-    if engine.async_step is not None:
-        engine.async_step.timeline = steps = []
+    if engine.config.async_scheduling:  # (the overlapped loop records each step's times)
+        engine.stats.timeline = steps = []
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        engine.async_step.timeline = None
+        engine.stats.timeline = None
         return [
             {"step": i + 1, **{p: _since(getattr(t, p), start) for p in PARTS}}
             for i, t in enumerate(steps)

@@ -79,21 +79,20 @@ class NanovllmEngine(Engine):
             "speculative_config": config.speculative_config,
             "kv_transfer_config": config.kv_transfer_config,
             "tensor_parallel_size": config.tensor_parallel_size,
-            "attention_backend": engine.attention_backend,
-            "device": str(engine.device),
+            "attention_backend": engine.started_event.attention_backend,
+            "device": engine.stats.device,
             # Seconds torch.compile took at load; None when eager (or when compiling failed).
-            "compile_s": getattr(engine.model, "compile_seconds", None),
+            "compile_s": engine.stats.compile_seconds,
         }
 
     def _draft_time(self, step: StepStats) -> float:
-        config = self.engine.setup.speculative_config
-        drafting = config is not None and config.method == "draft_model"
+        drafting = self.engine.started_event.speculative_method == "draft_model"
         return step.propose_time if drafting else 0.0
 
     def _step_record(self, wall: float) -> dict:
         """One step as the bench saw it: seconds per part, the step's shape, KV slots."""
         engine, step = self.engine, self.engine.stats.last
-        kv = engine.kv_cache_manager
+        live = engine.stats.live
         return {
             "wall": wall,  # the whole step() call
             "schedule": step.schedule_time,
@@ -105,8 +104,8 @@ class NanovllmEngine(Engine):
             "num_prefill_tokens": step.num_prefill_tokens,
             "num_seqs": step.num_seqs,
             "num_running": step.num_running,
-            "allocated_slots": kv.num_allocated_slots(),
-            "filled_slots": kv.num_filled_slots(),
+            "allocated_slots": live.num_allocated_slots,
+            "filled_slots": live.num_filled_slots,
         }
 
     def _params(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None):

@@ -112,16 +112,25 @@ def replay_mask(llm: Any, constraint: Any, outputs: list) -> dict[str, float]:
     import torch
 
     from nanovllm import SamplingParams
+    from nanovllm.engine.eos import eos_token_ids
+    from nanovllm.models.loader import load_model_args
     from nanovllm.structured_output.bitmask import GrammarBitmask, apply_grammar_bitmask
+    from nanovllm.structured_output.manager import StructuredOutputManager
 
-    manager = llm.llm_engine.input_processor.structured_output
-    vocab = llm.llm_engine.model_args.vocab_size
+    engine = llm.llm_engine
+    vocab = engine.model_args.vocab_size
+    hf_config, _ = load_model_args(engine.model_path)  # (the engine's stop tokens, its way)
+    eos = eos_token_ids(engine.model_path, hf_config, engine.tokenizer)
+    manager = StructuredOutputManager(engine.tokenizer, vocab, eos)  # the engine's kind
     params = SamplingParams(structured_outputs=constraint)
     parts = {"fill": 0.0, "apply": 0.0, "accept": 0.0}
     count = 0
     logits = torch.randn(1, vocab)
     for output in outputs:
-        grammar = manager.grammar_init(params).grammar
+        request = manager.grammar_init(params)
+        request.compiled.result()  # (compiled once, in the background, then cached)
+        manager.grammar_ready(request)
+        grammar = request.grammar
         bitmask = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
         for token in output.outputs[0].token_ids:
             t0 = time.perf_counter()

@@ -14,7 +14,7 @@ A running or admitted request whose step is a prefill chunk that stops short of 
 got fewer tokens than it needs: the token budget cut it (`budget_cut`).
 
 These are read off the step's `SchedulerOutput` and the scheduler after the step, only while
-someone subscribes to events (`engine/snapshot.py`'s `step_summary`).
+someone subscribes to events (`step_summary.py`).
 """
 
 from __future__ import annotations

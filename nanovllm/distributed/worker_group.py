@@ -427,6 +427,11 @@ class WorkerGroup:
 
     # ----- closing -----
 
+    @property
+    def closed(self) -> bool:
+        """Whether the group has stopped (closed, or after any failure): it runs nothing more."""
+        return self._closed
+
     def close(self) -> None:
         """Stop every rank and leave the process group. Safe to call twice."""
         if self._closed:

@@ -34,30 +34,34 @@ import dataclasses
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from nanovllm.core.async_scheduler import AsyncScheduler
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.engine.outputs import RequestOutput
+from nanovllm.engine.stats import EngineStats
 from nanovllm.events import (
     BlockAllocated,
     BlockCached,
     BlockFreed,
     Event,
+    EventBus,
     RequestFinished,
     RequestScheduled,
 )
-from nanovllm.executor.model_runner import ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
 from nanovllm.executor.step_inputs import step_inputs
 
-if TYPE_CHECKING:
-    from nanovllm.engine.llm_engine import LLMEngine
-    from nanovllm.engine.outputs import RequestOutput
+# The engine's two halves of a step (`llm_engine.py`), which the loop calls in its own order.
+Schedule = Callable[[], SchedulerOutput]  # `LLMEngine.schedule`: the step and its logits mask
+# `LLMEngine.update_from_output(sched, result, forward_time)`: the step's outputs
+Finish = Callable[[SchedulerOutput, ModelRunnerOutput, float], list[RequestOutput]]
 
 
 @dataclass
@@ -85,25 +89,33 @@ class InFlight:
 
 
 class AsyncStep:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    """The overlapped loop over one engine's scheduler and rank 0's runner (see the module
+    docstring). While `stats.timeline` is a list, each finished step's `StepTimes` is appended."""
+
+    def __init__(
+        self,
+        scheduler: AsyncScheduler,
+        runner: ModelRunner,
+        events: EventBus,
+        attention_backend: str,
+        stats: EngineStats,
+    ) -> None:
+        self.scheduler, self.runner, self.events = scheduler, runner, events
+        self.attention_backend = attention_backend
+        self.stats = stats
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanovllm-forward")
         self.in_flight: deque[InFlight] = deque()
-        self.timeline: list[StepTimes] | None = None  # a list: record each step's times
-        self._held: list[Event] | None = None  # while not None, the engine's events go here
         # Events of a schedule that ran nothing, told after the outputs of the step before it.
         self.held_after_oldest: list[Event] = []
-        engine.events.emit = self._emit  # (the bus's own emit, unless we hold its events)
-        self._emit_now = type(engine.events).emit.__get__(engine.events)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, schedule: Schedule, finish: Finish) -> list[RequestOutput]:
         """Schedule the next step (it starts as soon as the worker is free), then make the
         outputs of the oldest step in flight, unless the new one is the only one."""
         submitted = False
-        if self.engine.scheduler.has_unfinished_requests() and self._may_schedule_ahead():
+        if self.scheduler.has_unfinished_requests() and self._may_schedule_ahead():
             start = time.perf_counter()
-            with self._holding() as held:
-                sched = self.engine.scheduler.schedule()
+            with self.events.holding() as held:  # (with the logits mask's events)
+                sched = schedule()
             if sched.is_empty:  # (its events, if any, are told after the outputs before it)
                 self.held_after_oldest += held
             else:
@@ -111,14 +123,13 @@ class AsyncStep:
                 submitted = True
         outputs = []
         if self.in_flight and not (submitted and len(self.in_flight) == 1):
-            outputs += self._finish_oldest()
+            outputs += self._finish_oldest(finish)
         elif not self.in_flight:
-            self._flush(self.held_after_oldest)
+            self.events.deliver(self.held_after_oldest)
             self.held_after_oldest = []
-        while self.in_flight and not self.engine.scheduler.has_unfinished_requests():
-            outputs += self._finish_oldest()  # a step for requests that all stopped: drop it
-        pending, self.engine._pending = self.engine._pending, []  # (kept if a step raised)
-        return pending + outputs
+        while self.in_flight and not self.scheduler.has_unfinished_requests():
+            outputs += self._finish_oldest(finish)  # a step for requests that all stopped: drop it
+        return outputs
 
     def _may_schedule_ahead(self) -> bool:
         """One step ahead at most; none while a running request's grammar needs its last token."""
@@ -126,14 +137,11 @@ class AsyncStep:
             return True
         if len(self.in_flight) == 2:
             return False
-        return not any(r.structured_output_request for r in self.engine.scheduler.running)
+        return not any(r.structured_output_request for r in self.scheduler.running)
 
     # --- the main thread: schedule and prepare, then make the step before's outputs ---------
 
     def _submit(self, sched: SchedulerOutput, held: list[Event], start: float) -> None:
-        engine = self.engine
-        with self._holding(held):
-            sched.logits_mask = engine.setup.logits_mask(sched, engine.events)  # structured outputs
         inputs, fill = self._prepare(sched)
         previous = self.in_flight[-1] if self.in_flight else None
         times = StepTimes(sched.step)
@@ -145,13 +153,13 @@ class AsyncStep:
         step.result = self.worker.submit(self._run, step, fill, previous)
         self.in_flight.append(step)
         if previous is None:
-            self._flush(held)  # nothing before it to tell first
+            self.events.deliver(held)  # nothing before it to tell first
             step.held_events = []
 
     def _prepare(self, sched: SchedulerOutput) -> tuple[tuple, list[tuple[int, str]]]:
         """Step N+1's inputs, built while step N runs. A request whose last token step N is
         still sampling gets a placeholder there (0): the rows to fill, with whose token."""
-        runner = self.engine.runner
+        runner = self.runner
         waiting_for = [
             s
             for s in sched.scheduled
@@ -169,9 +177,9 @@ class AsyncStep:
         fill = [(starts[index[id(s)] + 1] - 1, s.request.request_id) for s in waiting_for]
         return inputs, fill
 
-    def _finish_oldest(self) -> list[RequestOutput]:
+    def _finish_oldest(self, finish: Finish) -> list[RequestOutput]:
         """Wait for the oldest step in flight; make its outputs (while the next one runs)."""
-        engine, step = self.engine, self.in_flight[0]
+        events, scheduler, step = self.events, self.scheduler, self.in_flight[0]
         try:
             result, forward_time = step.result.result()
         except BaseException:
@@ -181,33 +189,32 @@ class AsyncStep:
         start = time.perf_counter()
         sched = without_stopped(step.sched)
         outputs: list[RequestOutput] = []
-        with self._holding() as told:
-            if engine.events.active and sched.scheduled:
+        with events.holding() as told:
+            if events.active and sched.scheduled:
                 inputs = step.inputs
                 if sched is not step.sched:  # (the rows of the kept requests, rebuilt)
-                    inputs = with_prompt_rows(step_inputs(sched, engine.runner.block_size), sched)
+                    inputs = with_prompt_rows(step_inputs(sched, self.runner.block_size), sched)
                 for event in self._executor_events(sched, inputs, result):
-                    engine.events.emit(event)
-            scheduler = engine.scheduler
+                    events.emit(event)
             step_count, scheduler.step_count = scheduler.step_count, sched.step
             try:
                 if sched.scheduled:
-                    outputs = engine.update_from_output(sched, result, forward_time)
+                    outputs = finish(sched, result, forward_time)
             finally:
                 scheduler.step_count = step_count
                 if self.in_flight:  # the next step's sampling sees these tokens (penalties)
                     self.in_flight[0].may_sample.set()
-        with self._holding() as cached:  # blocks its new tokens filled enter the prefix cache
+        with events.holding() as cached:  # blocks its new tokens filled enter the prefix cache
             for s in sched.scheduled:
-                engine.scheduler.cache_blocks(s.request)
+                scheduler.cache_blocks(s.request)
         if self.in_flight:
             later, self.in_flight[0].held_events = self.in_flight[0].held_events, []
         else:
             later, self.held_after_oldest = self.held_after_oldest, []
-        self._flush(merge_step_events(told, later, cached))
+        events.deliver(merge_step_events(told, later, cached))
         step.times.outputs = (start, time.perf_counter())
-        if self.timeline is not None:
-            self.timeline.append(step.times)
+        if self.stats.timeline is not None:
+            self.stats.timeline.append(step.times)
         return outputs
 
     def _roll_back_all(self) -> None:
@@ -219,7 +226,7 @@ class AsyncStep:
             except BaseException:  # noqa: BLE001 - the first step's error is the one raised
                 pass
         for step in reversed(self.in_flight):
-            self.engine.scheduler.rollback_step(step.sched)
+            self.scheduler.rollback_step(step.sched)
         self.in_flight.clear()
 
     # --- the worker thread: fill in the placeholders, forward pass, sample -------------------
@@ -227,7 +234,7 @@ class AsyncStep:
     def _run(
         self, step: InFlight, fill: list[tuple[int, str]], previous: InFlight | None
     ) -> tuple[ModelRunnerOutput, float]:
-        runner = self.engine.runner
+        runner = self.runner
         start = time.perf_counter()
         if fill:
             before = previous.result.result()[0].sampled_token_ids  # (done: this thread ran it)
@@ -243,32 +250,11 @@ class AsyncStep:
         return result, end - start
 
     def _executor_events(self, sched, inputs, result) -> list[Event]:
-        runner, setup = self.engine.runner, self.engine.setup
-        args = runner.model.args
+        args = self.runner.model.args
         return executor_events(
-            sched, inputs, result, runner.block_size, args.num_hidden_layers, args.vocab_size,
-            setup.attention_backend,
+            sched, inputs, result, self.runner.block_size, args.num_hidden_layers,
+            args.vocab_size, self.attention_backend,
         )  # fmt: skip
-
-    # --- events, told in the plain loop's order -------------------------------------------
-
-    def _emit(self, event: Event) -> None:
-        if self._held is not None:
-            self._held.append(event)
-        else:
-            self._emit_now(event)
-
-    @contextmanager
-    def _holding(self, into: list[Event] | None = None):
-        before, self._held = self._held, [] if into is None else into
-        try:
-            yield self._held
-        finally:
-            self._held = before
-
-    def _flush(self, events: list[Event]) -> None:
-        for event in events:
-            self._emit_now(event)
 
 
 def without_stopped(sched: SchedulerOutput) -> SchedulerOutput:

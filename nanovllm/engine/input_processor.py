@@ -64,6 +64,7 @@ class InputProcessor:
         self.num_arrivals = 0
         # Structured outputs: grammars compiled at arrival, each request's own matcher.
         self.structured_output = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
+        self.compiling: list[Request] = []  # accepted, their grammar still compiling
         # torch's generator, so that an engine seed gives the seeds it gave before this class
         # existed (and so the same sampled tokens).
         self._seed_rng = torch.Generator().manual_seed(seed)
@@ -80,22 +81,45 @@ class InputProcessor:
             if self.is_known(request_id):
                 raise ValueError(f"request id {request_id!r} is already in the engine")
             text, token_ids = truncate_prompt(self.tokenize(prompt), params, self.max_model_len)
-            if not isinstance(params, SamplingParams) or params.n == 1:
-                return [self._make_request(request_id, text, token_ids, params)], None
-            children = [
-                self._make_request(
-                    child_request_id(request_id, i), text, token_ids, child_params(params, i)
-                )
-                for i in range(params.n)
-            ]
+            fan_out = isinstance(params, SamplingParams) and params.n > 1
+            if not fan_out:
+                requests = [self._make_request(request_id, text, token_ids, params)]
+            else:
+                requests = [
+                    self._make_request(
+                        child_request_id(request_id, i), text, token_ids, child_params(params, i)
+                    )
+                    for i in range(params.n)
+                ]
         except ValueError as exc:
             if self.events.active:
                 self.events.emit(RequestRejected(request_id, str(exc)))
             raise
-        for i, child in enumerate(children):
+        for request in requests:
+            so = request.structured_output_request
+            if so is not None and so.grammar is None:
+                self.compiling.append(request)
+        if not fan_out:
+            return requests, None
+        for i, child in enumerate(requests):
             child.parent_id, child.index = request_id, i
-        parent = ParentRequest(request_id, text, children[0].prompt_token_ids, children)
-        return children, parent
+        parent = ParentRequest(request_id, text, requests[0].prompt_token_ids, requests)
+        return requests, parent
+
+    def take_failed(self) -> list[tuple[Request, str]]:
+        """Of the requests accepted with a grammar still compiling (each step): (request, error)
+        for each whose compile failed or ran too long. Those compiled have their matcher now
+        (the scheduler runs them from now on); an aborted one is dropped."""
+        if not self.compiling:
+            return []
+        self.compiling, failed = self.structured_output.take_compiled(self.compiling)
+        return failed
+
+    def wait_for_compiles(self) -> None:
+        """With nothing to run, block until one of those grammars has compiled (or a moment),
+        rather than spin."""
+        if self.compiling:
+            self.structured_output.wait_for_any(self.compiling)
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as text, token ids, or a dict holding either."""

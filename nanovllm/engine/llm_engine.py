@@ -10,36 +10,42 @@
 
 `step()` runs one iteration of continuous batching in vLLM's verbs (`schedule`, `execute_model`,
 `update_from_output`) and returns a `RequestOutput` for each request that made progress.
-`stream()` wraps it. Every state change is published as an event (`subscribe`). Features attach
-at one place each: the scheduler's KV source (a KV connector, or the `NullConnector`), the
-`speculator` (or `NoSpeculation`: it proposes after each step, and the scheduler asks it for
-each request's tokens to verify), the logits mask (structured outputs). `stats`: `stats.py`.
+`stream()` wraps it. Every state change is published as an event (`subscribe`). The engine is
+built from finished parts by one composition root, `setup.py`, and keeps them: the scheduler
+(with its KV source), the KV cache manager, the executor, the speculator, the logits mask and
+the step loop (this one, or async scheduling's). `stats`: `stats.py`.
 
 The engine is the loop; the two ends of a request are processors of their own, as in vLLM v1:
 `input_processor.py` turns a caller's prompt into checked `Request`s (a bad one is rejected with
 a `ValueError` naming the bad value, before it takes anything), and `output_processor.py` turns
 sampled tokens into text, stops and `RequestOutput`s.
+
+Outside `nanovllm/engine/` and `nanovllm/core/`, code reads an engine only through its public
+surface (`tests/test_architecture.py` checks it): the methods add_request, abort_request, step,
+stream, run_until_done, subscribe, has_unfinished_requests, get_num_unfinished_requests,
+reset_prefix_cache, probe_attention, check_health, shutdown, from_engine_args, and the
+attributes config, tokenizer, model_args, model_path, max_model_len, dtype, num_kv_blocks,
+stats, started_event, kv_source.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.distributed.worker_group import WorkerGroupError
-from nanovllm.engine.input_processor import InputProcessor, Prompt
-from nanovllm.engine.output_processor import OutputProcessor, Progress
+from nanovllm.core.step_summary import step_summary
+from nanovllm.engine.input_processor import Prompt
+from nanovllm.engine.output_processor import Progress
 from nanovllm.engine.outputs import RequestOutput
-from nanovllm.engine.setup import set_up_engine
-from nanovllm.engine.snapshot import request_added, step_summary
-from nanovllm.engine.stats import EngineStats
-from nanovllm.events import Event, EventBus
+from nanovllm.engine.setup import build_engine
+from nanovllm.engine.snapshot import engine_snapshot, request_added
+from nanovllm.events import Event
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVLoadError
-from nanovllm.kv_transfer.factory import scheduler_kv_source
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
 
@@ -49,70 +55,57 @@ logger = logging.getLogger("nanovllm")
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.events = EventBus()
-        # The model on every rank, its KV cache and the proposer: `setup.py`.
-        self.setup = setup = set_up_engine(config, self.events)
-        self.model_path, self.model_args = setup.model_path, setup.model_args
-        self.max_model_len, self.device, self.dtype = setup.max_model_len, setup.device, setup.dtype
-        self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids
-        self.runner, self.group, self.executor = setup.runner, setup.group, setup.executor
-        self.model = self.runner.model
-        self.attention_backend, self.num_kv_blocks = setup.attention_backend, setup.num_kv_blocks
-        self.stats = EngineStats()  # figures about the steps, filled once per step
-        # The speculation part, called after each step (`spec_decode/speculator.py`).
-        self.speculator = setup.speculator(self.stats.spec_decoding)
-        lookahead = setup.num_lookahead_tokens
+        # Every part, built once and finished, by the composition root (`setup.py`).
+        core = build_engine(config)
+        model = core.setup  # the model on its ranks
+        self.tokenizer, self.model_args = model.tokenizer, model.model_args
+        self.model_path, self.max_model_len = model.model_path, model.max_model_len
+        self.dtype, self.num_kv_blocks = model.dtype, model.num_kv_blocks
+        self.runner, self.executor, self.workers = model.runner, core.executor, core.workers
+        self.events, self.stats, self.started_event = core.events, core.stats, core.started_event
+        self.scheduler, self.kv_cache_manager = core.scheduler, core.kv_cache_manager
+        self.input_processor, self.output_processor = core.input_processor, core.output_processor
+        self.kv_source = core.kv_source  # the scheduler's (`core/kv_source.py`)
+        self.speculator, self.logits_mask = core.speculator, core.logits_mask
+        self.outbox: list[RequestOutput] = []  # outputs made between steps: the next step's
         self._dead: BaseException | None = None  # set when a worker died: no step can run
-        parts = setup.parts  # what the engine is built from (`parts.py`; a lesson's own)
-        kv = self.kv_cache_manager = parts.kv_cache_manager_cls(
-            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, self.events,
-            parts.free_block_queue,
-        )  # fmt: skip
-        # The scheduler's KV source: a KV connector's scheduler side (its worker side runs
-        # around the step), or the null one, which supplies nothing.
-        self.kv_connector = kv_source = scheduler_kv_source(setup, self.events)
-        self.scheduler = setup.scheduler_class(
-            config, kv, self.events, lookahead, kv_source, self.speculator.tokens_to_verify
-        )
-        self.output_processor = OutputProcessor(self.tokenizer, self.events, parts.detokenizer)
-        self.input_processor = InputProcessor(
-            self.tokenizer,
-            vocab_size=self.model_args.vocab_size,
-            max_model_len=self.max_model_len,
-            num_kv_blocks=self.num_kv_blocks,
-            block_size=config.block_size,
-            num_lookahead_tokens=lookahead,
-            eos_token_ids=self.eos_token_ids,
-            seed=config.seed,
-            events=self.events,
-            is_known=self._is_known,
-        )
-        self._pending: list[RequestOutput] = []  # outputs of aborts, returned by the next step
-        # Requests whose grammar is compiling (`structured_output/manager.py`): not scheduled.
-        self.awaiting_grammar: list[Request] = []
-        self.started_event = setup.started_event(config)  # what a subscriber hears first
-        self.async_step = setup.async_step(self)  # None, unless async scheduling (`async_step.py`)
+        # The step loop, chosen once (vLLM's `step_fn`): this engine's, or the overlapped one.
+        loop = core.async_loop  # (given this engine's two halves of a step)
+        overlapped = loop and functools.partial(loop.step, self.schedule, self.update_from_output)
+        self._step_fn = overlapped or self._step
 
     @classmethod
     def from_engine_args(cls, model: str | None = None, **kwargs) -> LLMEngine:
         return cls(EngineConfig(model=model, **kwargs))
 
     def shutdown(self) -> None:
-        """Stop tensor parallelism's workers (also done at exit) and a KV connector's link."""
-        self.kv_connector.close()
-        if self.group is not None:
-            self.group.close()
+        """Stop tensor parallelism's workers (also done at exit) and the KV source's link."""
+        self.kv_source.close()
+        if self.workers is not None:
+            self.workers.close()
+
+    def check_health(self) -> None:
+        """Raise why the engine cannot run any more (vLLM's): a worker that died, or a step's."""
+        failure = self.workers.failure if self.workers is not None else None
+        if failure is not None or self._dead is not None:
+            raise failure or self._dead
 
     def __del__(self) -> None:
-        group = getattr(self, "group", None)
-        if group is not None:
-            group.close()
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.close()
 
     # --- events -------------------------------------------------------------------------------
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
-        """Receive every event from now on (first, the `EngineStarted` description)."""
+    def subscribe(self, fn: Callable[[Event], None], snapshot: bool = False) -> Callable[[], None]:
+        """Receive every event from now on (first, the `EngineStarted` description; with
+        `snapshot`, then the state now, for a listener that joins a running engine)."""
         self.events.send_to(fn, self.started_event)
+        if snapshot:
+            self.events.send_to(fn, engine_snapshot(
+                self.scheduler, self.kv_cache_manager, self.stats, self.output_processor,
+                self.tokenizer, self.kv_source,
+            ))  # fmt: skip
         return self.events.subscribe(fn)
 
     def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
@@ -134,19 +127,9 @@ class LLMEngine:
         for request in requests:
             self.output_processor.add_request(request, parent)
             self.scheduler.add_request(request)
-            so = request.structured_output_request
-            if so is not None and so.grammar is None:
-                self.awaiting_grammar.append(request)
             if self.events.active:
                 self.events.emit(request_added(self.tokenizer, request))
         return requests[0]
-
-    def _is_known(self, request_id: str) -> bool:
-        """Whether a request (or a parent of n > 1 children) with this id is in the engine."""
-        return (
-            request_id in self.scheduler.requests
-            or request_id in self.output_processor.parent_requests
-        )
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Abort a request in any state (with n > 1, every child); its blocks are freed at once."""
@@ -160,7 +143,7 @@ class LLMEngine:
             requests = [request]
         progress = [self._finish(r, FinishReason.ABORT) for r in requests]
         outputs = self.output_processor.make_request_outputs(progress)
-        self._pending.extend(outputs)
+        self.outbox.extend(outputs)
         return outputs[-1]
 
     def _finish(self, request: Request, reason: FinishReason) -> Progress:
@@ -177,7 +160,7 @@ class LLMEngine:
         would otherwise keep serving KV computed before the reset."""
         reset = self.kv_cache_manager.reset_prefix_cache()
         if reset:
-            self.kv_connector.reset_cache()  # (the host tier too)
+            self.kv_source.reset_cache()  # (a host tier's too)
         return reset
 
     def get_num_unfinished_requests(self) -> int:
@@ -189,30 +172,40 @@ class LLMEngine:
         """One iteration of continuous batching: the outputs of requests that progressed."""
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
-        if self.awaiting_grammar:
-            self._install_grammars()
-        if self.async_step is not None:  # async scheduling: the overlapped loop, `async_step.py`
-            return self.async_step.step()
+        failed = self.input_processor.take_failed()  # (requests that cannot be run after all)
+        progress = [self._finish_with_error(r.request_id, error) for r, error in failed]
+        self.outbox += self.output_processor.make_request_outputs(progress)
+        outputs = self._step_fn()  # (raises: the outbox waits)
+        ready, self.outbox = self.outbox, []  # the outputs made between steps come first
+        return ready + outputs
+
+    def _step(self) -> list[RequestOutput]:
+        """The step loop: schedule, execute, update (async scheduling overlaps them instead)."""
+        sched = self.schedule()
+        if sched.is_empty:  # nothing to run: wait a moment for inputs still being prepared
+            self.input_processor.wait_for_compiles()
+            return []
+        result = self.execute_model(sched)
+        return [] if result is None else self.update_from_output(sched, result)
+
+    def schedule(self) -> SchedulerOutput:
+        """Who runs this step, and how many tokens each; the logits rows' mask with it."""
         sched = self.scheduler.schedule()
-        result = None if sched.is_empty else self.execute_model(sched)  # (raises: aborts wait)
-        outputs, self._pending = self._pending, []  # the outputs of aborts come first
-        if sched.is_empty and self.awaiting_grammar:  # nothing to run but compiles: wait a bit
-            self.input_processor.structured_output.wait_for_any(self.awaiting_grammar)
-        return outputs + (self.update_from_output(sched, result) if result is not None else [])
+        sched.logits_mask = self.logits_mask(sched)
+        return sched
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's forward pass and sampling on every rank. None when a KV load failed (the
         step is undone; those requests compute the tokens instead); a failed step raises."""
-        sched.logits_mask = self.setup.logits_mask(sched, self.events)  # (structured outputs)
         try:
             return self.executor.execute(sched)
         except KVLoadError as exc:  # before the forward pass
             self.scheduler.rollback_step(sched)
-            self.kv_connector.load_failed(sched.step, exc.errors)
+            self.kv_source.load_failed(sched.step, exc.errors)
             return None
         except Exception as exc:
             self.scheduler.rollback_step(sched)
-            if isinstance(exc, WorkerGroupError):  # a worker died (named): the group is closed
+            if self.workers is not None and self.workers.closed:  # a worker died (named)
                 self._dead = exc
             raise
 
@@ -235,16 +228,16 @@ class LLMEngine:
             sched, self.scheduler, self.runner, seconds, started, forward_time
         )
         if self.events.active:
-            self.events.emit(step_summary(self, sched, stats.forward_time + stats.sample_time))
+            times = stats.forward_time + stats.sample_time, self._forward_times()
+            self.events.emit(step_summary(self.scheduler, self.kv_cache_manager, sched, *times))
         return outputs
 
-    def _install_grammars(self) -> None:
-        """Requests whose grammar has compiled are scheduled from now on; each whose compile
-        failed or ran too long ends with that error (`structured_output/manager.py`)."""
-        manager = self.input_processor.structured_output
-        self.awaiting_grammar, failed = manager.take_compiled(self.awaiting_grammar)
-        progress = [self._finish_with_error(r.request_id, error) for r, error in failed]
-        self._pending.extend(self.output_processor.make_request_outputs(progress))
+    def _forward_times(self) -> list[float]:
+        """Each worker's last forward pass (a round trip to every one: asked only while someone
+        listens to events)."""
+        if self.workers is None:
+            return [self.runner.forward_logits_time()]
+        return self.workers.run_all("forward_logits_time")
 
     def _finish_with_error(self, request_id: str, error: str) -> Progress:
         """This request alone could not be sampled: finish it with the reason, not the batch."""
@@ -261,12 +254,12 @@ class LLMEngine:
         `output.delta_text` is the new text since that request's previous output (never a
         partial stop string, never half a UTF-8 character).
         """
-        while self.has_unfinished_requests() or self._pending:
+        while self.has_unfinished_requests() or self.outbox:
             yield from self.step()
 
     def run_until_done(self) -> dict[str, RequestOutput]:
         final: dict[str, RequestOutput] = {}
-        while self.has_unfinished_requests() or self._pending:
+        while self.has_unfinished_requests() or self.outbox:
             for output in self.step():
                 if output.finished:
                     final[output.request_id] = output

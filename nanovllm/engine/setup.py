@@ -1,4 +1,4 @@
-"""Setting the engine up: from an `EngineConfig` to a model on its device and a sized KV cache.
+"""The composition root: from an `EngineConfig` to the finished parts an `LLMEngine` runs on.
 
 Everything the step loop (`llm_engine.py`) runs on is made here, once, in this order:
 
@@ -12,36 +12,54 @@ Everything the step loop (`llm_engine.py`) runs on is made here, once, in this o
    GPU, `executor/memory.py`), no more than every sequence could use at full length;
 6. the KV cache allocated on every rank (and the draft's, with the same block ids), then, on a
    GPU with `enforce_eager=False`, the decode steps captured as CUDA graphs;
-7. with a KV connector (`kv_transfer/`), its worker side given the KV cache, around the step.
-8. given the engine's event bus, the executor wrapped so that it tells its step as events while
-   someone subscribes (`executor/step_events.py`).
+7. with a KV connector (`kv_transfer/`), its worker side given the KV cache, around the step;
+8. the executor wrapped so that it tells its step as events while someone subscribes
+   (`executor/step_events.py`);
+9. the KV cache manager, and the scheduler's KV source: the connector's scheduler side, or the
+   `NullConnector`, which supplies nothing (`core/kv_source.py`);
+10. the speculator (`spec_decode/speculator.py`; `NoSpeculation` without a proposer), then the
+    scheduler: the parts' one, or with async scheduling the one that schedules a step ahead;
+11. the input and output processors, and the logits-mask source (structured outputs' grammar
+    bitmask, `structured_output/manager.py`), called once a step is scheduled;
+12. the step loop, chosen once (vLLM's `step_fn`): the engine's own, or async scheduling's
+    overlapped one (`async_step.py`).
 
-The result is plain data, `EngineSetup`; nothing here runs a step.
+Steps 1-8 give `EngineSetup`, the model on its ranks; 9-12 `EngineCore`, the finished parts that
+`LLMEngine` keeps. Nothing here runs a step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.core.async_scheduler import AsyncScheduler
-from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_source import NullConnector
+from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroup
+from nanovllm.engine.async_step import AsyncStep
 from nanovllm.engine.eos import eos_token_ids
+from nanovllm.engine.input_processor import InputProcessor
+from nanovllm.engine.output_processor import OutputProcessor
 from nanovllm.engine.parts import EngineParts
+from nanovllm.engine.stats import EngineStats, LiveFigures
 from nanovllm.engine.tensor_parallel import (
     RunnerSpec,
     TensorParallelExecutor,
     start_runners,
 )
 from nanovllm.events import EngineStarted, EventBus
+from nanovllm.executor.logits_mask import LogitsMask
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_events import ObservedExecutor
@@ -62,12 +80,7 @@ from nanovllm.spec_decode.metrics import SpecDecodingStats
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.spec_decode.speculator import NoSpeculation, Speculator, speculator_for
 from nanovllm.speculative_config import SpeculativeConfig
-from nanovllm.structured_output.bitmask import GrammarBitmask
 from nanovllm.structured_output.manager import grammar_bitmask
-
-if TYPE_CHECKING:
-    from nanovllm.engine.async_step import AsyncStep
-    from nanovllm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("nanovllm")
 
@@ -80,7 +93,7 @@ def default_model_path() -> Path:
 
 @dataclass
 class EngineSetup:
-    """What the engine runs on (see the module docstring)."""
+    """The model on its ranks (steps 1-8 of the module docstring)."""
 
     model_path: Path
     model_args: ModelArgs
@@ -101,83 +114,141 @@ class EngineSetup:
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
     parts: EngineParts = field(default_factory=EngineParts)  # what the engine is built from
-    async_scheduling: bool = False  # vLLM's async scheduling (`engine/async_step.py`)
 
     @property
     def num_lookahead_tokens(self) -> int:
         """KV slots reserved past each request's step for the draft model's proposals."""
         return self.speculative_config.num_lookahead_tokens if self.speculative_config else 0
 
-    def speculator(self, stats: SpecDecodingStats) -> Speculator | NoSpeculation:
-        """The engine's speculation part, counting into `stats` (`spec_decode/speculator.py`):
-        `NoSpeculation` without a proposer."""
-        return speculator_for(self.proposer, stats)
-
-    @staticmethod
-    def logits_mask(sched: Any, events: EventBus) -> GrammarBitmask | None:
-        """The step's logits mask, made once the step is scheduled: structured outputs' grammar
-        bitmask (`structured_output/manager.py`), None when no row is structured."""
-        return grammar_bitmask(sched, events)
-
-    def on_every_rank(self, method: str, *args, all: bool = False):
-        """Call a runner method on every rank (just here without tensor parallelism): rank 0's
-        result, or with `all` every rank's in rank order."""
-        if self.group is None:
-            result = getattr(self.runner, method)(*args)
-            return [result] if all else result
-        return self.group.run_all(method, *args) if all else self.group.run(method, *args)
-
-    @property
-    def scheduler_class(self) -> type[Scheduler]:
-        """The parts' Scheduler, or with async scheduling the one that schedules a step ahead."""
-        if not self.async_scheduling:
-            return self.parts.scheduler_cls
-        if self.parts.scheduler_cls is not Scheduler:
-            raise ValueError("async_scheduling=True cannot run a given scheduler_cls part")
-        return AsyncScheduler
-
-    def async_step(self, engine: LLMEngine) -> AsyncStep | None:
-        """The overlapped step loop for `engine` (None: the engine's own `step` runs alone)."""
-        if not self.async_scheduling:
-            return None
-        from nanovllm.engine.async_step import AsyncStep
-
-        return AsyncStep(engine)
-
-    def started_event(self, config: EngineConfig) -> EngineStarted:
-        """The engine's description, the first event every subscriber receives."""
-        spec = self.speculative_config
-        return EngineStarted(
-            model=self.model_path.name,
-            num_kv_blocks=self.num_kv_blocks,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            attention_backend=self.attention_backend,
-            tensor_parallel_size=config.tensor_parallel_size,
-            speculative_method=spec and spec.method,
-            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-            kv_connector=self.kv_transfer_config and self.kv_transfer_config.kv_connector,
-            kv_role=self.kv_transfer_config and self.kv_transfer_config.kv_role,
-            num_tier_blocks=getattr(self.kv_connector_worker, "num_cpu_blocks", 0),
-        )
-
     @property
     def model_tag(self) -> str:
         """Names this model's KV outside the engine: the checkpoint folder and the dtype."""
         return f"{self.model_path.name}-{str(self.dtype).removeprefix('torch.')}"
 
-    def connector(self, role: KVConnectorRole, events=None) -> KVConnectorBase | None:
-        """One side of the configured KV connector (None without one)."""
-        if self.kv_transfer_config is None:
-            return None
-        config, block_size = self.kv_transfer_config, self.runner.block_size
-        return create_connector(
-            config, role, block_size, self.model_tag, events, self.parts.host_tier_cls
-        )
+
+@dataclass(frozen=True)
+class EngineCore:
+    """The finished parts an `LLMEngine` keeps (steps 9-12 of the module docstring)."""
+
+    setup: EngineSetup  # the model on its ranks
+    executor: Any  # runs a step on every rank (`EngineSetup.executor`)
+    workers: WorkerGroup | None  # every rank, with tensor parallelism (`EngineSetup.group`)
+    events: EventBus
+    stats: EngineStats  # figures about the steps, filled once per step
+    started_event: EngineStarted  # what a subscriber hears first
+    kv_cache_manager: KVCacheManager
+    kv_source: KVConnectorBase | NullConnector  # the scheduler's KV source
+    speculator: Speculator | NoSpeculation  # proposes after each step
+    scheduler: Scheduler
+    input_processor: InputProcessor
+    output_processor: OutputProcessor
+    logits_mask: Callable[[SchedulerOutput], LogitsMask | None]  # the step's, once scheduled
+    async_loop: AsyncStep | None  # the overlapped step loop (None: the engine's own)
+
+
+def build_engine(config: EngineConfig) -> EngineCore:
+    """The steps of the module docstring."""
+    events = EventBus()
+    setup = set_up_engine(config, events)  # 1-8
+    parts, lookahead = setup.parts, setup.num_lookahead_tokens
+    # 9. the KV cache manager and the scheduler's KV source
+    kv = parts.kv_cache_manager_cls(
+        setup.num_kv_blocks, config.block_size, config.enable_prefix_caching, events,
+        parts.free_block_queue,
+    )  # fmt: skip
+    kv_source = connector(setup, KVConnectorRole.SCHEDULER, events) or NullConnector()
+    # 10. the speculator, then the scheduler (and the statistics, counting both)
+    spec_decoding = SpecDecodingStats()
+    speculator = speculator_for(setup.proposer, spec_decoding)
+    scheduler = scheduler_class(parts, config.async_scheduling)(
+        config, kv, events, lookahead, kv_source, speculator.tokens_to_verify
+    )
+    compiled = getattr(setup.runner.model, "compile_seconds", None)
+    stats = EngineStats(
+        spec_decoding=spec_decoding,
+        live=LiveFigures(scheduler, kv),
+        device=str(setup.device),
+        compile_seconds=compiled,
+    )
+    # 11. the output and input processors (the logits mask: at the end)
+    output_processor = OutputProcessor(setup.tokenizer, events, parts.detokenizer)
+
+    def is_known(request_id: str) -> bool:  # (a request, or a parent of n > 1 children)
+        return request_id in scheduler.requests or request_id in output_processor.parent_requests
+
+    input_processor = InputProcessor(
+        setup.tokenizer,
+        vocab_size=setup.model_args.vocab_size,
+        max_model_len=setup.max_model_len,
+        num_kv_blocks=setup.num_kv_blocks,
+        block_size=config.block_size,
+        num_lookahead_tokens=lookahead,
+        eos_token_ids=setup.eos_token_ids,
+        seed=config.seed,
+        events=events,
+        is_known=is_known,
+    )
+    # 12. the step loop: None is the engine's own
+    async_loop = None
+    if config.async_scheduling:
+        async_loop = AsyncStep(scheduler, setup.runner, events, setup.attention_backend, stats)
+    return EngineCore(
+        setup, setup.executor, setup.group, events, stats, started_event(config, setup), kv,
+        kv_source, speculator, scheduler, input_processor, output_processor,
+        functools.partial(grammar_bitmask, events=events), async_loop,
+    )  # fmt: skip
+
+
+def scheduler_class(parts: EngineParts, async_scheduling: bool) -> Callable[..., Scheduler]:
+    """The parts' Scheduler, or with async scheduling the one that schedules a step ahead."""
+    if not async_scheduling:
+        return parts.scheduler_cls
+    if parts.scheduler_cls is not Scheduler:
+        raise ValueError("async_scheduling=True cannot run a given scheduler_cls part")
+    return AsyncScheduler
+
+
+def started_event(config: EngineConfig, setup: EngineSetup) -> EngineStarted:
+    """The engine's description, the first event every subscriber receives."""
+    spec, kv_transfer = setup.speculative_config, setup.kv_transfer_config
+    return EngineStarted(
+        model=setup.model_path.name,
+        num_kv_blocks=setup.num_kv_blocks,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=setup.max_model_len,
+        enable_prefix_caching=config.enable_prefix_caching,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        attention_backend=setup.attention_backend,
+        tensor_parallel_size=config.tensor_parallel_size,
+        speculative_method=spec and spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        kv_connector=kv_transfer and kv_transfer.kv_connector,
+        kv_role=kv_transfer and kv_transfer.kv_role,
+        num_tier_blocks=getattr(setup.kv_connector_worker, "num_cpu_blocks", 0),
+    )
+
+
+def connector(
+    setup: EngineSetup, role: KVConnectorRole, events: EventBus | None = None
+) -> KVConnectorBase | None:
+    """One side of the configured KV connector (None without one)."""
+    if setup.kv_transfer_config is None:
+        return None
+    config, block_size = setup.kv_transfer_config, setup.runner.block_size
+    return create_connector(
+        config, role, block_size, setup.model_tag, events, setup.parts.host_tier_cls
+    )
+
+
+def on_every_rank(setup: EngineSetup, method: str, *args, all: bool = False):
+    """Call a runner method on every rank (just here without tensor parallelism): rank 0's
+    result, or with `all` every rank's in rank order."""
+    if setup.group is None:
+        result = getattr(setup.runner, method)(*args)
+        return [result] if all else result
+    return setup.group.run_all(method, *args) if all else setup.group.run(method, *args)
 
 
 def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
@@ -198,7 +269,7 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
 
 
 def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> EngineSetup:
-    """The steps of the module docstring."""
+    """Steps 1-8 of the module docstring."""
     kv_transfer_config = None
     if config.kv_transfer_config is not None:  # (its connector's checks, before any loading)
         kv_transfer_config = checked_config(config.kv_transfer_config)
@@ -243,17 +314,16 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
         parts=parts,
     )  # fmt: skip
-    setup.async_scheduling = config.async_scheduling
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
-    setup.on_every_rank("allocate_kv_cache", setup.num_kv_blocks)
+    on_every_rank(setup, "allocate_kv_cache", setup.num_kv_blocks)
     if draft is not None:
         draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
     if graphs:
         capture_decode_graphs(config, setup)
     if kv_transfer_config is not None:
         setup.kv_transfer_config = kv_transfer_config
-        worker = setup.kv_connector_worker = setup.connector(KVConnectorRole.WORKER)
+        worker = setup.kv_connector_worker = connector(setup, KVConnectorRole.WORKER)
         draft_caches = draft.kv_caches if draft is not None else []
         worker.register_kv_caches(runner.kv_caches + draft_caches)  # (the draft's KV moves too)
         setup.executor = KVConnectorExecutor(setup.executor, worker)
@@ -344,7 +414,7 @@ def measure_kv_budget(config: EngineConfig, setup: EngineSetup, graphs: bool) ->
             f"attention_backend={setup.attention_backend!r} with tensor_parallel_size > 1 on a "
             "GPU cannot measure the KV budget: give num_kv_blocks or kv_cache_memory_bytes"
         )
-    return min(setup.on_every_rank("measure_kv_budget", *args, all=True))
+    return min(on_every_rank(setup, "measure_kv_budget", *args, all=True))
 
 
 def capture_decode_graphs(config: EngineConfig, setup: EngineSetup) -> None:

@@ -2,15 +2,16 @@
 
 Events describe *changes*. A viewer that subscribes to an engine which has already served
 requests (`nanovllm viz --connect` to a busy server) would otherwise start from a fresh engine's
-picture: every block free and uncached, the free queue in id order. `engine_snapshot(engine)`
+picture: every block free and uncached, the free queue in id order. `engine_snapshot(...)`
 reads the scheduler and the KV cache manager once and returns an `EngineSnapshot` of plain
-data; sent right after `EngineStarted` and before any later event, it makes the viewer's state
+data (`LLMEngine.subscribe(fn, snapshot=True)` sends it); sent right after `EngineStarted` and before any later event, it makes the viewer's state
 equal to the engine's, and the events that follow apply on top of it.
 
 It must run where the engine runs (the server's engine thread), between two operations, so that
 no event falls between the snapshot and the subscription.
 
-`step_summary` is the same idea once per step: the state after a step, as a `StepSummary`.
+`core/step_summary.py` is the same idea once per step: the state after a step, as a
+`StepSummary`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nanovllm.core.block_hash import short
-from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
 from nanovllm.events import (
     BlockSnapshot,
     EngineSnapshot,
     RequestAdded,
     RequestSnapshot,
-    StepSummary,
 )
 from nanovllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from nanovllm.core.scheduler import SchedulerOutput
-    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.core.kv_cache_manager import KVCacheManager
+    from nanovllm.core.kv_source import NullConnector
+    from nanovllm.core.scheduler import Scheduler
+    from nanovllm.engine.output_processor import OutputProcessor
+    from nanovllm.engine.stats import EngineStats
+    from nanovllm.kv_transfer.base import KVConnectorBase
 
 
 def token_texts(tokenizer, token_ids: list[int]) -> tuple[str, ...]:
@@ -49,9 +52,15 @@ def request_added(tokenizer, request: Request) -> RequestAdded:
     )
 
 
-def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
-    """The state of `engine` now: blocks, free queue order, cached hashes, requests, counters."""
-    kv, scheduler, stats = engine.kv_cache_manager, engine.scheduler, engine.stats
+def engine_snapshot(
+    scheduler: Scheduler,
+    kv: KVCacheManager,
+    stats: EngineStats,
+    output_processor: OutputProcessor,
+    tokenizer,
+    kv_source: KVConnectorBase | NullConnector,
+) -> EngineSnapshot:
+    """The engine's state now: blocks, free queue order, cached hashes, requests, counters."""
     blocks = tuple(
         BlockSnapshot(b.block_id, b.ref_cnt, short(b.block_hash) if b.block_hash else None)
         for b in kv.blocks
@@ -60,7 +69,10 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
     # Aborted requests stay in `waiting` until they reach its head: skip them.
     waiting = tuple(r.request_id for r in scheduler.waiting if r.status != RequestStatus.FINISHED)
     running = tuple(r.request_id for r in scheduler.running)
-    requests = tuple(_request(engine, scheduler.requests[rid]) for rid in (*waiting, *running))
+    requests = tuple(
+        _request(scheduler.requests[rid], kv, output_processor, tokenizer)
+        for rid in (*waiting, *running)
+    )
     return EngineSnapshot(
         step=scheduler.step_count,
         blocks=blocks,
@@ -72,17 +84,15 @@ def engine_snapshot(engine: LLMEngine) -> EngineSnapshot:
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits,
         external_prefix_cache_hits=stats.external_prefix_cache_hits,
-        tier=_tier(engine),
+        # The host tier's entries, (short hash, slot), least recently used first (none without
+        # an OffloadingConnector).
+        tier=tuple((short(h), slot) for h, slot in kv_source.tier_entries()),
     )
 
 
-def _tier(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
-    """The host tier's entries, (short hash, slot), least recently used first (none without an
-    OffloadingConnector)."""
-    return tuple((short(h), slot) for h, slot in engine.kv_connector.tier_entries())
-
-
-def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:
+def _request(
+    request: Request, kv: KVCacheManager, output_processor: OutputProcessor, tokenizer
+) -> RequestSnapshot:
     running = request.status == RequestStatus.RUNNING
     return RequestSnapshot(
         request_id=request.request_id,
@@ -92,43 +102,9 @@ def _request(engine: LLMEngine, request: Request) -> RequestSnapshot:
         max_tokens=request.max_tokens,
         num_computed_tokens=request.num_computed_tokens,
         num_output_tokens=request.num_output_tokens,
-        output_text=engine.output_processor.output_text(request.request_id),
-        block_table=tuple(engine.kv_cache_manager.get_block_table(request.request_id)),
+        output_text=output_processor.output_text(request.request_id),
+        block_table=tuple(kv.get_block_table(request.request_id)),
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,
-        tokens=token_texts(engine.tokenizer, request.all_token_ids),
-    )
-
-
-def step_summary(engine: LLMEngine, sched: SchedulerOutput, forward_time: float) -> StepSummary:
-    """The `StepSummary` event of a step that ran: what it scheduled, the queues and the KV
-    cache's block counts after it, and its times."""
-    kv = engine.kv_cache_manager
-    scheduled = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
-    reason, head = waiting_reason(engine.scheduler, sched)
-    num_decode = sum(s.num_new_tokens for s in sched.scheduled if not s.is_prefill)
-    return StepSummary(
-        step=sched.step,
-        scheduled=scheduled,
-        num_prefill_tokens=sched.num_scheduled_tokens - num_decode,
-        num_decode_tokens=num_decode,
-        num_running=len(engine.scheduler.running),
-        num_waiting=engine.scheduler.num_waiting,
-        num_used_blocks=kv.num_used_blocks,
-        num_cached_free_blocks=kv.num_cached_free_blocks,
-        num_free_blocks=kv.num_free_blocks,
-        num_allocated_slots=kv.num_allocated_slots(),
-        num_filled_slots=kv.num_filled_slots(),
-        schedule_time=sched.schedule_time,
-        forward_time=forward_time,
-        num_preempted=len(sched.preempted),
-        token_budget=engine.config.max_num_batched_tokens,
-        free_queue_head=tuple(kv.free_block_queue.peek(8)),
-        # (a round trip to every rank: only asked when someone listens to events)
-        rank_forward_times=tuple(engine.setup.on_every_rank("forward_logits_time", all=True)),
-        waiting_reason=reason,
-        waiting_head=head,
-        budget_cut=budget_cut(sched),
-        waiting_blocks_needed=sched.waiting_blocks[0] if sched.waiting_blocks else None,
-        waiting_free_blocks=sched.waiting_blocks[1] if sched.waiting_blocks else None,
+        tokens=token_texts(tokenizer, request.all_token_ids),
     )

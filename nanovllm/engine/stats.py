@@ -3,7 +3,8 @@
 Whoever wants figures about the engine (the benchmark's step breakdown, the server's /metrics,
 the visualizer's snapshot, the stress tool) reads `LLMEngine.stats`: the last step's
 `StepStats` (its parts' seconds, its shape, its queue lengths and cache counts) and running
-totals since the engine started. None of them times or replaces an engine method, or reads an
+totals since the engine started, and `live`, the figures of the moment (the queues, the KV
+cache's blocks and slots), read when asked. None of them times or replaces an engine method, or reads an
 engine's private field, so the engine can change inside without breaking its readers.
 
 The names are vLLM's where it has them (`vllm/v1/metrics/stats.py`: `SchedulerStats`,
@@ -19,8 +20,62 @@ from typing import TYPE_CHECKING
 from nanovllm.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
+    from nanovllm.core.kv_cache_manager import KVCacheManager
     from nanovllm.core.scheduler import Scheduler, SchedulerOutput
     from nanovllm.executor.model_runner import ModelRunner
+    from nanovllm.request import Request
+
+
+class LiveFigures:
+    """The engine's figures at the moment they are read (between steps): its queues and its KV
+    cache's blocks and slots."""
+
+    def __init__(self, scheduler: Scheduler, kv_cache_manager: KVCacheManager) -> None:
+        self._scheduler, self._kv = scheduler, kv_cache_manager
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """Every unfinished request's id (waiting or running)."""
+        return tuple(self._scheduler.requests)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        """The running requests, in admission order."""
+        return tuple(self._scheduler.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._scheduler.num_waiting
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._kv.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._kv.num_used_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self._kv.num_cached_free_blocks
+
+    @property
+    def num_allocated_slots(self) -> int:
+        """KV slots in used blocks."""
+        return self._kv.num_allocated_slots()
+
+    @property
+    def num_filled_slots(self) -> int:
+        """Of them, slots that hold a token's KV."""
+        return self._kv.num_filled_slots()
 
 
 @dataclass
@@ -63,6 +118,12 @@ class EngineStats:
     propose_time: float = 0.0
     last: StepStats = field(default_factory=StepStats)
     spec_decoding: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    live: LiveFigures | None = None  # the figures of the moment
+    device: str = "cpu"  # where the model runs ("cuda", "cuda:1", "cpu")
+    compile_seconds: float | None = None  # torch.compile's at load (None: eager, or it failed)
+    # With async scheduling, a list to record each finished step's times into (`StepTimes`,
+    # `async_step.py`; the bench's timeline); None: not recorded.
+    timeline: list | None = None
 
     def record_step(
         self,

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from nanovllm.core.kv_source import NullConnector
 from nanovllm.events import EventBus
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from nanovllm.kv_transfer.offloading import OffloadingConnector
 from nanovllm.kv_transfer.p2p import P2pConnector
 from nanovllm.kv_transfer.shared_storage import SharedStorageConnector
 from nanovllm.kv_transfer_config import KVTransferConfig
-
-if TYPE_CHECKING:
-    from nanovllm.engine.setup import EngineSetup
 
 CONNECTORS: dict[str, type[KVConnectorBase]] = {
     cls.name: cls for cls in (OffloadingConnector, SharedStorageConnector, P2pConnector)
@@ -58,11 +53,3 @@ def create_connector(
             "(the OffloadingConnector does)"
         )
     return cls(config, role, block_size, model_tag, events, host_tier_cls=host_tier_cls)
-
-
-def scheduler_kv_source(
-    setup: EngineSetup, events: EventBus | None = None
-) -> KVConnectorBase | NullConnector:
-    """The scheduler's KV source (`core/kv_source.py`) of an engine set up as `setup`
-    (`engine/setup.py`): its connector's scheduler side, or the `NullConnector` without one."""
-    return setup.connector(KVConnectorRole.SCHEDULER, events) or NullConnector()

@@ -87,15 +87,16 @@ def build_app(
     None: the engine's model name. `model_root` is the model's path as the operator gave it
     (the cards' `root`; default: the folder it was loaded from)."""
     if tokenizer is None:
-        from nanovllm.models.loader import load_tokenizer
+        from nanovllm.models.loader import load_tokenizer, resolve_model_path
 
-        setup = engine.engine.setup  # our own tokenizer (see serving.py), from the same place
-        tokenizer = load_tokenizer(setup.tokenizer_path or setup.model_path)
+        # Our own tokenizer (see serving.py), from the same place as the engine's.
+        given = engine.engine.config.tokenizer
+        tokenizer = load_tokenizer(resolve_model_path(given) if given else engine.engine.model_path)
     if isinstance(served_model_name, str):
         served_model_name = [served_model_name]
     model_names = list(served_model_name or [engine.model_name])
     model_name = model_names[0]
-    root = model_root or str(engine.engine.setup.model_path)
+    root = model_root or str(engine.engine.model_path)
     serving = OpenAIServing(engine, tokenizer, model_names, chat_template, max_prompt_chars)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from nanovllm.distributed import WorkerGroupError
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
-from nanovllm.engine.snapshot import engine_snapshot
 from nanovllm.events import Event
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
@@ -440,9 +439,10 @@ class AsyncLLMEngine:
         """Why no request can be served (None: the engine runs)."""
         if self._dead is not None:
             return f"the engine has stopped: {self._dead}"
-        group = self.engine.group  # tensor parallelism: a rank that died ends the engine
-        if group is not None and group.failure is not None:
-            return f"the engine has stopped: {group.failure}"
+        try:
+            self.engine.check_health()  # tensor parallelism: a rank that died ends the engine
+        except Exception as exc:  # noqa: BLE001 - its reason is the answer
+            return f"the engine has stopped: {exc}"
         if not self._thread.is_alive():
             return "the engine thread is not running"
         return None
@@ -550,9 +550,8 @@ class AsyncLLMEngine:
             self._fail_streams(command.error)
         elif isinstance(command, _Subscribe):
             sink = _Sink(command.loop)
-            sink.unsubscribe = engine.subscribe(sink.buffer.append)
             # Right after `EngineStarted`: the state so far, so a late listener starts from it.
-            sink.buffer.append(engine_snapshot(engine))
+            sink.unsubscribe = engine.subscribe(sink.buffer.append, snapshot=True)
             self._sinks[command.sink] = sink
         elif isinstance(command, _Unsubscribe):
             sink = self._sinks.pop(command.sink, None)
@@ -593,7 +592,7 @@ class AsyncLLMEngine:
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
         self._count_tokens(new_tokens)
-        stats = self._timer.step(step_start, step_end, self.engine.scheduler.running, outputs)
+        stats = self._timer.step(step_start, step_end, self.engine.stats.live.running, outputs)
         if stats:
             for observe in self._stats_observers:
                 try:
@@ -692,15 +691,14 @@ class AsyncLLMEngine:
 
     def _publish_stats(self) -> None:
         engine = self.engine
-        kv = engine.kv_cache_manager
-        scheduler = engine.scheduler
+        live = engine.stats.live
         self.stats = ServerStats(
             model=self.model_name,
-            num_running=len(scheduler.running),
-            num_waiting=scheduler.num_waiting,
-            num_kv_blocks=kv.num_blocks,
-            num_used_blocks=kv.num_used_blocks,
-            num_cached_free_blocks=kv.num_cached_free_blocks,
+            num_running=live.num_running,
+            num_waiting=live.num_waiting,
+            num_kv_blocks=live.num_blocks,
+            num_used_blocks=live.num_used_blocks,
+            num_cached_free_blocks=live.num_cached_free_blocks,
             num_preemptions=engine.stats.num_preemptions,
             prefix_cache_queries=engine.stats.prefix_cache_queries,
             prefix_cache_hits=engine.stats.prefix_cache_hits,
@@ -718,11 +716,11 @@ class AsyncLLMEngine:
 
     def _spec_decode_stats(self) -> dict:
         """The engine's speculative decoding counters (none when it does not speculate)."""
-        config = self.engine.setup.speculative_config
-        if config is None:
+        started = self.engine.started_event
+        if started.speculative_method is None:
             return {}
         spec = self.engine.stats.spec_decoding
-        k = config.num_speculative_tokens
+        k = started.num_speculative_tokens
         per_pos = spec.num_accepted_tokens_per_pos
         return dict(
             num_speculative_tokens=k,

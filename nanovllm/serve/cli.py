@@ -291,7 +291,7 @@ def warn_of_engine_ports(engine) -> None:
     from nanovllm.engine.tensor_parallel import under_torchrun
     from nanovllm.kv_transfer.secret import secret_source
 
-    connector = engine.kv_connector
+    connector = engine.kv_source
     kv = getattr(connector, "config", None)
     if kv is not None and kv.kv_port is not None and kv.kv_ip not in LOOPBACK:
         source = secret_source(kv.kv_connector_extra_config.get("secret"))

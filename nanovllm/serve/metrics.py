@@ -246,8 +246,8 @@ class ServerMetrics:
             ).labels(*labels)
             for name, what in perf
         )
-        self._scheduler = llm_engine.scheduler  # read on the engine thread only (record)
-        self._external_hits_seen = self._scheduler.external_prefix_cache_hits
+        self._engine_stats = llm_engine.stats  # read on the engine thread only (record)
+        self._external_hits_seen = self._engine_stats.external_prefix_cache_hits
         self.registry.register(_EngineStateCollector(engine, model_name))
         self.registry.register(_CacheConfigCollector(engine))
         self._remove_observer = engine.add_stats_observer(self.record)
@@ -263,7 +263,7 @@ class ServerMetrics:
             self.flops.inc(perf.flops)
             self.read_bytes.inc(perf.read_bytes)
             self.write_bytes.inc(perf.write_bytes)
-        external_hits = self._scheduler.external_prefix_cache_hits
+        external_hits = self._engine_stats.external_prefix_cache_hits
         self._count_prompt_sources(stats.admitted, external_hits - self._external_hits_seen)
         self._external_hits_seen = external_hits
         num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
@@ -317,7 +317,7 @@ class _EngineStateCollector:
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
         self._engine = engine
         self._labels = [model_name, ENGINE]
-        connector = engine.engine.kv_connector
+        connector = engine.engine.kv_source
         self._has_connector = connector.config is not None  # (the NullConnector has none)
         name = type(connector).__name__
         self._connector_source = CONNECTOR_SOURCE.get(name, "external_unspecified")

@@ -327,7 +327,7 @@ class OpenAIServing:
         if check is not None:
             check(len(token_ids))
         kv_params = (params.extra_args or {}).get("kv_transfer_params")
-        connector = self.engine.engine.kv_connector
+        connector = self.engine.engine.kv_source
         if kv_params and connector.config is not None:  # (the NullConnector: no connector)
             # Only the proxy names a transfer (it signs it with the KV secret): a client's
             # made-up one would hold its request, and a slot, for nothing (`kv_transfer/secret.py`).

@@ -26,7 +26,7 @@ def model_path(tmp_path_factory):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sampling_works_on_the_gpu_with_every_filter(model_path, backend: str) -> None:
     llm = LLM(str(model_path), attention_backend=backend, block_size=16, dtype="float32")
-    assert llm.llm_engine.device.type == "cuda"
+    assert llm.llm_engine.runner.device.type == "cuda"
     params = [
         SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True),
         SamplingParams(temperature=1.0, top_k=20, max_tokens=16, ignore_eos=True),

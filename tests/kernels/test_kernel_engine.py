@@ -24,7 +24,7 @@ def test_triton_backend_matches_torch_backend_on_the_embedded_model() -> None:
     options = dict(block_size=4, max_num_batched_tokens=8)
     torch_out = LLM(attention_backend="torch", **options).generate(prompts, params, use_tqdm=False)
     llm = LLM(attention_backend="triton", **options)
-    assert llm.llm_engine.attention_backend == "triton"
+    assert llm.llm_engine.started_event.attention_backend == "triton"
     triton_out = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in triton_out] == [
         o.outputs[0].token_ids for o in torch_out

@@ -630,7 +630,14 @@ def _recording(impl, names: list[str], calls: set[str]):
             methods = {m.split(".")[1] for m in names if m.startswith(f"{name}.")}
             attrs = {m: wrap(getattr(value, m), f"{name}.{m}") for m in methods}
             attrs["__init__"] = wrap(value.__init__, name)
-            replacements[name] = type(name, (value,), attrs)
+
+            class Recorded(value):  # the lesson's class, its listed methods recorded
+                pass
+
+            for method, fn in attrs.items():
+                setattr(Recorded, method, fn)
+            Recorded.__name__ = Recorded.__qualname__ = name
+            replacements[name] = Recorded
         else:
             replacements[name] = wrap(value, name)
     return testing.variant(impl, **replacements)

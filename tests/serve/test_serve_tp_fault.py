@@ -47,7 +47,7 @@ def test_a_dead_rank_makes_health_and_requests_503(model_path, while_running):
                 while engine.stats.generation_tokens == 0:  # the request is under way
                     assert time.monotonic() < deadline and runner.is_alive()
                     time.sleep(0.01)
-            os.kill(engine.engine.group.pids[1], signal.SIGKILL)
+            os.kill(engine.engine.workers.pids[1], signal.SIGKILL)
             if while_running:
                 runner.join(60)
                 assert not runner.is_alive()

@@ -192,7 +192,7 @@ def test_estimated_flops_count_the_models_weights_and_the_steps_tokens(run):
     query dimension per token per context position (scores, and scores x V), and the LM head
     for one row per request (a prefill's last token, a decode's token)."""
     families, events, _, llm_engine = run
-    weights = dict(llm_engine.model.named_parameters())
+    weights = dict(llm_engine.runner.model.named_parameters())
     layer_weights = sum(w.numel() for n, w in weights.items() if ".layers." in n and w.dim() == 2)
     o_projs = [w for n, w in weights.items() if n.endswith("o_proj.weight")]
     query_dims = sum(w.shape[1] for w in o_projs)  # q heads x head_dim, over the layers

@@ -10,6 +10,7 @@ with it. `wrap_items`, the cut every list of the panel goes through, is checked 
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 from budget import examples
 from hypothesis import given, settings
@@ -103,7 +104,7 @@ def test_every_block_read_is_shown_or_counted(step, size):
     lines = panel(state, selected, *size)
     i = inputs.request_ids.index(selected)
     span_reads = block_reads(
-        type("Span", (), {"block_table": inputs.block_tables[i], "seq_len": inputs.seq_lens[i]}),
+        SimpleNamespace(block_table=inputs.block_tables[i], seq_len=inputs.seq_lens[i]),
         inputs.block_size,
     )
     start = next(k for k, line in enumerate(lines) if line.startswith(("attention ", "attn ")))

@@ -737,7 +737,6 @@ def test_snapshot_mid_run_then_events_agree_with_engine(tiny_llama: Path):
 
     from make_viz_trace import record_trace
 
-    from nanovllm.engine.snapshot import engine_snapshot
     from nanovllm.events import event_from_dict, event_to_dict
 
     box = {"state": None, "seen": 0, "checks": 0}
@@ -746,7 +745,7 @@ def test_snapshot_mid_run_then_events_agree_with_engine(tiny_llama: Path):
         if box["state"] is None:
             if len(events) < 120:  # join once blocks are cached and requests are running
                 return
-            wire = json.loads(json.dumps(event_to_dict(engine_snapshot(engine))))
+            wire = json.loads(json.dumps(event_to_dict(snapshot_now(engine))))
             box["state"] = reduce_all(VizState(), [engine.started_event, event_from_dict(wire)])
             box["seen"] = len(events)
         box["state"] = reduce_all(box["state"], events[box["seen"] :])
@@ -756,3 +755,10 @@ def test_snapshot_mid_run_then_events_agree_with_engine(tiny_llama: Path):
 
     record_trace(tiny_llama, check=check)
     assert box["checks"] > 20
+
+
+def snapshot_now(engine):
+    """The engine's state now, as a subscriber that joins now receives it after `EngineStarted`."""
+    told = []
+    engine.subscribe(told.append, snapshot=True)()  # (and unsubscribed at once)
+    return told[1]

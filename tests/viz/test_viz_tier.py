@@ -268,7 +268,7 @@ def naive_slots(events: list, num_slots: int) -> dict[int, str]:
 
 
 def check_tier(state: VizState, engine, events: list) -> None:
-    tier, mine = engine.kv_connector.tier, state.tier
+    tier, mine = engine.kv_source.tier, state.tier
     engine_slots = {slot: short(h) for h, slot in tier.slot_of.items()}
     assert dict(enumerate(mine.slots)) == {i: engine_slots.get(i) for i in range(tier.num_blocks)}
     assert {i: h for i, h in enumerate(mine.slots) if h} == naive_slots(events, tier.num_blocks)
@@ -467,7 +467,6 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
     every step after, as the events apply on top."""
     import json
 
-    from nanovllm.engine.snapshot import engine_snapshot
     from nanovllm.events import event_from_dict, event_to_dict
     from nanovllm.sampling_params import SamplingParams
 
@@ -488,8 +487,8 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
         engine.add_request(f"r{i}", prompt, params)
         while engine.has_unfinished_requests():
             engine.step()
-            if late is None and len(engine.kv_connector.tier) >= 3:
-                wire = json.loads(json.dumps(event_to_dict(engine_snapshot(engine))))
+            if late is None and len(engine.kv_source.tier) >= 3:
+                wire = json.loads(json.dumps(event_to_dict(snapshot_now(engine))))
                 late = reduce(reduce(VizState(), engine.started_event), event_from_dict(wire))
                 seen = len(run.events)
             elif late is not None:
@@ -497,9 +496,16 @@ def test_a_viewer_joining_mid_run_starts_from_the_engines_tier(tiny_llama: Path)
                     late = reduce(late, event)
                 seen = len(run.events)
             if late is not None:
-                tier = engine.kv_connector.tier
+                tier = engine.kv_source.tier
                 by_slot = {slot: short(h) for h, slot in tier.slot_of.items()}
                 assert late.tier.slots == tuple(by_slot.get(i) for i in range(tier.num_blocks))
                 assert list(late.tier.lru) == [short(h) for h in tier.slot_of]
                 checks += 1
     assert checks > 5 and late.tier.num_loaded > 0
+
+
+def snapshot_now(engine):
+    """The engine's state now, as a subscriber that joins now receives it after `EngineStarted`."""
+    told = []
+    engine.subscribe(told.append, snapshot=True)()  # (and unsubscribed at once)
+    return told[1]

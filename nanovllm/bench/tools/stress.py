@@ -64,7 +64,7 @@ def time_steps_with_queue(
         engine.step()
         step_total += time.perf_counter() - start
         schedule_total += engine.stats.last.schedule_time
-    for rid in list(engine.scheduler.requests):
+    for rid in engine.stats.live.request_ids:
         engine.abort_request(rid)
     engine.step()
     gc.unfreeze()
@@ -112,7 +112,7 @@ def soak(
                 f"soak-{seed}-{next_id}", [rng.randrange(vocab) for _ in range(prompt_len)], params
             )
             next_id += 1
-        live = list(engine.scheduler.requests)
+        live = engine.stats.live.request_ids
         if live and rng.random() < abort_rate:
             engine.abort_request(rng.choice(live))
         for out in engine.step():
@@ -132,7 +132,7 @@ def run_soak(model: str | None, num_requests: int) -> dict[str, float]:
     soak(engine, max(num_requests // 10, 20), seed=0)  # warm-up: lazy allocations happen here
     gc.collect()
     rss_before = rss_mb()
-    free_before = engine.kv_cache_manager.num_free_blocks
+    free_before = engine.stats.live.num_free_blocks
     start = time.perf_counter()
     counts = soak(engine, num_requests, seed=1)
     elapsed = time.perf_counter() - start
@@ -142,7 +142,7 @@ def run_soak(model: str | None, num_requests: int) -> dict[str, float]:
         "seconds": elapsed,
         "preemptions": engine.stats.num_preemptions,
         "free_blocks_before": free_before,
-        "free_blocks_after": engine.kv_cache_manager.num_free_blocks,
+        "free_blocks_after": engine.stats.live.num_free_blocks,
         "rss_mb_before": rss_before,
         "rss_mb_after": rss_mb(),
         **{f"finished_{k}": v for k, v in counts.items()},
