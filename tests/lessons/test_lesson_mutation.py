@@ -6,6 +6,9 @@ one that survives without being listed as equivalent; and every listed one, with
 property, failing on one that is killed (the list says it cannot be, so the list is wrong).
 A listed id that is no longer generated (its code changed) fails too.
 
+The fresh-seed sweep (`nanovllm lesson --mutate --fresh K`) shows every mutant that survived any
+of its K tries, and fails.
+
 Lesson 12 scores a learner's properties against the generated mutants of the allocator and the
 slot mapping: properties that catch every planted bug but not those fail it.
 """
