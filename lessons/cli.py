@@ -15,6 +15,9 @@
     nanovllm lesson --mutants       how many of the course's planted bugs its properties catch
     nanovllm lesson --mutate [N]    how many generated mutants the properties kill (slow: all
                                     fifteen lessons take hours; one lesson, minutes)
+    nanovllm lesson --mutate --fresh K [N]
+                                    each mutant not listed as equivalent K times, with fresh
+                                    random examples: those that survived any try
 
 Your exercises live in $NANOVLLM_HOME/lessons (default ~/.nanovllm/lessons), copied there on
 first use and never overwritten, so your work survives upgrades of the package.
@@ -66,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the properties against every generated mutant (lessons/mutation.py)",
     )
     parser.add_argument(
+        "--fresh",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --mutate: try each mutant not listed as equivalent K times, with fresh random "
+        "examples, and show those that survived any try",
+    )
+    parser.add_argument(
         "--run",
         action="store_true",
         help="check your code, then run the real engine with it; compare with the stock engine",
@@ -115,8 +126,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mutants:
         return _mutants(console, lesson)
+    if args.fresh is not None and (not args.mutate or args.fresh < 1):
+        console.print(
+            f"[red]--fresh K goes with --mutate, K 1 or more (got {args.fresh}): "
+            "nanovllm lesson --mutate --fresh 5[/]"
+        )
+        return 2
     if args.mutate:
-        return _mutate(console, lesson)
+        return _mutate(console, lesson, args.fresh)
     acts = ("check", "watch", "hint", "path", "text", "demo", "reset")
     if (args.run or args.viz) and any(getattr(args, name) for name in acts):
         console.print("[red]--run and --viz go with a lesson alone: nanovllm lesson N --run[/]")
@@ -475,13 +492,16 @@ def _mutants(console, lesson: Lesson | None) -> int:
     return 0 if caught == len(results) else 1
 
 
-def _mutate(console, lesson: Lesson | None) -> int:
-    """The generated mutants' table (`mutation`): each lesson in a niced child process."""
+def _mutate(console, lesson: Lesson | None, fresh: int | None = None) -> int:
+    """The generated mutants' table (`mutation`): each lesson in a niced child process; with
+    `fresh`, each mutant not listed as equivalent that many times with fresh examples, and the
+    ones that survived any try (`mutation.fresh_sweep`)."""
     if _needs_test_tools(console):
         return 2
     from nanovllm.lessons import harness, mutation
 
-    rows = []
+    rows, swept = [], []
+    each = "run" if fresh is None else f"tried {fresh} times"
     for lesson_ in all_lessons() if lesson is None else (lesson,):
         try:
             harness.implementation(lesson_, "reference")
@@ -491,10 +511,16 @@ def _mutate(console, lesson: Lesson | None) -> int:
         with console.status(f"lesson {lesson_.number}: generated mutants...") as status:
 
             def progress(done: int, total: int, status=status, n=lesson_.number) -> None:
-                status.update(f"lesson {n}: {done}/{total} generated mutants run")
+                status.update(f"lesson {n}: {done}/{total} generated mutants {each}")
 
-            verdicts = mutation.run_lesson(lesson_, progress=progress)
-        rows.append(mutation.figures(lesson_, verdicts))
+            if fresh is None:
+                verdicts = mutation.run_lesson(lesson_, progress=progress)
+                rows.append(mutation.figures(lesson_, verdicts))
+            else:
+                swept.append(mutation.fresh_sweep(lesson_, fresh, progress=progress))
+    if fresh is not None:
+        print(mutation.fresh_markdown(swept))
+        return 0 if all(not row.survivors for row in swept) else 1
     print(mutation.markdown(rows))
     return 0 if all(not row.surviving for row in rows) else 1
 

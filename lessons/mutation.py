@@ -27,6 +27,11 @@ hash of the function, the changed line and its mutation (stable across unrelated
 `nanovllm lesson --mutate [N]` runs each lesson in a child process (`python -m
 nanovllm.lessons.mutation N`, niced, one JSON line per mutant): a mutant that crashes or hangs
 the process is counted as killed and the run goes on from the next mutant.
+
+Killed once is not killed on every seed: a learner's `--check` draws new examples each time.
+`nanovllm lesson --mutate --fresh K [N]` (`python -m nanovllm.lessons.mutation --fresh K N`)
+tries every mutant not listed as equivalent K times, each time with fresh random examples, and
+shows each one that survived any try, with how many (`fresh_sweep`).
 """
 
 from __future__ import annotations
@@ -414,6 +419,7 @@ class Verdict:
     killed_by: str | None  # the first property that failed; None: survived
     error: str | None
     seconds: float
+    survived: int = 0  # tries in which no property failed (`try_repeatedly`)
 
 
 def try_generated(
@@ -441,7 +447,21 @@ def try_generated(
         return Verdict(mutant.id, "(does not load)", str(exc), time.perf_counter() - start)
     finally:
         clear_caches(lesson)
-    return Verdict(mutant.id, None, None, time.perf_counter() - start)
+    return Verdict(mutant.id, None, None, time.perf_counter() - start, survived=1)
+
+
+def try_repeatedly(lesson: Lesson, mutant: GeneratedMutant, *, tries: int, fresh: bool) -> Verdict:
+    """`try_generated` `tries` times: killed by the first property that failed in any try, and
+    `survived` the number of tries in which none did."""
+    verdicts = [try_generated(lesson, mutant, fresh=fresh) for _ in range(tries)]
+    killed = next((v for v in verdicts if v.killed_by is not None), verdicts[0])
+    return Verdict(
+        mutant.id,
+        killed.killed_by,
+        killed.error,
+        sum(v.seconds for v in verdicts),
+        sum(v.survived for v in verdicts),
+    )
 
 
 def clear_caches(lesson: Lesson) -> None:
@@ -468,7 +488,7 @@ def sample(lesson: Lesson, size: int, seed: int = 0) -> list[GeneratedMutant]:
     return chosen + [m for m in pool if m.id in listed and m not in chosen]
 
 
-def _child(lesson_name: str, skip: set[str], fresh: bool) -> None:
+def _child(lesson_name: str, skip: set[str], fresh: bool, tries: int) -> None:
     """In the child process: one JSON line per mutant ("start" before, the verdict after)."""
     import torch
 
@@ -478,20 +498,27 @@ def _child(lesson_name: str, skip: set[str], fresh: bool) -> None:
         if mutant.id in skip:
             continue
         print(json.dumps({"start": mutant.id}), flush=True)
-        print(json.dumps(asdict(try_generated(lesson, mutant, fresh=fresh))), flush=True)
+        verdict = try_repeatedly(lesson, mutant, tries=tries, fresh=fresh)
+        print(json.dumps(asdict(verdict)), flush=True)
 
 
 def run_lesson(
-    lesson: Lesson, *, timeout_s: float = 120.0, fresh: bool = False, progress=None
+    lesson: Lesson,
+    *,
+    timeout_s: float = 120.0,
+    fresh: bool = False,
+    tries: int = 1,
+    skip: frozenset[str] | set[str] = frozenset(),
+    progress=None,
 ) -> dict[str, Verdict]:
-    """Every generated mutant of `lesson`, run in a niced child process; a mutant that kills
-    or hangs the child (past `timeout_s` with no verdict) counts as killed, and a new child
-    carries on from the next one."""
+    """Every generated mutant of `lesson` but those in `skip`, each tried `tries` times, run in a
+    niced child process; a mutant that kills or hangs the child (past `timeout_s` a try with no
+    verdict) counts as killed, and a new child carries on from the next one."""
     verdicts: dict[str, Verdict] = {}
-    total = len(generate(lesson.name))
+    total = sum(m.id not in skip for m in generate(lesson.name))
     while len(verdicts) < total:
         command = [sys.executable, "-m", "nanovllm.lessons.mutation", "--child", lesson.name]
-        command += ["--fresh"] if fresh else []
+        command += ["--tries", str(tries)] + (["--fresh"] if fresh else [])
         child = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -500,7 +527,7 @@ def run_lesson(
             preexec_fn=lambda: os.nice(10),
         )
         assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(json.dumps(sorted(verdicts)))
+        child.stdin.write(json.dumps(sorted(set(verdicts) | set(skip))))
         child.stdin.close()
         current = None
         started = time.monotonic()
@@ -510,7 +537,7 @@ def run_lesson(
         selector.register(child.stdout, selectors.EVENT_READ)
         while True:
             if not selector.select(timeout=1.0):
-                if current is not None and time.monotonic() - started > timeout_s:
+                if current is not None and time.monotonic() - started > timeout_s * tries:
                     child.kill()
                     break
                 continue
@@ -579,13 +606,79 @@ def markdown(rows: list[LessonFigures]) -> str:
     return "\n".join(lines)
 
 
+# --- fresh seeds ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FreshFigures:
+    lesson: Lesson
+    tries: int
+    tried: int  # mutants tried, `tries` times each
+    survivors: list[tuple[GeneratedMutant, int]]  # each that survived a try, and in how many
+    seconds: float
+
+
+def fresh_sweep(
+    lesson: Lesson, tries: int, *, only: set[str] | None = None, progress=None
+) -> FreshFigures:
+    """Every generated mutant of `lesson` not listed as equivalent (or those of `only`), each
+    tried `tries` times with fresh random examples, as many learners' `--check`s would."""
+    pool = generate(lesson.name)
+    listed = equivalents(lesson)
+    skip = {m.id for m in pool if (m.id not in only if only is not None else m.id in listed)}
+    start = time.perf_counter()
+    verdicts = run_lesson(lesson, fresh=True, tries=tries, skip=skip, progress=progress)
+    survivors = [(m, verdicts[m.id].survived) for m in pool if m.id not in skip]
+    return FreshFigures(
+        lesson,
+        tries,
+        len(verdicts),
+        [(m, n) for m, n in survivors if n],
+        time.perf_counter() - start,
+    )
+
+
+def fresh_markdown(rows: list[FreshFigures]) -> str:
+    """The table of `nanovllm lesson --mutate --fresh K`, and each survivor as code."""
+    lines = [
+        "| lesson | mutants tried | tries each | survived a try | seconds |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.lesson.name} | {row.tried} | {row.tries} | {len(row.survivors)} | "
+            f"{row.seconds:.0f} |"
+        )
+    for row in rows:
+        for mutant, survived in row.survivors:
+            lines += [
+                "",
+                f"{row.lesson.name} {mutant.id}: survived {survived} of {row.tries} tries",
+                "```diff",
+                mutant.diff(),
+                "```",
+            ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         skip = set(json.loads(sys.stdin.read() or "[]"))
-        _child(argv[1], skip, fresh="--fresh" in argv)
+        tries = int(argv[argv.index("--tries") + 1]) if "--tries" in argv else 1
+        _child(argv[1], skip, fresh="--fresh" in argv, tries=tries)
         return 0
+    fresh = None
+    if argv and argv[0] == "--fresh":
+        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
+            got = repr(argv[1]) if len(argv) > 1 else "nothing"
+            raise SystemExit(f"--fresh takes the number of tries, 1 or more; got {got}")
+        fresh, argv = int(argv[1]), argv[2:]
     lessons = [get_lesson(a) for a in argv] if argv else list(all_lessons())
+    if fresh is not None:
+        swept = [fresh_sweep(lesson, fresh) for lesson in lessons]
+        print(fresh_markdown(swept))
+        return 0 if all(not row.survivors for row in swept) else 1
     rows = [figures(lesson, run_lesson(lesson)) for lesson in lessons]
     print(markdown(rows))
     return 0 if all(not r.surviving for r in rows) else 1

@@ -225,15 +225,46 @@ def sched_states(
         (draw(st.integers(1, max_prompt)), draw(st.sampled_from([0, 0, 0, 2])))
         for _ in range(draw(st.integers(0, 5), label="num_waiting"))
     )
-    budget = draw(st.integers(1, max_budget), label="token_budget")
+    # Each request's work this step, in the order a scheduler meets them: a running one's
+    # tokens left to compute, a waiting one's whole prompt (and output, if preempted).
+    work = [p + o - c for p, o, c in running] + [p + o for p, o in waiting]
+    budget = _near_a_boundary(draw, work, st.integers(1, max_budget), "token_budget", low=1)
     if not memory:
         return SchedState(tuple(running), waiting, max_num_seqs, budget)
     block_size = draw(st.sampled_from([1, 2, 4, 8]), label="block_size")
     held = sum(-(-c // block_size) for _, _, c in running)
-    spare = draw(st.integers(0, 6), label="spare blocks")
+    # The blocks each request takes this step as far as the budget reaches (nobody preempted;
+    # the last prompt reached perhaps only a chunk of it: memory for a wrongly chunked one too).
+    blocks, left = [], budget
+    for (_, _, c), n in zip(running, work):
+        n = min(n, left)
+        blocks.append(-(-(c + n) // block_size) - -(-c // block_size))
+        left -= n
+    for n in work[len(running) :]:
+        if left == 0:
+            break
+        blocks.append(-(-min(n, left) // block_size))
+        left -= min(n, left)
+    spare = _near_a_boundary(draw, blocks, st.integers(0, 6), "spare blocks", low=0, last=True)
     return SchedState(
         tuple(running), waiting, max_num_seqs, budget, max(held + spare, 1), block_size
     )
+
+
+def _near_a_boundary(
+    draw, amounts: list[int], anywhere, label: str, *, low: int, last: bool = False
+) -> int:
+    """A limit (a token budget, free blocks) drawn from `anywhere`, or, half the time, one that
+    ends at the boundary between two requests' `amounts` (in order), or one either side: where
+    the limit runs out exactly, or leaves exactly 1, so that `>` and `>=`, `> 0` and `> 1`,
+    `-=` and `=` decide differently. `last`: the last boundary (all of them fit) half of
+    those times."""
+    ends = [sum(amounts[: j + 1]) for j in range(len(amounts))]
+    if not ends or not draw(st.booleans(), label=f"{label} at a boundary"):
+        return draw(anywhere, label=label)
+    where = st.one_of(st.just(ends[-1]), st.sampled_from(ends)) if last else st.sampled_from(ends)
+    end = draw(where, label=f"{label}: boundary")
+    return max(low, end + draw(st.integers(-1, 1), label=f"{label}: off by"))
 
 
 # --- a toy tokenizer (lesson 10) ------------------------------------------------------------

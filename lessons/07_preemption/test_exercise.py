@@ -86,6 +86,40 @@ BUDGET_EXACT = SchedState(
     block_size=4,
 )
 
+# Three decoding requests and a budget of 2: r0 and r1 take 1 token each, with exactly 1 left
+# for r1 (`budget > 0`, not `> 1`); then none is left, and r2 gets no entry at all (not one of
+# 0 tokens).
+BUDGET_RUNS_OUT = SchedState(
+    running=((4, 1, 4), (4, 1, 4), (4, 1, 4)),
+    waiting=(),
+    max_num_seqs=4,
+    token_budget=2,
+    num_blocks=6,
+    block_size=4,
+)
+
+# r0 decodes 1 token of the budget of 2; w0's prompt of 3 is longer than the 1 left. Without
+# chunked prefill a prompt is admitted whole or not at all: w0 waits (no chunk of 1).
+PROMPT_OVER_BUDGET = SchedState(
+    running=((4, 1, 4),),
+    waiting=((3, 0),),
+    max_num_seqs=4,
+    token_budget=2,
+    num_blocks=10,
+    block_size=4,
+)
+
+# Two prompts, 2 and 5 tokens, and a budget of 8: both are admitted, since the budget left after
+# w0 is 8 - 2 = 6.
+TWO_ADMITTED = SchedState(
+    running=(),
+    waiting=((2, 0), (5, 0)),
+    max_num_seqs=4,
+    token_budget=8,
+    num_blocks=10,
+    block_size=4,
+)
+
 
 def _step(impl, state: SchedState):
     running, waiting = state.build()
@@ -278,6 +312,9 @@ def _by_the_rule(state: SchedState):
 @example(state=TIGHT)
 @example(state=SEATS_FULL)
 @example(state=BUDGET_EXACT)
+@example(state=BUDGET_RUNS_OUT)
+@example(state=PROMPT_OVER_BUDGET)
+@example(state=TWO_ADMITTED)
 @show_inputs
 def test_the_step_is_exactly_the_rule(impl, state):
     """The scheduled requests, their tokens and order, the victims and their order, and both

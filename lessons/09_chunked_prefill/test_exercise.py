@@ -23,6 +23,9 @@ BUDGET_RUNS_OUT = SchedState(
     running=((40, 0, 10), (5, 1, 6), (5, 1, 6)), waiting=((3, 0),), max_num_seqs=4, token_budget=8
 )
 
+# r0 decodes 1 token of the budget of 2: exactly 1 is left, and w0 is admitted with a chunk of 1.
+ONE_TOKEN_LEFT = SchedState(running=((4, 1, 4),), waiting=((3, 0),), max_num_seqs=4, token_budget=2)
+
 
 def _step(impl, state: SchedState):
     running, waiting = state.build()
@@ -63,6 +66,7 @@ def test_budget_seats_and_running_first(impl, state):
 @lesson_settings(30)
 @given(state=states)
 @example(state=LONG_PROMPT)
+@example(state=ONE_TOKEN_LEFT)
 @show_inputs
 def test_a_long_prompt_never_blocks_the_queue(impl, state):
     """A prompt longer than the budget left is admitted with a chunk of exactly what is left."""
@@ -211,6 +215,7 @@ def _by_the_rule(state: SchedState):
 @given(state=states)
 @example(state=LONG_PROMPT)
 @example(state=BUDGET_RUNS_OUT)
+@example(state=ONE_TOKEN_LEFT)
 @show_inputs
 def test_the_step_is_exactly_the_rule(impl, state):
     """The scheduled requests, their tokens and order, and both queues afterwards are exactly

@@ -622,6 +622,26 @@ def test_a_tier_whose_every_entry_is_pinned_refuses_and_changes_nothing(impl, nu
     check_same(tier, model, f"insert(h7) with all pinned but {NAMES[spare]}")
 
 
+@lesson_settings(20)
+@example(held={0})  # h0 is held, h1 to h7 are not
+@given(held=st.sets(st.integers(0, 7), min_size=1, max_size=5))
+@show_inputs
+@calls_shown
+def test_lookup_gives_the_slot_of_a_held_hash_and_none_otherwise(impl, held):
+    """lookup of every hash, some held and the rest not: each held one gives the slot the
+    tier gave it, every other one None."""
+    tier, model = new_tier(impl, 5), Model(5)
+    for i in sorted(held):
+        check_insert(tier, model, HASHES[i], set())
+    for h in HASHES:
+        got = tier.lookup(h)
+        assert got == model.slot.get(h), (
+            f"lookup({NAMES[h]}) is {got!r}, not {model.slot.get(h)!r} (the tier holds "
+            f"{_slots({NAMES[k]: slot for k, slot in model.slot.items()})})"
+        )
+    check_same(tier, model, "a lookup of every hash")
+
+
 @lesson_settings(40)
 @given(
     held=st.sets(st.integers(0, 7), max_size=5),

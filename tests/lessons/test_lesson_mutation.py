@@ -6,6 +6,9 @@ one that survives without being listed as equivalent; and every listed one, with
 property, failing on one that is killed (the list says it cannot be, so the list is wrong).
 A listed id that is no longer generated (its code changed) fails too.
 
+The fresh-seed sweep (`nanovllm lesson --mutate --fresh K`) shows every mutant that survived any
+of its K tries, and fails.
+
 Lesson 12 scores a learner's properties against the generated mutants of the allocator and the
 slot mapping: properties that catch every planted bug but not those fail it.
 """
@@ -51,6 +54,38 @@ def test_generated_mutants_are_killed_or_listed(lesson):
         if (verdict := mutation.try_generated(lesson, pool[mutant_id], quick=LISTED)).killed_by
     ]
     assert not killed, f"listed as equivalent, yet killed: {killed}"
+
+
+# --- fresh seeds: `nanovllm lesson --mutate --fresh K` ------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_fresh_sweep_shows_each_mutant_that_survived_a_try_and_fails(monkeypatch):
+    """The sweep, through its child process: a mutant of lesson 15 listed as equivalent (no
+    check can kill it) survives both of 2 fresh tries and is shown, with the count and as
+    code; a killed one is not; and the command exits 1."""
+    from rich.console import Console
+
+    from nanovllm.lessons import cli
+
+    lesson = get_lesson("15_where_the_kv_lives")
+    listed = sorted(mutation.equivalents(lesson))
+    assert listed, "the test needs a mutant that survives every try"
+    killed = next(m.id for m in mutation.generate(lesson.name) if m.id not in listed)
+    row = mutation.fresh_sweep(lesson, 2, only={listed[0], killed})
+    assert row.tried == 2
+    assert [(m.id, n) for m, n in row.survivors] == [(listed[0], 2)]
+    text = mutation.fresh_markdown([row])
+    assert f"{listed[0]}: survived 2 of 2 tries" in text
+    assert row.survivors[0][0].diff() in text
+    assert killed not in text
+
+    def sweep(lesson_, tries, progress=None):
+        assert (lesson_, tries) == (lesson, 2)
+        return row
+
+    monkeypatch.setattr(mutation, "fresh_sweep", sweep)
+    assert cli._mutate(Console(quiet=True), lesson, fresh=2) == 1
 
 
 # --- lesson 12: scored against the generated pool ------------------------------------------------
