@@ -88,7 +88,6 @@ def _hashes_of_two_prompts(console: Console, arrivals) -> None:
 
 
 def _life_of_a_hit(console: Console, arrivals) -> None:
-    from nanovllm.kv_transfer.offloading import OffloadingConnector
     from nanovllm.lessons.moments import steps
 
     tier = 24
@@ -99,7 +98,6 @@ def _life_of_a_hit(console: Console, arrivals) -> None:
     engine.subscribe(events.append)
     try:
         _serve(engine, arrivals)
-        assert isinstance(engine.kv_connector, OffloadingConnector)
     finally:
         engine.shutdown()
     # The request that took the most blocks from the host tier in one step (with some from the
@@ -188,8 +186,8 @@ def _with_and_without(console: Console, arrivals) -> None:
         try:
             out = _serve(engine, arrivals)
             block = kv_bytes_per_block(engine.model_args, 16, engine.dtype)
-            local = engine.scheduler.prefix_cache_hits
-            external = engine.scheduler.external_prefix_cache_hits
+            local = engine.stats.prefix_cache_hits
+            external = engine.stats.external_prefix_cache_hits
         finally:
             engine.shutdown()
         outputs[tier] = {rid: list(o.outputs[0].token_ids) for rid, o in out.items()}
