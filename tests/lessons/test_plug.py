@@ -1,6 +1,6 @@
 """The lessons' plug points build what the engine builds (`lessons/plug.py`).
 
-Oracle: the engine's own step builder, `step_metadata` (executor/step_inputs.py), on the same
+Oracle: the engine's own step builder, `step_inputs` (executor/step_inputs.py), on the same
 step.
 """
 
@@ -10,8 +10,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanovllm.executor.step_inputs import step_metadata
-from nanovllm.lessons.plug import metadata_from
+from nanovllm.core.scheduler import ScheduledRequest, SchedulerOutput
+from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.lessons.catalog import get_lesson
+from nanovllm.lessons.harness import implementation
+from nanovllm.lessons.plug import your_step_inputs
+from nanovllm.request import Request
+from nanovllm.sampling_params import SamplingParams
 
 
 @given(
@@ -20,28 +25,28 @@ from nanovllm.lessons.plug import metadata_from
     ),  # (context length after the step, tokens computed before it)
     block_size=st.sampled_from([1, 4, 16]),
 )
-def test_metadata_from_lists_equals_the_engines_for_tuple_block_tables(steps, block_size):
-    """The scheduler hands block tables out as tuples (lesson 09's `--run` once failed on
-    them: "can only concatenate tuple (not list) to tuple")."""
-    positions, query_lens, seq_lens, tables = [], [], [], []
+def test_lesson_09s_step_inputs_are_the_engines_for_tuple_block_tables(steps, block_size):
+    """Lesson 09's reference `prepare_inputs`, plugged in as the part `step_inputs`, gives the
+    engine's own step inputs. The scheduler hands block tables out as tuples (lesson 09's
+    `--run` once failed on them: "can only concatenate tuple (not list) to tuple")."""
+    out = SchedulerOutput(step=1)
     next_block = 0
-    for seq_len, computed in steps:
+    for i, (seq_len, computed) in enumerate(steps):
         computed = min(computed, seq_len - 1)
         num_blocks = -(-seq_len // block_size)
-        tables.append(tuple(range(next_block, next_block + num_blocks)))
+        request = Request(f"r{i}", list(range(seq_len)), SamplingParams(), arrival_index=i)
+        table = tuple(range(next_block, next_block + num_blocks))
         next_block += num_blocks
-        positions.extend(range(computed, seq_len))
-        query_lens.append(seq_len - computed)
-        seq_lens.append(seq_len)
-    _, want = step_metadata(positions, query_lens, seq_lens, tables, block_size)
-    got = metadata_from(
-        want.slot_mapping.tolist(),
-        want.query_start_loc.tolist(),
-        seq_lens,
-        tables,
-        torch.device("cpu"),
-    )
-    for name, tensor in want.tensors().items():
-        assert torch.equal(getattr(got, name), tensor.to(getattr(got, name).dtype)), name
-    assert got.prefill_seq_indices == want.prefill_seq_indices
-    assert got.query_lens_list == want.query_lens_list
+        new = seq_len - computed
+        out.scheduled.append(
+            ScheduledRequest(request, new, computed, table, samples=True, is_prefill=new > 1)
+        )
+    impl = implementation(get_lesson(9), "reference")
+    want = step_inputs(out, block_size)
+    got = your_step_inputs(impl)(out, block_size)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[3] == want[3]
+    for name, tensor in want[2].tensors().items():
+        assert torch.equal(getattr(got[2], name), tensor), name
+    for name in ("seq_lens_list", "query_lens_list", "query_start_list", "prefill_seq_indices"):
+        assert getattr(got[2], name) == getattr(want[2], name), name
