@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -310,13 +310,25 @@ def your_step_inputs(impl) -> Callable[[SchedulerOutput, int], Any]:
 # --- the scheduler step (lessons 06, 07 and 09) --------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StepLimits:
+    """What a lesson's scheduler step is given besides the queues: the scheduler's limits and
+    the KV cache's size."""
+
+    max_num_seqs: int
+    token_budget: int  # max_num_batched_tokens
+    num_blocks: int
+    block_size: int
+
+
 class YourScheduler(Scheduler):
     """Lessons 06, 07 and 09's part `scheduler_cls`: the engine's `Scheduler`, with every
     decision of `schedule` made by a lesson's `schedule_step`
     (`functools.partial(YourScheduler, schedule_step=call)`).
 
-    `call(running, waiting, scheduler)` runs the learner's function on the `Req` views (the
-    lessons' signatures differ: lesson 07's takes the cache's size) and returns its plan. The
+    `call(running, waiting, limits)` runs the learner's function on the `Req` views and the
+    step's `StepLimits` (the lessons' signatures differ: lesson 07's takes the cache's size)
+    and returns its plan. The
     views come in the learner's own order, as its function left its lists the step before
     (new requests at the back of `waiting`): a learner who puts a victim at the back of the
     queue sees it there. The scheduler's queues and every request's status stay the
@@ -325,7 +337,10 @@ class YourScheduler(Scheduler):
     """
 
     def __init__(
-        self, *args: Any, schedule_step: Callable[[list[Req], list[Req], Any], Any], **kwargs: Any
+        self,
+        *args: Any,
+        schedule_step: Callable[[list[Req], list[Req], StepLimits], Any],
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.schedule_step = schedule_step
@@ -343,7 +358,10 @@ class YourScheduler(Scheduler):
         to_verify = {r.request_id: self.tokens_to_verify(r) for r in running_reqs}
         running = [_view(r, to_verify[r.request_id]) for r in running_reqs]
         waiting = [_view(r, []) for r in waiting_reqs]
-        plan = self.schedule_step(running, waiting, self)
+        limits = StepLimits(
+            self.max_num_seqs, self.max_num_batched_tokens, self.kv.num_blocks, self.kv.block_size
+        )
+        plan = self.schedule_step(running, waiting, limits)
         if isinstance(plan, StepPlan):
             scheduled, preempted = dict(plan.scheduled), list(plan.preempted)
         else:
@@ -441,7 +459,9 @@ def _view(request, to_verify: list[int]) -> Req:
     )
 
 
-def your_scheduler(call: Callable[[list[Req], list[Req], Any], Any]) -> Callable[..., Scheduler]:
+def your_scheduler(
+    call: Callable[[list[Req], list[Req], StepLimits], Any],
+) -> Callable[..., Scheduler]:
     """The part `scheduler_cls` whose every decision is `call`'s (see `YourScheduler`)."""
     return functools.partial(YourScheduler, schedule_step=call)
 

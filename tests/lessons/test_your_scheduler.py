@@ -18,7 +18,7 @@ from nanovllm.core.scheduler import Scheduler
 from nanovllm.events import EventBus
 from nanovllm.lessons.catalog import get_lesson
 from nanovllm.lessons.harness import implementation
-from nanovllm.lessons.plug import LessonRunError, your_scheduler
+from nanovllm.lessons.plug import LessonRunError, StepLimits, your_scheduler
 from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.sampling_params import SamplingParams
 
@@ -41,14 +41,15 @@ def _scheduler(cls, num_blocks: int, max_num_seqs: int, budget: int, **kwargs) -
 def _lesson_07(max_num_seqs: int, budget: int, num_blocks: int):
     impl = implementation(get_lesson(7), "reference")
 
-    def call(running, waiting, scheduler):
+    def call(running, waiting, limits):
+        assert limits == StepLimits(max_num_seqs, budget, num_blocks, BLOCK_SIZE)
         return impl.schedule_step(
             running,
             waiting,
-            max_num_seqs=max_num_seqs,
-            token_budget=budget,
-            num_blocks=num_blocks,
-            block_size=BLOCK_SIZE,
+            max_num_seqs=limits.max_num_seqs,
+            token_budget=limits.token_budget,
+            num_blocks=limits.num_blocks,
+            block_size=limits.block_size,
         )
 
     return your_scheduler(call)
@@ -105,7 +106,7 @@ def test_the_learner_sees_its_queues_in_its_own_order():
     queue keeps arrival order); new requests join at the back."""
     seen: list[list[str]] = []
 
-    def reverse_waiting(running, waiting, scheduler):
+    def reverse_waiting(running, waiting, limits):
         seen.append([r.id for r in waiting])
         waiting.reverse()
         return {}
@@ -121,7 +122,7 @@ def test_the_learner_sees_its_queues_in_its_own_order():
 
 
 def test_a_running_request_put_back_without_preemption_is_named():
-    def admit_then_put_back(running, waiting, scheduler):
+    def admit_then_put_back(running, waiting, limits):
         if waiting:
             running.append(waiting.pop(0))
             return {running[-1].id: 1}
