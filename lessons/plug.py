@@ -4,16 +4,21 @@
 `nanovllm/engine/parts.py`), giving the learner's code from lesson N as one of them:
 `run.plug_in(impl)` returns the parts, and the engine is built with them. Nothing is assigned
 into a built engine and no module's globals change: each adapter here builds a part from the
-learner's functions and checks each of its answers before the engine acts on it.
+learner's functions and checks each of its answers before the engine acts on it. Nothing
+is read out of a built engine but its public surface either: a part that a lesson asks about
+afterwards (how many layers attend with yours, the queue or the tier it built) is a `KeptPart`,
+which keeps what it built, found through the engine's `config.parts`.
 
     free block queue       free_block_queue: your FreeBlockQueue, its walks bounded        03
                            (`BoundedFreeBlockQueue`)
     blocks, slots          kv_cache_manager_cls: `BlocksNeeded` (your blocks_needed),      02
                            step_inputs: `your_slot_mapping` around the engine's
-    flat step inputs       step_inputs: `your_step_inputs`                                  09
+    flat step inputs       step_inputs: `your_step_inputs` (laid out by the engine's    09
+                           `step_metadata`)
     scheduler step         scheduler_cls: `YourScheduler` (your schedule_step)       06, 07, 09
     prefix-cache lookup    kv_cache_manager_cls: `YourPrefixCache`                          08
     attention              attention_cls: `PerSequenceAttention` of your functions   01, 04, 05
+                           (`your_attention`)
     sampling, detokenizing sampler: `Sampler` with your filters; detokenizer:               10
                            `YourDetokenizer`
     verifying proposals    sampler: `YourVerification`, your verification rules             13
@@ -26,17 +31,16 @@ A scheduler step written for a lesson works on `sim.Req` views of the engine's r
 `YourScheduler` builds those views, calls the learner's function, checks the decisions (a
 request lost, a request given more tokens than it has left, a step that needs more blocks than
 the cache has: `LessonRunError`, named), and carries them out with the scheduler's own
-bookkeeping (`Scheduler.preempt` and `Scheduler.add_to_step`, which also emit the events the
-visualizer shows).
+steps (admitting, preempting, `Scheduler.add_to_step`, which also emit the events the
+visualizer shows), inside the scheduler's frame of a step (its KV source's part included).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -47,10 +51,10 @@ from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.executor.sampler import Sampler
-from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.executor.step_inputs import step_inputs, step_metadata
 from nanovllm.lessons.sim import Req, ScheduledSeq, StepPlan
 from nanovllm.models.attention import AttentionMetadata
-from nanovllm.request import RequestStatus
+from nanovllm.request import Request, RequestStatus
 
 
 class LessonRunError(RuntimeError):
@@ -58,19 +62,40 @@ class LessonRunError(RuntimeError):
     what, with the request and the step)."""
 
 
+class KeptPart:
+    """A part that keeps what it builds (`built`, in the order built): given in `EngineParts`
+    as `KeptPart(build)`, it is how a lesson asks a built engine about its part afterwards
+    (`built_part`), through the engine's `config.parts`, without reaching into the engine."""
+
+    def __init__(self, build: Callable[..., Any]) -> None:
+        self.build = build
+        self.built: list[Any] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        part = self.build(*args, **kwargs)
+        self.built.append(part)
+        return part
+
+
+def built_part(engine, name: str) -> list[Any]:
+    """What the engine's part `name` (an `EngineParts` field given as a `KeptPart`) built;
+    LessonRunError if the engine was built without such a part, or it built nothing."""
+    part = getattr(engine.config.parts, name, None)
+    if not isinstance(part, KeptPart) or not part.built:
+        raise LessonRunError(f"the engine was built without the lesson's part `{name}`")
+    return part.built
+
+
 # --- the free block queue (lesson 03) ---------------------------------------------------------
 
 
-def your_free_block_queue(queue_class: type) -> Callable[[list], BoundedFreeBlockQueue]:
+def your_free_block_queue(queue_class: type) -> KeptPart:
     """Lesson 03's part `free_block_queue`: the KV cache manager's queue over its blocks is
     `queue_class(blocks)`, built as the engine is (every block free, in id order), and the
     engine gets it as a `BoundedFreeBlockQueue`: the learner's operations, and walks of the
-    list that cannot go on for ever."""
-
-    def build(blocks: list) -> BoundedFreeBlockQueue:
-        return BoundedFreeBlockQueue(queue_class(blocks), blocks)
-
-    return build
+    list that cannot go on for ever. (Kept: `misuse_free_block_queue` is handed it after the
+    run; the stock engine's is `KeptPart(FreeBlockQueue)`.)"""
+    return KeptPart(functools.partial(BoundedFreeBlockQueue.around, queue_class))
 
 
 class BoundedFreeBlockQueue:
@@ -94,6 +119,11 @@ class BoundedFreeBlockQueue:
             )
         self.num_blocks = len(blocks)
         self.popleft, self.append, self.remove = queue.popleft, queue.append, queue.remove
+
+    @classmethod
+    def around(cls, queue_class: type, blocks: list) -> BoundedFreeBlockQueue:
+        """`queue_class(blocks)`, bounded."""
+        return cls(queue_class(blocks), blocks)
 
     @property
     def num_free_blocks(self) -> int:
@@ -121,15 +151,14 @@ class BoundedFreeBlockQueue:
         return [block.block_id for block in self.get_all_free_blocks()[:n]]
 
 
-def misuse_free_block_queue(engine) -> list[str]:
-    """What the engine's free block queue does with the two calls a buggy engine could make,
+def misuse_free_block_queue(queue: Any) -> list[str]:
+    """What an engine's free block queue does with the two calls a buggy engine could make,
     tried once every request has finished (every block free): freeing a block that is already
     free (a double free), then taking out a block that is not in the queue. The engine itself
     never makes them; the stock queue refuses both with a ValueError and stays as it was, and
     so must yours, or one bug elsewhere would corrupt the list. Returns what happened, in
     words, with the queue's count and list after each call; the second is not tried once the
     first has corrupted the queue."""
-    queue = engine.kv_cache_manager.free_block_queue
 
     def listed() -> list | str:
         try:
@@ -237,7 +266,8 @@ def your_slot_mapping(impl) -> Callable[[SchedulerOutput, int], Any]:
 
 def your_step_inputs(impl) -> Callable[[SchedulerOutput, int], Any]:
     """Lesson 09's part `step_inputs`: the step's flat inputs (token ids, positions, slots,
-    query starts, context lengths, logits rows) are all `impl.prepare_inputs`'s."""
+    query starts, context lengths, logits rows) are all `impl.prepare_inputs`'s; the engine's
+    `step_metadata` lays them out for attention, and the slot mapping is then the learner's."""
 
     def build(out: SchedulerOutput, block_size: int):
         batch = [
@@ -250,57 +280,45 @@ def your_step_inputs(impl) -> Callable[[SchedulerOutput, int], Any]:
             for s in out.scheduled
         ]
         inputs = impl.prepare_inputs(batch, block_size)
-        host = torch.device("cpu")  # (the runner moves the step's inputs to its device)
-        meta = metadata_from(
-            list(inputs.slot_mapping),
-            list(inputs.query_start_loc),
-            list(inputs.seq_lens),
+        query_start_loc, seq_lens = list(inputs.query_start_loc), list(inputs.seq_lens)
+        if len(query_start_loc) != len(seq_lens) + 1 or len(seq_lens) != len(batch):
+            raise LessonRunError(
+                f"query_start_loc has {len(query_start_loc)} entries and seq_lens "
+                f"{len(seq_lens)} for a step of {len(batch)} requests"
+            )
+        if query_start_loc[0] != 0:
+            raise LessonRunError(
+                f"query_start_loc starts at {query_start_loc[0]}: the first request's rows "
+                "start at row 0"
+            )
+        query_lens = [int(b - a) for a, b in zip(query_start_loc, query_start_loc[1:])]
+        positions, meta = step_metadata(
+            list(inputs.positions),
+            query_lens,
+            seq_lens,
             [s.block_table for s in out.scheduled],
-            host,
+            block_size,
         )
+        slot_mapping = torch.tensor(list(inputs.slot_mapping), dtype=torch.int64)
         input_ids = torch.tensor(list(inputs.input_ids), dtype=torch.int64)
-        positions = torch.tensor(list(inputs.positions), dtype=torch.int64)
-        return input_ids, positions, meta, [int(r) for r in inputs.logits_rows]
+        logits_rows = [int(r) for r in inputs.logits_rows]
+        return input_ids, positions, replace(meta, slot_mapping=slot_mapping), logits_rows
 
     return build
 
 
-def metadata_from(
-    slot_mapping: list[int],
-    query_start_loc: list[int],
-    seq_lens: list[int],
-    block_tables: Sequence[Sequence[int]],
-    device: torch.device,
-) -> AttentionMetadata:
-    """Attention metadata from a step's flat inputs given as lists (block tables as any
-    sequences of block ids: the scheduler hands out tuples)."""
-    if len(query_start_loc) != len(seq_lens) + 1 or len(seq_lens) != len(block_tables):
-        raise LessonRunError(
-            f"query_start_loc has {len(query_start_loc)} entries and seq_lens {len(seq_lens)} "
-            f"for a step of {len(block_tables)} requests"
-        )
-    query_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
-    width = max(len(table) for table in block_tables)
-    decodes = [i for i, n in enumerate(query_lens) if n == 1]
-
-    def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    return AttentionMetadata(
-        slot_mapping=tensor(slot_mapping, torch.int64),
-        block_tables=tensor([[*t] + [0] * (width - len(t)) for t in block_tables], torch.int32),
-        seq_lens=tensor(seq_lens, torch.int32),
-        query_start_loc=tensor(query_start_loc, torch.int32),
-        seq_lens_list=list(seq_lens),
-        query_lens_list=query_lens,
-        query_start_list=list(query_start_loc),
-        decode_seq_indices=tensor(decodes, torch.int64),
-        decode_token_indices=tensor([query_start_loc[i] for i in decodes], torch.int64),
-        prefill_seq_indices=[i for i, n in enumerate(query_lens) if n > 1],
-    )
-
-
 # --- the scheduler step (lessons 06, 07 and 09) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What a lesson's scheduler step is given besides the queues: the scheduler's limits and
+    the KV cache's size."""
+
+    max_num_seqs: int
+    token_budget: int  # max_num_batched_tokens
+    num_blocks: int
+    block_size: int
 
 
 class YourScheduler(Scheduler):
@@ -308,56 +326,69 @@ class YourScheduler(Scheduler):
     decision of `schedule` made by a lesson's `schedule_step`
     (`functools.partial(YourScheduler, schedule_step=call)`).
 
-    `call(running, waiting, scheduler)` runs the learner's function on the `Req` views (the
-    lessons' signatures differ: lesson 07's takes the cache's size) and returns its plan.
+    `call(running, waiting, limits)` runs the learner's function on the `Req` views and the
+    step's `StepLimits` (the lessons' signatures differ: lesson 07's takes the cache's size)
+    and returns its plan. The
+    views come in the learner's own order, as its function left its lists the step before
+    (new requests at the back of `waiting`): a learner who puts a victim at the back of the
+    queue sees it there. The scheduler's queues and every request's status stay the
+    scheduler's: the plan is carried out with its own steps (`admit`, `preempt_running`,
+    `add_to_step`), inside its own frame of a step (`begin_step`, `end_step`).
     """
 
     def __init__(
-        self, *args: Any, schedule_step: Callable[[list[Req], list[Req], Any], Any], **kwargs: Any
+        self,
+        *args: Any,
+        schedule_step: Callable[[list[Req], list[Req], StepLimits], Any],
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.schedule_step = schedule_step
+        # The learner's queues as its function left them (request ids, in its order).
+        self.your_running: list[str] = []
+        self.your_waiting: list[str] = []
 
     def schedule(self) -> SchedulerOutput:
-        start = time.perf_counter()
-        self.step_count += 1
-        self.kv.begin_step()
-        out = SchedulerOutput(step=self.step_count)
+        out = self.begin_step()
+        where = f"step {self.step_count}"
         live_waiting = [r for r in self.waiting if r.status != RequestStatus.FINISHED]
-        engine_of = {r.request_id: r for r in self.running + live_waiting}
-        to_verify = {r.request_id: self.tokens_to_verify(r) for r in self.running}
-        running = [_view(r, to_verify[r.request_id]) for r in self.running]
-        waiting = [_view(r, []) for r in live_waiting]
-        plan = self.schedule_step(running, waiting, self)
+        running_reqs = _in_order(self.running, self.your_running)
+        waiting_reqs = _in_order(live_waiting, self.your_waiting)
+        engine_of = {r.request_id: r for r in running_reqs + waiting_reqs}
+        to_verify = {r.request_id: self.tokens_to_verify(r) for r in running_reqs}
+        running = [_view(r, to_verify[r.request_id]) for r in running_reqs]
+        waiting = [_view(r, []) for r in waiting_reqs]
+        limits = StepLimits(
+            self.max_num_seqs, self.max_num_batched_tokens, self.kv.num_blocks, self.kv.block_size
+        )
+        plan = self.schedule_step(running, waiting, limits)
         if isinstance(plan, StepPlan):
             scheduled, preempted = dict(plan.scheduled), list(plan.preempted)
         else:
             scheduled, preempted = dict(plan), []
-        where = f"step {self.step_count}"
 
-        ids = sorted(r.id for r in running + waiting)
-        if ids != sorted(engine_of):
+        if sorted(r.id for r in running + waiting) != sorted(engine_of):
             raise LessonRunError(f"{where}: requests were lost or duplicated between the queues")
         for rid in preempted:
             request = engine_of.get(rid)
-            if request is None or request not in self.running:
+            if request is None or request.status != RequestStatus.RUNNING:
                 raise LessonRunError(f"{where}: {rid} was preempted but was not running")
-            self.running.remove(request)
-            self.preempt(request)
+            self.preempt_running(request)
             out.preempted.append(request)
+        for r in waiting:  # a running request holds its blocks until it is preempted
+            if engine_of[r.id].status == RequestStatus.RUNNING:
+                raise LessonRunError(
+                    f"{where}: {r.id} went back to the waiting queue but was not preempted"
+                )
+        for r in running:  # admitted this step: the scheduler moves them to its running queue
+            if engine_of[r.id].status != RequestStatus.RUNNING:
+                self.admit(engine_of[r.id])
+        self.your_running = [r.id for r in running]
+        self.your_waiting = [r.id for r in waiting]
 
-        new_running = [engine_of[r.id] for r in running]
-        for request in new_running:
-            if request.status != RequestStatus.RUNNING:  # admitted this step
-                request.status = RequestStatus.RUNNING
-                request.num_cached_tokens = 0
-        running_ids = {r.id for r in running}
-        self.running = new_running
-        self.waiting = deque(engine_of[r.id] for r in waiting)
-        self.num_waiting = len(waiting)
         for rid, n in scheduled.items():
             request = engine_of.get(rid)
-            if request is None or rid not in running_ids:
+            if request is None or rid not in self.your_running:
                 raise LessonRunError(f"{where}: {rid} was scheduled but is not running")
             guesses = to_verify.get(rid, [])
             left = request.num_tokens + len(guesses) - request.num_computed_tokens
@@ -371,8 +402,48 @@ class YourScheduler(Scheduler):
                     f"blocks than the cache's {self.kv.num_blocks}"
                 )
             self.add_to_step(out, request, n, guesses)
-        out.schedule_time = time.perf_counter() - start
+        return self.end_step(out)
+
+    # --- the Scheduler's own steps, which it has no method for yet --------------------------------
+    # (#55: proposed for core/scheduler.py, whose `schedule` would use them too; until then they
+    # are the Scheduler's own lines, here.)
+
+    def begin_step(self) -> SchedulerOutput:
+        """A new step: its number, the KV cache manager's per-step records cleared."""
+        self.step_start = time.perf_counter()
+        self.step_count += 1
+        self.kv.begin_step()
+        return SchedulerOutput(step=self.step_count)
+
+    def end_step(self, out: SchedulerOutput) -> SchedulerOutput:
+        """The step's tail: the cached blocks it evicted, what its KV source sends the workers,
+        the time it took."""
+        out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
+        out.kv_connector_metadata = self.kv_source.build_connector_meta(out)
+        out.schedule_time = time.perf_counter() - self.step_start
         return out
+
+    def admit(self, request: Request) -> None:
+        """Move a waiting `request` to the end of the running queue, with the KV it has (none:
+        a waiting request holds no blocks until it is scheduled)."""
+        self.kv_source.update_state_after_alloc(request, self.kv.block_ids(request.request_id), 0)
+        self.waiting.remove(request)
+        self.num_waiting -= 1
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_cached_tokens = request.num_computed_tokens
+        self.prefix_cache_queries += request.num_tokens
+
+    def preempt_running(self, request: Request) -> None:
+        """Take `request` out of the running queue and preempt it (`preempt`)."""
+        self.running.remove(request)
+        self.preempt(request)
+
+
+def _in_order(requests: list[Request], order: list[str]) -> list[Request]:
+    """`requests` in `order` (request ids); those not in it after, in their own order."""
+    rank = {rid: i for i, rid in enumerate(order)}
+    return sorted(requests, key=lambda r: rank.get(r.request_id, len(rank)))
 
 
 def _view(request, to_verify: list[int]) -> Req:
@@ -388,7 +459,9 @@ def _view(request, to_verify: list[int]) -> Req:
     )
 
 
-def your_scheduler(call: Callable[[list[Req], list[Req], Any], Any]) -> Callable[..., Scheduler]:
+def your_scheduler(
+    call: Callable[[list[Req], list[Req], StepLimits], Any],
+) -> Callable[..., Scheduler]:
     """The part `scheduler_cls` whose every decision is `call`'s (see `YourScheduler`)."""
     return functools.partial(YourScheduler, schedule_step=call)
 
@@ -508,14 +581,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out.transpose(0, 1)
 
 
+def your_attention(make: Callable[..., PerSequenceAttention]) -> KeptPart:
+    """The part `attention_cls` of lessons 01, 04 and 05: `make(heads, kv heads, head_dim,
+    scale)` builds each layer's `PerSequenceAttention`, and the part keeps them
+    (`count_your_attention`)."""
+    return KeptPart(make)
+
+
 def count_your_attention(engine) -> int:
-    """How many of the built engine's layers attend with a `PerSequenceAttention` (the part
-    `attention_cls` the lesson gave); LessonRunError if not all of them do."""
-    layers = engine.model.model.layers
-    yours = sum(isinstance(layer.self_attn.attn, PerSequenceAttention) for layer in layers)
-    if not layers or yours != len(layers):
+    """How many of the built engine's layers attend with a `PerSequenceAttention`: what its
+    part `attention_cls` (`your_attention`) built, one per layer; LessonRunError if not all of
+    them do."""
+    built = built_part(engine, "attention_cls")
+    num_layers = engine.model_args.num_hidden_layers
+    yours = sum(isinstance(attention, PerSequenceAttention) for attention in built)
+    if yours != num_layers:
         raise LessonRunError(
-            f"only {yours} of the engine's {len(layers)} layers have your attention"
+            f"only {yours} of the engine's {num_layers} layers have your attention"
         )
     return yours
 
@@ -714,6 +796,7 @@ class CheckedHostTier:
         self.tier = yours(num_blocks)
         self.num_blocks = num_blocks
         self.owner: dict[int, bytes] = {}  # slot -> the hash your insert put there
+        self.num_inserts = 0  # (the connector's worker side builds a tier it never fills)
 
     def __len__(self) -> int:
         return len(self.tier)
@@ -751,6 +834,7 @@ class CheckedHostTier:
 
     def insert(self, block_hash: bytes, pinned=()) -> tuple[int, bytes | None] | None:
         placed = self.tier.insert(block_hash, pinned)
+        self.num_inserts += 1
         said = f"your insert({short(block_hash)})"
         if placed is None:
             spare = next((h for h in self.owner.values() if h not in pinned), None)
@@ -797,10 +881,12 @@ class CheckedHostTier:
         self.owner.clear()
 
 
-def your_host_tier(tier_class: type) -> Callable[[int], CheckedHostTier]:
+def your_host_tier(tier_class: type) -> KeptPart:
     """Lesson 15's part `host_tier_cls`: the OffloadingConnector keeps its host tier in
-    `tier_class`, checked (`CheckedHostTier`)."""
-    return functools.partial(CheckedHostTier, tier_class)
+    `tier_class`, checked (`CheckedHostTier`), and the part keeps the tier it built
+    (`host_tier_of`). The stock engine's run gives `your_host_tier(HostBlockTier)`: the
+    engine's own tier, checked alike."""
+    return KeptPart(functools.partial(CheckedHostTier, tier_class))
 
 
 def forget_the_host_tier(engine) -> list[str]:
@@ -811,14 +897,14 @@ def forget_the_host_tier(engine) -> list[str]:
     gives and evicts is listed in words, to compare with the stock engine's; a learner's tier
     is also checked call by call (`CheckedHostTier`)."""
     tier = host_tier_of(engine)
-    held = sorted(tier.owner.values() if isinstance(tier, CheckedHostTier) else tier.slot_of)
+    held = sorted(tier.owner.values())
     removed, kept = held[::2], held[1::2]
     for block_hash in removed:
         tier.remove(block_hash)
     still = sum(block_hash in tier for block_hash in removed)
     gone = sum(block_hash not in tier for block_hash in kept)
     left = len(tier)
-    num_slots = engine.kv_connector.num_cpu_blocks
+    num_slots = tier.num_blocks
     fresh = [bytes([i % 256, i // 256]) * 16 for i in range(num_slots)]  # no block's hash
     placed = [tier.insert(block_hash) for block_hash in fresh]
     into_free = sum(p is not None and p[1] is None for p in placed)
@@ -831,9 +917,10 @@ def forget_the_host_tier(engine) -> list[str]:
     ]
 
 
-def host_tier_of(engine) -> Any:
-    """The host tier of the engine's OffloadingConnector (LessonRunError if it has none)."""
-    tier = getattr(engine.kv_connector, "tier", None)
-    if tier is None:
-        raise LessonRunError("the engine has no host tier: give it an OffloadingConnector")
-    return tier
+def host_tier_of(engine) -> CheckedHostTier:
+    """The host tier the engine's part `host_tier_cls` (`your_host_tier`) built for its
+    OffloadingConnector (LessonRunError if it was built without one). Each side of the
+    connector builds one; the scheduler's side is the one that keeps entries (the first tier
+    inserted into; the first built while none has been)."""
+    tiers = built_part(engine, "host_tier_cls")
+    return next((tier for tier in tiers if tier.num_inserts), tiers[0])

@@ -160,14 +160,18 @@ class YourModelLayers:
     """The engine's part `model_layers`, with the learner's parallel layers in the model.
 
     Picklable (it holds a path, no code), so the engine can send it to every rank's process,
-    where it loads the learner's file afresh.
+    where it loads the learner's file afresh. It counts the models built from it in its own
+    process (`num_built`: rank 0's, in the process that built the engine).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.num_built = 0
 
     def __call__(self, attention: type) -> ModelLayers:
-        return ModelLayers(attention, **your_layer_classes(load_file(Path(self.path))))
+        layers = ModelLayers(attention, **your_layer_classes(load_file(Path(self.path))))
+        self.num_built += 1
+        return layers
 
 
 def check_on_the_model(impl: Any, model_path: str | Path, tensor_parallel_size: int) -> None:
@@ -233,6 +237,7 @@ def your_model_layers(
 
 
 def is_yours(engine) -> bool:
-    """Whether `engine`'s model (rank 0's shard) was built from the learner's layers."""
-    layer = engine.runner.model.model.layers[0]
-    return type(layer.self_attn.o_proj).__name__ == "YourRowParallelLinear"
+    """Whether `engine`'s model (rank 0's shard) was built from the learner's layers: its part
+    `model_layers` is a `YourModelLayers` that built it."""
+    part = engine.config.parts.model_layers if engine.config.parts is not None else None
+    return isinstance(part, YourModelLayers) and part.num_built > 0

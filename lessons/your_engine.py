@@ -4,8 +4,9 @@ Two engines are built alike (the demo model, the lesson's options from its `run.
 learner's is built from the parts the lesson's `run.plug_in(impl)` returns (`EngineParts`, with
 the learner's code in one of them: see `plug.py`, and for lesson 14, whose part goes to every
 tensor-parallel rank's process, `plug_tensor_parallel.py`). `run.swapped(engine)` then says, in words, what of the built
-engine is the learner's (and refuses an engine built without it). The stock engine is shut
-down before the learner's starts. Both serve the same requests (`workload.py`), and then:
+engine is the learner's (and refuses an engine built without it). The stock engine is built
+from the engine's own parts (`run.stock_parts()`, where a lesson asks about one of them once
+the run is done). The stock engine is shut down before the learner's starts. Both serve the same requests (`workload.py`), and then:
 
 - every completion is compared token for token (and, for lesson 10, its text). Greedy decoding
   is an argmax, and two engines that round differently (your attention is not the engine's) can
@@ -127,7 +128,7 @@ def run_lesson(
     # Steps before which the prefix cache is reset (`RESET_PREFIX_CACHE_AT` in run.py), in both
     # engines: a run that must reach the code that forgets (lesson 15's `clear`).
     resets = tuple(getattr(spec, "RESET_PREFIX_CACHE_AT", ()))
-    stock = make_engine(**spec.ENGINE)
+    stock = make_engine(**spec.ENGINE, **stock_parts(spec))
     stock_events: list = []
     stock.subscribe(stock_events.append)
     start = time.perf_counter()
@@ -191,6 +192,13 @@ def run_lesson(
     return report
 
 
+def stock_parts(spec: Any) -> dict[str, Any]:
+    """The stock engine's `parts` option: the engine's own, kept where `after_serving` asks
+    about one of them (`run.stock_parts()`, `plug.KeptPart`); none given otherwise."""
+    parts = getattr(spec, "stock_parts", None)
+    return {} if parts is None else dict(parts=parts())
+
+
 def _aspects(compare: str | tuple[str, ...] | None) -> tuple[str, ...]:
     """`COMPARE` of a run.py (None, one aspect, or several) as a tuple."""
     if compare is None:
@@ -203,7 +211,7 @@ def record_stock(lesson: Lesson, path: Path) -> list:
     from nanovllm.lessons.demo_support import make_engine
 
     spec = lesson_module(lesson, "run")
-    engine = make_engine(**spec.ENGINE)
+    engine = make_engine(**spec.ENGINE, **stock_parts(spec))
     events: list = []
     engine.subscribe(events.append)
     try:

@@ -13,7 +13,7 @@ A prefill or a chunk goes to your `attention`; a decode (one new token) fills on
 from __future__ import annotations
 
 from nanovllm.engine.parts import EngineParts
-from nanovllm.lessons.plug import PerSequenceAttention, count_your_attention
+from nanovllm.lessons.plug import PerSequenceAttention, count_your_attention, your_attention
 from nanovllm.models.attention import gather_context, store_kv
 
 ENGINE: dict = {}
@@ -39,7 +39,7 @@ def plug_in(impl) -> EngineParts:
 
         return PerSequenceAttention(store_kv, gather_context, attend, decode)
 
-    return EngineParts(attention_cls=make)
+    return EngineParts(attention_cls=your_attention(make))
 
 
 def swapped(engine) -> list[str]:

@@ -14,8 +14,14 @@ refuses both.
 
 from __future__ import annotations
 
+from nanovllm.core.free_block_queue import FreeBlockQueue
 from nanovllm.engine.parts import EngineParts
-from nanovllm.lessons.plug import misuse_free_block_queue, your_free_block_queue
+from nanovllm.lessons.plug import (
+    KeptPart,
+    built_part,
+    misuse_free_block_queue,
+    your_free_block_queue,
+)
 
 ENGINE = dict(enable_prefix_caching=True, num_kv_blocks=48)
 WORKLOAD = "waves"
@@ -28,9 +34,15 @@ def plug_in(impl) -> EngineParts:
     return EngineParts(free_block_queue=your_free_block_queue(impl.FreeBlockQueue))
 
 
+def stock_parts() -> EngineParts:
+    """The stock engine's parts: its own queue, kept for `after_serving`."""
+    return EngineParts(free_block_queue=KeptPart(FreeBlockQueue))
+
+
 def swapped(engine) -> list[str]:
     return ["the free block queue: your `FreeBlockQueue`"]
 
 
 def after_serving(engine) -> list[str]:
-    return misuse_free_block_queue(engine)
+    (queue,) = built_part(engine, "free_block_queue")
+    return misuse_free_block_queue(queue)

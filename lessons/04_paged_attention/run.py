@@ -14,6 +14,7 @@ from nanovllm.lessons.plug import (
     PerSequenceAttention,
     causal_attention,
     count_your_attention,
+    your_attention,
 )
 from nanovllm.models.attention import store_kv
 
@@ -37,7 +38,7 @@ def plug_in(impl) -> EngineParts:
 
         return PerSequenceAttention(store_kv, gather, attend, decode)
 
-    return EngineParts(attention_cls=make)
+    return EngineParts(attention_cls=your_attention(make))
 
 
 def swapped(engine) -> list[str]:

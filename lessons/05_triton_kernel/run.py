@@ -18,6 +18,7 @@ from nanovllm.lessons.plug import (
     PerSequenceAttention,
     causal_attention,
     count_your_attention,
+    your_attention,
 )
 from nanovllm.models.attention import gather_context
 
@@ -42,7 +43,7 @@ def plug_in(impl) -> EngineParts:
 
         return PerSequenceAttention(impl.store_kvcache, gather_context, attend, decode)
 
-    return EngineParts(attention_cls=make)
+    return EngineParts(attention_cls=your_attention(make))
 
 
 def swapped(engine) -> list[str]:

@@ -35,10 +35,8 @@ MOMENT = "seat_refilled"  # a request finishes and a waiting one takes its seat 
 
 
 def plug_in(impl) -> EngineParts:
-    def call(running, waiting, scheduler):
-        return impl.schedule_step(
-            running, waiting, scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-        )
+    def call(running, waiting, limits):
+        return impl.schedule_step(running, waiting, limits.max_num_seqs, limits.token_budget)
 
     return EngineParts(scheduler_cls=your_scheduler(call))
 

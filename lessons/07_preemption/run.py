@@ -25,14 +25,14 @@ MOMENT = "preemption"
 
 
 def plug_in(impl) -> EngineParts:
-    def call(running, waiting, scheduler):
+    def call(running, waiting, limits):
         return impl.schedule_step(
             running,
             waiting,
-            max_num_seqs=scheduler.max_num_seqs,
-            token_budget=scheduler.max_num_batched_tokens,
-            num_blocks=scheduler.kv.num_blocks,
-            block_size=scheduler.kv.block_size,
+            max_num_seqs=limits.max_num_seqs,
+            token_budget=limits.token_budget,
+            num_blocks=limits.num_blocks,
+            block_size=limits.block_size,
         )
 
     return EngineParts(scheduler_cls=your_scheduler(call))

@@ -24,10 +24,8 @@ MOMENT = "chunk_with_decodes"  # a chunk beside decodes in one flat batch (execu
 
 
 def plug_in(impl) -> EngineParts:
-    def call(running, waiting, scheduler):
-        return impl.schedule_step(
-            running, waiting, scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-        )
+    def call(running, waiting, limits):
+        return impl.schedule_step(running, waiting, limits.max_num_seqs, limits.token_budget)
 
     return EngineParts(scheduler_cls=your_scheduler(call), step_inputs=your_step_inputs(impl))
 

@@ -36,6 +36,6 @@ def plug_in(impl) -> EngineParts:
 
 
 def swapped(engine) -> list[str]:
-    if engine.started_event.speculative_method is None:
+    if engine.config.speculative_config is None:
         raise LessonRunError("the engine does not speculate: give it a speculative_config")
     return ["every proposal's verification: your `verify_greedy` and `verify_random`"]

@@ -19,9 +19,8 @@ ones as they have slots: the freed slots first, then the kept entries' in LRU or
 from __future__ import annotations
 
 from nanovllm.engine.parts import EngineParts
+from nanovllm.kv_transfer.host_tier import HostBlockTier
 from nanovllm.lessons.plug import (
-    CheckedHostTier,
-    LessonRunError,
     forget_the_host_tier,
     host_tier_of,
     your_host_tier,
@@ -46,9 +45,14 @@ def plug_in(impl) -> EngineParts:
     return EngineParts(host_tier_cls=your_host_tier(impl.HostBlockTier))
 
 
+def stock_parts() -> EngineParts:
+    """The stock engine's parts: its own host tier, checked as yours is and kept for
+    `after_serving`."""
+    return EngineParts(host_tier_cls=your_host_tier(HostBlockTier))
+
+
 def swapped(engine) -> list[str]:
-    if not isinstance(host_tier_of(engine), CheckedHostTier):
-        raise LessonRunError("the engine was built without your HostBlockTier")
+    host_tier_of(engine)  # LessonRunError if the engine was built without your tier
     return [
         f"the host tier's bookkeeping ({NUM_CPU_BLOCKS} slots): your `HostBlockTier` "
         "(num_matched, lookup, touch and insert, every step; clear, when the prefix cache is "

@@ -20,7 +20,7 @@ The hashes are real block hashes (`core/block_hash.py`) of a few one-token block
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
 from hypothesis import HealthCheck, example, given
@@ -357,7 +357,9 @@ def recorded(step):
 class TierMachine(RuleBasedStateMachine):
     """The tier under test (`impl.HostBlockTier`) and the model, driven alike."""
 
-    impl = None  # set by `_machine`
+    def __init__(self, impl) -> None:
+        super().__init__()
+        self.impl = impl
 
     @initialize(num_blocks=st.integers(1, 5))
     @recorded
@@ -457,8 +459,9 @@ class TierMachine(RuleBasedStateMachine):
             check_same(self.tier, self.model, self.last)
 
 
-def _machine(impl) -> type[TierMachine]:
-    return type("TierMachine", (TierMachine,), {"impl": impl})
+def _machine(impl) -> Callable[[], TierMachine]:
+    """A new machine for every example, each driving `impl`'s tier."""
+    return functools.partial(TierMachine, impl)
 
 
 def _run_machine(impl, max_examples: int, steps: int) -> None:
