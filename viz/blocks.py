@@ -2,8 +2,8 @@
 
 `BlocksState` is one panel of `VizState` (`state.py`); `reduce_blocks` is its pure reducer,
 called only for the events in `BLOCK_EVENTS`: any other event leaves the panel the very same
-object. A block event replaces its own block's `BlockInfo` and shares every other entry with
-the state before.
+object. It reads nothing but its own panel and the event. A block event replaces its own
+block's `BlockInfo` and shares every other entry with the state before.
 
 How the free block queue is rebuilt (see `nanovllm.events`): it starts as 0..N-1 from head to
 tail; `BlockAllocated` takes the head (after a `BlockEvicted` when that block still held a cached
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nanovllm.events import (
     BlockAllocated,
@@ -26,11 +25,7 @@ from nanovllm.events import (
     EngineSnapshot,
     Event,
 )
-from nanovllm.viz.frozen import evolve
-from nanovllm.viz.queues import snapshot_order, without
-
-if TYPE_CHECKING:
-    from nanovllm.viz.state import VizState
+from nanovllm.viz.frozen import evolve, without
 
 
 @dataclass(frozen=True)
@@ -61,8 +56,8 @@ def fresh_blocks(num_blocks: int) -> BlocksState:
     return BlocksState((BlockInfo(),) * num_blocks, tuple(range(num_blocks)))
 
 
-def reduce_blocks(panel: BlocksState, event: Event, before: VizState) -> BlocksState:
-    """The blocks after `event`; `before` is the whole state before it (read, never changed)."""
+def reduce_blocks(panel: BlocksState, event: Event) -> BlocksState:
+    """The blocks after `event`."""
     if isinstance(event, EngineSnapshot):
         return _on_engine_snapshot(event)
     if not 0 <= event.block_id < len(panel.blocks):  # a trace cut in the middle: skipped
@@ -114,6 +109,13 @@ def _on_block_cached(panel: BlocksState, e: BlockCached) -> BlocksState:
 def _on_block_evicted(panel: BlocksState, e: BlockEvicted) -> BlocksState:
     new_block = evolve(panel.blocks[e.block_id], block_hash=None, cached_by=None)
     return _set(panel, e.block_id, new_block, panel.free_queue)
+
+
+def snapshot_order(e: EngineSnapshot) -> list:
+    """The snapshot's requests, running ones first in admission order, then the waiting ones
+    (the order they took their blocks in; the queues panel numbers them in it too)."""
+    order = {rid: i for i, rid in enumerate((*e.running, *e.waiting))}
+    return sorted(e.requests, key=lambda r: order.get(r.request_id, len(order)))
 
 
 def _on_engine_snapshot(e: EngineSnapshot) -> BlocksState:

@@ -3,7 +3,8 @@ the latest move changed.
 
 They are computed from the state alone, never kept in it: the reducer stays the only writer, and
 a view asks for what it draws. `kv_figures` gives the same counts the engine reports, which is
-what the property tests compare.
+what the property tests compare. `state.py` offers them beside the state, so they read it as a
+`WholeState` (`whole_state.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from nanovllm.viz.families import parse_child_id
 
 if TYPE_CHECKING:
     from nanovllm.viz.queues import RequestInfo
-    from nanovllm.viz.state import VizState
     from nanovllm.viz.steps import StepRecord
+    from nanovllm.viz.whole_state import WholeState
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class KVFigures:
         return 1 - self.num_filled_slots / self.num_allocated_slots
 
 
-def kv_figures(state: VizState) -> KVFigures:
+def kv_figures(state: WholeState) -> KVFigures:
     """Block and slot counts, computed from the rebuilt state alone."""
     free = len(state.free_queue)
     cached_free = sum(1 for b in state.free_queue if state.blocks[b].cached)
@@ -70,7 +71,7 @@ class ContiguousFigures:
         return 1 - self.num_filled_slots / self.num_reserved_slots
 
 
-def contiguous_figures(state: VizState) -> ContiguousFigures:
+def contiguous_figures(state: WholeState) -> ContiguousFigures:
     """What a contiguous `max_model_len` reservation per running request would hold."""
     max_len = state.engine.max_model_len if state.engine else 0
     running = [state.requests[r] for r in state.running if r in state.requests]
@@ -81,7 +82,7 @@ def contiguous_figures(state: VizState) -> ContiguousFigures:
     )
 
 
-def rank_forward_times(state: VizState) -> tuple[float, ...]:
+def rank_forward_times(state: WholeState) -> tuple[float, ...]:
     """Each tensor-parallel rank's forward time in the last step done, in rank order (seconds);
     () without tensor parallelism or before the first step. The reducer keeps the step's
     `StepSummary`, which carries them."""
@@ -91,7 +92,7 @@ def rank_forward_times(state: VizState) -> tuple[float, ...]:
     return summary.rank_forward_times
 
 
-def table_holders(state: VizState) -> tuple[str, ...]:
+def table_holders(state: WholeState) -> tuple[str, ...]:
     """Requests whose block tables the views list: the running ones in admission order, then
     the ones being admitted in this step (still in the waiting queue, but already holding the
     blocks the scheduler just gave them)."""
@@ -101,20 +102,20 @@ def table_holders(state: VizState) -> tuple[str, ...]:
     return state.running + admitting
 
 
-def block_fill(state: VizState, request: RequestInfo, logical: int) -> int:
+def block_fill(state: WholeState, request: RequestInfo, logical: int) -> int:
     """How many slots of `request`'s logical block `logical` hold a token's K and V."""
     used = request.num_computed_tokens - logical * state.block_size
     return max(0, min(used, state.block_size))
 
 
-def last_block_fill(state: VizState, request: RequestInfo) -> int:
+def last_block_fill(state: WholeState, request: RequestInfo) -> int:
     """How many of the slots of `request`'s last block hold a token's K and V."""
     if not request.block_table:
         return 0
     return block_fill(state, request, len(request.block_table) - 1)
 
 
-def family_of(state: VizState, request_id: str) -> tuple[str, tuple[str, ...]] | None:
+def family_of(state: WholeState, request_id: str) -> tuple[str, tuple[str, ...]] | None:
     """(parent id, every child's id) when `request_id` is a child of parallel sampling."""
     child = parse_child_id(request_id)
     if child is None:
@@ -123,7 +124,7 @@ def family_of(state: VizState, request_id: str) -> tuple[str, tuple[str, ...]] |
     return (child[1], members) if request_id in members else None
 
 
-def shown_step(state: VizState) -> StepRecord | None:
+def shown_step(state: WholeState) -> StepRecord | None:
     """The step the views describe: the one being played (mid-step), else the last one done."""
     return state.draft if state.draft.scheduled or state.draft.preempted else state.last_step
 
@@ -139,7 +140,7 @@ class Changes:
 NO_CHANGES = Changes()
 
 
-def latest_changes(state: VizState) -> Changes:
+def latest_changes(state: WholeState) -> Changes:
     """Mid-step: what the last event touched. At a step boundary: everything the step did."""
     events = state.draft.events[-1:] if state.draft.events else ()
     if not events and state.last_step is not None:

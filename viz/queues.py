@@ -9,6 +9,10 @@ leaves this panel the very same object.
 
 A request event replaces its own `RequestInfo` in a new mapping that shares every other entry
 with the old one; a block event changes only the block table of the request it names.
+
+Besides its own panel the reducer reads the blocks panel as it was before the event
+(`blocks.py`): a new request's slot avoids the requests whose cached prefix a block keeps, and
+a block event naming a block the pool does not have is skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from nanovllm.events import (
     BlockAllocated,
@@ -34,11 +37,9 @@ from nanovllm.events import (
     StepSummary,
     TokenEmitted,
 )
+from nanovllm.viz.blocks import BlocksState, snapshot_order
 from nanovllm.viz.families import follows, group_children
-from nanovllm.viz.frozen import evolve
-
-if TYPE_CHECKING:
-    from nanovllm.viz.state import VizState
+from nanovllm.viz.frozen import evolve, without
 
 # Request status, as the visualizer tells it.
 WAITING = "waiting"
@@ -110,46 +111,35 @@ class QueuesState:
     waiting_head: str | None = None
 
 
-def reduce_queues(queues: QueuesState, event: Event, before: VizState) -> QueuesState:
-    """The queues after `event`; `before` is the whole state before it (read, never changed)."""
-    return _HANDLERS[type(event)](queues, event, before)
-
-
-def without(items: tuple, item: object) -> tuple:
-    """`items` less the first `item` (the same tuple when `item` is not in it)."""
-    if item not in items:
-        return items
-    i = items.index(item)
-    return items[:i] + items[i + 1 :]
+def reduce_queues(queues: QueuesState, event: Event, kv: BlocksState) -> QueuesState:
+    """The queues after `event`; `kv` is the blocks panel before it (read, never changed)."""
+    return _HANDLERS[type(event)](queues, event, kv)
 
 
 def _set(queues: QueuesState, info: RequestInfo) -> Mapping[str, RequestInfo]:
     return MappingProxyType({**queues.requests, info.request_id: info})
 
 
-def free_slot(state: VizState) -> int:
+def free_slot(queues: QueuesState, kv: BlocksState) -> int:
     """The slot (colour and letter) for a new request: the lowest that no waiting or running
     request holds, nor the request whose cached prefix a block keeps; if possible none that a
     listed finished request holds either."""
-    live = {r.slot for r in state.requests.values() if r.status != FINISHED}
-    cached = {
-        state.requests[b.cached_by].slot
-        for b in state.blocks
-        if b.cached and b.cached_by in state.requests
-    }
-    listed = {r.slot for r in state.requests.values()}
+    requests = queues.requests
+    live = {r.slot for r in requests.values() if r.status != FINISHED}
+    cached = {requests[b.cached_by].slot for b in kv.blocks if b.cached and b.cached_by in requests}
+    listed = {r.slot for r in requests.values()}
     for avoid in (live | cached | listed, live | cached, live):
         for slot in range(NUM_SLOTS):
             if slot not in avoid:
                 return slot
-    return state.num_arrivals % NUM_SLOTS
+    return queues.num_arrivals % NUM_SLOTS
 
 
-def _on_request_added(q: QueuesState, e: RequestAdded, before: VizState) -> QueuesState:
+def _on_request_added(q: QueuesState, e: RequestAdded, kv: BlocksState) -> QueuesState:
     info = RequestInfo(
         request_id=e.request_id,
         index=q.num_arrivals,
-        slot=free_slot(before),
+        slot=free_slot(q, kv),
         prompt=e.prompt,
         num_prompt_tokens=e.num_prompt_tokens,
         max_tokens=e.max_tokens,
@@ -172,12 +162,12 @@ def _on_request_added(q: QueuesState, e: RequestAdded, before: VizState) -> Queu
     )
 
 
-def _on_request_rejected(q: QueuesState, e: RequestRejected, before: VizState) -> QueuesState:
+def _on_request_rejected(q: QueuesState, e: RequestRejected, kv: BlocksState) -> QueuesState:
     # The request never entered the engine (its id may even belong to another request).
     return evolve(q, rejected=(q.rejected + ((e.request_id, e.reason),))[-MAX_REJECTED:])
 
 
-def _on_request_scheduled(q: QueuesState, e: RequestScheduled, before: VizState) -> QueuesState:
+def _on_request_scheduled(q: QueuesState, e: RequestScheduled, kv: BlocksState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
@@ -194,7 +184,7 @@ def _on_request_scheduled(q: QueuesState, e: RequestScheduled, before: VizState)
     )
 
 
-def _on_request_preempted(q: QueuesState, e: RequestPreempted, before: VizState) -> QueuesState:
+def _on_request_preempted(q: QueuesState, e: RequestPreempted, kv: BlocksState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
@@ -213,7 +203,7 @@ def _on_request_preempted(q: QueuesState, e: RequestPreempted, before: VizState)
     )
 
 
-def _on_token_emitted(q: QueuesState, e: TokenEmitted, before: VizState) -> QueuesState:
+def _on_token_emitted(q: QueuesState, e: TokenEmitted, kv: BlocksState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
@@ -226,7 +216,7 @@ def _on_token_emitted(q: QueuesState, e: TokenEmitted, before: VizState) -> Queu
     return evolve(q, requests=_set(q, new_info))
 
 
-def _on_request_finished(q: QueuesState, e: RequestFinished, before: VizState) -> QueuesState:
+def _on_request_finished(q: QueuesState, e: RequestFinished, kv: BlocksState) -> QueuesState:
     info = q.requests.get(e.request_id)
     if info is None:
         return q
@@ -258,33 +248,31 @@ def _on_request_finished(q: QueuesState, e: RequestFinished, before: VizState) -
     )
 
 
-def _valid_block(before: VizState, block_id: int) -> bool:
-    return 0 <= block_id < len(before.blocks)
+def _valid_block(kv: BlocksState, block_id: int) -> bool:
+    return 0 <= block_id < len(kv.blocks)
 
 
-def _on_block_taken(q: QueuesState, e: BlockAllocated | CacheHit, before: VizState) -> QueuesState:
+def _on_block_taken(q: QueuesState, e: BlockAllocated | CacheHit, kv: BlocksState) -> QueuesState:
     """The request holds the block as its logical block `e.logical_index` now."""
     info = q.requests.get(e.request_id)
-    if info is None or not _valid_block(before, e.block_id):
+    if info is None or not _valid_block(kv, e.block_id):
         return q
     table = info.block_table[: e.logical_index] + (e.block_id,)
     return evolve(q, requests=_set(q, evolve(info, block_table=table)))
 
 
-def _on_block_freed(q: QueuesState, e: BlockFreed, before: VizState) -> QueuesState:
+def _on_block_freed(q: QueuesState, e: BlockFreed, kv: BlocksState) -> QueuesState:
     # Out of the request's block table: a finishing or preempted request's table empties
     # block by block (tail first), and a running request loses the blocks that held only its
     # rejected proposals.
     info = q.requests.get(e.request_id)
-    if info is None or e.block_id not in info.block_table or not _valid_block(before, e.block_id):
+    if info is None or e.block_id not in info.block_table or not _valid_block(kv, e.block_id):
         return q
     table = without(info.block_table, e.block_id)
     return evolve(q, requests=_set(q, evolve(info, block_table=table)))
 
 
-def _on_spec_tokens_verified(
-    q: QueuesState, e: SpecTokensVerified, before: VizState
-) -> QueuesState:
+def _on_spec_tokens_verified(q: QueuesState, e: SpecTokensVerified, kv: BlocksState) -> QueuesState:
     """The first `num_accepted` proposals were accepted: the rest are rolled back."""
     info = q.requests.get(e.request_id)
     if info is None:
@@ -302,7 +290,7 @@ def _on_spec_tokens_verified(
     return evolve(q, requests=_set(q, new_info))
 
 
-def _on_grammar_masked(q: QueuesState, e: GrammarMasked, before: VizState) -> QueuesState:
+def _on_grammar_masked(q: QueuesState, e: GrammarMasked, kv: BlocksState) -> QueuesState:
     """Each structured request's latest mask: how many tokens its grammar allowed."""
     for rid, counts in e.allowed.items():
         info = q.requests.get(rid)
@@ -312,19 +300,13 @@ def _on_grammar_masked(q: QueuesState, e: GrammarMasked, before: VizState) -> Qu
     return q
 
 
-def _on_step_summary(q: QueuesState, e: StepSummary, before: VizState) -> QueuesState:
+def _on_step_summary(q: QueuesState, e: StepSummary, kv: BlocksState) -> QueuesState:
     if (q.waiting_reason, q.waiting_head) == (e.waiting_reason, e.waiting_head):
         return q
     return evolve(q, waiting_reason=e.waiting_reason, waiting_head=e.waiting_head)
 
 
-def snapshot_order(e: EngineSnapshot) -> list:
-    """The snapshot's requests, running ones first in admission order, then the waiting ones."""
-    order = {rid: i for i, rid in enumerate((*e.running, *e.waiting))}
-    return sorted(e.requests, key=lambda r: order.get(r.request_id, len(order)))
-
-
-def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, before: VizState) -> QueuesState:
+def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, kv: BlocksState) -> QueuesState:
     """A late subscriber's start: the engine's requests and queues replace ours."""
     requests: dict[str, RequestInfo] = {}
     for r in snapshot_order(e):
@@ -357,7 +339,7 @@ def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, before: VizState) -> 
     )
 
 
-_HANDLERS: dict[type, Callable[[QueuesState, Event, VizState], QueuesState]] = {
+_HANDLERS: dict[type, Callable[[QueuesState, Event, BlocksState], QueuesState]] = {
     RequestAdded: _on_request_added,
     RequestRejected: _on_request_rejected,
     RequestScheduled: _on_request_scheduled,

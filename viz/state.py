@@ -16,10 +16,14 @@ A `VizState` is one state per panel, each with its own pure reducer in its own f
 
 `reduce` hands an event only to the panels it changes (the steps panel takes every event,
 which joins the step in progress); the other panels stay the very same objects, and inside a
-panel an event replaces only its own request's or block's entry. Each panel reducer also sees
-the whole state before the event, to read (a prefix hit's place in the free queue, the slot
-a cached block's request holds), never to change. The fields the views read (`requests`,
-`blocks`, `draft`, ...) are properties of `VizState` that reach into its panels.
+panel an event replaces only its own request's or block's entry. A panel reducer is handed its
+own panel and, to read, never to change, only what it reads of the state before the event: the
+queues read the blocks (the slot a cached block's request holds), the steps read the queues,
+the blocks and the block size (a prefix hit's place in the free queue), the tier the step's
+previous event and the pool's size. The fields the views read (`requests`, `blocks`, `draft`,
+...) are properties of `VizState` that reach into its panels; the functions below this module
+that read many of them (`figures.py`, `waiting.py`, `narrative.py`) take a `WholeState`
+(`whole_state.py`), the protocol those properties meet.
 
 Everything here comes from `nanovllm.events` and nothing else: the visualizer never looks inside
 the scheduler or the KV cache manager. That is also what makes it a good test of the events: the
@@ -317,19 +321,25 @@ def _advance(state: VizState, event: Event) -> VizState:
     return _apply(state, event, None)
 
 
-def _apply(state: VizState, event: Event, story: StepStory | None) -> VizState:
+def _apply(state: VizState, event: Event, story: StepStory[VizState] | None) -> VizState:
     """Each panel that `event` changes, reduced; the others kept as they are."""
     kind = type(event)
     return VizState(
         state.engine,
         state.num_events + 1,
-        reduce_queues(state.queues, event, state) if kind in QUEUE_EVENTS else state.queues,
-        reduce_blocks(state.kv, event, state) if kind in BLOCK_EVENTS else state.kv,
-        reduce_steps(state.steps, event, state, story),
-        reduce_tier(state.tier, event, state) if kind in TIER_EVENTS else state.tier,
+        reduce_queues(state.queues, event, state.kv) if kind in QUEUE_EVENTS else state.queues,
+        reduce_blocks(state.kv, event) if kind in BLOCK_EVENTS else state.kv,
+        reduce_steps(state.steps, event, state.queues, state.kv, state.block_size, story),
+        _reduce_tier(state, event) if kind in TIER_EVENTS else state.tier,
         reduce_executor(state.executor, event) if kind in EXECUTOR_EVENTS else state.executor,
         event if kind is AttentionProbed else state.attention_probe,
     )
+
+
+def _reduce_tier(state: VizState, event: Event) -> TierState:
+    """The tier panel after `event`, handed what it reads of `state`."""
+    previous = state.draft.events[-1] if state.draft.events else None
+    return reduce_tier(state.tier, event, previous, state.num_blocks)
 
 
 def _with_steps(state: VizState, steps: StepsState) -> VizState:

@@ -3,8 +3,12 @@
 `StepsState` is one panel of `VizState` (`state.py`); `reduce_steps` is its pure reducer.
 Every event joins the step in progress (`draft`), so this panel changes on every event; the
 `StepSummary` closes the draft into `last_step` and one more column of the batch timeline.
-A step's story in words (`StepRecord.notes`) is not made here: `story.py` tells it from the
-step's events when a view asks.
+A step's story in words (`StepRecord.notes`) is not made here: the record holds a `Story`
+(`story.StepStory`), which tells it from the step's events when a view asks.
+
+Besides its own panel the reducer reads the queues and the blocks panels as they were before
+the event (a request's status at its scheduling, a block's place in the free queue) and the
+block size, each passed to it by `state.reduce`.
 
 Speculative decoding: a decoding request with proposals is scheduled for 1 + k tokens
 (`Scheduled.num_proposed`); the step keeps each verification's counts. With a KV connector
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from nanovllm.events import (
     BlockAllocated,
@@ -44,9 +48,9 @@ from nanovllm.viz.queues import WAITING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from nanovllm.viz.narrative import Note
-    from nanovllm.viz.state import VizState
-    from nanovllm.viz.story import StepStory
+    from nanovllm.viz.blocks import BlocksState
+    from nanovllm.viz.note import Note
+    from nanovllm.viz.queues import QueuesState
 
 # What a request did in one step: one cell of the batch timeline.
 PREFILL = "prefill"  # the (last piece of the) prompt was computed and a token sampled
@@ -59,6 +63,12 @@ WAIT = "waiting"  # in the waiting queue, not scheduled
 # Bounds, so a demo that runs for hours keeps a constant cost per event.
 MAX_TIMELINE = 400  # steps of history kept for the timeline
 MAX_RECENT = 20  # steps in the moving averages (tokens/s, step time)
+
+
+class Story(Protocol):
+    """What tells a step in words (`story.StepStory`): the notes for its first events."""
+
+    def notes(self, events: tuple[Event, ...]) -> tuple[Note, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,7 @@ class StepRecord:
     summary: StepSummary | None = None
     # Tells the step in words from its events (`story.py`); every version of one step's
     # record shares it. Not compared: the notes follow from the events.
-    story: StepStory | None = field(default=None, compare=False, repr=False)
+    story: Story | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -190,9 +200,15 @@ class StepsState:
 
 
 def reduce_steps(
-    steps: StepsState, event: Event, before: VizState, story: StepStory | None
+    steps: StepsState,
+    event: Event,
+    queues: QueuesState,
+    kv: BlocksState,
+    block_size: int,
+    story: Story | None,
 ) -> StepsState:
-    """The steps after `event`; `before` is the whole state before it (read, never changed).
+    """The steps after `event`; `queues` and `kv` are those panels before it (read, never
+    changed), `block_size` the engine's.
 
     The event joins the step in progress before it is applied, so the step a `StepSummary`
     closes holds every event of that step, the summary included. `story` tells the step.
@@ -201,7 +217,15 @@ def reduce_steps(
     handler = _HANDLERS.get(type(event))
     if handler is None:
         return evolve(steps, draft=draft)
-    return handler(evolve(steps, draft=draft), event, before)
+    return handler(evolve(steps, draft=draft), event, _Before(queues, kv, block_size))
+
+
+class _Before(NamedTuple):
+    """What the handlers read of the state before the event."""
+
+    queues: QueuesState
+    kv: BlocksState
+    block_size: int
 
 
 def _add(draft: StepRecord, **items: tuple) -> StepRecord:
@@ -214,16 +238,16 @@ def _count(metrics: Metrics, **counts: int) -> Metrics:
     return evolve(metrics, **{name: getattr(metrics, name) + n for name, n in counts.items()})
 
 
-def _valid_block(before: VizState, block_id: int) -> bool:
-    return 0 <= block_id < len(before.blocks)
+def _valid_block(before: _Before, block_id: int) -> bool:
+    return 0 <= block_id < len(before.kv.blocks)
 
 
-def _on_request_rejected(s: StepsState, e: RequestRejected, before: VizState) -> StepsState:
+def _on_request_rejected(s: StepsState, e: RequestRejected, before: _Before) -> StepsState:
     return evolve(s, metrics=_count(s.metrics, num_rejected=1))
 
 
-def _on_request_scheduled(s: StepsState, e: RequestScheduled, before: VizState) -> StepsState:
-    info = before.requests.get(e.request_id)
+def _on_request_scheduled(s: StepsState, e: RequestScheduled, before: _Before) -> StepsState:
+    info = before.queues.requests.get(e.request_id)
     if info is None:
         return s
     kind = (CHUNK if e.is_chunk else PREFILL) if e.is_prefill else DECODE
@@ -240,32 +264,32 @@ def _on_request_scheduled(s: StepsState, e: RequestScheduled, before: VizState) 
     return evolve(s, draft=draft, metrics=metrics)
 
 
-def _on_request_preempted(s: StepsState, e: RequestPreempted, before: VizState) -> StepsState:
-    if e.request_id not in before.requests:
+def _on_request_preempted(s: StepsState, e: RequestPreempted, before: _Before) -> StepsState:
+    if e.request_id not in before.queues.requests:
         return s
     draft = evolve(_add(s.draft, preempted=(e.request_id,)), step=e.step)
     return evolve(s, draft=draft, metrics=_count(s.metrics, num_preemptions=1))
 
 
-def _on_token_emitted(s: StepsState, e: TokenEmitted, before: VizState) -> StepsState:
+def _on_token_emitted(s: StepsState, e: TokenEmitted, before: _Before) -> StepsState:
     return evolve(s, metrics=_count(s.metrics, num_output_tokens=1))
 
 
-def _on_request_finished(s: StepsState, e: RequestFinished, before: VizState) -> StepsState:
-    if e.request_id not in before.requests:
+def _on_request_finished(s: StepsState, e: RequestFinished, before: _Before) -> StepsState:
+    if e.request_id not in before.queues.requests:
         return s
     draft = _add(s.draft, finished=(e.request_id,))
     return evolve(s, draft=draft, metrics=_count(s.metrics, num_finished=1))
 
 
-def _on_block_allocated(s: StepsState, e: BlockAllocated, before: VizState) -> StepsState:
+def _on_block_allocated(s: StepsState, e: BlockAllocated, before: _Before) -> StepsState:
     if not e.from_free_queue or not _valid_block(before, e.block_id):
         return s
     return evolve(s, draft=_add(s.draft, taken=(e.block_id,)))
 
 
-def _on_cache_hit(s: StepsState, e: CacheHit, before: VizState) -> StepsState:
-    free_queue = before.free_queue
+def _on_cache_hit(s: StepsState, e: CacheHit, before: _Before) -> StepsState:
+    free_queue = before.kv.free_queue
     if not _valid_block(before, e.block_id) or not e.was_free or e.block_id not in free_queue:
         return s
     at = free_queue.index(e.block_id)  # out of the middle of the free queue
@@ -273,21 +297,21 @@ def _on_cache_hit(s: StepsState, e: CacheHit, before: VizState) -> StepsState:
     return evolve(s, draft=_add(s.draft, pulled=(e.block_id,), gaps=(gap,)))
 
 
-def _on_block_freed(s: StepsState, e: BlockFreed, before: VizState) -> StepsState:
+def _on_block_freed(s: StepsState, e: BlockFreed, before: _Before) -> StepsState:
     if not _valid_block(before, e.block_id):
         return s
-    if e.ref_count != 0 or e.block_id in before.free_queue:
+    if e.ref_count != 0 or e.block_id in before.kv.free_queue:
         return s
     return evolve(s, draft=_add(s.draft, returned=(e.block_id,)))  # joins the tail
 
 
-def _on_block_evicted(s: StepsState, e: BlockEvicted, before: VizState) -> StepsState:
+def _on_block_evicted(s: StepsState, e: BlockEvicted, before: _Before) -> StepsState:
     if not _valid_block(before, e.block_id):
         return s
     return evolve(s, draft=_add(s.draft, evicted=(e.block_id,)))
 
 
-def _on_spec_tokens_verified(s: StepsState, e: SpecTokensVerified, before: VizState) -> StepsState:
+def _on_spec_tokens_verified(s: StepsState, e: SpecTokensVerified, before: _Before) -> StepsState:
     proposed, accepted = len(e.proposed), e.num_accepted
     metrics = _count(
         s.metrics, num_drafts=1, num_draft_tokens=proposed, num_accepted_tokens=accepted
@@ -296,29 +320,29 @@ def _on_spec_tokens_verified(s: StepsState, e: SpecTokensVerified, before: VizSt
     return evolve(s, draft=draft, metrics=metrics)
 
 
-def _on_kv_block_saved(s: StepsState, e: KVBlockSaved, before: VizState) -> StepsState:
+def _on_kv_block_saved(s: StepsState, e: KVBlockSaved, before: _Before) -> StepsState:
     return evolve(s, draft=_add(s.draft, saved=((e.block_id, e.tier_slot),)))
 
 
-def _on_kv_tier_evicted(s: StepsState, e: KVTierEvicted, before: VizState) -> StepsState:
+def _on_kv_tier_evicted(s: StepsState, e: KVTierEvicted, before: _Before) -> StepsState:
     return evolve(s, draft=_add(s.draft, dropped=(e.tier_slot,)))
 
 
-def _on_kv_block_loaded(s: StepsState, e: KVBlockLoaded, before: VizState) -> StepsState:
+def _on_kv_block_loaded(s: StepsState, e: KVBlockLoaded, before: _Before) -> StepsState:
     # The request's admission counted these tokens as computed (`RequestScheduled`); they are
     # the connector's hits, not the prefix cache's (the scheduler counts them apart too).
     draft = _add(s.draft, loaded=((e.tier_slot, e.block_id),))
     return evolve(s, draft=draft, metrics=_count(s.metrics, prefix_hits=-before.block_size))
 
 
-def _on_kv_load_failed(s: StepsState, e: KVLoadFailed, before: VizState) -> StepsState:
+def _on_kv_load_failed(s: StepsState, e: KVLoadFailed, before: _Before) -> StepsState:
     return evolve(s, draft=_add(s.draft, load_failed=(e.request_id,)))
 
 
-def _on_step_summary(s: StepsState, e: StepSummary, before: VizState) -> StepsState:
+def _on_step_summary(s: StepsState, e: StepSummary, before: _Before) -> StepsState:
     record = evolve(s.draft, step=e.step, summary=e)
     cells: dict[str, str] = {}
-    for rid in before.waiting:
+    for rid in before.queues.waiting:
         cells[rid] = WAIT
     for scheduled in record.scheduled:
         cells[scheduled.request_id] = SPEC if scheduled.num_proposed else scheduled.kind
@@ -338,7 +362,7 @@ def _on_step_summary(s: StepsState, e: StepSummary, before: VizState) -> StepsSt
     return StepsState(StepRecord(step=e.step + 1), record, timeline, metrics)
 
 
-def _on_engine_snapshot(s: StepsState, e: EngineSnapshot, before: VizState) -> StepsState:
+def _on_engine_snapshot(s: StepsState, e: EngineSnapshot, before: _Before) -> StepsState:
     """A late subscriber's start: the step count and the snapshot's totals replace ours."""
     metrics = Metrics(
         num_preemptions=e.num_preemptions,
@@ -349,7 +373,7 @@ def _on_engine_snapshot(s: StepsState, e: EngineSnapshot, before: VizState) -> S
     return StepsState(draft, StepRecord(step=e.step), (), metrics)
 
 
-_HANDLERS: dict[type, Callable[[StepsState, Event, VizState], StepsState]] = {
+_HANDLERS: dict[type, Callable[[StepsState, Event, _Before], StepsState]] = {
     RequestRejected: _on_request_rejected,
     RequestScheduled: _on_request_scheduled,
     RequestPreempted: _on_request_preempted,

@@ -12,25 +12,28 @@ a view that goes back inside the step gets the notes it was told before.
 
 The notes are the same whichever way the step is reduced (the replay is the same reducer), so
 they are not part of the states' equality.
+
+`state.py` makes the stories, so a story knows its states only as `WholeState`s
+(`whole_state.py`, what `narrate` reads) and its reducer as the function it is handed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from threading import Lock
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from nanovllm.events import Event
 from nanovllm.viz.narrative import Note, add_note, narrate
+from nanovllm.viz.whole_state import WholeState
 
-if TYPE_CHECKING:
-    from nanovllm.viz.state import VizState
+State = TypeVar("State", bound=WholeState)
 
 
-class StepStory:
+class StepStory(Generic[State]):
     """One step's notes, told from `opening` (the state before the step's first event)."""
 
-    def __init__(self, opening: VizState, advance: Callable[[VizState, Event], VizState]):
+    def __init__(self, opening: State, advance: Callable[[State, Event], State]):
         self._opening = opening
         self._advance = advance  # the reducer, without telling a story of its own
         self._lock = Lock()  # the engine worker and the UI may ask at once

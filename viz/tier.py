@@ -9,8 +9,10 @@ SharedStorageConnector saves to files instead (`tier_slot` -1): there are no slo
 the blocks that went out and came back in.
 
 `TierState` is the tier panel of `VizState`, changed only by the functions here: `reduce_tier`
-is its reducer, which `state.reduce` calls only for the events in `TIER_EVENTS`. Slot contents follow the events exactly. The LRU order takes more care, because the
-events of a step do not arrive in the order the tier changed:
+is its reducer, which `state.reduce` calls only for the events in `TIER_EVENTS`; besides its
+own panel it reads the step's event before this one and the device pool's size. Slot contents
+follow the events exactly. The LRU order takes more care, because the events of a step do not
+arrive in the order the tier changed:
 
     during scheduling   each admitted request's tier hits are touched (most recently used);
                         each block the device pool evicts is announced (`BlockEvicted`)
@@ -29,7 +31,6 @@ failed loads) is kept with the step itself (`state.StepRecord`), like the free q
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from nanovllm.events import (
     BlockAllocated,
@@ -43,9 +44,6 @@ from nanovllm.events import (
     KVTierEvicted,
     StepSummary,
 )
-
-if TYPE_CHECKING:
-    from nanovllm.viz.state import VizState
 
 MAX_FAILURES = 5  # load failures kept (request id, error), most recent last
 
@@ -195,8 +193,11 @@ def end_step(tier: TierState) -> TierState:
     return replace(_replay(tier, len(tier.pending)), touched=frozenset())
 
 
-def reduce_tier(tier: TierState, event: Event, before: VizState) -> TierState:
-    """The tier after `event`; `before` is the whole state before it (read, never changed)."""
+def reduce_tier(
+    tier: TierState, event: Event, previous: Event | None, num_blocks: int
+) -> TierState:
+    """The tier after `event`. `previous`: the step's event before it (None: `event` opens the
+    step); `num_blocks`: the device pool's size."""
     if isinstance(event, KVBlockSaved):
         return saved(tier, event.block_hash, event.tier_slot)
     if isinstance(event, KVTierEvicted):
@@ -212,10 +213,9 @@ def reduce_tier(tier: TierState, event: Event, before: VizState) -> TierState:
     # A `BlockAllocated` off the head of the free queue right after that block's
     # `BlockEvicted`: the pool hands out a block still caching a prefix, which the tier saves
     # at the end of scheduling (only these evictions; a failed step's uncaching is not one).
-    previous = before.draft.events[-1] if before.draft.events else None
     if (
         event.from_free_queue
-        and 0 <= event.block_id < len(before.blocks)
+        and 0 <= event.block_id < num_blocks
         and isinstance(previous, BlockEvicted)
         and previous.block_id == event.block_id
     ):

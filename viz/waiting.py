@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from nanovllm.events import WAITING_REASONS, StepSummary
 
 if TYPE_CHECKING:
-    from nanovllm.viz.state import VizState
+    from nanovllm.viz.whole_state import WholeState
 
 # A few characters each, for a queue line.
 SHORT = {
@@ -35,7 +35,7 @@ SHORT = {
 NEW = "new"  # arrived after the last step: the next step decides
 
 
-def why_waiting(state: VizState, request_id: str) -> tuple[str, str] | None:
+def why_waiting(state: WholeState, request_id: str) -> tuple[str, str] | None:
     """(short, in words) for a waiting request; None when it does not wait."""
     if request_id not in state.waiting:
         return None
@@ -60,7 +60,7 @@ def why_waiting(state: VizState, request_id: str) -> tuple[str, str] | None:
     return short, words
 
 
-def budget_cut(state: VizState) -> dict[str, int]:
+def budget_cut(state: WholeState) -> dict[str, int]:
     """Request id -> tokens it needed, for each request the last step's budget cut to a chunk."""
     summary = state.last_step.summary if state.last_step else None
     return dict(summary.budget_cut) if summary is not None else {}

@@ -31,6 +31,7 @@ from nanovllm.viz.executor import EXECUTOR_EVENTS
 from nanovllm.viz.frozen import evolve
 from nanovllm.viz.narrative import add_note, narrate
 from nanovllm.viz.state import VizState, reduce, reduce_all
+from nanovllm.viz.whole_state import WholeState
 
 BLOCK_EVENTS = (BlockAllocated, CacheHit, BlockFreed, BlockCached, BlockEvicted)
 
@@ -128,3 +129,13 @@ def test_evolve_is_replace_and_names_an_unknown_field():
     assert evolve(block, ref_count=2).cached is False and block.ref_count == 1
     with pytest.raises(TypeError, match="refcount"):
         evolve(block, refcount=2)
+
+
+def test_a_viz_state_has_every_field_a_whole_state_names():
+    """The readers below `state.py` (figures, narration, why a request waits) are typed by
+    `WholeState`; every field it names is one a `VizState` has."""
+    names = [name for name in vars(WholeState) if not name.startswith("_")]
+    assert "blocks" in names and "draft" in names
+    state = VizState()
+    missing = [name for name in names if not hasattr(state, name)]
+    assert not missing, f"VizState lacks {missing}"
