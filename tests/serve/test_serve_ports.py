@@ -127,7 +127,7 @@ def test_the_open_port_warning_names_the_kv_link_beyond_loopback(capsys, monkeyp
     monkeypatch.setenv("NANOVLLM_KV_SECRET", "s")
     kv = SimpleNamespace(kv_ip="10.1.2.3", kv_port=14579, kv_connector_extra_config={})
     engine = SimpleNamespace(
-        kv_connector=SimpleNamespace(config=kv),
+        kv_source=SimpleNamespace(config=kv),
         config=SimpleNamespace(tensor_parallel_size=1),
     )
     warn_of_engine_ports(engine)
