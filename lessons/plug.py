@@ -325,7 +325,7 @@ class YourScheduler(Scheduler):
         out = SchedulerOutput(step=self.step_count)
         live_waiting = [r for r in self.waiting if r.status != RequestStatus.FINISHED]
         engine_of = {r.request_id: r for r in self.running + live_waiting}
-        to_verify = {r.request_id: self.tokens_to_verify(r) for r in self.running}
+        to_verify = {r.request_id: self.extra_tokens.tokens_after(r) for r in self.running}
         running = [_view(r, to_verify[r.request_id]) for r in self.running]
         waiting = [_view(r, []) for r in live_waiting]
         plan = self.schedule_step(running, waiting, self)
