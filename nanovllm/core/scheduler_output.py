@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanovllm.executor.logits_mask import LogitsMask, NoLogitsMask
+from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
 from nanovllm.request import Request
 
 
@@ -54,7 +54,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
-    # Structured outputs: the tokens rows may not take (`executor/logits_mask.py`).
+    # Structured outputs: the tokens rows may not take (`core/logits_mask.py`).
     logits_mask: LogitsMask = field(default_factory=NoLogitsMask)
     # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)

@@ -46,6 +46,7 @@ from nanovllm.core.async_scheduler import AsyncScheduler
 from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import NullConnector
+from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.engine.async_step import AsyncStep
@@ -60,7 +61,6 @@ from nanovllm.engine.tensor_parallel import (
     start_runners,
 )
 from nanovllm.events import EngineStarted, EventBus
-from nanovllm.executor.logits_mask import LogitsMask, NoLogitsMask
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_events import ObservedExecutor
