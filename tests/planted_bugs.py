@@ -1077,12 +1077,12 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "external-tokens-get-no-slots",
-        "nanovllm/core/scheduler.py",
-        "Scheduler.schedule",
+        "nanovllm/core/kv_source.py",
+        "ComputedPrefix.num_slots",
         (
             (
-                "        num_slots = num_new + num_external\n",
-                "        num_slots = num_new\n",
+                "    return self.num_external + num_new_tokens\n",
+                "    return num_new_tokens\n",
             ),
         ),
         ("tests/test_kv_connector.py", "-k", "tier_serves or bit_for_bit"),
