@@ -355,7 +355,7 @@ class YourScheduler(Scheduler):
         running_reqs = _in_order(self.running, self.your_running)
         waiting_reqs = _in_order(live_waiting, self.your_waiting)
         engine_of = {r.request_id: r for r in running_reqs + waiting_reqs}
-        to_verify = {r.request_id: self.tokens_to_verify(r) for r in running_reqs}
+        to_verify = {r.request_id: self.extra_tokens.tokens_after(r) for r in running_reqs}
         running = [_view(r, to_verify[r.request_id]) for r in running_reqs]
         waiting = [_view(r, []) for r in waiting_reqs]
         limits = StepLimits(

@@ -200,6 +200,7 @@ def schedule_with_engine(
     means memory is never short (no preemption).
     """
     from nanovllm.config import EngineConfig
+    from nanovllm.core.extra_tokens import ExtraTokens
     from nanovllm.core.kv_cache_manager import KVCacheManager
     from nanovllm.core.scheduler import Scheduler
     from nanovllm.events import EventBus
@@ -218,9 +219,8 @@ def schedule_with_engine(
     )
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
     proposed = {r.id: [0] * r.num_proposed for r in running + waiting}
-    scheduler = Scheduler(
-        config, kv, EventBus(), tokens_to_verify=lambda request: proposed[request.request_id]
-    )
+    extra_tokens = ExtraTokens(lambda request: proposed[request.request_id])
+    scheduler = Scheduler(config, kv, EventBus(), extra_tokens=extra_tokens)
     sim_of: dict[str, Req] = {}
     engine_of: dict[str, Request] = {}
     for i, r in enumerate(running + waiting):

@@ -675,8 +675,7 @@ PLANTED_BUGS = [
         "Scheduler.update_from_output",
         (
             (
-                "                self.kv.free_slots_from(request, num_computed, "
-                "self.num_lookahead_tokens)\n",
+                "                self.kv.free_slots_from(request, num_computed, slots_after)\n",
                 "                self.kv.free_slots_from(request, num_computed)\n",
             ),
         ),

@@ -32,6 +32,7 @@ from tiny_models import VOCAB_SIZE, hf_greedy, make_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import EngineConfig
+from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.events import EventBus, KVBlockLoaded, KVLoadFailed
@@ -236,7 +237,8 @@ class ConnectorSchedulerMachine(SchedulerMachine):
         self.kv = KVCacheManager(
             self.kv.num_blocks, self.kv.block_size, options["prefix_caching"], bus
         )
-        self.scheduler = Scheduler(self.config, self.kv, bus, self.lookahead, self.connector)
+        extra_tokens = ExtraTokens(num_slots_after=self.lookahead)
+        self.scheduler = Scheduler(self.config, self.kv, bus, self.connector, extra_tokens)
 
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]] | None:
         """The fake worker: each load writes its block's tokens into the fake cache, or fails

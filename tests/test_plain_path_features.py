@@ -2,7 +2,7 @@
 
 The plain path (README.md's "Read the engine") is what a learner reads first. Speculative
 decoding, KV connectors, structured outputs and tensor parallelism reach it only through its
-seams (the scheduler's KV source and `tokens_to_verify`, the step's logits mask ...), with their
+seams (the scheduler's KV source and `ExtraTokens`, the step's logits mask ...), with their
 arithmetic on their own side, so at most `BUDGET` code lines of it name one.
 
 The oracle is the source itself: its tokens (`tokenize`), less comments and docstrings (found
@@ -18,8 +18,6 @@ import io
 import re
 import tokenize
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,12 +96,6 @@ def f(request, num_external, logits_mask):  # 5: parameters
     assert feature_lines(source) == [5, 8, 9, 10, 12]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 55, not there yet: speculative decoding's tokens to verify and lookahead "
-    "slots still cross the scheduler, KV cache manager, sampler and runner; the engine's "
-    "seams are being rebuilt (llm_engine.py)",
-)
 def test_the_plain_path_names_few_optional_features() -> None:
     counts = {}
     lines = {}

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nanovllm.config import EngineConfig
+from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.events import EventBus
@@ -132,7 +133,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Each step's proposals, as the speculator keeps them: replaced after every step.
         self.proposals: dict[str, list[int]] = {}
         self.scheduler = Scheduler(
-            self.config, self.kv, bus, lookahead, tokens_to_verify=self.tokens_to_verify
+            self.config, self.kv, bus, extra_tokens=ExtraTokens(self.tokens_to_verify, lookahead)
         )
         self.lookahead = lookahead
         self.runner = FakeRunner(num_blocks, block_size)
@@ -358,9 +359,8 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
     bus = EventBus()
     kv = KVCacheManager(32, 1, True, bus)
     proposals: dict[str, list[int]] = {}
-    scheduler = Scheduler(
-        config, kv, bus, num_lookahead_tokens=3, tokens_to_verify=lambda r: proposals.get("r", [])
-    )
+    proposed = ExtraTokens(lambda r: proposals.get("r", []), num_slots_after=3)
+    scheduler = Scheduler(config, kv, bus, extra_tokens=proposed)
     runner = FakeRunner(32, 1)
     request = Request("r", [1, 2, 3], SamplingParams(max_tokens=8), 0)
     request.max_tokens = 8

@@ -145,13 +145,12 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
-        num_lookahead_tokens: int = 0,
     ) -> int:
-        """How many blocks `allocate_slots` with the same arguments takes from the free queue
+        """How many blocks `allocate_slots` takes from the free queue for `num_new_tokens` slots
         (vLLM's name): its new blocks, and its prefix-cache hits on free blocks."""
         new_computed_blocks = new_computed_blocks or []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        num_slots = num_computed + num_new_tokens
         num_held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
         num_new_blocks = max(-(-num_slots // self.block_size) - num_held, 0)  # (ceil)
         # A hit on a free block takes it out of the free queue too (hits: only at admission).
@@ -175,7 +174,7 @@ class KVCacheManager:
         """
         new_computed_blocks = new_computed_blocks or []
         num_to_take = self.get_num_blocks_to_allocate(
-            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+            request, num_new_tokens + num_lookahead_tokens, new_computed_blocks
         )
         if num_to_take > self.num_free_blocks:
             return None

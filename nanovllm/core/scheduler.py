@@ -26,10 +26,10 @@ the blocks after the prefix-cache hit that it can load into the request's new bl
 come as one `ComputedPrefix`, which counts them. A waiting request whose grammar is still
 compiling (`WAITING_FOR_FSM`, structured outputs) is passed over until it has compiled.
 
-A running request may also have *tokens to verify*: guesses of its next tokens (speculative
-decoding's proposals, `spec_decode/`), asked of `tokens_to_verify` when it is scheduled. They are
-ordinary tokens to compute, after its own; the step samples a row for each, and the sampler keeps
-the guesses it agrees with. Those it rejects are stepped back over in `update_from_output`.
+A running request may also have *extra tokens* (`extra_tokens.py`): tokens after its own that a
+part asks to compute in its step (speculative decoding's proposals), and KV slots held past them.
+The scheduler computes them as ordinary tokens; the step samples a row for each, and a sampled
+row may take back the tokens after it: those are stepped back over in `update_from_output`.
 
 Cost per step: proportional to the requests scheduled (at most `max_num_seqs`), never to the
 length of the waiting queue; aborted waiting requests are dropped lazily when they reach its head.
@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from nanovllm.config import EngineConfig
+from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import KVSource, NoKVSource, find_computed_prefix
 from nanovllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -61,22 +62,18 @@ class Scheduler:
         config: EngineConfig,
         kv_cache_manager: KVCacheManager,
         events: EventBus,
-        num_lookahead_tokens: int = 0,
         kv_source: KVSource | None = None,
-        tokens_to_verify: Callable[[Request], list[int]] | None = None,
+        extra_tokens: ExtraTokens | None = None,
     ):
         self.config = config
         self.kv = kv_cache_manager
         self.events = events
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        # With a draft model, every request holds this many KV slots past the tokens it
-        # computes, where the draft writes the KV of its proposals (`allocate_slots`).
-        self.num_lookahead_tokens = num_lookahead_tokens
         # Asked at admission for computed tokens from outside the device pool (`kv_source.py`).
         self.kv_source = kv_source or NoKVSource()
-        # Asked for a running request's guesses of its next tokens, to compute and verify.
-        self.tokens_to_verify = tokens_to_verify or nothing_to_verify
+        # Asked for a running request's tokens past its own, and the KV slots held past them.
+        self.extra_tokens = extra_tokens or ExtraTokens()
         self.waiting: deque[Request] = deque()
         self.num_waiting = 0  # live requests in `waiting` (aborted ones are dropped lazily)
         self.running: list[Request] = []  # in admission order: the last is preempted first
@@ -130,18 +127,18 @@ class Scheduler:
         self.step_count += 1
         self.kv.begin_step()
         out = SchedulerOutput(step=self.step_count)
-        budget, lookahead = self.max_num_batched_tokens, self.num_lookahead_tokens
+        budget, slots_after = self.max_num_batched_tokens, self.extra_tokens.num_slots_after
 
         # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
-        # plus any tokens to verify).
+        # plus any extra tokens).
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            to_verify = self.tokens_to_verify(request)
-            num_tokens = self.num_tokens(request) + len(to_verify)
+            extra = self.extra_tokens.tokens_after(request)
+            num_tokens = self.num_tokens(request) + len(extra)
             num_new = min(num_tokens - request.num_computed_tokens, budget)
             # Make room in the KV cache, preempting the newest running request until it fits.
-            while self.kv.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
+            while self.kv.allocate_slots(request, num_new, None, slots_after) is None:
                 victim = self.running.pop()
                 self.preempt(victim)
                 out.preempted.append(victim)
@@ -149,7 +146,7 @@ class Scheduler:
                     break
             if request.status != RequestStatus.RUNNING:
                 break  # it preempted itself: nobody left to make room
-            self.add_to_step(out, request, num_new, to_verify)
+            self.add_to_step(out, request, num_new, extra)
             budget -= num_new
             i += 1
 
@@ -171,10 +168,10 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             num_slots = prefix.num_slots(num_new)
-            if self.kv.allocate_slots(request, num_slots, prefix.blocks, lookahead) is None:
+            if self.kv.allocate_slots(request, num_slots, prefix.blocks, slots_after) is None:
                 # Not enough free blocks: wait for running requests to finish.
                 needed = self.kv.get_num_blocks_to_allocate(
-                    request, num_slots, prefix.blocks, lookahead
+                    request, num_slots + slots_after, prefix.blocks
                 )
                 out.waiting_blocks = (needed, self.kv.num_free_blocks)
                 break
@@ -202,11 +199,11 @@ class Scheduler:
     ) -> list[tuple[Request, int]]:
         """Advance `num_computed_tokens` and append the sampled tokens.
 
-        `sampled` gives each sampling request its new tokens: one, or when it had k tokens to
-        verify, the accepted ones and one more (1 to k + 1). The KV of rejected tokens is wrong
+        `sampled` gives each sampling request its new tokens: one, or when it had k extra tokens,
+        those kept and one more (1 to k + 1). The KV of the extra tokens not kept is wrong
         (computed for tokens that were not chosen): `num_computed_tokens` steps back over them,
-        and blocks that hold nothing else (but the lookahead slots a draft model writes to) go
-        back to the free queue.
+        and blocks that hold nothing else (but the slots held after its tokens) go back to the
+        free queue.
 
         Returns the requests that received tokens this step, each with how many. Stop conditions
         are checked by the engine, which owns the tokenizer (stop strings need text).
@@ -219,10 +216,11 @@ class Scheduler:
             num_computed = s.num_computed_tokens + s.num_new_tokens
             if s.samples:
                 tokens = sampled[request.request_id]
-                num_rejected = s.num_logits_rows - len(tokens)  # computed, then not accepted
+                num_rejected = s.num_logits_rows - len(tokens)  # computed, then not kept
                 num_computed -= num_rejected
                 if num_rejected:
-                    self.kv.free_slots_from(request, num_computed, self.num_lookahead_tokens)
+                    slots_after = self.extra_tokens.num_slots_after
+                    self.kv.free_slots_from(request, num_computed, slots_after)
                 for token in tokens:
                     request.append_output_token(token)
                 got_tokens.append((request, len(tokens)))
@@ -252,12 +250,12 @@ class Scheduler:
         return self.waiting[0] if self.waiting else None
 
     def add_to_step(
-        self, out: SchedulerOutput, request: Request, num_new: int, to_verify: Sequence[int] = ()
+        self, out: SchedulerOutput, request: Request, num_new: int, extra: Sequence[int] = ()
     ) -> None:
         """Put `num_new` tokens of `request` (its blocks already allocated) into the step: its
-        own, then those of `to_verify` that fit (the budget may cut some)."""
+        own, then those of `extra` that fit (the budget may cut some)."""
         computed, num_tokens = request.num_computed_tokens, self.num_tokens(request)
-        to_verify = list(to_verify[: max(computed + num_new - num_tokens, 0)])
+        extra = list(extra[: max(computed + num_new - num_tokens, 0)])
         samples = computed + num_new >= num_tokens
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         block_table = self.kv.block_ids(request.request_id)
@@ -269,7 +267,7 @@ class Scheduler:
                 block_table,
                 samples,
                 is_prefill,
-                to_verify,
+                extra,
             )
         )
         if self.events.active:
@@ -300,8 +298,3 @@ class Scheduler:
         self.num_waiting += 1
         if self.events.active:
             self.events.emit(RequestPreempted(self.step_count, request.request_id, lost))
-
-
-def nothing_to_verify(request: Request) -> list[int]:
-    """The scheduler's `tokens_to_verify` when nothing guesses: no request has any."""
-    return []

@@ -12,12 +12,9 @@ evicted from the prefix cache).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
 from nanovllm.request import Request
-
-if TYPE_CHECKING:
-    from nanovllm.executor.logits_mask import LogitsMask
 
 
 @dataclass(slots=True)
@@ -57,7 +54,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     schedule_time: float = 0.0
-    logits_mask: LogitsMask | None = None  # structured outputs: the tokens rows may not take
+    # Structured outputs: the tokens rows may not take (`core/logits_mask.py`).
+    logits_mask: LogitsMask = field(default_factory=NoLogitsMask)
     # KV connector: cached blocks handed out again (id, hash); its transfers (`kv_transfer/`).
     evicted_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     kv_connector_metadata: object = None  # what its KV source sends the workers this step

@@ -43,8 +43,10 @@ import torch
 from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.core.async_scheduler import AsyncScheduler
+from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import NullConnector
+from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.distributed.worker_group import WorkerGroup
 from nanovllm.engine.async_step import AsyncStep
@@ -59,7 +61,6 @@ from nanovllm.engine.tensor_parallel import (
     start_runners,
 )
 from nanovllm.events import EngineStarted, EventBus
-from nanovllm.executor.logits_mask import LogitsMask
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_events import ObservedExecutor
@@ -142,7 +143,7 @@ class EngineCore:
     scheduler: Scheduler
     input_processor: InputProcessor
     output_processor: OutputProcessor
-    logits_mask: Callable[[SchedulerOutput], LogitsMask | None]  # the step's, once scheduled
+    logits_mask: Callable[[SchedulerOutput], LogitsMask]  # the step's, once scheduled
     async_loop: AsyncStep | None  # the overlapped step loop (None: the engine's own)
 
 
@@ -160,8 +161,9 @@ def build_engine(config: EngineConfig) -> EngineCore:
     # 10. the speculator, then the scheduler (and the statistics, counting both)
     spec_decoding = SpecDecodingStats()
     speculator = speculator_for(setup.proposer, spec_decoding)
+    extra_tokens = ExtraTokens(speculator.tokens_to_verify, lookahead)
     scheduler = scheduler_class(parts, config.async_scheduling)(
-        config, kv, events, lookahead, kv_source, speculator.tokens_to_verify
+        config, kv, events, kv_source, extra_tokens
     )
     compiled = getattr(setup.runner.model, "compile_seconds", None)
     stats = EngineStats(
@@ -195,8 +197,14 @@ def build_engine(config: EngineConfig) -> EngineCore:
     return EngineCore(
         setup, setup.executor, setup.group, events, stats, started_event(config, setup), kv,
         kv_source, speculator, scheduler, input_processor, output_processor,
-        functools.partial(grammar_bitmask, events=events), async_loop,
+        functools.partial(step_logits_mask, events=events), async_loop,
     )  # fmt: skip
+
+
+def step_logits_mask(sched: SchedulerOutput, events: EventBus) -> LogitsMask:
+    """The step's logits mask: its structured rows' grammars (`structured_output/`), if any."""
+    mask = grammar_bitmask(sched, events)
+    return NoLogitsMask() if mask is None else mask
 
 
 def scheduler_class(parts: EngineParts, async_scheduling: bool) -> Callable[..., Scheduler]:

@@ -154,8 +154,7 @@ class ModelRunner:
         logits, result.prompt_logprobs = split_prompt_logprobs(logits, out)
         sampling = [s for s in out.scheduled if s.samples]
         if sampling:
-            if out.logits_mask is not None:  # (structured outputs)
-                logits = out.logits_mask.apply(logits)
+            logits = out.logits_mask.apply(logits)  # (structured outputs)
             sampled = self.sampler(
                 logits, [s.request for s in sampling], [s.to_verify for s in sampling]
             )

@@ -29,7 +29,8 @@ the other rows of the batch are sampled as usual.
 
 Before all this, `logits_processors.py` applies what a request's params ask of its logits
 (penalties, bias, banned and allowed tokens); logprobs are those of the raw logits (`logprobs.py`).
-A request with k tokens to verify has 1 + k rows, which the `verifier` turns into its new tokens
+A request with k extra tokens (computed after its own: speculative decoding's proposals,
+`core/extra_tokens.py`) has 1 + k rows, which the `verifier` turns into its new tokens
 (`rejection_sampler.py`). The fast paths are `backends/sampler.py`'s.
 """
 
@@ -101,7 +102,7 @@ def generator_for(request: Request, device: torch.device) -> torch.Generator:
 class Sampler:
     """`filters` is the function that applies min-p, top-k and top-p to a batch (`apply_filters`;
     the lessons swap in the learner's); `draw` picks a token from each filtered row; `verifier`
-    turns the rows of a request with tokens to verify into its new tokens."""
+    turns the rows of a request with extra tokens into its new tokens."""
 
     def __init__(self, filters=apply_filters, draw: Draw = exponential_race, verifier=None) -> None:
         self.filters = filters
@@ -114,16 +115,16 @@ class Sampler:
         self,
         logits: torch.Tensor,
         requests: list[Request],
-        to_verify: list[list[int]] | None = None,
+        extra: list[list[int]] | None = None,
     ) -> SamplerOutput:
         """logits: [num_rows, vocab] fp32. Each request has one row, or 1 + k rows when it has k
-        tokens to verify: its last own token's, then one per token to verify."""
-        raw, logits = logits, apply_logits_processors(logits, requests, to_verify)
+        extra tokens: its last own token's, then one per extra token."""
+        raw, logits = logits, apply_logits_processors(logits, requests, extra)
         # One pass gives both the greedy tokens (greedy rows are done) and the rows with a NaN.
         argmax, bad = self.greedy_tokens(logits)  # [num_rows] each
         device = logits.device
-        to_verify = to_verify or [[] for _ in requests]
-        counts = [1 + len(tokens) for tokens in to_verify]
+        extra = extra or [[] for _ in requests]
+        counts = [1 + len(tokens) for tokens in extra]
         starts = [0, *itertools.accumulate(counts)][:-1]  # each request's first row
         random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         probs: dict[int, torch.Tensor] = {}  # request -> its rows' processed distributions
@@ -161,10 +162,10 @@ class Sampler:
                 )
             elif i not in probs:
                 rows = argmax[starts[i] : starts[i] + counts[i]]
-                token_ids[i] = self.verifier.greedy(rows, to_verify[i]) if to_verify[i] else rows
-            elif to_verify[i]:
+                token_ids[i] = self.verifier.greedy(rows, extra[i]) if extra[i] else rows
+            elif extra[i]:
                 generator = generator_for(request, device)
-                token_ids[i] = self.verifier.random(probs[i], to_verify[i], generator)
+                token_ids[i] = self.verifier.random(probs[i], extra[i], generator)
             else:
                 plain_random.append(i)
         if plain_random:

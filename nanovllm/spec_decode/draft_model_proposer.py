@@ -19,8 +19,8 @@ its own paged KV cache with the same number of blocks, addressed by the target's
   proposal's slots are overwritten in both by whatever is computed there next.
 - **Lookahead slots.** Proposing from a request's newest token (at position N, not yet computed)
   writes the draft's KV at positions N .. N + k - 1: the newest token and each proposal but the
-  last. The scheduler reserves these k slots past every request's step (`num_lookahead_tokens`,
-  vLLM's name; `KVCacheManager.allocate_slots`), and they are never cached.
+  last. The scheduler reserves these k slots past every request's step (`ExtraTokens.num_slots_after`,
+  which `KVCacheManager.allocate_slots` takes as vLLM's `num_lookahead_tokens`), never cached.
 
 Proposals are the draft's greedy tokens. Verification treats each as certain (a one-hot draft
 distribution), so rejection sampling still emits exactly the target's distribution at any

@@ -3,9 +3,9 @@
 The engine calls its speculator at one place, when a step's tokens are in
 (`LLMEngine.update_from_output`): `record` counts the step's verified proposals
 (`SpecDecodingStats`) and `propose` finds every decoding request's tokens to verify next step
-(`propose.py`). The speculator keeps them: they are the scheduler's `tokens_to_verify`, which
-it asks for each running request it schedules and computes as ordinary tokens, after the
-request's own; the sampler's verifier checks them (`executor/rejection_sampler.py`). Each step's
+(`propose.py`). The speculator keeps them: `tokens_to_verify` is the scheduler's `ExtraTokens`
+question (`core/extra_tokens.py`), asked for each running request it schedules, whose answer it
+computes as ordinary tokens, after the request's own; the sampler's verifier checks them (`executor/rejection_sampler.py`). Each step's
 proposals replace the last's, so a request that did not run (preempted, or left out by the
 token budget) never gets stale ones.
 

@@ -21,7 +21,7 @@ class GrammarBitmask:
     bitmask: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """The step's logits mask (`executor/logits_mask.py`): `apply_grammar_bitmask`."""
+        """The step's logits mask (`core/logits_mask.py`): `apply_grammar_bitmask`."""
         return apply_grammar_bitmask(logits, self)
 
 

@@ -4,7 +4,8 @@ Structured outputs constrain a request to a grammar: each step, the tokens its g
 allow get -inf in its logits rows (`structured_output/bitmask.py`'s `GrammarBitmask`). The
 engine builds the step's mask after scheduling (`SchedulerOutput.logits_mask`); the runner
 applies it to the sampling rows' logits before the sampler runs, and nothing else in the
-plain path knows about grammars. A step with nothing to mask has no mask (None).
+plain path knows about grammars. A step with nothing to mask has `NoLogitsMask`, which gives
+its logits as they are, so the runner applies a mask to every step without asking.
 """
 
 from __future__ import annotations
@@ -19,3 +20,10 @@ class LogitsMask(Protocol):
         """`logits` ([num_rows, vocab], the step's sampling rows) with the masked tokens at
         -inf (in place)."""
         ...
+
+
+class NoLogitsMask:
+    """The mask of a step with nothing to mask."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
