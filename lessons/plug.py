@@ -38,7 +38,6 @@ visualizer shows), inside the scheduler's frame of a step (its KV source's part 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 
 from nanovllm.core.block_hash import short
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_source import ComputedPrefix
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.executor.sampler import Sampler
@@ -382,7 +382,7 @@ class YourScheduler(Scheduler):
                 )
         for r in running:  # admitted this step: the scheduler moves them to its running queue
             if engine_of[r.id].status != RequestStatus.RUNNING:
-                self.admit(engine_of[r.id])
+                self.admit(engine_of[r.id], ComputedPrefix(self.kv_source))  # (no KV yet)
         self.your_running = [r.id for r in running]
         self.your_waiting = [r.id for r in waiting]
 
@@ -403,41 +403,6 @@ class YourScheduler(Scheduler):
                 )
             self.add_to_step(out, request, n, guesses)
         return self.end_step(out)
-
-    # --- the Scheduler's own steps, which it has no method for yet --------------------------------
-    # (#55: proposed for core/scheduler.py, whose `schedule` would use them too; until then they
-    # are the Scheduler's own lines, here.)
-
-    def begin_step(self) -> SchedulerOutput:
-        """A new step: its number, the KV cache manager's per-step records cleared."""
-        self.step_start = time.perf_counter()
-        self.step_count += 1
-        self.kv.begin_step()
-        return SchedulerOutput(step=self.step_count)
-
-    def end_step(self, out: SchedulerOutput) -> SchedulerOutput:
-        """The step's tail: the cached blocks it evicted, what its KV source sends the workers,
-        the time it took."""
-        out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
-        out.kv_connector_metadata = self.kv_source.build_connector_meta(out)
-        out.schedule_time = time.perf_counter() - self.step_start
-        return out
-
-    def admit(self, request: Request) -> None:
-        """Move a waiting `request` to the end of the running queue, with the KV it has (none:
-        a waiting request holds no blocks until it is scheduled)."""
-        self.kv_source.update_state_after_alloc(request, self.kv.block_ids(request.request_id), 0)
-        self.waiting.remove(request)
-        self.num_waiting -= 1
-        self.running.append(request)
-        request.status = RequestStatus.RUNNING
-        request.num_cached_tokens = request.num_computed_tokens
-        self.prefix_cache_queries += request.num_tokens
-
-    def preempt_running(self, request: Request) -> None:
-        """Take `request` out of the running queue and preempt it (`preempt`)."""
-        self.running.remove(request)
-        self.preempt(request)
 
 
 def _in_order(requests: list[Request], order: list[str]) -> list[Request]:

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from nanovllm.config import EngineConfig
 from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.kv_source import KVSource, NoKVSource, find_computed_prefix
+from nanovllm.core.kv_source import ComputedPrefix, KVSource, NoKVSource, find_computed_prefix
 from nanovllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
@@ -123,10 +123,7 @@ class Scheduler:
     # --- the step ---------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        start = time.perf_counter()
-        self.step_count += 1
-        self.kv.begin_step()
-        out = SchedulerOutput(step=self.step_count)
+        out = self.begin_step()
         budget, slots_after = self.max_num_batched_tokens, self.extra_tokens.num_slots_after
 
         # 1. Running requests, oldest first. Each needs its remaining tokens (1 when decoding,
@@ -175,24 +172,51 @@ class Scheduler:
                 )
                 out.waiting_blocks = (needed, self.kv.num_free_blocks)
                 break
-            prefix.allocated(request, self.kv.block_ids(request.request_id))
-            self.waiting.popleft()
-            self.num_waiting -= 1
-            self.running.append(request)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = prefix.num_computed
-            request.num_cached_tokens = prefix.num_computed
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += prefix.num_cached
-            self.external_prefix_cache_hits += prefix.num_external
+            self.admit(request, prefix)
             self.add_to_step(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        return self.end_step(out)
 
+    # --- the steps a schedule is made of (a lesson's scheduler makes its own of them) ---------
+
+    def begin_step(self) -> SchedulerOutput:
+        """A new, empty step: its number, and the KV cache manager's records of the step before
+        cleared."""
+        self.step_start = time.perf_counter()
+        self.step_count += 1
+        self.kv.begin_step()
+        return SchedulerOutput(step=self.step_count)
+
+    def end_step(self, out: SchedulerOutput) -> SchedulerOutput:
+        """The step's tail: the cached blocks it evicted, what its KV source tells the workers,
+        and the time scheduling took."""
         out.evicted_blocks = list(self.kv.block_pool.step_evicted_blocks)
         out.kv_connector_metadata = self.kv_source.build_connector_meta(out)
-        out.schedule_time = time.perf_counter() - start
+        out.schedule_time = time.perf_counter() - self.step_start
         return out
+
+    def admit(self, request: Request, prefix: ComputedPrefix) -> None:
+        """Move the waiting `request`, its blocks allocated, to the end of the running queue,
+        with `prefix`'s tokens computed."""
+        prefix.allocated(request, self.kv.block_ids(request.request_id))
+        if self.waiting[0] is request:  # (always, in `schedule`: O(1))
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(request)
+        self.num_waiting -= 1
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = prefix.num_computed
+        request.num_cached_tokens = prefix.num_computed
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += prefix.num_cached
+        self.external_prefix_cache_hits += prefix.num_external
+
+    def preempt_running(self, request: Request) -> None:
+        """Take a running `request` out of the running queue and preempt it (`preempt`)."""
+        self.running.remove(request)  # O(max_num_seqs)
+        self.preempt(request)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: dict[str, list[int]]
@@ -237,10 +261,8 @@ class Scheduler:
         """
         self.kv.uncache_step_blocks()
         for s in reversed(out.scheduled):  # reversed: the first ends up first in the queue
-            if s.request.status != RequestStatus.RUNNING:
-                continue
-            self.running.remove(s.request)
-            self.preempt(s.request)
+            if s.request.status == RequestStatus.RUNNING:
+                self.preempt_running(s.request)
 
     # --- helpers ------------------------------------------------------------------------------
 
