@@ -101,7 +101,7 @@ def test_only_float32_cpu_weights_are_packed() -> None:
 
 def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) -> None:
     llm = LLM(str(tiny_llama), dtype="float32", enable_prefix_caching=False)
-    model = llm.llm_engine.model
+    model = llm.llm_engine.runner.model
     layers = linear_layers(model)
     # q/k/v, o, gate/up and down in each of 2 layers, and the LM head.
     assert len(layers) == 4 * 2 + 1
@@ -129,7 +129,7 @@ def test_a_loaded_model_is_packed_and_agrees_with_its_plain_weights(tiny_llama) 
 
 def test_a_packing_failure_falls_back_to_f_linear_with_one_notice(tiny_llama, monkeypatch) -> None:
     llm = LLM(str(tiny_llama), dtype="float32")
-    model = llm.llm_engine.model
+    model = llm.llm_engine.runner.model
 
     def cannot_pack(weight, library):
         raise RuntimeError(f"no {library} kernel for this machine")

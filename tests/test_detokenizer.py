@@ -90,7 +90,7 @@ def test_the_engine_keeps_the_first_tokens_leading_space(metaspace_model) -> Non
     word = tok.convert_tokens_to_ids("\u2581Romeo")
     assert word != tok.unk_token_id
     llm = LLM(str(metaspace_model), block_size=4)
-    model = llm.llm_engine.model
+    model = llm.llm_engine.runner.model
     real = model.compute_logits
 
     def answers_romeo(hidden):
