@@ -61,7 +61,7 @@ class LLMEngine:
         self.tokenizer, self.model_args = model.tokenizer, model.model_args
         self.model_path, self.max_model_len = model.model_path, model.max_model_len
         self.dtype, self.num_kv_blocks = model.dtype, model.num_kv_blocks
-        self.runner, self.executor, self.workers = model.runner, model.executor, model.group
+        self.runner, self.executor, self.workers = model.runner, core.executor, core.workers
         self.events, self.stats, self.started_event = core.events, core.stats, core.started_event
         self.scheduler, self.kv_cache_manager = core.scheduler, core.kv_cache_manager
         self.input_processor, self.output_processor = core.input_processor, core.output_processor

@@ -131,7 +131,9 @@ class EngineSetup:
 class EngineCore:
     """The finished parts an `LLMEngine` keeps (steps 9-12 of the module docstring)."""
 
-    setup: EngineSetup  # the model on its ranks: its runner, executor and workers
+    setup: EngineSetup  # the model on its ranks
+    executor: Any  # runs a step on every rank (`EngineSetup.executor`)
+    workers: WorkerGroup | None  # every rank, with tensor parallelism (`EngineSetup.group`)
     events: EventBus
     stats: EngineStats  # figures about the steps, filled once per step
     started_event: EngineStarted  # what a subscriber hears first
@@ -193,7 +195,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
     if config.async_scheduling:
         async_loop = AsyncStep(scheduler, setup.runner, events, setup.attention_backend, stats)
     return EngineCore(
-        setup, events, stats, started_event(config, setup), kv,
+        setup, setup.executor, setup.group, events, stats, started_event(config, setup), kv,
         kv_source, speculator, scheduler, input_processor, output_processor,
         functools.partial(step_logits_mask, events=events), async_loop,
     )  # fmt: skip
