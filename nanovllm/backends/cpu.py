@@ -51,7 +51,20 @@ from nanovllm.models.rotary import RotaryEmbedding
 class CpuAttention:
     """`TorchAttention`'s interface over the in-place numba kernel."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
+        if sliding_window is not None or logits_soft_cap is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no sliding window or soft-capping yet "
+                "(attention_backend='torch' has)"
+            )
         self.scale = scale
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:

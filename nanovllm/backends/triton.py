@@ -25,7 +25,20 @@ from nanovllm.models.attention import AttentionMetadata
 class TritonAttention:
     """`TorchAttention`'s interface over the kernels of `nanovllm.kernels`."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
+        if sliding_window is not None or logits_soft_cap is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no sliding window or soft-capping yet "
+                "(attention_backend='torch' has)"
+            )
         from nanovllm.kernels.paged_attention import paged_attention
         from nanovllm.kernels.store_kvcache import store_kvcache
 

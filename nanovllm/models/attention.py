@@ -50,6 +50,10 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.seq_lens_list)
 
+    def for_layer(self, index: int) -> AttentionMetadata:
+        """The metadata layer `index` attends with (every layer shares one block table here)."""
+        return self
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are tensors, by name (the ones a device needs)."""
         return {name: v for name, v in vars(self).items() if isinstance(v, torch.Tensor)}
@@ -58,11 +62,23 @@ class AttentionMetadata:
 class TorchAttention:
     """Paged attention in plain torch (see the module docstring)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # A query at position p sees keys at p - sliding_window + 1 .. p (None: all of 0 .. p).
+        self.sliding_window = sliding_window
+        # Each score s (after `scale`) becomes cap * tanh(s / cap) (Gemma 2's soft-capping).
+        self.logits_soft_cap = logits_soft_cap
 
     def forward(
         self,
@@ -83,16 +99,29 @@ class TorchAttention:
             start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
             seq_len = meta.seq_lens_list[i]
             rows = slice(start, start + q_len)
-            if q_len == seq_len:
+            if q_len == seq_len and self.sliding_window is None and self.logits_soft_cap is None:
                 # Fresh prefill: its whole context is the new tokens themselves.
                 out[rows] = self._sdpa(q[rows], k[rows], v[rows], causal=True)
+            elif q_len == seq_len:
+                out[rows] = self._sdpa(
+                    q[rows], k[rows], v[rows], visible=self._visible(q_len, seq_len, q.device)
+                )
             else:
                 # Part of the context is cached (an earlier chunk or a prefix-cache hit).
                 ctx_k, ctx_v = gather_context(key_cache, value_cache, meta.block_tables[i], seq_len)
-                q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-                visible = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+                visible = self._visible(q_len, seq_len, q.device)
                 out[rows] = self._sdpa(q[rows], ctx_k, ctx_v, visible=visible)
         return out
+
+    def _visible(self, q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+        """[q_len, seq_len] bool: which context positions each of the last q_len positions sees
+        (causal, and within the sliding window when there is one)."""
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+        kv_pos = torch.arange(seq_len, device=device)[None, :]
+        visible = kv_pos <= q_pos
+        if self.sliding_window is not None:
+            visible &= kv_pos > q_pos - self.sliding_window
+        return visible
 
     def _sdpa(
         self,
@@ -102,6 +131,8 @@ class TorchAttention:
         causal: bool = False,
         visible: torch.Tensor | None = None,  # [q_len, kv_len] bool, True = attend
     ) -> torch.Tensor:
+        if self.logits_soft_cap is not None:
+            return self._softcapped(q, k, v, visible)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1),  # [num_heads, q_len, head_dim]
             k.transpose(0, 1),
@@ -112,6 +143,22 @@ class TorchAttention:
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return out.transpose(0, 1)
+
+    def _softcapped(
+        self,
+        q: torch.Tensor,  # [q_len, num_heads, head_dim]
+        k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        visible: torch.Tensor,  # [q_len, kv_len] bool
+    ) -> torch.Tensor:
+        """Attention written out, since torch's fused attention has no soft-capping."""
+        group = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, kv_len, head_dim]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)).float() * self.scale
+        scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
+        scores = scores.masked_fill(~visible[None], float("-inf"))  # [num_heads, q_len, kv_len]
+        return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v).transpose(0, 1)
 
     def _decode(
         self,
@@ -133,7 +180,10 @@ class TorchAttention:
         # longest block table) hold whatever an earlier request left there. Their scores
         # are masked to -inf below, so softmax gives them weight 0; but 0 x NaN is NaN, so a NaN
         # left in such a slot would still poison the output. Zero those values first.
-        invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]
+        kv_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+        invalid = kv_pos >= seq_lens[:, None]
+        if self.sliding_window is not None:  # the query sits at seq_len - 1
+            invalid |= kv_pos < (seq_lens - self.sliding_window)[:, None]
         values = value_cache[block_tables].reshape(keys.shape)
         values = values.masked_fill(invalid[:, :, None, None], 0.0)
         num_queries_per_kv = self.num_heads // self.num_kv_heads
@@ -145,6 +195,8 @@ class TorchAttention:
         for h in range(self.num_kv_heads):
             k_h, v_h = keys[:, :, h], values[:, :, h]  # [n, L, head_dim]
             scores = torch.bmm(queries[:, h], k_h.transpose(1, 2)).float() * self.scale  # [n, g, L]
+            if self.logits_soft_cap is not None:
+                scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
             scores.masked_fill_(invalid[:, None, :], float("-inf"))
             out[:, h] = torch.bmm(scores.softmax(dim=-1).to(v_h.dtype), v_h)  # [n, g, head_dim]
         return out.view(num_decodes, self.num_heads, self.head_dim)

@@ -93,8 +93,11 @@ class Attention(nn.Module):
             self.q_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
             self.k_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
+        # A sliding layer's attention is also given its window (a lesson's attention class, made
+        # for full layers, is called with the four arguments only).
+        window = {} if args.sliding_window is None else {"sliding_window": args.sliding_window}
         self.attn = layers.attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, **window
         )
 
     def forward(
@@ -172,7 +175,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = layers.embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            layers.decoder_layer(args, layers) for _ in range(args.num_hidden_layers)
+            layers.decoder_layer(args.for_layer(i), layers) for i in range(args.num_hidden_layers)
         )
         self.norm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
 
@@ -209,8 +212,8 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [num_tokens, hidden_size]
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, self.rotary, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+            x = layer(x, positions, self.rotary, kv_cache, meta.for_layer(i))
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ architecture by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -33,6 +33,15 @@ class ModelArgs:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
+    # Per layer, Hugging Face's names: "full_attention" or "sliding_attention" (empty: all full).
+    layer_types: tuple[str, ...] = ()
+    # The window of the sliding layers, in tokens (a query sees itself and the W - 1 before it).
+    sliding_window: int | None = None
+
+    def for_layer(self, index: int) -> ModelArgs:
+        """The arguments one layer is built from: `sliding_window` only where that layer slides."""
+        slides = bool(self.layer_types) and self.layer_types[index] == "sliding_attention"
+        return replace(self, sliding_window=self.sliding_window if slides else None)
 
     @classmethod
     def from_config(cls, config: dict) -> ModelArgs:
