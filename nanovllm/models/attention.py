@@ -99,65 +99,45 @@ class TorchAttention:
             start, q_len = meta.query_start_list[i], meta.query_lens_list[i]
             seq_len = meta.seq_lens_list[i]
             rows = slice(start, start + q_len)
-            if q_len == seq_len and self.sliding_window is None and self.logits_soft_cap is None:
-                # Fresh prefill: its whole context is the new tokens themselves.
-                out[rows] = self._sdpa(q[rows], k[rows], v[rows], causal=True)
-            elif q_len == seq_len:
-                out[rows] = self._sdpa(
-                    q[rows], k[rows], v[rows], visible=self._visible(q_len, seq_len, q.device)
-                )
-            else:
-                # Part of the context is cached (an earlier chunk or a prefix-cache hit).
+            if q_len == seq_len:  # a fresh prefill: its whole context is the new tokens themselves
+                ctx_k, ctx_v = k[rows], v[rows]
+            else:  # part of the context is cached (an earlier chunk or a prefix-cache hit)
                 ctx_k, ctx_v = gather_context(key_cache, value_cache, meta.block_tables[i], seq_len)
-                visible = self._visible(q_len, seq_len, q.device)
-                out[rows] = self._sdpa(q[rows], ctx_k, ctx_v, visible=visible)
+            out[rows] = self._sdpa(q[rows], ctx_k, ctx_v)
         return out
-
-    def _visible(self, q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-        """[q_len, seq_len] bool: which context positions each of the last q_len positions sees
-        (causal, and within the sliding window when there is one)."""
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
-        kv_pos = torch.arange(seq_len, device=device)[None, :]
-        visible = kv_pos <= q_pos
-        if self.sliding_window is not None:
-            visible &= kv_pos > q_pos - self.sliding_window
-        return visible
 
     def _sdpa(
         self,
-        q: torch.Tensor,  # [q_len, num_heads, head_dim]
+        q: torch.Tensor,  # [q_len, num_heads, head_dim]: the context's last q_len positions
         k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
         v: torch.Tensor,
-        causal: bool = False,
-        visible: torch.Tensor | None = None,  # [q_len, kv_len] bool, True = attend
     ) -> torch.Tensor:
-        if self.logits_soft_cap is not None:
-            return self._softcapped(q, k, v, visible)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),  # [num_heads, q_len, head_dim]
-            k.transpose(0, 1),
-            v.transpose(0, 1),
-            attn_mask=visible,
-            is_causal=causal,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return out.transpose(0, 1)
-
-    def _softcapped(
-        self,
-        q: torch.Tensor,  # [q_len, num_heads, head_dim]
-        k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
-        v: torch.Tensor,
-        visible: torch.Tensor,  # [q_len, kv_len] bool
-    ) -> torch.Tensor:
-        """Attention written out, since torch's fused attention has no soft-capping."""
-        group = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, kv_len, head_dim]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)).float() * self.scale
+        q_len, kv_len = q.shape[0], k.shape[0]
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
+        kv_pos = torch.arange(kv_len, device=q.device)[None, :]
+        visible = kv_pos <= q_pos  # [q_len, kv_len], True = attend: causal, and in the window
+        if self.sliding_window is not None:
+            visible &= kv_pos > q_pos - self.sliding_window
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, head_dim]
+        if self.logits_soft_cap is None:
+            causal = q_len == kv_len and self.sliding_window is None  # SDPA's own mask will do
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=None if causal else visible,
+                is_causal=causal,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            return out.transpose(0, 1)
+        # Torch's fused attention has no soft-capping, so here it is written out.
+        num_queries_per_kv = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(num_queries_per_kv, dim=0)
+        v = v.repeat_interleave(num_queries_per_kv, dim=0)
+        scores = torch.matmul(q, k.transpose(1, 2)).float() * self.scale  # [heads, q_len, kv_len]
         scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
-        scores = scores.masked_fill(~visible[None], float("-inf"))  # [num_heads, q_len, kv_len]
+        scores = scores.masked_fill(~visible, float("-inf"))
         return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v).transpose(0, 1)
 
     def _decode(

@@ -93,8 +93,7 @@ class Attention(nn.Module):
             self.q_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
             self.k_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
-        # A sliding layer's attention is also given its window (a lesson's attention class, made
-        # for full layers, is called with the four arguments only).
+        # Only a sliding layer's attention is given a window (lessons' attention takes four).
         window = {} if args.sliding_window is None else {"sliding_window": args.sliding_window}
         self.attn = layers.attention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, **window
