@@ -225,7 +225,8 @@ def test_no_module_reads_another_modules_private_attribute() -> None:
 
 def test_the_readmes_reading_path_is_the_plain_path_and_fits_in_a_sitting() -> None:
     """README.md's "Read the engine" table: the plain path's files in order, each with its true
-    line count, 2,000 lines at most in all."""
+    line count, 2,010 lines at most in all (2,000 until #55 split the step's end into vLLM's
+    `update_from_output` and `process_outputs`: +10)."""
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Read the engine") :]
     section = section[: section.index("\n\n", section.index("| # |"))]
@@ -234,7 +235,7 @@ def test_the_readmes_reading_path_is_the_plain_path_and_fits_in_a_sitting() -> N
     assert [f.removesuffix(".py").replace("/", ".") for f, _ in files] == PLAIN_PATH
     for file, stated in files:
         assert len((REPO / file).read_text().splitlines()) == stated, file
-    assert sum(n for _, n in files) <= 2000
+    assert sum(n for _, n in files) <= 2010
 
 
 # The engine's objects: no module but its own reads their private fields.

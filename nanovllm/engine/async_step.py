@@ -60,7 +60,7 @@ from nanovllm.executor.step_inputs import step_inputs
 
 # The engine's two halves of a step (`llm_engine.py`), which the loop calls in its own order.
 Schedule = Callable[[], SchedulerOutput]  # `LLMEngine.schedule`: the step and its logits mask
-# `LLMEngine.update_from_output(sched, result, forward_time)`: the step's outputs
+# `LLMEngine.finish_step(sched, result, forward_time)`: the step's outputs
 Finish = Callable[[SchedulerOutput, ModelRunnerOutput, float], list[RequestOutput]]
 
 

@@ -9,7 +9,8 @@
     step() <── tokens -> detokenize, check stops -> RequestOutput (+ events for every change)
 
 `step()` runs one iteration of continuous batching in vLLM's verbs (`schedule`, `execute_model`,
-`update_from_output`) and returns a `RequestOutput` for each request that made progress.
+`update_from_output`, `process_outputs`) and returns a `RequestOutput` for each request that made
+progress.
 `stream()` wraps it. Every state change is published as an event (`subscribe`). The engine is
 built from finished parts by one composition root, `setup.py`, and keeps them: the scheduler
 (with its KV source), the KV cache manager, the executor, the speculator, the logits mask and
@@ -36,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from nanovllm.config import EngineConfig
+from nanovllm.core.engine_core_outputs import EngineCoreOutputs
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.core.step_summary import step_summary
 from nanovllm.engine.input_processor import Prompt
@@ -71,7 +73,7 @@ class LLMEngine:
         self._dead: BaseException | None = None  # set when a worker died: no step can run
         # The step loop, chosen once (vLLM's `step_fn`): this engine's, or the overlapped one.
         loop = core.async_loop  # (given this engine's two halves of a step)
-        overlapped = loop and functools.partial(loop.step, self.schedule, self.update_from_output)
+        overlapped = loop and functools.partial(loop.step, self.schedule, self.finish_step)
         self._step_fn = overlapped or self._step
 
     @classmethod
@@ -141,15 +143,11 @@ class LLMEngine:
             if request is None:
                 raise ValueError(f"cannot abort unknown request id {request_id!r}")
             requests = [request]
-        progress = [self._finish(r, FinishReason.ABORT) for r in requests]
-        outputs = self.output_processor.make_request_outputs(progress)
+        for request in requests:  # (their blocks freed at once)
+            self.scheduler.finish_request(request, FinishReason.ABORT)
+        outputs = self.output_processor.make_request_outputs([(r, "", []) for r in requests])
         self.outbox.extend(outputs)
         return outputs[-1]
-
-    def _finish(self, request: Request, reason: FinishReason) -> Progress:
-        """End `request` now (an abort or an error): no more text, its blocks freed."""
-        self.scheduler.finish_request(request, reason)
-        return request, "", []
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -173,7 +171,7 @@ class LLMEngine:
         if self._dead is not None:
             raise RuntimeError(f"the engine cannot run any more: {self._dead}")
         failed = self.input_processor.take_failed()  # (requests that cannot be run after all)
-        progress = [self._finish_with_error(r.request_id, error) for r, error in failed]
+        progress = [(self._end_with_error(r.request_id, e), "", []) for r, e in failed]
         self.outbox += self.output_processor.make_request_outputs(progress)
         outputs = self._step_fn()  # (raises: the outbox waits)
         ready, self.outbox = self.outbox, []  # the outputs made between steps come first
@@ -186,7 +184,7 @@ class LLMEngine:
             self.input_processor.wait_for_compiles()
             return []
         result = self.execute_model(sched)
-        return [] if result is None else self.update_from_output(sched, result)
+        return [] if result is None else self.finish_step(sched, result)
 
     def schedule(self) -> SchedulerOutput:
         """Who runs this step, and how many tokens each; the logits rows' mask with it."""
@@ -209,20 +207,13 @@ class LLMEngine:
                 self._dead = exc
             raise
 
-    def update_from_output(
+    def finish_step(
         self, sched: SchedulerOutput, result: ModelRunnerOutput, forward_time: float = 0.0
     ) -> list[RequestOutput]:
-        """Advance the requests by their tokens: outputs, statistics, the next proposals.
+        """The step's end: the core's update, the outputs, then the step's records.
         (`forward_time`: the step's forward pass and sampling, when the async loop timed them.)"""
         started = time.perf_counter()
-        progress = [self._finish_with_error(rid, error) for rid, error in result.errors.items()]
-        self.speculator.record(sched, result.sampled_token_ids, self.events)
-        updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
-        self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
-        progress += self.output_processor.process_new_tokens(
-            sched.step, updated, result.logprobs, self.scheduler.finish_request
-        )
-        outputs = self.output_processor.make_request_outputs(progress)
+        outputs = self.process_outputs(self.update_from_output(sched, result))
         seconds = self.speculator.propose(self.scheduler.running, self.kv_cache_manager)
         stats = self.stats.record_step(
             sched, self.scheduler, self.runner, seconds, started, forward_time
@@ -232,28 +223,47 @@ class LLMEngine:
             self.events.emit(step_summary(self.scheduler, self.kv_cache_manager, sched, *times))
         return outputs
 
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """The engine core's half: a request whose own sampling failed ends with the reason, the
+        speculator counts its verified proposals, the scheduler advances each request."""
+        failed = [self._end_with_error(rid, error) for rid, error in result.errors.items()]
+        self.speculator.record(sched, result.sampled_token_ids, self.events)
+        updated = self.scheduler.update_from_output(sched, result.sampled_token_ids)
+        return EngineCoreOutputs(
+            sched.step, updated, failed, result.logprobs, result.prompt_logprobs
+        )
+
+    def process_outputs(self, core: EngineCoreOutputs) -> list[RequestOutput]:
+        """The output processor's half: text, stop checks, the caller's outputs."""
+        progress: list[Progress] = [(request, "", []) for request in core.failed]
+        self.output_processor.add_prompt_logprobs(core.prompt_logprobs)
+        progress += self.output_processor.process_new_tokens(
+            core.step, core.updated, core.logprobs, self.scheduler.finish_request
+        )
+        return self.output_processor.make_request_outputs(progress)
+
     def _forward_times(self) -> list[float]:
-        """Each worker's last forward pass (a round trip to every one: asked only while someone
-        listens to events)."""
+        """Each worker's last forward pass (a round trip to each: asked only for the events)."""
         if self.workers is None:
             return [self.runner.forward_logits_time()]
         return self.workers.run_all("forward_logits_time")
 
-    def _finish_with_error(self, request_id: str, error: str) -> Progress:
-        """This request alone could not be sampled: finish it with the reason, not the batch."""
+    def _end_with_error(self, request_id: str, error: str) -> Request:
+        """This request alone could not be run: end it with the reason, not the batch."""
         request = self.scheduler.requests[request_id]
         logger.warning("nanovllm: request %r: %s", request_id, error)
         request.error = error
-        return self._finish(request, FinishReason.ERROR)
+        self.scheduler.finish_request(request, FinishReason.ERROR)
+        return request
 
     # --- streaming ------------------------------------------------------------------------------
 
     def stream(self) -> Iterator[RequestOutput]:
-        """Step until every request is done, yielding each output as soon as it is produced.
-
-        `output.delta_text` is the new text since that request's previous output (never a
-        partial stop string, never half a UTF-8 character).
-        """
+        """Step until every request is done, yielding each output as soon as it is produced
+        (`output.delta_text`: the new text since that request's previous output, never a
+        partial stop string, never half a UTF-8 character)."""
         while self.has_unfinished_requests() or self.outbox:
             yield from self.step()
 

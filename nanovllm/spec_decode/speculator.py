@@ -1,7 +1,7 @@
 """The engine's speculation part: after each step, count what was verified, then propose.
 
 The engine calls its speculator at one place, when a step's tokens are in
-(`LLMEngine.update_from_output`): `record` counts the step's verified proposals
+(`LLMEngine.update_from_output` and `finish_step`): `record` counts the step's verified proposals
 (`SpecDecodingStats`) and `propose` finds every decoding request's tokens to verify next step
 (`propose.py`). The speculator keeps them: `tokens_to_verify` is the scheduler's `ExtraTokens`
 question (`core/extra_tokens.py`), asked for each running request it schedules, whose answer it
