@@ -74,7 +74,7 @@ def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     """Every routed id names one of the `num_experts` experts (reads the ids: a device sync)."""
     if topk_ids.numel() == 0:
         return
-    low, high = int(topk_ids.min()), int(topk_ids.max())
+    low, high = torch.stack(torch.aminmax(topk_ids)).tolist()  # one read back, not two
     if low < 0 or high >= num_experts:
         bad = low if low < 0 else high
         raise ValueError(f"topk_ids holds expert {bad}, outside 0..{num_experts - 1}")
@@ -103,5 +103,5 @@ def fused_experts_ref(
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]  # [n_e, intermediate]
         y = act @ w2[e].float().T  # [n_e, hidden]
         weight = topk_weights[tokens, choice].float()  # [n_e]
-        out.index_add_(0, tokens, y * weight[:, None])
+        out.index_put_((tokens,), y * weight[:, None], accumulate=True)
     return out.to(hidden_states.dtype)

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.distributed.communication import tensor_model_parallel_all_reduce
+from nanovllm.kernels.fused_moe_reference import fused_experts_ref
 
 # fused_experts(hidden_states, w13, w2, topk_weights, topk_ids) -> [num_tokens, hidden]
 ExpertsFn = Callable[
@@ -84,7 +85,7 @@ def expert_parallel_experts(
     topk_ids: torch.Tensor,  # [num_tokens, k] int: GLOBAL expert ids
     first_expert: int,  # global id of local expert 0 (local_expert_range(...).start)
     group: dist.ProcessGroup | None = None,  # None: the tensor-parallel group
-    experts_fn: ExpertsFn | None = None,  # default: the torch reference
+    experts_fn: ExpertsFn = fused_experts_ref,  # or fused_moe.fused_experts, a CPU path
 ) -> torch.Tensor:  # [num_tokens, hidden], the whole layer's output on every rank
     """Every token's chosen experts, weighted and summed, with the experts spread over ranks.
 
@@ -92,8 +93,6 @@ def expert_parallel_experts(
     with one pair per row (k = 1, local expert ids), adds them into a partial output, and
     all-reduces the partials over `group`. Every rank must call it, even one with no pair.
     """
-    if experts_fn is None:
-        from nanovllm.kernels.fused_moe_reference import fused_experts_ref as experts_fn
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2:
         raise ValueError(
             f"topk_ids and topk_weights must both be [num_tokens, k], got "
@@ -105,7 +104,9 @@ def expert_parallel_experts(
     is_local = (local_ids >= 0) & (local_ids < num_local_experts)
     tokens, choice = is_local.nonzero(as_tuple=True)  # [num_pairs], [num_pairs]
 
-    out = hidden_states.new_zeros(num_tokens, hidden)  # this rank's partial output
+    # This rank's partial output, summed in float32 and rounded once (as a token's k experts
+    # are summed by fused_experts); the all-reduce then runs in the model's dtype, as vLLM's.
+    out = hidden_states.new_zeros(num_tokens, hidden, dtype=torch.float32)
     if tokens.numel() > 0:
         pair_out = experts_fn(
             hidden_states[tokens],  # [num_pairs, hidden]: a token once per local pair
@@ -114,7 +115,10 @@ def expert_parallel_experts(
             topk_weights[tokens, choice][:, None],  # [num_pairs, 1]
             local_ids[tokens, choice][:, None],  # [num_pairs, 1]
         )  # [num_pairs, hidden], each already times its weight
-        out.index_add_(0, tokens, pair_out)
+        # (index_put_, not index_add_: on a CPU index_add_ enters a thread pool, 100x slower
+        # on small batches when other processes share the cores)
+        out.index_put_((tokens,), pair_out.float(), accumulate=True)
+    out = out.to(hidden_states.dtype)
     if group is None:
         return tensor_model_parallel_all_reduce(out)  # no-op when running alone
     if dist.get_world_size(group) > 1:
