@@ -69,7 +69,10 @@ def moe_align_block_size(
     max_num_tokens_padded = num_pairs + num_experts * (block_size - 1)
     max_num_m_blocks = -(-max_num_tokens_padded // block_size)
 
-    counts = torch.bincount(flat, minlength=num_experts)  # [num_experts] pairs per expert
+    # [num_experts] pairs per expert (scatter_add_, not bincount, which reads the largest id
+    # back to size its output: a CUDA graph cannot hold that)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_size - 1) // block_size * block_size  # [num_experts]
     padded_end = padded.cumsum(0)  # [num_experts] where each expert's padded run ends
     padded_start = padded_end - padded

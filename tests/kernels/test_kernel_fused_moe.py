@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from budget import examples
@@ -77,3 +79,24 @@ def test_fused_experts_on_gpu(num_tokens: int) -> None:
     case = build_moe(spec)
     args = [t.cuda() for t in case.args()]
     assert_close(fused_experts(*args), fused_experts_ref(*args))
+
+
+@pytest.mark.gpu
+def test_fused_experts_replays_in_a_cuda_graph() -> None:
+    """Nothing in fused_experts reads a value back to the host while a graph is captured, so a
+    captured call computes the routing it is replayed with."""
+    spec = MoeSpec(8, 16, 2, 256, 128, "random", dtype=torch.bfloat16)
+    static = [t.cuda() for t in build_moe(spec).args()]
+    side = torch.cuda.Stream()  # warm up (compile the kernel) off the capturing stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fused_experts(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(*static)
+    replayed = [t.cuda() for t in build_moe(replace(spec, seed=1)).args()]
+    for dst, src in zip(static, replayed):
+        dst.copy_(src)
+    graph.replay()
+    assert_close(out, fused_experts_ref(*replayed))
