@@ -22,13 +22,19 @@ How tokens reach their experts and come back depends on where the tokens are:
   `enable_expert_parallel` runs beside tensor-parallel attention: the experts' outputs are
   all-reduced, as a row-parallel layer's are.)
 - Attention data-parallel (DeepSeek-style serving, vLLM's `data_parallel_size` with expert
-  parallelism): each rank holds *different* tokens. A rank's pairs must be sent to the ranks that
-  hold their experts and the results sent back, an all-to-all each way, which moves only the
-  routed pairs (num_tokens * k rows, spread over the ranks) rather than an all-reduce's
-  num_tokens rows to every rank. That is where an all-to-all (vLLM's all2all backends, DeepEP,
-  pplx) is the better choice. With tensor-parallel attention there is nothing to send: every rank
-  already has every token, and the all-reduce is the one collective the layer needs, the same
-  one a tensor-parallel MLP ends with.
+  parallelism): each rank holds *different* tokens, so pairs must travel. Either every rank
+  all-gathers every rank's tokens, computes its own pairs, and a reduce-scatter returns each
+  token's summed output to the rank it came from (vLLM's `allgather_reducescatter` backend:
+  every token goes to every rank); or an all-to-all sends each pair only to the rank that holds
+  its expert and a second one brings the results back (DeepEP, pplx: at most num_tokens * k
+  rows leave a rank, fewer when a token's experts are its own rank's). With many ranks and few
+  experts per token, the all-to-all moves far less, which is why large deployments use it.
+
+With tensor-parallel attention both become the scheme above: the all-gather is not needed (every
+rank has every token already), and the reduce-scatter becomes an all-reduce (every rank needs
+every token's output for the next layer's attention). An all-to-all would gain nothing: every
+rank already holds every token, so there is nothing to send, and the all-reduce is the one
+collective the layer needs, the same one a tensor-parallel MLP ends with.
 
 `expert_parallel_experts` runs any function shaped like `fused_experts` (the Triton kernel in
 `nanovllm.kernels.fused_moe`, its torch reference, or a CPU path) on this rank's pairs. The
