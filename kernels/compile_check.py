@@ -127,6 +127,29 @@ def _meta_paged_batch(
     )
 
 
+def _fused_moe_launches() -> list[Launch]:
+    """fused_experts' two launches (w13, then w2), with decode's small tiles and prefill's large
+    ones, at Qwen3-30B-A3B's expert shapes (8 of its 128 experts). Its expert sort reads the
+    routing, so these are small CPU tensors, not meta ones (`torch.empty`: nothing is written)."""
+    from nanovllm.kernels.fused_moe import fused_experts
+
+    num_experts, hidden, intermediate, top_k = 8, 2048, 768, 8
+    launches: list[Launch] = []
+    for dtype, num_tokens in ((torch.bfloat16, 4), (torch.bfloat16, 512)):
+        x = torch.empty((num_tokens, hidden), dtype=dtype)
+        w13 = torch.empty((num_experts, 2 * intermediate, hidden), dtype=dtype)
+        w2 = torch.empty((num_experts, hidden, intermediate), dtype=dtype)
+        weights = torch.ones((num_tokens, top_k))
+        ids = torch.arange(top_k).repeat(num_tokens, 1)
+        launches += _record_launches(
+            f"fused_moe {str(dtype)[6:]} {num_tokens} tokens",
+            lambda x=x, w13=w13, w2=w2, weights=weights, ids=ids: fused_experts(
+                x, w13, w2, weights, ids
+            ),
+        )
+    return launches
+
+
 def standard_launches() -> list[Launch]:
     """The launches the engine makes, over the dtypes, head dims and GQA ratios that matter."""
     from nanovllm.kernels.paged_attention import paged_attention
@@ -185,7 +208,7 @@ def standard_launches() -> list[Launch]:
                 num_splits=splits,
             ),
         )
-    return launches
+    return launches + _fused_moe_launches()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@
 - `worker_group`: rank 0 in the driver process and ranks 1..N-1 in spawned workers, called
   together each step, with dead ranks reported and no process left behind.
 - `validation`: a tensor-parallel size that cannot work is refused before anything starts.
+- `expert_parallel`: a mixture of experts with its experts split over the ranks (each rank
+  computes the pairs routed to its experts; one all-reduce combines them).
 
 The sharded layers themselves live with the model: `nanovllm.models.linear` and
 `nanovllm.models.embedding`.
