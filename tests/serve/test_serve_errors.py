@@ -47,7 +47,7 @@ BAD_BODIES = [
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt"),  # a batch with an empty prompt
     ({"prompt": [10**9]}, "prompt"),
     ({"prompt": "\ud800"}, "prompt"),
     ({"prompt": [3] * 600}, "prompt"),  # longer than max_model_len
