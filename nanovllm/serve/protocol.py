@@ -329,7 +329,6 @@ class _GenerationRequest(_Strict):
             bad_words=self.bad_words,
             allowed_token_ids=self.allowed_token_ids,
             prompt_logprobs=self._prompt_logprobs(),
-            truncate_prompt_tokens=self.truncate_prompt_tokens,
             extra_args=(
                 {"kv_transfer_params": self.kv_transfer_params}
                 if self.kv_transfer_params is not None

@@ -119,7 +119,8 @@ class OpenAIServing:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         # Every prompt is checked before any is added (as vLLM renders them all first), so a
         # bad prompt anywhere in a batch is a 400 with nothing left running.
-        inputs = [await self._prepare(p, params, "prompt", "max_tokens") for p in prompts]
+        k = body.truncate_prompt_tokens
+        inputs = [await self._prepare(p, params, k, "prompt", "max_tokens") for p in prompts]
         if len(inputs) == 1:
             streams = [await self._add(request_id, *inputs[0], params, "prompt")]
         else:
@@ -241,7 +242,9 @@ class OpenAIServing:
         prompt = await self._chat_prompt(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        text, token_ids = await self._prepare(prompt, params, "messages", max_tokens_param)
+        text, token_ids = await self._prepare(
+            prompt, params, body.truncate_prompt_tokens, "messages", max_tokens_param
+        )
         stream = MergedStream(
             request_id, [await self._add(request_id, text, token_ids, params, "messages")]
         )
@@ -431,11 +434,16 @@ class OpenAIServing:
             )
 
     async def _prepare(
-        self, prompt: Prompt, params: SamplingParams, prompt_param: str, max_tokens_param: str
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        truncate_prompt_tokens: int | None,
+        prompt_param: str,
+        max_tokens_param: str,
     ) -> tuple[str | None, list[int]]:
         """A prompt's text (None when unknown) and token ids, as the engine will get them
         (after `truncate_prompt_tokens`), checked against the context length."""
-        text, token_ids = await self._tokenize(prompt, prompt_param, params)
+        text, token_ids = await self._tokenize(prompt, prompt_param, truncate_prompt_tokens)
         check = context_length_check(params.max_tokens, self.max_model_len, max_tokens_param)
         if check is not None:
             check(len(token_ids))
@@ -512,12 +520,11 @@ class OpenAIServing:
         return streams
 
     async def _tokenize(
-        self, prompt: Prompt, param: str, params: SamplingParams
+        self, prompt: Prompt, param: str, k: int | None
     ) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt, cut to `truncate_prompt_tokens`; a 400 naming its
         size, before any heavy work, when it cannot fit the context whatever its tokens. (A
         chat's prompt comes tokenized.)"""
-        k = params.truncate_prompt_tokens
         if k is not None and k > self.max_model_len:
             raise APIError(
                 f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
@@ -537,10 +544,10 @@ class OpenAIServing:
                     self._tokenizer_thread, self._encode_truncated, prompt, k
                 )
                 return None, list(token_ids)
-            return truncate_prompt((prompt, list(token_ids)), params, self.max_model_len)
+            return truncate_prompt((prompt, list(token_ids)), k, self.max_model_len)
         text = prompt.get("prompt") if isinstance(prompt, dict) else None
         token_ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
-        text, token_ids = truncate_prompt((text, list(token_ids)), params, self.max_model_len)
+        text, token_ids = truncate_prompt((text, list(token_ids)), k, self.max_model_len)
         if len(token_ids) > self.max_model_len:
             raise APIError(
                 f"prompt of {len(token_ids)} tokens does not fit max_model_len="

@@ -50,7 +50,9 @@ def test_whole_outputs_as_vllm_parses_them():
         got_content, got_calls = HermesToolParser().extract_tool_calls(output)
         assert got_content == content, output
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
-        assert all(c["type"] == "function" and c["id"].startswith("chatcmpl-tool-") for c in got_calls)
+        assert all(
+            c["type"] == "function" and c["id"].startswith("chatcmpl-tool-") for c in got_calls
+        )
 
 
 def _stream(output: str, cuts: list[int]) -> tuple[str, list[str], list[str], list[dict]]:

@@ -94,7 +94,9 @@ def test_tokenize_a_chat_counts_what_chat_sends(tool_server, tokenizer, async_en
         text = tokenizer.decode(counted["tokens"])
         assert ("<tools>get_weather;get_time;</tools>" in text) == bool(tools)
         assert text.endswith("assistant:")
-    bare = httpx.post(url + "/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False})
+    bare = httpx.post(
+        url + "/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}
+    )
     assert not tokenizer.decode(bare.json()["tokens"]).endswith("assistant:")
 
 
@@ -113,9 +115,7 @@ def test_named_and_required_tool_calls_parse(tool_server, async_engine):
     assert reply.choices[0].message.content == ""
     # Streamed, the same arguments arrive as deltas; the first carries the id and the name.
     pieces, names = [], []
-    for chunk in c.chat.completions.create(
-        tool_choice=named, temperature=0, stream=True, **common
-    ):
+    for chunk in c.chat.completions.create(tool_choice=named, temperature=0, stream=True, **common):
         for ch in chunk.choices:
             for delta in ch.delta.tool_calls or []:
                 names.append(delta.function.name)
