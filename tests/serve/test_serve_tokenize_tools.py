@@ -149,3 +149,39 @@ def test_tool_choice_rules(tool_server, server, async_engine):
         t.chat.completions.create(
             model=async_engine.model_name, messages=MESSAGES, tool_choice="required"
         )
+
+
+def test_auto_tool_calls_through_the_hermes_parser(tool_server, async_engine):
+    """The model's output held to a Hermes call (a structured-output choice; a random model
+    would not write one), read back as vLLM's hermes parser reads it: whole, and streamed as
+    deltas the openai client assembles."""
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    c = openai.OpenAI(base_url=tool_server.url + "/v1", api_key="unused", max_retries=0)
+    common = dict(
+        model=async_engine.model_name,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="auto",
+        max_tokens=200,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["Let me see." + call]}},
+    )
+    reply = c.chat.completions.create(**common)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me see."
+    (tool_call,) = choice.message.tool_calls
+    assert tool_call.type == "function" and tool_call.function.name == "get_weather"
+    assert json.loads(tool_call.function.arguments) == {"city": "Paris"}
+
+    content, names, arguments, finish = "", [], "", None
+    for chunk in c.chat.completions.create(stream=True, **common):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for delta in ch.delta.tool_calls or []:
+                if delta.function.name:
+                    names.append(delta.function.name)
+                arguments += delta.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert (content, names, finish) == ("Let me see.", ["get_weather"], "tool_calls")
+    assert json.loads(arguments) == {"city": "Paris"}
