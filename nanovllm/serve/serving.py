@@ -1,10 +1,16 @@
 """The generation endpoints: `/v1/completions` and `/v1/chat/completions`, streamed or not.
 
-Each HTTP request becomes one engine request:
+Each prompt of an HTTP request becomes one engine request (a completion's `prompt` may be a
+batch of them, as in vLLM; a chat has one):
 
-    body (pydantic) -> SamplingParams + prompt -> AsyncLLMEngine.add_request -> RequestStream
-        stream=false: wait for the finished output -> one JSON response
+    body (pydantic) -> SamplingParams + prompts -> AsyncLLMEngine.add_request, per prompt
+        -> RequestStreams, merged into one (merged_stream.py)
+        stream=false: wait for the finished outputs -> one JSON response
         stream=true:  each output -> one SSE chunk (its completions' `delta_text`) ... -> [DONE]
+
+Prompt i's completion j is choice `index` i * n + j (vLLM's numbering), and `usage` sums every
+prompt and completion. A chat request with `tools` has them rendered by the chat template and
+its output read as tool calls per `tool_choice` (`tools.py`, `ToolDeltas` for streams).
 
 With `n` > 1 the engine samples n completions of the prompt (parallel sampling): the response
 has one choice per completion, `index` 0 .. n-1. A stream sends one choice per chunk, as vLLM
