@@ -112,3 +112,26 @@ def test_a_bad_prompt_in_a_batch_leaves_nothing_running(server, async_engine):
     too_many = {**body, "prompt": [PROMPTS[0]] * 200, "n": 2}
     response = httpx.post(server.url + "/v1/completions", json=too_many, timeout=60)
     assert response.status_code == 400 and "400 completions" in response.json()["error"]["message"]
+
+
+def test_a_batch_stream_closed_mid_way_aborts_every_prompt(server, async_engine):
+    """Leaving a batch's stream aborts all of its requests (each prompt's n completions count
+    as aborted, as vLLM counts its child requests) and frees their blocks."""
+    wait_idle(async_engine)
+    aborted_before = async_engine.stats.finished.get("abort", 0)
+    body = {
+        "model": async_engine.model_name,
+        "prompt": PROMPTS[:3],
+        "n": 2,
+        "max_tokens": 400,
+        "temperature": 1,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # leaving the block closes the connection
+    wait_idle(async_engine)
+    assert async_engine.stats.finished.get("abort", 0) - aborted_before == 3 * 2
