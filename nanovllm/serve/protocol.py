@@ -48,7 +48,12 @@ from pydantic import (
 )
 
 from nanovllm.engine.logits_checks import some
-from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams, token_id_key
+from nanovllm.sampling_params import (
+    SAMPLING_EPS,
+    SamplingParams,
+    StructuredOutputsParams,
+    token_id_key,
+)
 from nanovllm.serve.errors import APIError, param_from_message
 from nanovllm.serve.response_format import (
     ResponseFormat,
@@ -196,6 +201,11 @@ _STRUCTURED_ONCE = _not_both(
     {"response_format": {"type": "object", "properties": {"type": {"not": {"const": "text"}}}}},
     {"structured_outputs": {"type": "object"}},
 )
+# n > 1 needs sampling: n greedy completions would be one completion n times (vLLM's rule).
+_NO_GREEDY_N = _not_both(
+    {"n": {"type": "integer", "minimum": 2}},
+    {"temperature": {"type": "number", "exclusiveMaximum": SAMPLING_EPS}},
+)
 _NO_PROMPT_LOGPROBS_STREAM = _not_both(
     {"prompt_logprobs": {"type": "integer"}}, {"stream": {"const": True}}
 )
@@ -336,9 +346,12 @@ class _GenerationRequest(_Strict):
             ),
         )
         try:
-            return SamplingParams(**values)
+            params = SamplingParams(**values)
         except ValueError as exc:
             raise APIError(str(exc), param=param_from_message(str(exc), set(values))) from exc
+        if params.n > 1 and params.greedy:
+            raise APIError(f"n must be 1 when using greedy sampling, got {params.n}.", param="n")
+        return params
 
 
 class CompletionRequest(_GenerationRequest):
@@ -349,6 +362,7 @@ class CompletionRequest(_GenerationRequest):
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
+                _NO_GREEDY_N,
             ]
         }
     )
@@ -489,6 +503,7 @@ class ChatCompletionRequest(_GenerationRequest):
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
+                _NO_GREEDY_N,
                 {  # top_logprobs needs logprobs: true
                     "anyOf": [
                         {"not": {"required": ["top_logprobs"]}},

@@ -179,7 +179,7 @@ def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_en
         body = {
             "prompt": [(11 * i + j) % 200 + 3 for j in range(length)],
             "n": n,
-            "temperature": 0,
+            "temperature": 0 if n == 1 else 1,  # n > 1 needs sampling (vLLM's rule)
             "ignore_eos": True,
         }
         if max_tokens is not None:
@@ -263,8 +263,9 @@ def test_spec_decode_counters_equal_what_the_engine_recorded(model_path, server,
             # One token repeated: this random model then often repeats its own output, so
             # some proposals are accepted and some rejected. One request has n = 2.
             for i, token in enumerate((58, 4, 12, 16)):
-                body = {"prompt": [token] * 6, "max_tokens": 16, "temperature": 0,
-                        "ignore_eos": True, "n": 1 + (i == 0)}  # fmt: skip
+                n = 1 + (i == 0)  # (n > 1 needs sampling, as in vLLM)
+                body = {"prompt": [token] * 6, "max_tokens": 16, "temperature": n - 1,
+                        "seed": 0, "ignore_eos": True, "n": n}  # fmt: skip
                 response = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
                 assert response.status_code == 200
             wait_idle(engine)

@@ -47,8 +47,6 @@ DERIVED = {
 }
 # Cases where nanovllm answers otherwise on purpose (serve/README.md, "Where nanovllm differs").
 DIFFERENT = {
-    "completion_n2_greedy": "n > 1 with greedy sampling: vLLM refuses it (400), nanovllm "
-    "answers n equal completions",
     "completion_logit_bias": "the output is 8 byte tokens that never complete a UTF-8 character: "
     "vLLM's detokenizer never sends them, nanovllm's flushes them as U+FFFD when the request "
     "ends (engine/detokenizer.py: the text equals a full decode of the tokens)",
