@@ -32,8 +32,10 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
 - `prompt_logprobs`: for every prompt token after the first, its logprob given the tokens before
   it, plus the top `prompt_logprobs` (-1: all); such a request reads nothing from the prefix
   cache (as in vLLM), so every prompt token is computed.
-- `truncate_prompt_tokens`: keep only the prompt's last k tokens (its text is then dropped);
-  -1: as many as leave room for one output token (max_model_len - 1), as in vLLM's server.
+- `truncate_prompt_tokens` is not a sampling parameter (vLLM 0.32's `SamplingParams` has no
+  such field, so code written for it does not pass one): giving it is a ValueError naming the
+  value and where it goes instead, `LLM.generate(..., tokenization_kwargs=
+  {"truncate_prompt_tokens": k})` (or the server's request field). `truncate_prompt` below cuts.
 - `detokenize=False` skips turning tokens into text: outputs carry token ids and empty text
   (stop strings need the text, so they are refused then).
 - `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
@@ -179,7 +181,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: int | None = None  # refused (see the module docstring)
     # vLLM's free-form extras, e.g. {"kv_transfer_params": {...}} for disaggregated prefill
     # (`kv_transfer/p2p.py`). The engine passes them through untouched.
     extra_args: dict[str, Any] | None = None
@@ -209,8 +211,11 @@ class SamplingParams:
             if value is not None and (not _is_int(value) or value < -1):
                 raise ValueError(f"{name} must be an int >= 0, -1 (all) or None, got {value!r}")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_int(k) or k < -1):
-            raise ValueError(f"truncate_prompt_tokens must be an int >= -1 or None, got {k!r}")
+        if k is not None:
+            raise ValueError(
+                f"truncate_prompt_tokens={k!r} is not a SamplingParams field (as in vLLM 0.32): "
+                f'pass LLM.generate(..., tokenization_kwargs={{"truncate_prompt_tokens": {k!r}}})'
+            )
         stop = self.stop
         if stop is None:
             stop = []
@@ -332,13 +337,14 @@ class SamplingParams:
 
 
 def truncate_prompt(
-    prompt: tuple[str | None, list[int]], params: object, max_model_len: int
+    prompt: tuple[str | None, list[int]], k: int | None, max_model_len: int
 ) -> tuple[str | None, list[int]]:
-    """(text, token ids) of a prompt cut to its last `params.truncate_prompt_tokens` tokens
-    (-1: max_model_len - 1, vLLM's "as many as fit"). A cut prompt has no text: the text of
-    its first tokens is no longer what the tokens say."""
+    """(text, token ids) of a prompt cut to its last `k` tokens (vLLM's
+    `truncate_prompt_tokens`; -1: max_model_len - 1, vLLM's "as many as fit"; None: uncut). A
+    cut prompt has no text: the text of its first tokens is no longer what the tokens say."""
+    if k is not None and (not _is_int(k) or k < -1 or k == 0):
+        raise ValueError(f"truncate_prompt_tokens must be an int >= 1, -1 or None, got {k!r}")
     text, token_ids = prompt
-    k = getattr(params, "truncate_prompt_tokens", None)
     if k is None:
         return text, token_ids
     k = max_model_len - 1 if k == -1 else k

@@ -30,7 +30,7 @@ from nanovllm.engine.logits_checks import check_token_ids_in_vocab
 from nanovllm.engine.parallel_sampling import ParentRequest, child_params, child_request_id
 from nanovllm.events import EventBus, RequestRejected
 from nanovllm.request import Request
-from nanovllm.sampling_params import SamplingParams, truncate_prompt
+from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured_output.manager import StructuredOutputManager
 
 Prompt = str | list[int] | dict
@@ -80,7 +80,7 @@ class InputProcessor:
         try:
             if self.is_known(request_id):
                 raise ValueError(f"request id {request_id!r} is already in the engine")
-            text, token_ids = truncate_prompt(self.tokenize(prompt), params, self.max_model_len)
+            text, token_ids = self.tokenize(prompt)
             fan_out = isinstance(params, SamplingParams) and params.n > 1
             if not fan_out:
                 requests = [self._make_request(request_id, text, token_ids, params)]

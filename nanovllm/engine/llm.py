@@ -34,7 +34,7 @@ from nanovllm.config import EngineConfig
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.inputs import check_prompt_dict
-from nanovllm.sampling_params import RequestOutputKind, SamplingParams
+from nanovllm.sampling_params import RequestOutputKind, SamplingParams, truncate_prompt
 
 
 class LLM:
@@ -70,7 +70,10 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
+        """`tokenization_kwargs`: vLLM's, `{"truncate_prompt_tokens": k}` keeps each prompt's
+        last k tokens (-1: as many as fit, max_model_len - 1), its text then dropped."""
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -79,6 +82,14 @@ class LLM:
         for prompt in prompts:
             if isinstance(prompt, dict):
                 check_prompt_dict(prompt)
+        k = _truncate_prompt_tokens(tokenization_kwargs)
+        if k is not None:
+            processor = self.llm_engine.input_processor
+            max_model_len = self.llm_engine.max_model_len
+            prompts = [
+                _tokens_prompt(truncate_prompt(processor.tokenize(p), k, max_model_len))
+                for p in prompts
+            ]
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -171,3 +182,19 @@ def _progress(total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _truncate_prompt_tokens(tokenization_kwargs: Mapping[str, Any] | None) -> int | None:
+    """The one tokenization option `generate` takes (vLLM's), checked."""
+    kwargs = dict(tokenization_kwargs or {})
+    unknown = sorted(set(kwargs) - {"truncate_prompt_tokens"})
+    if unknown:
+        raise ValueError(
+            f"tokenization_kwargs: {unknown} not supported (only 'truncate_prompt_tokens')"
+        )
+    return kwargs.get("truncate_prompt_tokens")
+
+
+def _tokens_prompt(prompt: tuple[str | None, list[int]]) -> dict[str, Any]:
+    text, token_ids = prompt
+    return {"prompt_token_ids": token_ids, **({"prompt": text} if text is not None else {})}

@@ -2,6 +2,8 @@
 
     POST /v1/completions        text completion, `stream` true or false
     POST /v1/chat/completions   chat, through the tokenizer's chat template
+    POST /tokenize, /detokenize vLLM's: a prompt's (or a chat's) token ids, and ids' text
+    GET  /version               the server's version, as vLLM's `{"version": ...}`
     GET  /v1/models             the model served: one card per served name, as vLLM's (`root`
                                 the model's path, `parent` null, `permission`, `max_model_len`)
     GET  /health                200 while the engine runs, else 503 naming why (a dead rank,
@@ -24,6 +26,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,6 +47,13 @@ from nanovllm.serve.openapi import describe_server
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
 from nanovllm.serve.sse import ClosingStreamingResponse
+from nanovllm.serve.tokenization import (
+    DetokenizeRequest,
+    ServingTokenization,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from nanovllm.serve.tools import TOOL_CALL_PARSERS
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request (the field is named)"},
@@ -65,6 +76,13 @@ _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def nanovllm_version() -> str:
+    try:
+        return package_version("nanovllm")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "0.0.0+unknown"
+
+
 def build_app(
     engine: AsyncLLMEngine,
     *,
@@ -77,6 +95,7 @@ def build_app(
     max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
     max_prompt_chars: int | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
     `max_request_body_bytes`, `max_concurrent_requests` (None: no limit) and `body_timeout`
@@ -85,7 +104,13 @@ def build_app(
     prompts before they are tokenized. `served_model_name` (one name or several, as vLLM's
     `--served-model-name`): requests may name any, responses and metrics name the first;
     None: the engine's model name. `model_root` is the model's path as the operator gave it
-    (the cards' `root`; default: the folder it was loaded from)."""
+    (the cards' `root`; default: the folder it was loaded from). `tool_call_parser` (vLLM's
+    `--enable-auto-tool-choice --tool-call-parser NAME`): how "auto" tool calls are read from
+    the output; None: "auto" tool choice is refused (tools.py)."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(
+            f"tool_call_parser must be one of {list(TOOL_CALL_PARSERS)}, got {tool_call_parser!r}"
+        )
     if tokenizer is None:
         from nanovllm.models.loader import load_tokenizer, resolve_model_path
 
@@ -97,7 +122,10 @@ def build_app(
     model_names = list(served_model_name or [engine.model_name])
     model_name = model_names[0]
     root = model_root or str(engine.engine.model_path)
-    serving = OpenAIServing(engine, tokenizer, model_names, chat_template, max_prompt_chars)
+    serving = OpenAIServing(
+        engine, tokenizer, model_names, chat_template, max_prompt_chars, tool_call_parser
+    )
+    tokenization = ServingTokenization(serving)
     metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
 
@@ -135,6 +163,20 @@ def build_app(
     @app.post("/v1/chat/completions", responses=_GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
+
+    @app.post("/tokenize", responses=_ERRORS)
+    async def tokenize(
+        body: TokenizeCompletionRequest | TokenizeChatRequest,
+    ) -> dict[str, Any]:
+        return await tokenization.tokenize(body)
+
+    @app.post("/detokenize", responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        return await tokenization.detokenize(body)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": nanovllm_version()}
 
     def model_card(name: str) -> dict[str, Any]:
         # vLLM's ModelCard and ModelPermission, field for field.

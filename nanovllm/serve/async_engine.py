@@ -286,6 +286,9 @@ class AsyncLLMEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # Owned by the engine thread only:
         self._streams: dict[str, tuple[RequestStream, asyncio.AbstractEventLoop]] = {}
+        # Each request's `n`: its completions count as n requests in `request_success`, as
+        # vLLM counts its n child requests.
+        self._num_completions: dict[str, int] = {}
         self._sinks: dict[EventStream, _Sink] = {}
         self._finished: Counter[str] = Counter()
         # Adds whose grammar still compiles: accepted (their caller answered) once it has.
@@ -518,6 +521,7 @@ class AsyncLLMEngine:
             # Keyed by the caller's id: with n > 1 the engine runs children under other ids, and
             # its outputs carry the caller's.
             self._streams[command.request_id] = (command.stream, command.loop)
+            self._num_completions[command.request_id] = command.params.n
             self._timer.add(
                 command.request_id,
                 command.arrival,
@@ -525,7 +529,8 @@ class AsyncLLMEngine:
                 command.params.n,
                 request.max_tokens,
             )
-            self._prompt_tokens += request.num_prompt_tokens
+            # Per completion, as vLLM counts its n child requests.
+            self._prompt_tokens += request.num_prompt_tokens * command.params.n
             so = request.structured_output_request
             if so is not None and so.grammar is None:
                 # Its grammar compiles off this thread: the caller hears once it has (or a
@@ -542,7 +547,7 @@ class AsyncLLMEngine:
                 engine.abort_request(command.request_id)
             except ValueError:
                 return False
-            self._finished["abort"] += 1
+            self._finished["abort"] += self._num_completions.pop(command.request_id, 1)
             return True  # the abort output waits in the engine until the next step
         elif isinstance(command, _FailAll):
             if command.unstarted_only:
@@ -588,7 +593,9 @@ class AsyncLLMEngine:
             if output.finished:
                 del self._streams[output.request_id]
                 self._has_output.discard(output.request_id)
-                self._finished[output.outputs[0].finish_reason or "unknown"] += 1
+                self._num_completions.pop(output.request_id, None)
+                for completion in output.outputs:
+                    self._finished[completion.finish_reason or "unknown"] += 1
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
         self._count_tokens(new_tokens)
@@ -610,7 +617,8 @@ class AsyncLLMEngine:
             elif request.is_finished:
                 if self._streams.pop(command.request_id, None) is not None:
                     self._timer.forget(command.request_id)
-                    self._prompt_tokens -= request.num_prompt_tokens
+                    self._num_completions.pop(command.request_id, None)
+                    self._prompt_tokens -= request.num_prompt_tokens * command.params.n
                 error = ValueError(request.error or "the request was aborted")
                 self._call(command.loop, _resolve, command.accepted, error)
             else:
@@ -632,7 +640,7 @@ class AsyncLLMEngine:
             self._timer.forget(request_id)
             try:
                 self.engine.abort_request(request_id)
-                self._finished["abort"] += 1
+                self._finished["abort"] += self._num_completions.pop(request_id, 1)
             except ValueError:
                 pass
             self._call(loop, _deliver, [(stream, error)])
@@ -647,11 +655,12 @@ class AsyncLLMEngine:
         for request_id, (stream, loop) in list(self._streams.items()):
             try:
                 self.engine.abort_request(request_id)
-                self._finished["abort"] += 1
+                self._finished["abort"] += self._num_completions.pop(request_id, 1)
             except Exception:  # noqa: BLE001 - already gone, or the engine is broken
                 pass
             by_loop.setdefault(loop, []).append((stream, error))
         self._streams.clear()
+        self._num_completions.clear()
         self._has_output.clear()
         self._timer.clear()
         for loop, items in by_loop.items():

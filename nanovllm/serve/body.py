@@ -85,7 +85,10 @@ def check_items(body: bytes, max_model_len: int) -> None:
     for index in np.flatnonzero(entries > bound):
         start, count = int(opens[index]), int(entries[index])
         field = _top_level_field(body, depth, inside, start)
-        if field == "prompt" and body[start : start + 1] == b"[" and count > max_model_len:
+        ids = (
+            body[start : start + 1] == b"[" and body[start + 1 : start + 64].lstrip()[:1].isdigit()
+        )
+        if field == "prompt" and ids and count > max_model_len:  # (not a batch's list of prompts)
             raise BodyError(
                 400,
                 "context_length_exceeded",

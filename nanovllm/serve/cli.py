@@ -63,6 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Jinja chat template file, for a tokenizer that has none (or to replace its own)",
     )
     g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's: let the model decide to call tools (tool_choice 'auto'); needs "
+        "--tool-call-parser",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        choices=["hermes"],
+        default=None,
+        help="vLLM's: how tool calls are read from the output ('hermes': <tool_call> tags)",
+    )
+    g.add_argument(
         "--api-key",
         default=None,
         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}, else none)",
@@ -359,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
         run_options = serve_options(args)
         if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
             raise ValueError(f"--max-prompt-chars must be >= 1, got {args.max_prompt_chars}")
+        if args.enable_auto_tool_choice and args.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes)")
         engine = LLMEngine(EngineConfig(**engine_config_options(args)))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -373,6 +387,7 @@ def run(args: argparse.Namespace) -> int:
             model_root=args.model_tag or args.model,
             chat_template=chat_template,
             max_prompt_chars=args.max_prompt_chars,
+            tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
             **guard,
         )
         print(

@@ -60,6 +60,9 @@ DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
 DEFAULT_BODY_TIMEOUT_S = 60.0  # nginx's client_body_timeout; 2 MiB in it needs 35 KB/s
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 EVENT_PATHS = frozenset({"/v1/events", "/events"})
+# vLLM's tokenizer routes: they take a JSON body (checked as a generation request's is) and,
+# with an API key, the key (they run the server's tokenizer and chat template for the caller).
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
 
 
 class ServerState:
@@ -73,7 +76,7 @@ class ServerState:
 
 
 def needs_api_key(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/") or path == "/events"
+    return path == "/v1" or path.startswith("/v1/") or path == "/events" or path in TOKENIZER_PATHS
 
 
 class RequestGuard:
@@ -156,7 +159,7 @@ class RequestGuard:
                 await self._too_large(send)
                 return
             receive = _replay(body, receive)
-            if body and path in GENERATION_PATHS:
+            if body and (path in GENERATION_PATHS or path in TOKENIZER_PATHS):
                 try:
                     check_json_body(_header(scope, b"content-type"), body)
                     if self.max_model_len is not None:

@@ -88,6 +88,7 @@ can run several servers (the tests do) without their metrics colliding.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -317,6 +318,9 @@ class _EngineStateCollector:
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
         self._engine = engine
         self._labels = [model_name, ENGINE]
+        # A counter's `_created` series (its start, as prometheus_client's own counters and
+        # vLLM's /metrics have it): when this app began to serve the engine's figures.
+        self._created = time.time()
         connector = engine.engine.kv_source
         self._has_connector = connector.config is not None  # (the NullConnector has none)
         name = type(connector).__name__
@@ -327,8 +331,9 @@ class _EngineStateCollector:
     ) -> Metric:
         """One family with a label `by` beyond vLLM's two, one sample per value of it."""
         metric = kind(prefix + name, doc, labels=[*LABELS, by])
+        created = {"created": self._created} if kind is CounterMetricFamily else {}
         for value_of_by, value in values.items():
-            metric.add_metric([*self._labels, value_of_by], value)
+            metric.add_metric([*self._labels, value_of_by], value, **created)
         return metric
 
     def collect(self) -> Iterator[Metric]:
@@ -341,7 +346,8 @@ class _EngineStateCollector:
 
         def counter(name: str, doc: str, value: float, prefix: str = PREFIX) -> Metric:
             metric = CounterMetricFamily(prefix + name, doc, labels=LABELS)
-            metric.add_metric(self._labels, value)  # exposed as name + "_total"
+            # Exposed as name + "_total", and name + "_created".
+            metric.add_metric(self._labels, value, created=self._created)
             return metric
 
         yield gauge(

@@ -97,6 +97,8 @@ def _bound(schema: dict, model_name: str | list[str], max_model_len: int, vocab_
                 branch["not"] = {"const": 0}
         for field, value in properties.items():
             _bound_token_ids(value, vocab_size, max_model_len - 1 if field == "prompt" else None)
+    if "DetokenizeRequest" in schemas:  # its ids below the vocabulary size, as generation's
+        _bound_token_ids(schemas["DetokenizeRequest"], vocab_size)
     # The guard's bound on any array or object (`body.py`), on every request schema's arrays.
     for component in schemas.values():
         _bound_items(component)

@@ -32,6 +32,7 @@ in each completion choice, or beside the chat choices; not with `stream`), `stru
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Any, Literal
 
@@ -47,12 +48,24 @@ from pydantic import (
 )
 
 from nanovllm.engine.logits_checks import some
-from nanovllm.sampling_params import SamplingParams, token_id_key
+from nanovllm.sampling_params import (
+    SAMPLING_EPS,
+    SamplingParams,
+    StructuredOutputsParams,
+    token_id_key,
+)
 from nanovllm.serve.errors import APIError, param_from_message
 from nanovllm.serve.response_format import (
     ResponseFormat,
     StructuredOutputs,
     structured_outputs_params,
+)
+from nanovllm.serve.tools import (
+    NamedToolChoice,
+    Tool,
+    ToolChoice,
+    named_function,
+    required_calls_schema,
 )
 
 logger = logging.getLogger("nanovllm.serve")
@@ -65,6 +78,9 @@ INT32_MAX = 2**31 - 1
 MAX_SEED = 2**53 - 1
 MAX_LOGPROBS = 20
 MAX_N = 16  # completions per request (parallel sampling)
+# Prompts in one batched completion request, and its completions (prompts x n) at most: each
+# one is a request in the engine, and one HTTP request must not be able to fill it.
+MAX_PROMPTS = 256
 
 
 def _check_utf8(value: object) -> object:
@@ -184,6 +200,11 @@ def _not_both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 _STRUCTURED_ONCE = _not_both(
     {"response_format": {"type": "object", "properties": {"type": {"not": {"const": "text"}}}}},
     {"structured_outputs": {"type": "object"}},
+)
+# n > 1 needs sampling: n greedy completions would be one completion n times (vLLM's rule).
+_NO_GREEDY_N = _not_both(
+    {"n": {"type": "integer", "minimum": 2}},
+    {"temperature": {"type": "number", "exclusiveMaximum": SAMPLING_EPS}},
 )
 _NO_PROMPT_LOGPROBS_STREAM = _not_both(
     {"prompt_logprobs": {"type": "integer"}}, {"stream": {"const": True}}
@@ -318,7 +339,6 @@ class _GenerationRequest(_Strict):
             bad_words=self.bad_words,
             allowed_token_ids=self.allowed_token_ids,
             prompt_logprobs=self._prompt_logprobs(),
-            truncate_prompt_tokens=self.truncate_prompt_tokens,
             extra_args=(
                 {"kv_transfer_params": self.kv_transfer_params}
                 if self.kv_transfer_params is not None
@@ -326,30 +346,36 @@ class _GenerationRequest(_Strict):
             ),
         )
         try:
-            return SamplingParams(**values)
+            params = SamplingParams(**values)
         except ValueError as exc:
             raise APIError(str(exc), param=param_from_message(str(exc), set(values))) from exc
+        if params.n > 1 and params.greedy:
+            raise APIError(f"n must be 1 when using greedy sampling, got {params.n}.", param="n")
+        return params
 
 
 class CompletionRequest(_GenerationRequest):
-    """POST /v1/completions. One prompt per request: text, token ids, or a list holding one."""
+    """POST /v1/completions. A prompt (text or token ids) or a batch of them."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
+                _NO_GREEDY_N,
             ]
         }
     )
 
-    # One prompt: text, token ids, or a list holding one of either (OpenAI's batch form).
+    # A prompt (text or token ids), or a batch of them (OpenAI's list form): each prompt of a
+    # batch is a request of its own in the engine, answered as `n` choices of the response.
     prompt: (
         NonEmptyStr
         | Annotated[list[TokenId], Field(min_length=1)]
-        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1)]
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[
-            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)
+            list[Annotated[list[TokenId], Field(min_length=1)]],
+            Field(min_length=1, max_length=MAX_PROMPTS),
         ]
     )
     max_tokens: Int(ge=1) | None = 16  # OpenAI's default for completions
@@ -376,26 +402,25 @@ class CompletionRequest(_GenerationRequest):
             return max(self.logprobs, self.prompt_logprobs or 0)
         return self.prompt_logprobs
 
-    def engine_prompt(self) -> str | list[int]:
+    def engine_prompts(self) -> list[str | list[int]]:
+        """The request's prompts, one for each engine request (a batch of one when `prompt`
+        is a single text or list of token ids)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise APIError(
-                    f"prompt: got a batch of {len(prompt)} prompts; nanovllm takes one prompt "
-                    "per request (send them concurrently: they are batched by the engine)",
-                    param="prompt",
-                    code="unsupported_parameter",
-                )
-            prompt = prompt[0]
+        is_batch = isinstance(prompt, list) and isinstance(prompt[0], str | list)
+        batch = prompt if is_batch else [prompt]
         if self.suffix:
             raise APIError("suffix is not supported", param="suffix", code="unsupported_parameter")
         if self.best_of not in (None, 1):
             raise APIError(
                 "best_of > 1 is not supported", param="best_of", code="unsupported_parameter"
             )
-        if not prompt:
-            raise APIError("prompt must not be empty", param="prompt")
-        return prompt
+        if len(batch) * self.n > MAX_PROMPTS:
+            raise APIError(
+                f"prompt: {len(batch)} prompts x n={self.n} is {len(batch) * self.n} "
+                f"completions; this server answers at most {MAX_PROMPTS} in one request",
+                param="prompt",
+            )
+        return batch
 
 
 class ContentPart(BaseModel):
@@ -412,11 +437,14 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    # Messages may carry fields we do not use (tool_calls, ...): dropped, not refused.
+    # Messages may carry fields we do not use: dropped, not refused.
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # An assistant's earlier calls, and a tool message's answer to one (given to the template).
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content", "name")
     @classmethod
@@ -443,6 +471,29 @@ class ChatMessage(BaseModel):
             pieces.append(part.text)
         return "".join(pieces)
 
+    def template_message(self, index: int) -> dict[str, Any]:
+        """The message as the chat template reads it: its text, and its tool calls with their
+        arguments as objects (as vLLM gives them to templates, which index into them)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        if self.name:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            calls = []
+            for call in self.tool_calls:
+                call = dict(call)
+                function = dict(call.get("function") or {})
+                if isinstance(function.get("arguments"), str):
+                    try:
+                        function["arguments"] = json.loads(function["arguments"])
+                    except ValueError:
+                        pass  # not JSON: the template gets the text
+                call["function"] = function
+                calls.append(call)
+            message["tool_calls"] = calls
+        return message
+
 
 class ChatCompletionRequest(_GenerationRequest):
     """POST /v1/chat/completions."""
@@ -452,6 +503,7 @@ class ChatCompletionRequest(_GenerationRequest):
             "allOf": [
                 _STRUCTURED_ONCE,
                 _NO_PROMPT_LOGPROBS_STREAM,
+                _NO_GREEDY_N,
                 {  # top_logprobs needs logprobs: true
                     "anyOf": [
                         {"not": {"required": ["top_logprobs"]}},
@@ -476,23 +528,65 @@ class ChatCompletionRequest(_GenerationRequest):
     # rendered by the server (serve/README.md, "Safety"), and this engine makes no tool calls.
     chat_template: None = Field(default=None, description="not accepted: the server's only")
     chat_template_kwargs: None = Field(default=None, description="not accepted")
-    tools: None = Field(default=None, description="not supported (no tool calls)")
     documents: None = Field(default=None, description="not accepted")
+    # Tool calling (`tools.py`): the tools go into the chat template; `tool_choice` as OpenAI's
+    # (None: "auto" when tools are given, else "none", as vLLM reads it).
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template reads them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def _tool_constraint(self) -> StructuredOutputsParams | None:
+        """`required` and a named function constrain the output (`tools.py`); a 400 when
+        tool_choice names no tool of `tools`, or comes without them."""
+        choice = self.effective_tool_choice
+        if choice != "none" and not self.tools:
+            raise APIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        if choice in ("none", "auto"):
+            return None
+        if self.response_format is not None or self.structured_outputs is not None:
+            raise APIError(
+                "tool_choice 'required' or a named tool constrains the output: it cannot be "
+                "combined with response_format or structured_outputs",
+                param="tool_choice",
+            )
+        if choice == "required":
+            return StructuredOutputsParams(json=required_calls_schema(self.tools))
+        try:
+            tool = named_function(self.tools, choice.function.name)
+        except ValueError as exc:
+            raise APIError(str(exc), param="tool_choice") from exc
+        return StructuredOutputsParams(
+            json=tool.function.parameters or {"type": "object", "properties": {}}
+        )
 
     def _max_tokens(self) -> int | None:
         # OpenAI's newer name wins; None lets the engine fill the context.
         return self.max_completion_tokens or self.max_tokens
+
+    def to_sampling_params(self) -> SamplingParams:
+        params = super().to_sampling_params()
+        constraint = self._tool_constraint()
+        if constraint is not None:
+            params.structured_outputs = constraint
+        if self.tools and self.effective_tool_choice != "none":
+            # vLLM's hermes parser reads the tags as text, special tokens or not.
+            params.skip_special_tokens = False
+        return params
 
     def _logprobs(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def template_messages(self) -> list[dict[str, str]]:
-        messages = []
-        for i, m in enumerate(self.messages):
-            message = {"role": m.role, "content": m.text(i)}
-            if m.name:
-                message["name"] = m.name
-            messages.append(message)
-        return messages
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.template_message(i) for i, m in enumerate(self.messages)]

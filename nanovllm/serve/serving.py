@@ -1,10 +1,16 @@
 """The generation endpoints: `/v1/completions` and `/v1/chat/completions`, streamed or not.
 
-Each HTTP request becomes one engine request:
+Each prompt of an HTTP request becomes one engine request (a completion's `prompt` may be a
+batch of them, as in vLLM; a chat has one):
 
-    body (pydantic) -> SamplingParams + prompt -> AsyncLLMEngine.add_request -> RequestStream
-        stream=false: wait for the finished output -> one JSON response
+    body (pydantic) -> SamplingParams + prompts -> AsyncLLMEngine.add_request, per prompt
+        -> RequestStreams, merged into one (merged_stream.py)
+        stream=false: wait for the finished outputs -> one JSON response
         stream=true:  each output -> one SSE chunk (its completions' `delta_text`) ... -> [DONE]
+
+Prompt i's completion j is choice `index` i * n + j (vLLM's numbering), and `usage` sums every
+prompt and completion. A chat request with `tools` has them rendered by the chat template and
+its output read as tool calls per `tool_choice` (`tools.py`, `ToolDeltas` for streams).
 
 With `n` > 1 the engine samples n completions of the prompt (parallel sampling): the response
 has one choice per completion, `index` 0 .. n-1. A stream sends one choice per chunk, as vLLM
@@ -67,8 +73,16 @@ from nanovllm.serve.async_engine import (
     ServerShutdownError,
 )
 from nanovllm.serve.errors import APIError, error_body, param_from_message
+from nanovllm.serve.merged_stream import MergedStream
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.sse import DONE, ClosingStreamingResponse, sse_data
+from nanovllm.serve.tools import (
+    HermesToolParser,
+    NamedToolChoice,
+    make_tool_call_id,
+    required_tool_calls,
+    tool_call,
+)
 
 
 class OpenAIServing:
@@ -79,8 +93,11 @@ class OpenAIServing:
         model_name: str | list[str],
         chat_template: str | None = None,
         max_prompt_chars: int | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.engine = engine
+        # `--enable-auto-tool-choice --tool-call-parser NAME`: "auto" tool choice (tools.py).
+        self.tool_parser = tool_call_parser
         self.tokenizer = tokenizer
         # Requests may name any of the served names; responses name the first (vLLM's rule).
         self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
@@ -104,38 +121,54 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
         params = body.to_sampling_params()
-        prompt = body.engine_prompt()
+        prompts = body.engine_prompts()
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream, text, token_ids = await self._add(
-            request_id, prompt, params, "prompt", "max_tokens"
-        )
-        echo = None
+        # Every prompt is checked before any is added (as vLLM renders them all first), so a
+        # bad prompt anywhere in a batch is a 400 with nothing left running.
+        k = body.truncate_prompt_tokens
+        inputs = [await self._prepare(p, params, k, "prompt", "max_tokens") for p in prompts]
+        if len(inputs) == 1:
+            streams = [await self._add(request_id, *inputs[0], params, "prompt")]
+        else:
+            streams = await self._add_batch(request_id, inputs, params)
+        stream = MergedStream(request_id, streams)
+        echoes = None
         if body.echo:
-            echo = Echo(text if text is not None else self.tokenizer.decode(token_ids), token_ids)
+            echoes = [
+                Echo(text if text is not None else self.tokenizer.decode(ids), ids)
+                for text, ids in inputs
+            ]
         created = int(time.time())
         if body.stream:
             return ClosingStreamingResponse(
-                self._completion_chunks(stream, body, created, echo), on_close=stream.abort
+                self._completion_chunks(stream, body, created, echoes), on_close=stream.abort
             )
-        final = await self._collect(stream, raw)
+        finals = await self._collect(stream, raw)
         choices = []
-        for out in final.outputs:
-            logprobs = None
-            out_ids, entries = list(out.token_ids), list(out.logprobs or [])
-            if echo is not None:
-                out_ids, entries = echo.before(out_ids, entries, final.prompt_logprobs)
-            if params.logprobs is not None:
-                logprobs, _ = self._completion_logprobs(out_ids, entries, params.logprobs, 0)
-            choices.append(
-                {
-                    "index": out.index,
-                    "text": (echo.text if echo is not None else "") + out.text,
-                    "logprobs": logprobs,
-                    "finish_reason": out.finish_reason,
-                    "stop_reason": out.stop_reason,
-                    "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
-                }
-            )
+        for prompt_index, final in enumerate(finals):
+            echo = echoes[prompt_index] if echoes is not None else None
+            for out in final.outputs:
+                logprobs = None
+                out_ids, entries = list(out.token_ids), list(out.logprobs or [])
+                if echo is not None:
+                    out_ids, entries = echo.before(out_ids, entries, final.prompt_logprobs)
+                if params.logprobs is not None:
+                    logprobs, _ = self._completion_logprobs(out_ids, entries, params.logprobs, 0)
+                choices.append(
+                    {
+                        "index": len(choices),  # prompt-major: prompt i's j-th is i * n + j
+                        "text": (echo.text if echo is not None else "") + out.text,
+                        "logprobs": logprobs,
+                        "finish_reason": out.finish_reason,
+                        "stop_reason": out.stop_reason,
+                        "token_ids": None,
+                        "prompt_logprobs": prompt_logprobs_json(
+                            final.prompt_token_ids, final.prompt_logprobs
+                        ),
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
+                    }
+                )
         return JSONResponse(
             {
                 "id": request_id,
@@ -143,39 +176,60 @@ class OpenAIServing:
                 "created": created,
                 "model": self.model_name,
                 "choices": choices,
-                "usage": _usage(final),
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": _usage_details(finals),
+                "kv_transfer_params": None,
             }
         )
 
     async def _completion_chunks(
-        self, stream: RequestStream, body: CompletionRequest, created: int, echo: Echo | None
+        self,
+        stream: MergedStream,
+        body: CompletionRequest,
+        created: int,
+        echoes: list[Echo] | None,
     ) -> AsyncIterator[str]:
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
             return self._chunk("text_completion", stream.request_id, created, choices, usage)
 
-        offsets = [0] * body.n  # where each choice's next logprob token starts in its text
+        num_prompts = len(stream.streams)
+        offsets = [0] * (body.n * num_prompts)  # where each choice's next logprob token starts
         finished: set[int] = set()
         echoed: set[int] = set()
+        finals: list[RequestOutput | None] = [None] * num_prompts
         try:
-            async for output in stream:
-                last, moved = _merge([output, *stream.drain_ready()])
-                for out, text, token_ids in moved:
-                    entries = out.logprobs[-len(token_ids) :] if token_ids and out.logprobs else []
-                    if echo is not None and out.index not in echoed:
-                        echoed.add(out.index)
-                        text = echo.text + text
-                        token_ids, entries = echo.before(token_ids, entries, last.prompt_logprobs)
-                    logprobs = None
-                    if body.logprobs is not None and token_ids:
-                        logprobs, offsets[out.index] = self._completion_logprobs(
-                            token_ids, entries, body.logprobs, offsets[out.index]
+            async for item in stream:
+                for prompt_index, last, moved in _merge_batch([item, *stream.drain_ready()]):
+                    finals[prompt_index] = last
+                    echo = echoes[prompt_index] if echoes is not None else None
+                    for out, text, token_ids in moved:
+                        index = prompt_index * body.n + out.index  # vLLM's numbering
+                        entries = (
+                            out.logprobs[-len(token_ids) :] if token_ids and out.logprobs else []
                         )
-                    finish = _finish_once(out, finished)
-                    if text or finish or logprobs:
-                        stop = out.stop_reason if finish else None
-                        yield chunk([_text_choice(out.index, text, logprobs, finish, stop)])
-                if last.finished and body.include_usage:
-                    yield chunk([], _usage(last))
+                        prompt_token_ids = None
+                        if echo is not None and index not in echoed:
+                            echoed.add(index)
+                            text = echo.text + text
+                            token_ids, entries = echo.before(
+                                token_ids, entries, last.prompt_logprobs
+                            )
+                            prompt_token_ids = echo.token_ids
+                        logprobs = None
+                        if body.logprobs is not None and token_ids:
+                            logprobs, offsets[index] = self._completion_logprobs(
+                                token_ids, entries, body.logprobs, offsets[index]
+                            )
+                        finish = _finish_once(index, out, finished)
+                        if text or finish or logprobs:
+                            stop = out.stop_reason if finish else None
+                            choice = _text_choice(index, text, logprobs, finish, stop)
+                            choice["prompt_token_ids"] = prompt_token_ids
+                            choice["token_ids"] = None
+                            yield chunk([choice])
+                if body.include_usage and all(f is not None and f.finished for f in finals):
+                    yield chunk([], _usage(finals))  # type: ignore[arg-type]
         except EngineError as exc:
             yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
@@ -184,29 +238,43 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
+        if body.tools and body.effective_tool_choice == "auto" and self.tool_parser is None:
+            raise APIError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set",
+                param="tool_choice",
+            )
         params = body.to_sampling_params()
         prompt = await self._chat_prompt(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        stream, _, _ = await self._add(request_id, prompt, params, "messages", max_tokens_param)
+        text, token_ids = await self._prepare(
+            prompt, params, body.truncate_prompt_tokens, "messages", max_tokens_param
+        )
+        stream = MergedStream(
+            request_id, [await self._add(request_id, text, token_ids, params, "messages")]
+        )
         created = int(time.time())
         if body.stream:
             return ClosingStreamingResponse(
                 self._chat_chunks(stream, body, created), on_close=stream.abort
             )
-        final = await self._collect(stream, raw)
+        (final,) = await self._collect(stream, raw)
         choices = []
         for out in final.outputs:
             logprobs = None
             if params.logprobs is not None:
                 logprobs = self._chat_logprobs(out.token_ids, out.logprobs, params.logprobs)
+            message, called = self._tool_message(body, out.text, out.finish_reason)
             choices.append(
                 {
                     "index": out.index,
-                    "message": {"role": "assistant", "content": out.text},
+                    "message": message,
                     "logprobs": logprobs,
-                    "finish_reason": out.finish_reason,
+                    "finish_reason": "tool_calls" if called else out.finish_reason,
                     "stop_reason": out.stop_reason,
+                    "token_ids": None,
+                    "routed_experts": None,
                 }
             )
         return JSONResponse(
@@ -216,14 +284,56 @@ class OpenAIServing:
                 "created": created,
                 "model": self.model_name,
                 "choices": choices,
-                "usage": _usage(final),
-                "prompt_logprobs": _prompt_logprobs_json(final.prompt_logprobs),
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": _usage_details([final]),
+                "prompt_logprobs": prompt_logprobs_json(
+                    final.prompt_token_ids, final.prompt_logprobs
+                ),
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
             }
         )
 
     async def _chat_prompt(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        """The conversation's text and token ids, rendered and tokenized on the tokenizer
-        thread (the text is measured first: `_check_chars`)."""
+        """The conversation's text and token ids (`render_chat`), its tools in the template."""
+        text, token_ids = await self.render_chat(
+            body.template_messages(), body.add_generation_prompt, body.tool_dicts()
+        )
+        return {"prompt": text, "prompt_token_ids": token_ids}
+
+    def _tool_message(
+        self, body: ChatCompletionRequest, text: str, finish_reason: str | None
+    ) -> tuple[dict[str, Any], bool]:
+        """A finished choice's message, and whether its finish reason is `tool_calls`, as
+        vLLM's server answers (`tools.py`): a named tool's arguments are the output; a required
+        call list is the output's JSON; with "auto" the parser finds the calls, if any."""
+        choice = body.effective_tool_choice
+        if not body.tools or choice == "none":
+            return _assistant_message(text), False
+        if isinstance(choice, NamedToolChoice):
+            return _assistant_message("", [tool_call(choice.function.name, text)]), False
+        if choice == "required":
+            try:
+                calls = required_tool_calls(text)
+            except (ValueError, KeyError, TypeError):  # cut short by max_tokens: not JSON yet
+                return _assistant_message(text), False
+            return _assistant_message("", calls), finish_reason == "stop"
+        content, calls = HermesToolParser().extract_tool_calls(text)
+        if not calls:
+            return _assistant_message(text), False
+        return _assistant_message(content, calls), True
+
+    async def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        add_special_tokens: bool = False,
+    ) -> tuple[str, list[int]]:
+        """A conversation's text, by the chat template, and its token ids, rendered and
+        tokenized on the tokenizer thread (the text is measured first: `_check_chars`)."""
         try:
             template = resolve_chat_template(
                 self.tokenizer,
@@ -234,24 +344,35 @@ class OpenAIServing:
         except ValueError as exc:
             raise APIError(str(exc), param="messages", code="chat_template_missing") from exc
 
-        def render() -> dict[str, Any]:  # on the tokenizer thread
+        def render() -> tuple[str, list[int]]:  # on the tokenizer thread
             try:
                 text = render_chat_text(
                     self.tokenizer,
-                    body.template_messages(),
+                    messages,
                     template,
-                    add_generation_prompt=body.add_generation_prompt,
+                    add_generation_prompt=add_generation_prompt,
+                    tools=tools or None,
                 )
             except ValueError as exc:
                 raise APIError(f"messages: {exc}", param="messages") from exc
             self._check_chars(text, "messages")
-            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-            return {"prompt": text, "prompt_token_ids": list(token_ids)}
+            token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return text, list(token_ids)
 
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, render)
 
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A text's token ids, on the tokenizer thread (measured first: `_check_chars`)."""
+        self._check_chars(text, "prompt")
+        return list(
+            await asyncio.get_running_loop().run_in_executor(
+                self._tokenizer_thread,
+                lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens),
+            )
+        )
+
     async def _chat_chunks(
-        self, stream: RequestStream, body: ChatCompletionRequest, created: int
+        self, stream: MergedStream, body: ChatCompletionRequest, created: int
     ) -> AsyncIterator[str]:
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
             return self._chunk("chat.completion.chunk", stream.request_id, created, choices, usage)
@@ -261,26 +382,32 @@ class OpenAIServing:
 
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         finished: set[int] = set()
+        tool_deltas = ToolDeltas(body) if body.tools else None
         try:
             role = {"role": "assistant", "content": ""}
             for i in range(body.n):
                 yield chunk([choice(i, role, None, None)])
-            async for output in stream:
-                last, moved = _merge([output, *stream.drain_ready()])
+            async for item in stream:
+                ((_, last, moved),) = _merge_batch([item, *stream.drain_ready()])
                 for out, text, token_ids in moved:
                     logprobs = None
                     if top_n is not None and token_ids:
                         entries = out.logprobs[-len(token_ids) :] if out.logprobs else []
                         logprobs = self._chat_logprobs(token_ids, entries, top_n)
-                    finish = _finish_once(out, finished)
-                    if text or finish or logprobs:
-                        delta = {"content": text} if text else {}
+                    finish = _finish_once(out.index, out, finished)
+                    delta = {"content": text} if text else {}
+                    if tool_deltas is not None:
+                        delta = tool_deltas.delta(out.index, text, finish)
+                        if finish and tool_deltas.called(out.index, finish):
+                            finish = "tool_calls"
+                    if delta or finish or logprobs:
                         moved_choice = choice(out.index, delta, logprobs, finish)
                         if finish:
                             moved_choice["stop_reason"] = out.stop_reason
+                        moved_choice["token_ids"] = None
                         yield chunk([moved_choice])
                 if last.finished and body.include_usage:
-                    yield chunk([], _usage(last))
+                    yield chunk([], _usage([last]))
         except EngineError as exc:
             yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
@@ -312,20 +439,31 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    async def _add(
+    async def _prepare(
         self,
-        request_id: str,
         prompt: Prompt,
         params: SamplingParams,
+        truncate_prompt_tokens: int | None,
         prompt_param: str,
         max_tokens_param: str,
-    ) -> tuple[RequestStream, str | None, list[int]]:
-        """The request's stream, with its prompt's text (None when unknown) and token ids, as
-        the engine got them (after `truncate_prompt_tokens`)."""
-        text, token_ids = await self._tokenize(prompt, prompt_param, params)
+    ) -> tuple[str | None, list[int]]:
+        """A prompt's text (None when unknown) and token ids, as the engine will get them
+        (after `truncate_prompt_tokens`), checked against the context length."""
+        text, token_ids = await self._tokenize(prompt, prompt_param, truncate_prompt_tokens)
         check = context_length_check(params.max_tokens, self.max_model_len, max_tokens_param)
         if check is not None:
             check(len(token_ids))
+        return text, token_ids
+
+    async def _add(
+        self,
+        request_id: str,
+        text: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        prompt_param: str,
+    ) -> RequestStream:
+        """The stream of a prepared prompt's request, once the engine has accepted it."""
         kv_params = (params.extra_args or {}).get("kv_transfer_params")
         connector = self.engine.engine.kv_source
         if kv_params and connector.config is not None:  # (the NullConnector: no connector)
@@ -346,7 +484,7 @@ class OpenAIServing:
         if text is not None:
             engine_prompt["prompt"] = text
         try:
-            stream = await self.engine.add_request(request_id, engine_prompt, params)
+            return await self.engine.add_request(request_id, engine_prompt, params)
         except EngineDeadError as exc:
             raise APIError(str(exc), status_code=503, code="engine_unavailable") from exc
         except ValueError as exc:
@@ -356,15 +494,43 @@ class OpenAIServing:
             if message.startswith("structured_outputs"):  # a constraint that does not compile
                 param = "response_format"
             raise APIError(message, param=param) from exc
-        return stream, text, token_ids
+
+    async def _add_batch(
+        self,
+        request_id: str,
+        inputs: list[tuple[str | None, list[int]]],
+        params: SamplingParams,
+    ) -> list[RequestStream]:
+        """One engine request per prompt of a batch (`{request_id}-{i}`, vLLM's ids); if the
+        engine refuses one, those already added are aborted and the refusal names the prompt."""
+        if (params.extra_args or {}).get("kv_transfer_params"):
+            raise APIError(
+                "kv_transfer_params names one transfer: send one prompt per request with it",
+                param="kv_transfer_params",
+                code="unsupported_parameter",
+            )
+        streams: list[RequestStream] = []
+        try:
+            for i, (text, token_ids) in enumerate(inputs):
+                streams.append(
+                    await self._add(f"{request_id}-{i}", text, token_ids, params, "prompt")
+                )
+        except APIError as exc:
+            exc.message = f"prompt[{len(streams)}]: {exc.message}"
+            exc.args = (exc.message,)
+            raise
+        finally:
+            if len(streams) < len(inputs):
+                for stream in streams:
+                    stream.abort()
+        return streams
 
     async def _tokenize(
-        self, prompt: Prompt, param: str, params: SamplingParams
+        self, prompt: Prompt, param: str, k: int | None
     ) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt, cut to `truncate_prompt_tokens`; a 400 naming its
         size, before any heavy work, when it cannot fit the context whatever its tokens. (A
         chat's prompt comes tokenized.)"""
-        k = params.truncate_prompt_tokens
         if k is not None and k > self.max_model_len:
             raise APIError(
                 f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
@@ -384,10 +550,10 @@ class OpenAIServing:
                     self._tokenizer_thread, self._encode_truncated, prompt, k
                 )
                 return None, list(token_ids)
-            return truncate_prompt((prompt, list(token_ids)), params, self.max_model_len)
+            return truncate_prompt((prompt, list(token_ids)), k, self.max_model_len)
         text = prompt.get("prompt") if isinstance(prompt, dict) else None
         token_ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
-        text, token_ids = truncate_prompt((text, list(token_ids)), params, self.max_model_len)
+        text, token_ids = truncate_prompt((text, list(token_ids)), k, self.max_model_len)
         if len(token_ids) > self.max_model_len:
             raise APIError(
                 f"prompt of {len(token_ids)} tokens does not fit max_model_len="
@@ -412,17 +578,9 @@ class OpenAIServing:
                 code="context_length_exceeded",
             )
 
-    async def _collect(self, stream: RequestStream, raw: Request) -> RequestOutput:
-        """The finished output; aborts the request if the client disconnects first."""
-
-        async def consume() -> RequestOutput:
-            final = None
-            async for output in stream:
-                final = output
-            assert final is not None
-            return final
-
-        consumer = asyncio.ensure_future(consume())
+    async def _collect(self, stream: MergedStream, raw: Request) -> list[RequestOutput]:
+        """Each prompt's finished output; aborts the requests if the client disconnects first."""
+        consumer = asyncio.ensure_future(stream.finals())
         watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
         try:
             await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -566,27 +724,102 @@ def _engine_error_code(exc: EngineError) -> str:
     return "engine_error"
 
 
-def _merge(
-    outputs: list[RequestOutput],
-) -> tuple[RequestOutput, list[tuple[CompletionOutput, str, list[int]]]]:
-    """Several outputs of one request as one: the latest state, and for each completion its
-    latest state with the text and token ids it gained over all of them."""
-    last = outputs[-1]
-    moved = []
-    for completion in last.outputs:
-        i = completion.index
-        text = "".join(o.outputs[i].delta_text for o in outputs)
-        token_ids = [t for o in outputs for t in o.outputs[i].delta_token_ids]
-        moved.append((completion, text, token_ids))
-    return last, moved
+def _merge_batch(
+    items: list[tuple[int, RequestOutput]],
+) -> list[tuple[int, RequestOutput, list[tuple[CompletionOutput, str, list[int]]]]]:
+    """Several outputs of a batch's requests, one merged output per prompt (in the order the
+    prompts first appear): its latest state, and for each completion its latest state with the
+    text and token ids it gained over all of them."""
+    by_prompt: dict[int, list[RequestOutput]] = {}
+    for prompt_index, output in items:
+        by_prompt.setdefault(prompt_index, []).append(output)
+    merged = []
+    for prompt_index, outputs in by_prompt.items():
+        last = outputs[-1]
+        moved = []
+        for completion in last.outputs:
+            i = completion.index
+            text = "".join(o.outputs[i].delta_text for o in outputs)
+            token_ids = [t for o in outputs for t in o.outputs[i].delta_token_ids]
+            moved.append((completion, text, token_ids))
+        merged.append((prompt_index, last, moved))
+    return merged
 
 
-def _finish_once(completion: CompletionOutput, finished: set[int]) -> str | None:
-    """The completion's finish reason the first time it is seen finished, else None."""
-    if completion.finish_reason is None or completion.index in finished:
+def _finish_once(index: int, completion: CompletionOutput, finished: set[int]) -> str | None:
+    """The completion's finish reason the first time choice `index` is seen finished."""
+    if completion.finish_reason is None or index in finished:
         return None
-    finished.add(completion.index)
+    finished.add(index)
     return completion.finish_reason
+
+
+class ToolDeltas:
+    """A streamed chat choice's deltas when the request has tools, as vLLM sends them: a named
+    tool's arguments as they grow (the first delta with the call's id and name); a required
+    call list whole, once the output is complete (it is JSON only then); with "auto", the
+    parser's deltas (`HermesToolParser.extract_streaming`); with "none", the text."""
+
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        self.choice = body.effective_tool_choice
+        self.texts: dict[int, str] = {}
+        self.parsers: dict[int, HermesToolParser] = {}
+        self.required_calls: dict[int, bool] = {}
+
+    def delta(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+        before = self.texts.get(index, "")
+        self.texts[index] = whole = before + text
+        if self.choice == "none":
+            return {"content": text} if text else {}
+        if isinstance(self.choice, NamedToolChoice):
+            if not text:
+                return {}
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+            if not before:
+                call = {
+                    "index": 0,
+                    "id": make_tool_call_id(),
+                    "type": "function",
+                    "function": {"name": self.choice.function.name, "arguments": text},
+                }
+            return {"tool_calls": [call]}
+        if self.choice == "required":
+            if finish is None:
+                return {}
+            try:
+                calls = required_tool_calls(whole)
+            except (ValueError, KeyError, TypeError):  # cut short: not JSON
+                return {"content": whole} if whole else {}
+            self.required_calls[index] = True
+            return {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+        parser = self.parsers.setdefault(index, HermesToolParser())
+        return parser.extract_streaming(whole) or {}
+
+    def called(self, index: int, finish: str) -> bool:
+        """Whether the finished choice's finish reason is `tool_calls` (vLLM's rule)."""
+        if self.choice == "required":
+            return self.required_calls.get(index, False) and finish == "stop"
+        parser = self.parsers.get(index)
+        return parser is not None and parser.tools_called
+
+
+def _assistant_message(
+    content: str | None, tool_calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A chat choice's message with every key vLLM's has (null where nanovllm has nothing;
+    `tool_calls` only when there are some, as vLLM sends it)."""
+    message = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
 
 
 def _text_choice(
@@ -619,29 +852,43 @@ class Echo:
         return [*self.token_ids, *token_ids], [*prompt_entries, *entries]
 
 
-def _prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
-    """vLLM's `prompt_logprobs` in a response: per prompt token, None or {token id: Logprob}."""
+def prompt_logprobs_json(
+    prompt_token_ids: list[int], entries: list[dict[int, Logprob] | None] | None
+) -> list | None:
+    """vLLM's `prompt_logprobs` in a response: per prompt token, None or {token id: Logprob},
+    the prompt's own token first, then the most likely by rank (vLLM's order)."""
     if entries is None:
         return None
-    return [
-        None
-        if entry is None
-        else {
-            str(t): dataclasses.asdict(dataclasses.replace(lp, logprob=json_logprob(lp.logprob)))
-            for t, lp in entry.items()
+
+    def one(token_id: int, entry: dict[int, Logprob]) -> dict[str, dict]:
+        order = sorted(entry, key=lambda t: (t != token_id, -entry[t].logprob))
+        return {
+            str(t): dataclasses.asdict(
+                dataclasses.replace(entry[t], logprob=json_logprob(entry[t].logprob))
+            )
+            for t in order
         }
-        for entry in entries
+
+    return [
+        None if entry is None else one(token_id, entry)
+        for token_id, entry in zip(prompt_token_ids, entries)
     ]
 
 
-def _usage(output: RequestOutput) -> dict[str, int]:
-    prompt = len(output.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in output.outputs)
+def _usage(finals: list[RequestOutput]) -> dict[str, Any]:
+    """Tokens over every prompt of the request and every completion of each, as vLLM sums them."""
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "completion_tokens": completion,
     }
+
+
+def _usage_details(finals: list[RequestOutput]) -> dict[str, Any]:
+    """A response's `usage`: a stream's keys, and the details vLLM sends as null."""
+    return {**_usage(finals), "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
 async def _wait_for_disconnect(raw: Request) -> None:

@@ -21,6 +21,10 @@ later one, and the summary of each that finished. These are vLLM's per-request s
 
 So, for every finished request, TTFT + the sum of its inter-token latencies = its e2e latency.
 
+A request with `n` > 1 is n requests here, one per completion, as vLLM counts them (it runs n
+child requests): each has its own timeline, first token, finish and summary, and each counts
+the prompt.
+
 Each step also counts the tokens it processed, as vLLM's `iteration_tokens_total` does: the
 prompt tokens of every request that got its first token in the step (the whole prompt, once),
 plus every token generated in it. And each finished request carries its sampling parameters
@@ -33,9 +37,8 @@ its prompt tokens were cached (`Request.num_cached_tokens`: the prefix cache's a
 connector's, which the model did not compute): vLLM's `prompt_tokens_cached` and
 `prompt_tokens_by_source`. A finished request's summary also carries those cached tokens (so
 `num_prompt_tokens - num_cached_tokens` is the KV its prefill computed), how many times it was
-preempted (all its `n` completions together: `Request.num_preemptions`, which the scheduler
-counts), and vLLM's mean time per output token: `decode_time / (tokens - 1)` over its longest
-completion (0 for a single token).
+preempted (`Request.num_preemptions`, which the scheduler counts), and vLLM's mean time per
+output token: `decode_time / (tokens - 1)` (0 for a single token).
 
 And each step lists what it computed, one `(tokens, context length after them, is a prefill)`
 per request, from how far each request's `num_computed_tokens` moved since the previous step:
@@ -49,7 +52,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nanovllm.engine.outputs import RequestOutput
+from nanovllm.engine.outputs import CompletionOutput, RequestOutput
+from nanovllm.engine.parallel_sampling import child_request_id
 from nanovllm.request import Request
 
 
@@ -66,8 +70,8 @@ class RequestTimes:
     last_token: float | None = None
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens cached at its first admission
-    # The engine's requests serving it (n > 1: its children), read for their preemptions and
-    # progress; and each one's (num_computed_tokens, num_preemptions) when last looked at.
+    # The engine's request serving it (n > 1: the completion's child), read for its preemptions
+    # and progress; and each one's (num_computed_tokens, num_preemptions) when last looked at.
     requests: dict[str, Request] = field(default_factory=dict)
     progress: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -81,13 +85,13 @@ class FinishedRequestStats:
     decode_time: float
     inference_time: float
     num_prompt_tokens: int
-    num_generation_tokens: int  # all n completions together
-    max_num_generation_tokens: int = 0  # the longest of the n completions
+    num_generation_tokens: int  # the completion's tokens
+    max_num_generation_tokens: int = 0  # the same (vLLM's name: one completion per request)
     n: int = 1
     max_tokens: int | None = None
-    num_preemptions: int = 0  # all n completions together
+    num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens not computed (prefix cache, KV connector)
-    mean_time_per_output_token: float = 0.0  # decode_time / (longest completion - 1)
+    mean_time_per_output_token: float = 0.0  # decode_time / (tokens - 1)
 
 
 @dataclass
@@ -116,11 +120,15 @@ class IterationStats:
 
 
 class RequestTimer:
-    """The timelines of the requests in flight. Used by the engine thread only."""
+    """The timelines of the requests in flight, one per completion (a request with `n` > 1 has
+    n, each counted as a request of its own, as vLLM counts its n child requests). Used by the
+    engine thread only."""
 
     def __init__(self) -> None:
-        self._times: dict[str, RequestTimes] = {}
-        self._unscheduled: set[str] = set()
+        self._times: dict[tuple[str, int], RequestTimes] = {}  # (request id, completion index)
+        self._keys: dict[str, list[tuple[str, int]]] = {}  # request id -> its completions' keys
+        self._by_engine_id: dict[str, tuple[str, int]] = {}  # the engine's id (a child's) -> key
+        self._unscheduled: set[tuple[str, int]] = set()
 
     def add(
         self,
@@ -130,20 +138,38 @@ class RequestTimer:
         n: int = 1,
         max_tokens: int | None = None,
     ) -> None:
-        self._times[request_id] = RequestTimes(arrival, num_prompt_tokens, n, max_tokens)
-        self._unscheduled.add(request_id)
+        keys = [(request_id, i) for i in range(n)]
+        self._keys[request_id] = keys
+        for key in keys:
+            self._times[key] = RequestTimes(arrival, num_prompt_tokens, n, max_tokens)
+            self._by_engine_id[_engine_id(key, n)] = key
+            self._unscheduled.add(key)
 
     def __len__(self) -> int:
         """How many requests are followed (0 once all have finished or been aborted)."""
-        return len(self._times) + len(self._unscheduled - self._times.keys())
+        return len(self._keys)
 
     def forget(self, request_id: str) -> None:
         """An aborted or failed request: no statistics."""
-        self._times.pop(request_id, None)
-        self._unscheduled.discard(request_id)
+        for key in self._keys.pop(request_id, []):
+            self._forget_key(key)
+
+    def _forget_key(self, key: tuple[str, int]) -> None:
+        times = self._times.pop(key, None)
+        self._unscheduled.discard(key)
+        if times is not None:
+            self._by_engine_id.pop(_engine_id(key, times.n), None)
+        keys = self._keys.get(key[0])
+        if keys is not None:
+            if key in keys:
+                keys.remove(key)
+            if not keys:
+                del self._keys[key[0]]
 
     def clear(self) -> None:
         self._times.clear()
+        self._keys.clear()
+        self._by_engine_id.clear()
         self._unscheduled.clear()
 
     def step(
@@ -156,47 +182,67 @@ class RequestTimer:
         """Account for one step, which began at `step_start` and returned at `step_end`."""
         stats = IterationStats()
         for request in running:
-            request_id = request.parent_id or request.request_id  # n > 1: the parent's
-            times = self._times.get(request_id)
+            key = self._by_engine_id.get(request.request_id)
+            times = self._times.get(key) if key is not None else None
             if times is None:
                 continue
             times.requests.setdefault(request.request_id, request)
-            if request_id in self._unscheduled:  # scheduled for the first time: admitted
+            if key in self._unscheduled:  # scheduled for the first time: admitted
                 times.scheduled = step_start
-                self._unscheduled.discard(request_id)
+                self._unscheduled.discard(key)
                 self._admit(stats, times, request.num_cached_tokens)
         for times in self._times.values():
             for request in times.requests.values():
                 self._progress(stats, times, request)
         for output in outputs:
-            times = self._times.get(output.request_id)
-            if times is None:
-                continue  # not ours, or an abort's output (forgotten when it was aborted)
-            num_new = sum(len(c.delta_token_ids) for c in output.outputs)
-            if num_new:
-                if times.scheduled is None:  # scheduled and finished within this one step
-                    times.scheduled = step_start
-                    self._unscheduled.discard(output.request_id)
-                    self._admit(stats, times, output.num_cached_tokens)
-                    computed = times.num_prompt_tokens - output.num_cached_tokens
-                    if computed > 0:  # (never seen running: its one step was its prefill)
-                        stats.batch.append((computed, times.num_prompt_tokens, True))
-                if times.first_token is None:
-                    times.first_token = step_end
-                    stats.time_to_first_tokens.append(step_end - times.arrival)
-                    stats.num_prompt_tokens += times.num_prompt_tokens
-                else:
-                    stats.inter_token_latencies.append(step_end - times.last_token)
-                times.last_token = step_end
-                times.num_generation_tokens += num_new
-                stats.num_generation_tokens += num_new
+            for completion in output.outputs:
+                self._account(stats, step_start, step_end, output, completion)
             if output.finished:
                 # Forgotten however it ended, a token in its last output or not (an error ends
                 # a request without one): nothing is kept for a request that is gone.
                 self.forget(output.request_id)
-                if times.first_token is not None:
-                    stats.finished_requests.append(_finished(times, output, step_end))
         return stats
+
+    def _account(
+        self,
+        stats: IterationStats,
+        step_start: float,
+        step_end: float,
+        output: RequestOutput,
+        completion: CompletionOutput,
+    ) -> None:
+        """One completion's part of a step's output."""
+        key = (output.request_id, completion.index)
+        times = self._times.get(key)
+        if times is None:
+            return  # not ours, an abort's output (forgotten when aborted), or finished before
+        num_new = len(completion.delta_token_ids)
+        if num_new:
+            if times.scheduled is None:  # scheduled and finished within this one step
+                times.scheduled = step_start
+                self._unscheduled.discard(key)
+                self._admit(stats, times, output.num_cached_tokens)
+                computed = times.num_prompt_tokens - output.num_cached_tokens
+                if computed > 0:  # (never seen running: its one step was its prefill)
+                    stats.batch.append((computed, times.num_prompt_tokens, True))
+            if times.first_token is None:
+                times.first_token = step_end
+                stats.time_to_first_tokens.append(step_end - times.arrival)
+                stats.num_prompt_tokens += times.num_prompt_tokens
+            else:
+                stats.inter_token_latencies.append(step_end - times.last_token)
+            times.last_token = step_end
+            times.num_generation_tokens += num_new
+            stats.num_generation_tokens += num_new
+        finish_reason = completion.finish_reason
+        if finish_reason is None and output.finished:
+            finish_reason = "unknown"
+        if finish_reason is not None:
+            self._forget_key(key)
+            if times.first_token is not None:
+                stats.finished_requests.append(
+                    _finished(times, completion, finish_reason, step_end)
+                )
 
     @staticmethod
     def _progress(stats: IterationStats, times: RequestTimes, request: Request) -> None:
@@ -220,12 +266,20 @@ class RequestTimer:
         stats.admitted.append((times.num_prompt_tokens, num_cached_tokens))
 
 
-def _finished(times: RequestTimes, output: RequestOutput, now: float) -> FinishedRequestStats:
+def _engine_id(key: tuple[str, int], n: int) -> str:
+    """The engine's id of a request's completion: the request's own, or its child's (n > 1)."""
+    request_id, index = key
+    return child_request_id(request_id, index) if n > 1 else request_id
+
+
+def _finished(
+    times: RequestTimes, completion: CompletionOutput, finish_reason: str, now: float
+) -> FinishedRequestStats:
     assert times.scheduled is not None and times.first_token is not None
-    longest = max(len(c.token_ids) for c in output.outputs)
+    num_tokens = len(completion.token_ids)
     decode_time = now - times.first_token
     return FinishedRequestStats(
-        finish_reason=output.outputs[0].finish_reason or "unknown",
+        finish_reason=finish_reason,
         e2e_latency=now - times.arrival,
         queued_time=times.scheduled - times.arrival,
         prefill_time=times.first_token - times.scheduled,
@@ -233,10 +287,10 @@ def _finished(times: RequestTimes, output: RequestOutput, now: float) -> Finishe
         inference_time=now - times.scheduled,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
-        max_num_generation_tokens=longest,
+        max_num_generation_tokens=num_tokens,
         n=times.n,
         max_tokens=times.max_tokens,
         num_preemptions=sum(r.num_preemptions for r in times.requests.values()),
         num_cached_tokens=times.num_cached_tokens,
-        mean_time_per_output_token=decode_time / (longest - 1) if longest > 1 else 0.0,
+        mean_time_per_output_token=decode_time / (num_tokens - 1) if num_tokens > 1 else 0.0,
     )

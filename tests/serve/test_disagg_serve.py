@@ -102,7 +102,8 @@ def client(url: str) -> openai.OpenAI:
 
 def answer(c: openai.OpenAI, model: str, extra_body: dict | None = None, **kwargs: Any) -> list:
     extra_body = {"ignore_eos": True, **(extra_body or {})}
-    result = c.completions.create(model=model, temperature=0, extra_body=extra_body, **kwargs)
+    kwargs = {"temperature": 0, **kwargs}
+    result = c.completions.create(model=model, extra_body=extra_body, **kwargs)
     usage = (result.usage.prompt_tokens, result.usage.completion_tokens)
     return [(ch.index, ch.text, ch.finish_reason) for ch in result.choices] + [usage]
 
@@ -129,9 +130,8 @@ def test_through_the_proxy_two_engines_answer_as_one(disagg, server, async_engin
         assert answer(via, model, prompt=prompt, max_tokens=16) == answer(
             one, model, prompt=prompt, max_tokens=16
         )
-    assert answer(via, model, prompt=LONG[3], max_tokens=10, n=2) == answer(
-        one, model, prompt=LONG[3], max_tokens=10, n=2
-    )
+    sampled = dict(prompt=LONG[3], max_tokens=10, n=2, temperature=0.8, seed=7)  # n > 1 samples
+    assert answer(via, model, **sampled) == answer(one, model, **sampled)
     plain = answer(one, model, prompt=LONG[1], max_tokens=16)
     stop = plain[0][1][4:7]  # a piece of the greedy text: the answer ends before it
     stopped = answer(one, model, prompt=LONG[1], max_tokens=16, stop=[stop])

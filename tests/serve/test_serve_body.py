@@ -144,3 +144,17 @@ def test_invalid_json_says_what_and_where(server):
     error = response.json()["error"]
     assert error["code"] == "json_invalid"
     assert "Expecting property name enclosed in double quotes at character 16" in error["message"]
+
+
+def test_a_batch_of_many_prompts_is_not_read_as_one_prompt_of_ids():
+    """The large-body scan counts a prompt's token ids; a batch's list of prompts is not one
+    (a batch of 100 texts on a 64-token model was a 400 `context_length_exceeded`)."""
+    from nanovllm.serve.body import BodyError, check_items
+
+    batch = json.dumps({"prompt": ["x" * 700] * 100}).encode()
+    assert len(batch) > 64 * 2**10
+    check_items(batch, max_model_len=64)  # no error: 100 prompts, not 100 ids
+    ids = json.dumps({"prompt": [[5] * 30_000]}).encode()  # one prompt of the batch too long
+    with pytest.raises(BodyError) as info:
+        check_items(ids, max_model_len=64)
+    assert info.value.code == "context_length_exceeded"

@@ -22,7 +22,11 @@ BAD_BODIES = [
     ({"logprobs": 99}, "logprobs"),
     ({"seed": 2**70}, "seed"),
     ({"n": 0}, "n"),
-    ({"n": 17}, "n"),  # more completions than one request may ask for (MAX_N)
+    ({"n": 17}, "n"),
+    (
+        {"n": 2, "temperature": 0},
+        "n",
+    ),  # n greedy completions (vLLM's 400)  # more completions than one request may ask for (MAX_N)
     ({"stop": [""]}, "stop"),
     ({"stop": ["a", 3]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids.0"),
@@ -47,7 +51,7 @@ BAD_BODIES = [
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt"),  # a batch with an empty prompt
     ({"prompt": [10**9]}, "prompt"),
     ({"prompt": "\ud800"}, "prompt"),
     ({"prompt": [3] * 600}, "prompt"),  # longer than max_model_len

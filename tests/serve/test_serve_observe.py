@@ -86,8 +86,9 @@ def test_metrics_count_requests_and_tokens(server, async_engine):
     wait_idle(async_engine)
     after = scrape(server, async_engine.model_name)
     assert delta(after, before, "generation_tokens_total") == 10 + 12
-    assert delta(after, before, "prompt_tokens_total") == 2 * len(prompt) + len(PROMPTS[5])
-    assert delta(after, before, "request_success_total[length]") == 3
+    # n = 3 is three requests, as vLLM counts its three child requests: each counts the prompt.
+    assert delta(after, before, "prompt_tokens_total") == 2 * len(prompt) + 3 * len(PROMPTS[5])
+    assert delta(after, before, "request_success_total[length]") == 2 + 3
     assert delta(after, before, "prefix_cache_hits_total") > 0
     assert after[OURS + "generation_tokens_per_second"] > 0
     assert after[M + "num_requests_running"] == 0
@@ -178,7 +179,7 @@ def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_en
         body = {
             "prompt": [(11 * i + j) % 200 + 3 for j in range(length)],
             "n": n,
-            "temperature": 0,
+            "temperature": 0 if n == 1 else 1,  # n > 1 needs sampling (vLLM's rule)
             "ignore_eos": True,
         }
         if max_tokens is not None:
@@ -191,28 +192,31 @@ def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_en
     def d(name: str) -> float:
         return delta(after, before, name)
 
+    # A request with n completions is n requests, as vLLM counts its n child requests: each
+    # observes n, its max_tokens, its own tokens and its own time per output token.
     sent_max_tokens = [16 if m is None else m for _, m, _ in shapes]
-    assert d("request_params_n_count") == 3
-    assert d("request_params_n_sum") == sum(n for _, _, n in shapes)
-    assert d("request_params_n_bucket[1.0]") == 2 and d("request_params_n_bucket[2.0]") == 3
-    assert d("request_params_max_tokens_count") == 3
-    assert d("request_params_max_tokens_sum") == sum(sent_max_tokens)
-    assert d("request_params_max_tokens_bucket[5.0]") == 2  # 5 and 4; 16 is above
-    # n = 2: two completions of 4 tokens; the longest is 4, the two together 8.
-    assert d("request_generation_tokens_sum") == sum(
-        n * m for (_, _, n), m in zip(shapes, sent_max_tokens)
-    )
-    assert d("request_max_num_generation_tokens_sum") == sum(sent_max_tokens)
-    # One per request: its decode time over its tokens after the first (4, 15 and 3 here),
-    # so the sum lies between the decode times' sum / 15 and / 3.
+    per_completion = [(length, m, n) for (length, _, n), m in zip(shapes, sent_max_tokens)]
+    completions = [(length, m, n) for length, m, n in per_completion for _ in range(n)]
+    assert d("request_params_n_count") == len(completions) == 4
+    assert d("request_params_n_sum") == sum(n for _, _, n in completions)
+    assert d("request_params_n_bucket[1.0]") == 2 and d("request_params_n_bucket[2.0]") == 4
+    assert d("request_params_max_tokens_count") == 4
+    assert d("request_params_max_tokens_sum") == sum(m for _, m, _ in completions)
+    assert d("request_params_max_tokens_bucket[5.0]") == 3  # 5, 4 and 4; 16 is above
+    assert d("request_generation_tokens_sum") == sum(m for _, m, _ in completions)
+    assert d("request_max_num_generation_tokens_sum") == sum(m for _, m, _ in completions)
+    assert d("request_success_total[length]") == 4
+    # One per completion: its decode time over its tokens after the first (4, 15, 3 and 3
+    # here), so the sum lies between the decode times' sum / 15 and / 3.
     tpot, decode = (
         d("request_time_per_output_token_seconds_sum"),
         d("request_decode_time_seconds_sum"),
     )
-    assert d("request_time_per_output_token_seconds_count") == len(shapes)
+    assert d("request_time_per_output_token_seconds_count") == len(completions)
     assert decode / 15 <= tpot <= decode / 3 and tpot > 0
-    # Every step of these requests produced tokens: its prompt (at the first token) + them.
-    tokens = sum(length + n * m for (length, _, n), m in zip(shapes, sent_max_tokens))
+    # Every step of these requests produced tokens: each completion's prompt (at its first
+    # token) + the tokens.
+    tokens = sum(length + m for length, m, _ in completions)
     assert d("iteration_tokens_total_sum") == tokens
     assert d("iteration_tokens_total_count") == delta(after, before, "engine_steps_total", OURS)
     decode_steps_of_one_token = sum(
@@ -259,8 +263,9 @@ def test_spec_decode_counters_equal_what_the_engine_recorded(model_path, server,
             # One token repeated: this random model then often repeats its own output, so
             # some proposals are accepted and some rejected. One request has n = 2.
             for i, token in enumerate((58, 4, 12, 16)):
-                body = {"prompt": [token] * 6, "max_tokens": 16, "temperature": 0,
-                        "ignore_eos": True, "n": 1 + (i == 0)}  # fmt: skip
+                n = 1 + (i == 0)  # (n > 1 needs sampling, as in vLLM)
+                body = {"prompt": [token] * 6, "max_tokens": 16, "temperature": n - 1,
+                        "seed": 0, "ignore_eos": True, "n": n}  # fmt: skip
                 response = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
                 assert response.status_code == 200
             wait_idle(engine)

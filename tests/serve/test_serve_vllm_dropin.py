@@ -10,6 +10,7 @@ import argparse
 import logging
 
 import httpx
+import pytest
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.serve.api_server import build_app
@@ -58,17 +59,39 @@ def test_unknown_fields_are_ignored_and_named_in_a_warning(server, caplog):
 
 
 def test_truncate_prompt_tokens_offline_keeps_the_last_tokens(offline_llm: LLM):
+    """vLLM 0.32's form: `generate(..., tokenization_kwargs={"truncate_prompt_tokens": k})`."""
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
-    cut, alone, whole = offline_llm.generate(
-        [prompt, prompt[-3:], prompt],
-        [
-            SamplingParams(truncate_prompt_tokens=3, **greedy),
-            SamplingParams(**greedy),
-            SamplingParams(truncate_prompt_tokens=-1, **greedy),  # max_model_len - 1: all fit
-        ],
-        use_tqdm=False,
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    (cut,) = offline_llm.generate(
+        [prompt], greedy, use_tqdm=False, tokenization_kwargs={"truncate_prompt_tokens": 3}
     )
-    assert cut.prompt_token_ids == prompt[-3:]
+    (alone,) = offline_llm.generate([prompt[-3:]], greedy, use_tqdm=False)
+    (whole,) = offline_llm.generate(  # -1: max_model_len - 1, all of these fit
+        [prompt], greedy, use_tqdm=False, tokenization_kwargs={"truncate_prompt_tokens": -1}
+    )
+    assert cut.prompt_token_ids == prompt[-3:] and cut.prompt is None
     assert cut.outputs[0].token_ids == alone.outputs[0].token_ids
     assert whole.prompt_token_ids == prompt
+    # A text prompt is tokenized, then cut (its text dropped: it no longer says what the ids do).
+    ids = offline_llm.get_tokenizer().encode("The quick brown fox")
+    (text_cut,) = offline_llm.generate(
+        "The quick brown fox",
+        greedy,
+        use_tqdm=False,
+        tokenization_kwargs={"truncate_prompt_tokens": 2},
+    )
+    assert text_cut.prompt_token_ids == ids[-2:]
+
+
+def test_sampling_params_refuse_truncate_prompt_tokens_as_vllm_does(offline_llm: LLM):
+    """vLLM 0.32's SamplingParams has no truncate_prompt_tokens (vllm/sampling_params.py: a
+    msgspec Struct without the field, so the keyword is refused); ours names the value and the
+    keyword that takes it."""
+    with pytest.raises(ValueError, match=r"truncate_prompt_tokens=3 .*tokenization_kwargs"):
+        SamplingParams(truncate_prompt_tokens=3)
+    with pytest.raises(ValueError, match="only 'truncate_prompt_tokens'"):
+        offline_llm.generate([[11, 12]], use_tqdm=False, tokenization_kwargs={"max_length": 3})
+    with pytest.raises(ValueError, match="got 0"):
+        offline_llm.generate(
+            [[11, 12]], use_tqdm=False, tokenization_kwargs={"truncate_prompt_tokens": 0}
+        )

@@ -234,3 +234,15 @@ def test_step_estimate_equals_vllms(case):
         case["read_bytes"],
         case["write_bytes"],
     )
+
+
+def test_every_counter_has_its_created_series(server):
+    """prometheus_client gives each counter a `_created` series (its start time), and vLLM's
+    /metrics, served by it, has one for every counter; the engine's figures too (issue 60)."""
+    text = httpx.get(server.url + "/metrics").text
+    families = list(text_string_to_metric_families(text))
+    # (In the text format a `_created` series parses as a family of its own.)
+    names = {s.name for f in families for s in f.samples}
+    counters = [f.name for f in families if f.type == "counter"]
+    assert len(counters) > 10
+    assert [c for c in counters if c + "_created" not in names] == []
