@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from budget import examples
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nanovllm.models.loader import ModelLoadError, load_model_args
@@ -91,18 +91,35 @@ def configs(draw) -> tuple[str, dict, dict | None]:
     if not draw(st.booleans()):
         return arch, fields, None
     old: dict = {}  # an older config.json: no layer_types (transformers derives them)
-    if arch == "gemma3":
-        old = dict(
-            sliding_window_pattern=draw(st.integers(1, 7)),
-            rope_theta=draw(st.sampled_from([1e6, 5e5])),
-            rope_local_base_freq=draw(st.sampled_from([1e4, 2e4])),
-            rope_scaling=draw(st.sampled_from([None, {"rope_type": "linear", "factor": 8.0}])),
+    if arch == "gemma3":  # and Gemma 3's older fields, each present or absent (the default)
+        choices = dict(
+            sliding_window_pattern=[1, 2, 3, 7],
+            rope_theta=[5e5],
+            rope_local_base_freq=[2e4],
+            rope_scaling=[{"rope_type": "linear", "factor": 8.0}],
         )
+        for name, values in choices.items():
+            value = draw(st.sampled_from([None, *values]))
+            if value is not None:
+                old[name] = value
     return arch, fields, old
+
+
+GEMMA = dict(head_dim=8, query_pre_attn_scalar=24)
 
 
 @settings(max_examples=examples(30), deadline=None)
 @given(drawn=configs())
+# Older configs as the Hub has them, every run: Gemma 3 with every RoPE field at its default,
+# and Qwen2 deriving its layers from max_window_layers.
+@example(drawn=("gemma3", dict(num_hidden_layers=7, sliding_window=4, **GEMMA), dict()))
+@example(
+    drawn=(
+        "qwen2",
+        dict(num_hidden_layers=3, sliding_window=4, use_sliding_window=True, max_window_layers=1),
+        {},
+    )
+)
 def test_each_layer_attends_as_transformers_builds_it(drawn) -> None:
     arch, fields, old = drawn
     config = hf_config(arch, fields)
@@ -110,7 +127,7 @@ def test_each_layer_attends_as_transformers_builds_it(drawn) -> None:
     if old is not None:
         stored.pop("layer_types")
         stored.pop("_sliding_window_pattern", None)
-        if old:  # Gemma 3's older names for its two RoPEs
+        if arch == "gemma3":  # and its older names for its two RoPEs
             stored.pop("rope_parameters")
         stored.update(old)
         config = type(config).from_dict(stored)  # as transformers loads it
