@@ -170,6 +170,8 @@ def gemma2(**fields) -> dict:
         (gemma2(hidden_activation="gelu"), "'gelu'"),
         (gemma2(query_pre_attn_scalar=-1), "got -1"),
         ({**gemma2(), "architectures": ["MistralForCausalLM"], "hidden_act": "relu"}, "'relu'"),
+        # (an architecture whose window is not read, for one: Llama's config has no window)
+        ({**gemma2(), "architectures": ["LlamaForCausalLM"]}, "sliding_window=4096"),
     ],
 )
 def test_a_config_nanovllm_cannot_honour_is_refused_by_value(config: dict, named: str) -> None:

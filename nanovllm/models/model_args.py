@@ -146,7 +146,8 @@ def attention_layout(arch: str, config: dict) -> dict:
       `max_window_layers` on (unless `layer_types` lists them).
     - Gemma 2: `layer_types`, else sliding and full layers alternating, sliding first.
     - Gemma 3: `layer_types`, else every `sliding_window_pattern`-th layer (6th) full.
-    Llama has no window. A layer type or window nanovllm cannot honour is a ValueError naming it.
+    Llama has no window; any other architecture's window is refused until it is read here. A
+    layer type or window nanovllm cannot honour is a ValueError naming it.
     """
     layers = config["num_hidden_layers"]
     window = config.get("sliding_window")
@@ -177,6 +178,11 @@ def attention_layout(arch: str, config: dict) -> dict:
         # transformers' Gemma 3 never soft-caps its attention scores, whatever the config says.
         if gemma2:
             options["attn_logit_softcapping"] = config.get("attn_logit_softcapping", 50.0)
+    elif window or config.get("use_sliding_window") or "sliding_attention" in (layer_types or ()):
+        # (Llama has no window; an architecture added later must say how it reads its own.)
+        raise ValueError(
+            f"{arch} with sliding_window={window!r}: nanovllm does not read its window"
+        )
     else:
         layer_types, window = None, None
     layer_types = tuple(layer_types or ())
