@@ -109,7 +109,7 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(MODELS))
-@settings(max_examples=examples(2), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(config=engine_configs)
 # The corners, every run: one-token blocks, preemption and 5-token chunks with prefix caching;
 # blocks of 3 (dividing neither window nor prefix) without it.
