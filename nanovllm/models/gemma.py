@@ -10,7 +10,7 @@ differs, and why:
 - RMSNorm multiplies by (1 + weight), not weight: the weights are stored centred on 0. It is a
   class of its own (`GemmaRMSNorm`), never a backend's Llama-shaped norm.
 - The embedding is scaled by sqrt(hidden_size), in the model's dtype as transformers does (in
-  bfloat16 sqrt(2304) is 48.0, not 48.0104), so a tied LM head reads the unscaled table.
+  bfloat16 sqrt(3072) = 55.43 becomes 55.5), so a tied LM head reads the unscaled table.
 - Four norms a layer: after attention and after the MLP too, each before its residual add,
   which keeps the residual stream's scale in check.
 - The MLP's gate is GELU (tanh approximation) instead of SiLU.
