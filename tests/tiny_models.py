@@ -143,9 +143,20 @@ def make_model(
     rope_scaling: dict | None = None,
     shards: bool = False,
     tokenizer: str = "bytelevel",
+    extra: dict | None = None,
 ) -> Path:
-    """Build, save and return the folder of a tiny random model (llama, qwen2 or qwen3)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    """Build, save and return the folder of a tiny random model (llama, qwen2, qwen3, mistral,
+    gemma2 or gemma3: Gemma 3's text model). `extra`: further config fields (a sliding window,
+    `layer_types`, Gemma's scalars and soft-caps)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma2Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     path.mkdir(parents=True, exist_ok=True)
     make_tokenizer_files(path, tokenizer)
@@ -169,24 +180,32 @@ def make_model(
     if arch == "llama":
         config = LlamaConfig(**common, rope_theta=10000.0, rope_scaling=rope_scaling)
     elif arch == "qwen2":
-        config = Qwen2Config(**common, rope_theta=10000.0)
+        config = Qwen2Config(**common, rope_theta=10000.0, **(extra or {}))
     elif arch == "qwen3":
-        config = Qwen3Config(**common, rope_theta=10000.0)
+        config = Qwen3Config(**common, rope_theta=10000.0, **(extra or {}))
+    elif arch == "mistral":
+        config = MistralConfig(**common, **(extra or {}))
+    elif arch in ("gemma2", "gemma3"):
+        common.setdefault("head_dim", hidden_size // num_heads)  # (Gemma's default is 256)
+        config_class = Gemma2Config if arch == "gemma2" else Gemma3TextConfig
+        config = config_class(**common, **(extra or {}))
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize_defaults(model)
+    # Gemma's norms multiply by (1 + weight): their weights are centred on 0, not 1.
+    randomize_defaults(model, norm_center=0.0 if arch.startswith("gemma") else 1.0)
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB")
     return path
 
 
-def randomize_defaults(model: torch.nn.Module) -> None:
-    """Norm weights uniform in [0.5, 1.5], biases normal with std 0.1 (see the module docstring)."""
+def randomize_defaults(model: torch.nn.Module, norm_center: float = 1.0) -> None:
+    """Norm weights uniform in `norm_center` +- 0.5, biases normal with std 0.1 (see the module
+    docstring)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
-                param.uniform_(0.5, 1.5)
+                param.uniform_(norm_center - 0.5, norm_center + 0.5)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
 

@@ -1,12 +1,12 @@
-"""The decoder: one compact implementation of Llama, Qwen2 and Qwen3.
+"""The decoder: one compact implementation of Llama, Mistral, Qwen2 and Qwen3.
 
-These three architectures are the same transformer with small switches:
+These architectures are the same transformer with small switches:
 
     tokens -> embed -> [ RMSNorm -> attention (RoPE, GQA, paged KV) -> + residual
                          RMSNorm -> SwiGLU MLP                      -> + residual ] x L
            -> RMSNorm -> lm_head -> logits
 
-- Llama: no biases (unless `attention_bias`), optional Llama 3 RoPE scaling.
+- Llama: no biases (unless `attention_bias`), optional Llama 3 RoPE scaling; Mistral: a window.
 - Qwen2: biases on the q, k and v projections.
 - Qwen3: a per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`), no biases.
 
@@ -93,10 +93,10 @@ class Attention(nn.Module):
             self.q_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
             self.k_norm = layers.rms_norm(self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
-        # Only a sliding layer's attention is given a window (lessons' attention takes four).
-        window = {} if args.sliding_window is None else {"sliding_window": args.sliding_window}
+        # 1/sqrt(head_dim) or Gemma's scalar; a window, soft-capping only if set (lessons': 4 args)
+        scale = (args.query_pre_attn_scalar or self.head_dim) ** -0.5
         self.attn = layers.attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, **window
+            self.num_heads, self.num_kv_heads, self.head_dim, scale, **args.attention_options()
         )
 
     def forward(

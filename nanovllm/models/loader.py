@@ -20,10 +20,17 @@ import torch
 from safetensors import safe_open
 
 from nanovllm.models import gguf_loader
+from nanovllm.models.gemma import GemmaForCausalLM
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded, load_tensors
+
+# The model class of each architecture that is not `CausalLM` (Llama, Mistral, Qwen2, Qwen3).
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,
+}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -157,7 +164,8 @@ def load_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = CausalLM(args, layers, max_position=max_position)
+            model_class = MODEL_CLASSES.get(args.architecture, CausalLM)
+            model = model_class(args, layers, max_position=max_position)
     finally:
         torch.set_default_dtype(default_dtype)
     load_weights(model, path)

@@ -1,16 +1,27 @@
-"""ModelArgs: the shape of a Llama, Qwen2 or Qwen3 model, read from its checkpoint's config.json.
+"""ModelArgs: the shape of a Llama, Mistral, Qwen2, Qwen3 or Gemma 2/3 model, read from its
+checkpoint's config.json.
 
-The three architectures differ by a few switches (`llama.py`): biases on q/k/v (Qwen2), a norm
-on q and k (Qwen3), Llama 3's RoPE scaling. Hugging Face's config names them in slightly
-different ways; `from_config` reads them into one set of fields, and rejects any other
-architecture by name.
+The Llama-like architectures differ by a few switches (`llama.py`): biases on q/k/v (Qwen2), a
+norm on q and k (Qwen3), Llama 3's RoPE scaling, a sliding window on some or all layers (Mistral,
+Qwen2 and Qwen3 with `use_sliding_window`). Gemma 2 and 3 add what `gemma.py` describes. Hugging
+Face's configs name these in slightly different ways; `from_config` reads them into one set of
+fields, and rejects any other architecture, or a value nanovllm cannot honour, by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -37,6 +48,21 @@ class ModelArgs:
     layer_types: tuple[str, ...] = ()
     # The window of the sliding layers, in tokens (a query sees itself and the W - 1 before it).
     sliding_window: int | None = None
+    # Attention layout and Gemma (issue 58): scores scaled by query_pre_attn_scalar ** -0.5
+    # (None: head_dim ** -0.5); each attention score s becomes cap * tanh(s / cap) (Gemma 2), and
+    # each final logit likewise; the sliding layers' own RoPE (Gemma 3's local base), if any.
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_parameters_local: dict | None = None
+
+    def attention_options(self) -> dict:
+        """The keyword arguments of this layer's paged attention beyond the four every one takes:
+        `sliding_window` and `logits_soft_cap`, each only when set (lessons' take the four)."""
+        options = dict(
+            sliding_window=self.sliding_window, logits_soft_cap=self.attn_logit_softcapping
+        )
+        return {name: value for name, value in options.items() if value is not None}
 
     def for_layer(self, index: int) -> ModelArgs:
         """The arguments one layer is built from: `sliding_window` only where that layer slides."""
@@ -53,8 +79,8 @@ class ModelArgs:
             )
         hidden = config["hidden_size"]
         heads = config["num_attention_heads"]
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+        check_activation(arch, config)
+        rope, rope_local = rope_parameters(arch, config)
         attention_bias = bool(config.get("attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
@@ -69,9 +95,114 @@ class ModelArgs:
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             rope_parameters=rope,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(
+                config.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)
+            ),
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            rope_parameters_local=rope_local,
+            **attention_layout(arch, config),
         )
+
+
+def check_activation(arch: str, config: dict) -> None:
+    """The MLP's activation must be the one nanovllm computes: SiLU, or Gemma's tanh GELU."""
+    if arch in GEMMA_ARCHITECTURES:
+        name, expected = config.get("hidden_activation", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"
+    else:
+        name, expected = config.get("hidden_act", "silu"), "silu"
+    if name != expected:
+        raise ValueError(f"unsupported activation {name!r} for {arch} (supported: {expected!r})")
+
+
+def rope_parameters(arch: str, config: dict) -> tuple[dict, dict | None]:
+    """The RoPE of the model's (global) layers, and the sliding layers' own where it differs:
+    Gemma 3 rotates its local layers with `rope_local_base_freq` (10,000 by default) and no
+    scaling, its global ones with `rope_theta` (1,000,000 by default) and `rope_scaling`. A
+    config from transformers 5 holds both in `rope_parameters`, keyed by layer type."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if arch != "Gemma3ForCausalLM":
+        params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+        return params, None
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full, local = params, {}
+    full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", 10_000.0))
+    return full, local
+
+
+def attention_layout(arch: str, config: dict) -> dict:
+    """The fields of `ModelArgs` that say how each layer attends: `layer_types` and
+    `sliding_window`, read as transformers reads them, and Gemma's score scale and soft-caps.
+
+    - Mistral: `sliding_window` on every layer (null: none); transformers' Mistral ignores any
+      `layer_types`, and so does this.
+    - Qwen2 and Qwen3: a window only with `use_sliding_window`, on the layers from
+      `max_window_layers` on (unless `layer_types` lists them).
+    - Gemma 2: `layer_types`, else sliding and full layers alternating, sliding first.
+    - Gemma 3: `layer_types`, else every `sliding_window_pattern`-th layer (6th) full.
+    Llama has no window; any other architecture's window is refused until it is read here. A
+    layer type or window nanovllm cannot honour is a ValueError naming it.
+    """
+    layers = config["num_hidden_layers"]
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    options: dict = {}
+    if arch == "MistralForCausalLM":
+        layer_types = ["sliding_attention"] * layers
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        window = window if config.get("use_sliding_window") else None
+        if layer_types is None:
+            first = config.get("max_window_layers", layers)
+            layer_types = [
+                "sliding_attention" if i >= first else "full_attention" for i in range(layers)
+            ]
+    elif arch in GEMMA_ARCHITECTURES:
+        if config.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention=True is not supported (causal only)")
+        if layer_types is None:
+            every = 2 if arch == "Gemma2ForCausalLM" else config.get("sliding_window_pattern", 6)
+            layer_types = [
+                "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
+            ]
+        options["query_pre_attn_scalar"] = config.get("query_pre_attn_scalar", 256)
+        gemma2 = arch == "Gemma2ForCausalLM"  # (its defaults: transformers' Gemma2Config's)
+        options["final_logit_softcapping"] = config.get(
+            "final_logit_softcapping", 30.0 if gemma2 else None
+        )
+        # transformers' Gemma 3 never soft-caps its attention scores, whatever the config says.
+        if gemma2:
+            options["attn_logit_softcapping"] = config.get("attn_logit_softcapping", 50.0)
+    elif window or config.get("use_sliding_window") or "sliding_attention" in (layer_types or ()):
+        # (Llama has no window; an architecture added later must say how it reads its own.)
+        raise ValueError(
+            f"{arch} with sliding_window={window!r}: nanovllm does not read its window"
+        )
+    else:
+        layer_types, window = None, None
+    layer_types = tuple(layer_types or ())
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"unsupported layer type {unknown[0]!r} (supported: {LAYER_TYPES})")
+    if layer_types and len(layer_types) != layers:
+        raise ValueError(
+            f"layer_types lists {len(layer_types)} layers, but num_hidden_layers is {layers}"
+        )
+    if "sliding_attention" not in layer_types:
+        window = None
+    if window is None:
+        if arch in GEMMA_ARCHITECTURES and "sliding_attention" in layer_types:
+            raise ValueError("sliding layers in layer_types, but sliding_window is null")
+        layer_types = ()  # every layer full, as transformers runs it
+    elif not (isinstance(window, int) and window > 0):
+        raise ValueError(f"sliding_window must be a positive number of tokens, got {window!r}")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+        value = options.get(name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    return dict(layer_types=layer_types, sliding_window=window, **options)

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), with Llama 3-style frequency scaling.
+"""Rotary position embeddings (RoPE), with Llama 3-style or linear frequency scaling.
 
 RoPE encodes a token's position by rotating pairs of its query and key features by an angle
 proportional to the position: feature pair i turns at frequency `inv_freq[i] = theta^(-2i/d)`.
@@ -28,8 +28,12 @@ def compute_inv_freq(head_dim: int, rope_parameters: dict) -> torch.Tensor:
     inv_freq = 1.0 / (base**exponents)
     if rope_type == "default":
         return inv_freq
+    if rope_type == "linear":  # positions divided by `factor` (Gemma 3's global layers)
+        return inv_freq / rope_parameters["factor"]
     if rope_type != "llama3":
-        raise ValueError(f"unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
+        raise ValueError(
+            f"unsupported rope_type {rope_type!r} (supported: 'default', 'linear', 'llama3')"
+        )
     # Llama 3.1: long wavelengths are stretched by `factor`, short ones kept, and the band in
     # between interpolated smoothly, so the model extends its context without retraining.
     factor = rope_parameters["factor"]
