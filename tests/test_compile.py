@@ -190,3 +190,21 @@ def test_the_enforce_eager_flag() -> None:
     assert engine_options(parser.parse_args(["--no-enforce-eager"]))["enforce_eager"] is False
     with pytest.raises(ValueError, match="enforce_eager"):
         LLM(enforce_eager="no")
+
+
+def test_a_model_of_its_own_layers_runs_eagerly_with_one_warning(tmp_path) -> None:
+    """Gemma's decoder layers are not Llama's, so the compiled regions do not fit them: with
+    `enforce_eager=False` the engine still starts, says so once, and computes what
+    transformers computes."""
+    path = make_model(
+        tmp_path, arch="gemma2", vocab_size=256, tie=True,
+        extra=dict(sliding_window=4, attn_logit_softcapping=3.0, final_logit_softcapping=5.0),
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="no compiled form") as caught:
+        llm = LLM(str(path), enforce_eager=False, attention_backend="torch")
+    assert sum("no compiled form" in str(w.message) for w in caught) == 1
+    assert llm.llm_engine.runner.model.compile_seconds is None
+    prompts = prompts_of([4, 11])
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path, prompts, MAX_TOKENS)

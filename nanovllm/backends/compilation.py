@@ -108,8 +108,16 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
     global _compiled_models
     model.compile_seconds = None
     layers = list(model.model.layers)
-    if not all(isinstance(layer, CompiledDecoderLayer) for layer in layers):
-        raise TypeError("compile_model needs a model built with CompiledDecoderLayer layers")
+    kinds = sorted(
+        {type(layer).__name__ for layer in layers if not isinstance(layer, CompiledDecoderLayer)}
+    )
+    if kinds:  # (a model of its own layers, Gemma's: the regions are a Llama layer's)
+        warnings.warn(
+            f"enforce_eager=False: this model's layers ({', '.join(kinds)}) have no compiled "
+            "form; running eagerly",
+            stacklevel=2,
+        )
+        return None
     if layers[0].self_attn.o_proj.tp_size > 1:
         warnings.warn(
             "enforce_eager=False: compiling a model under tensor parallelism is not supported "
