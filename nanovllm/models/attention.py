@@ -24,7 +24,7 @@ same interface behind the backend seam (`nanovllm/backends/`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -45,14 +45,37 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
+    # A hybrid model's (`core/kv_cache_interface.py`): each KV cache group's metadata (its block
+    # tables and slot mapping), and each layer's group. Empty: every layer attends with this.
+    kv_cache_groups: tuple[AttentionMetadata, ...] = ()
+    layer_to_kv_cache_group: tuple[int, ...] = ()
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_list)
 
     def for_layer(self, index: int) -> AttentionMetadata:
-        """The metadata layer `index` attends with (every layer shares one block table here)."""
-        return self
+        """The metadata layer `index` attends with: its KV cache group's."""
+        if not self.layer_to_kv_cache_group:
+            return self
+        return self.kv_cache_groups[self.layer_to_kv_cache_group[index]]
+
+    def with_layer_groups(self, layer_to_kv_cache_group: tuple[int, ...]) -> AttentionMetadata:
+        """This step's metadata with each layer's KV cache group (no groups: itself), the
+        groups' tensors on this one's device."""
+        if not self.kv_cache_groups:
+            return self
+        groups = tuple(g.to(self.slot_mapping.device) for g in self.kv_cache_groups)
+        return replace(
+            self, kv_cache_groups=groups, layer_to_kv_cache_group=layer_to_kv_cache_group
+        )
+
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """The same metadata, its tensors (and its groups') on `device`."""
+        moved = {name: t.to(device) for name, t in self.tensors().items()}
+        return replace(
+            self, **moved, kv_cache_groups=tuple(g.to(device) for g in self.kv_cache_groups)
+        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are tensors, by name (the ones a device needs)."""
