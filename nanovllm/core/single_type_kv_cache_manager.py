@@ -196,6 +196,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         null = self.block_pool.null_block
         num_needed = -(-(self.sliding_window - 1) // self.block_size)
         computed = [null] * (max_length // self.block_size)
+        if num_needed == 0:
+            return computed  # (a window of one token: each query sees only itself)
         run = 0  # cached blocks in a row, ending at the last scanned
         for i in range(len(computed) - 1, -1, -1):
             block = self.get_cached_block(request, block_hashes, i)
