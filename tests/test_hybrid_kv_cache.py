@@ -27,7 +27,8 @@ from nanovllm.core.kv_cache_interface import (
     layer_specs,
 )
 from nanovllm.core.kv_cache_manager import KVCacheManager
-from nanovllm.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+from nanovllm.core.single_type_kv_cache_manager import FullAttentionManager
+from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.events import EventBus
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams

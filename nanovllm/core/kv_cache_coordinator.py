@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from nanovllm.core.block_pool import BlockPool
 from nanovllm.core.free_block_queue import KVCacheBlock
-from nanovllm.core.kv_cache_interface import KVCacheConfig
-from nanovllm.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, manager_for
+from nanovllm.core.kv_cache_interface import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+from nanovllm.core.single_type_kv_cache_manager import (
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+)
+from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.events import EventBus
 from nanovllm.request import Request
 
@@ -101,3 +105,11 @@ class KVCacheCoordinator:
             tuple(b.block_id for b in m.req_to_blocks.get(request_id, ()))
             for m in self.single_type_managers
         )
+
+
+def manager_for(
+    spec: KVCacheSpec, block_pool: BlockPool, kv_cache_group_id: int, events: EventBus
+) -> SingleTypeKVCacheManager:
+    """The manager of one group, by its spec's type."""
+    cls = SlidingWindowManager if isinstance(spec, SlidingWindowSpec) else FullAttentionManager
+    return cls(spec, block_pool, kv_cache_group_id, events)

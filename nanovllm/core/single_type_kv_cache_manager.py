@@ -12,13 +12,9 @@ differ by attention type:
 - `find_longest_cache_hit`: the longest run of cached blocks a request can start from;
 - `remove_skipped_blocks`: free the blocks no query to come can read.
 
-`FullAttentionManager`: every query sees every earlier token, so no block is ever skipped, and a
-cache hit is the longest cached run from the first block. `SlidingWindowManager`: a query at
-position p sees only p - sliding_window + 1 .. p, so once a request has computed `n` tokens, a
-block wholly before n - sliding_window + 1 is never read again: it is freed (tail first, so it
-stays in the prefix cache longest) and the pool's *null block* takes its place in the table, so
-logical block i is still `block_table[i]`. A cache hit needs only the blocks of the last window
-before the hit's end: the others may be null.
+`FullAttentionManager` (here): every query sees every earlier token, so no block is ever
+skipped, and a cache hit is the longest cached run from the first block.
+`SlidingWindowManager` (`sliding_window_manager.py`) frees the blocks a window leaves behind.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from __future__ import annotations
 from nanovllm.core.block_hash import hash_with_group_id, short
 from nanovllm.core.block_pool import BlockPool
 from nanovllm.core.free_block_queue import KVCacheBlock
-from nanovllm.core.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
+from nanovllm.core.kv_cache_interface import KVCacheSpec
 from nanovllm.events import BlockAllocated, BlockCached, BlockFreed, CacheHit, EventBus
 from nanovllm.request import Request
 
@@ -176,61 +172,3 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
         return False  # (no block is ever out of sight)
-
-
-class SlidingWindowManager(SingleTypeKVCacheManager):
-    """A query sees the last `sliding_window` tokens: free the blocks behind every window."""
-
-    def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
-        super().__init__(kv_cache_spec, *args, **kwargs)
-        self.sliding_window = kv_cache_spec.sliding_window
-        assert self.block_pool.null_block is not None, "a sliding window needs the null block"
-
-    def find_longest_cache_hit(
-        self, request: Request, block_hashes: list[bytes], max_length: int
-    ) -> list[KVCacheBlock]:
-        """Scan from the end for the latest run of cached blocks that covers a window: the
-        token after the hit sees its `sliding_window - 1` tokens before it, so that many
-        (ceil(that / block_size) blocks) must be cached; the blocks before them are null. A run
-        from the very first block is a hit however short."""
-        null = self.block_pool.null_block
-        num_needed = -(-(self.sliding_window - 1) // self.block_size)
-        computed = [null] * (max_length // self.block_size)
-        if num_needed == 0:
-            return computed  # (a window of one token: each query sees only itself)
-        run = 0  # cached blocks in a row, ending at the last scanned
-        for i in range(len(computed) - 1, -1, -1):
-            block = self.get_cached_block(request, block_hashes, i)
-            if block is None:
-                run = 0
-                continue
-            computed[i] = block
-            run += 1
-            if run >= num_needed:
-                return computed[: i + run]
-        return computed[:run]  # (a run from block 0, shorter than a window, or nothing)
-
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
-        """Blocks wholly before token `num_computed_tokens - sliding_window + 1` (the first the
-        next query sees) go back, latest first, and the null block takes their place."""
-        blocks = self.req_to_blocks.get(request_id, [])
-        first_useful_block = (
-            max(num_computed_tokens - self.sliding_window + 1, 0) // self.block_size
-        )
-        removed = False
-        for i in range(min(first_useful_block, len(blocks)) - 1, -1, -1):
-            if blocks[i] is self.block_pool.null_block:
-                break  # the ones before were removed earlier
-            self.free_block(request_id, blocks[i])
-            blocks[i] = self.block_pool.null_block
-            self.num_null_blocks += 1
-            removed = True
-        return removed
-
-
-def manager_for(
-    spec: KVCacheSpec, block_pool: BlockPool, kv_cache_group_id: int, events: EventBus
-) -> SingleTypeKVCacheManager:
-    """The manager of one group, by its spec's type."""
-    cls = SlidingWindowManager if isinstance(spec, SlidingWindowSpec) else FullAttentionManager
-    return cls(spec, block_pool, kv_cache_group_id, events)

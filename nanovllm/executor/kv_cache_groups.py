@@ -4,7 +4,8 @@ A model whose layers keep different KV (full attention beside sliding windows) h
 cache groups (`core/kv_cache_interface.py`), and each request one block table per group: the
 same token sits in a different block in each. So each group gets its own `AttentionMetadata`,
 equal to the step's but for its block tables and slot mapping, and a layer attends with its
-group's (`AttentionMetadata.for_layer`). A step of a model with one group is left as it is.
+group's (`AttentionMetadata.for_layer`, which the runner's `with_layer_groups` makes possible). A step of
+a model with one group is left as it is.
 """
 
 from __future__ import annotations
@@ -43,3 +44,18 @@ def with_kv_cache_groups(
             )
         )
     return replace(meta, kv_cache_groups=tuple(groups))
+
+
+def with_layer_groups(
+    meta: AttentionMetadata, layer_to_kv_cache_group: tuple[int, ...]
+) -> AttentionMetadata:
+    """The step's metadata with each layer's KV cache group (no groups: `meta` itself), the
+    groups' tensors on the device of the step's own (a runner may have moved only those)."""
+    if not meta.kv_cache_groups:
+        return meta
+    device = meta.slot_mapping.device
+    groups = tuple(
+        replace(g, **{name: t.to(device) for name, t in g.tensors().items()})
+        for g in meta.kv_cache_groups
+    )
+    return replace(meta, kv_cache_groups=groups, layer_to_kv_cache_group=layer_to_kv_cache_group)

@@ -18,6 +18,7 @@ parallelism runs the same `forward_logits` on every rank (`tensor_parallel.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import torch
 
 from nanovllm.core.kv_cache_interface import KVCacheConfig, single_group_config
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.kv_cache_groups import with_layer_groups
 from nanovllm.executor.prompt_logprobs import (
     PromptLogprobs,
     split_prompt_logprobs,
@@ -111,13 +113,14 @@ class ModelRunner:
         """The step's tensors on this runner's device (on a CPU: as they are)."""
         if self.device.type == "cpu":
             return input_ids, positions, meta, logits_rows
-        meta = meta.to(self.device)
+        moved = {name: t.to(self.device) for name, t in meta.tensors().items()}
+        meta = dataclasses.replace(meta, **moved)
         return input_ids.to(self.device), positions.to(self.device), meta, logits_rows
 
     def run_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
-        meta = meta.with_layer_groups(self.layer_to_kv_cache_group)  # (a hybrid model's)
+        meta = with_layer_groups(meta, self.layer_to_kv_cache_group)  # (a hybrid model's)
         return self.model(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()

@@ -24,7 +24,7 @@ same interface behind the backend seam (`nanovllm/backends/`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -59,23 +59,6 @@ class AttentionMetadata:
         if not self.layer_to_kv_cache_group:
             return self
         return self.kv_cache_groups[self.layer_to_kv_cache_group[index]]
-
-    def with_layer_groups(self, layer_to_kv_cache_group: tuple[int, ...]) -> AttentionMetadata:
-        """This step's metadata with each layer's KV cache group (no groups: itself), the
-        groups' tensors on this one's device."""
-        if not self.kv_cache_groups:
-            return self
-        groups = tuple(g.to(self.slot_mapping.device) for g in self.kv_cache_groups)
-        return replace(
-            self, kv_cache_groups=groups, layer_to_kv_cache_group=layer_to_kv_cache_group
-        )
-
-    def to(self, device: torch.device) -> AttentionMetadata:
-        """The same metadata, its tensors (and its groups') on `device`."""
-        moved = {name: t.to(device) for name, t in self.tensors().items()}
-        return replace(
-            self, **moved, kv_cache_groups=tuple(g.to(device) for g in self.kv_cache_groups)
-        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are tensors, by name (the ones a device needs)."""
