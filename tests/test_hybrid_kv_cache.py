@@ -288,3 +288,15 @@ def test_a_model_without_windows_has_no_null_block() -> None:
     assert kv.block_pool.null_block is None
     request = make_request("r", [5, 6, 7])
     assert [b.block_id for b in kv.allocate_slots(request, 3)] == [0, 1]
+
+
+def test_the_null_block_is_no_ones() -> None:
+    """With a sliding group, block 0 is the null block: never handed out, not counted as used,
+    and no obstacle to resetting the prefix cache once every request is gone."""
+    kv = KVCacheManager(12, 2, kv_cache_config=hybrid_config(2, 3, with_full=True))
+    request = make_request("r", list(range(2, 9)))
+    assert kv.num_used_blocks == 0
+    taken = kv.allocate_slots(request, 7)
+    assert taken is not None and 0 not in [b.block_id for b in taken]
+    kv.free(request)
+    assert kv.num_used_blocks == 0 and kv.reset_prefix_cache()

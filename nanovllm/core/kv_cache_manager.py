@@ -104,7 +104,9 @@ class KVCacheManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.block_pool.num_free_blocks
+        """Blocks some request holds (the null block, a placeholder, is no one's)."""
+        null = self.block_pool.null_block is not None
+        return self.num_blocks - self.block_pool.num_free_blocks - null
 
     @property
     def usage(self) -> float:
@@ -191,8 +193,8 @@ class KVCacheManager:
         being admitted. `num_lookahead_tokens` more slots are reserved past the new tokens, for a
         draft model to write its own KV of the tokens it proposes after this step (vLLM's
         argument of the same name); they are never cached. Returns the newly taken blocks, or
-        None (and takes nothing) when there are not enough free blocks: the scheduler then
-        preempts someone or waits.
+        None (and takes nothing, though blocks out of its windows are given back) when there
+        are not enough free blocks: the scheduler then preempts someone or waits.
         """
         hits = self.per_group(new_computed_blocks)
         req_id = request.request_id
