@@ -203,14 +203,14 @@ class KVCacheManager:
         # Blocks out of every window from here on go back first (a sliding group's).
         if self.coordinator.remove_skipped_blocks(req_id, num_computed):
             self.req_to_block_ids.pop(req_id, None)
-        num_slots = total_tokens + num_lookahead_tokens
-        num_to_take = self.coordinator.get_num_blocks_to_allocate(req_id, num_slots, hits)
+        num_new_slots = num_new_tokens + num_lookahead_tokens
+        num_to_take = self.get_num_blocks_to_allocate(request, num_new_slots, new_computed_blocks)
         if num_to_take > self.num_free_blocks:
             return None
         if num_to_take or len(hits[0]):
             self.req_to_block_ids.pop(req_id, None)  # the table grows
         self.coordinator.save_new_computed_blocks(req_id, hits)
-        new_blocks = self.coordinator.allocate_new_blocks(req_id, num_slots)
+        new_blocks = self.coordinator.allocate_new_blocks(req_id, num_computed + num_new_slots)
 
         self.req_num_filled_slots[req_id] = total_tokens
         # Only blocks full of the request's own tokens: proposed (speculative) tokens past
