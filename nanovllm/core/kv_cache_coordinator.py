@@ -41,15 +41,18 @@ class KVCacheCoordinator:
             manager_for(group.kv_cache_spec, block_pool, group_id, events)
             for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
         )
+        self.sliding_window_managers = [
+            m for m in self.single_type_managers if isinstance(m, SlidingWindowManager)
+        ]
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: BlocksPerGroup
     ) -> int:
         """Blocks the request takes from the free queue, every group together."""
-        return sum(
-            manager.get_num_blocks_to_allocate(request_id, num_tokens, hits)
-            for manager, hits in zip(self.single_type_managers, new_computed_blocks)
-        )
+        num_blocks = 0
+        for manager, hits in zip(self.single_type_managers, new_computed_blocks):
+            num_blocks += manager.get_num_blocks_to_allocate(request_id, num_tokens, hits)
+        return num_blocks
 
     def save_new_computed_blocks(self, request_id: str, new_computed_blocks: BlocksPerGroup):
         for manager, hits in zip(self.single_type_managers, new_computed_blocks):
@@ -57,11 +60,10 @@ class KVCacheCoordinator:
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         """Every group's new blocks for `num_tokens` tokens (group after group)."""
-        return [
-            block
-            for manager in self.single_type_managers
-            for block in manager.allocate_new_blocks(request_id, num_tokens)
-        ]
+        new_blocks = []
+        for manager in self.single_type_managers:
+            new_blocks += manager.allocate_new_blocks(request_id, num_tokens)
+        return new_blocks
 
     def cache_blocks(self, request: Request, block_hashes: list[bytes], num_full: int) -> None:
         for manager in self.single_type_managers:
@@ -77,12 +79,12 @@ class KVCacheCoordinator:
         return any(freed)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
-        """Every group frees the blocks its attention will not read again."""
-        removed = [
-            m.remove_skipped_blocks(request_id, num_computed_tokens)
-            for m in self.single_type_managers
-        ]
-        return any(removed)
+        """Every sliding group frees the blocks its attention will not read again (a full
+        group never has any)."""
+        removed = False
+        for manager in self.sliding_window_managers:
+            removed |= manager.remove_skipped_blocks(request_id, num_computed_tokens)
+        return removed
 
     def find_longest_cache_hit(
         self, request: Request, block_hashes: list[bytes], max_length: int

@@ -51,9 +51,9 @@ class SingleTypeKVCacheManager:
         ones, and prefix-cache hits on free blocks (a hit takes it out of the free queue)."""
         num_required = -(-num_tokens // self.block_size)  # (ceil)
         num_held = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
-        num_hits_on_free = sum(
-            b.ref_cnt == 0 and b is not self.block_pool.null_block for b in new_computed_blocks
-        )
+        num_hits_on_free = 0  # (hits come only at admission)
+        for block in new_computed_blocks:
+            num_hits_on_free += block.ref_cnt == 0 and block is not self.block_pool.null_block
         return max(num_required - num_held, 0) + num_hits_on_free
 
     def save_new_computed_blocks(
