@@ -66,6 +66,9 @@ class EngineConfig:
     parts: Any = None
     # vLLM's: schedule step N+1 while step N's forward pass runs (`engine/async_step.py`)
     async_scheduling: bool = False
+    # vLLM's: every layer's KV kept as full attention's, one KV cache group, windows or not
+    # (`core/kv_cache_interface.py`; the layers still attend within their windows)
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -152,6 +152,7 @@ class BlockAllocated(Event):
     block_id: int
     logical_index: int
     from_free_queue: bool = True
+    kv_cache_group_id: int = 0  # which KV cache group's block table (`kv_cache_interface.py`)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class CacheHit(Event):
     logical_index: int
     was_free: bool
     ref_count: int
+    kv_cache_group_id: int = 0  # which KV cache group's block table (`kv_cache_interface.py`)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class BlockFreed(Event):
     block_id: int
     ref_count: int
     cached: bool
+    kv_cache_group_id: int = 0  # which KV cache group's block table (`kv_cache_interface.py`)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ class BlockCached(Event):
     request_id: str
     block_id: int
     block_hash: str
+    kv_cache_group_id: int = 0  # which KV cache group's block table (`kv_cache_interface.py`)
 
 
 @dataclass(frozen=True)

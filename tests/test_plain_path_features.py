@@ -21,11 +21,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Wide on purpose: every spelling of an optional feature, matched inside identifiers too.
+# Wide on purpose: every spelling of an optional feature, matched inside identifiers too
+# (regular expressions).
 FEATURE_WORDS = (
     "external",
     "verify",
-    "group",
+    # Worker and process groups (tensor parallelism), in the spellings the engine uses; not a
+    # bare "group": KV cache groups (`core/kv_cache_interface.py`) are the core, not an option.
+    "worker_?group",
+    "process_?group",
+    "cpu_group",
+    "new_group",
     "mask",
     "lookahead",
     "connector",
@@ -88,12 +94,13 @@ def f(request, num_external, logits_mask):  # 5: parameters
     budget = 3  # the lookahead of a draft model, in a comment
     to_verify = request.proposals[:budget]  # 8: two words
     total = num_external + len(to_verify)  # 9
-    name = "grouped"  # 10: in a string
+    name = "worker_group"  # 10: in a string
+    groups = request.kv_cache_groups  # a KV cache group is no optional feature
     total = total.masked_fill(total < 0, 0)  # torch's name alone
     total = total.masked_fill(logits_mask, 0)  # 12: and one of ours
-    return os.path.join(str(total), name)
+    return os.path.join(str(total), name, groups)
 '''
-    assert feature_lines(source) == [5, 8, 9, 10, 12]
+    assert feature_lines(source) == [5, 8, 9, 10, 13]
 
 
 def test_the_plain_path_names_few_optional_features() -> None:

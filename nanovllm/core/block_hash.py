@@ -43,3 +43,10 @@ def extend_block_hashes(
 def short(block_hash: bytes) -> str:
     """A readable prefix of a hash, for events and the visualizer."""
     return block_hash[:6].hex()
+
+
+def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
+    """The prefix cache's key for a block of KV cache group `group_id` (vLLM's
+    `BlockHashWithGroupId`): the same tokens in two groups are two blocks of different KV.
+    Group 0's key is the hash itself, so a model with one group keys its cache as before."""
+    return block_hash if group_id == 0 else block_hash + group_id.to_bytes(4, "big")

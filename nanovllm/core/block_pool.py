@@ -7,6 +7,9 @@ The pool knows blocks, never requests (those are `kv_cache_manager.py`'s):
 - the prefix cache's map from a block hash to the block holding those tokens. A freed block
   keeps its hash until it is handed out again: that is when it is *evicted* (lazily, from the
   head of the free queue, so the least recently used cached block goes first);
+- with a sliding-window group, the *null block* (block 0, never handed out): it stands in a
+  block table for blocks a window has left behind (`single_type_kv_cache_manager.py`); a model
+  without windows has none, and all its blocks are usable;
 - what happened to the cache this step, kept as data for whoever needs it after scheduling:
   the blocks registered (`step_cached_blocks`: if the step's forward pass fails, exactly these
   leave the cache) and the cached blocks evicted (`step_evicted_blocks`: their KV is intact
@@ -31,11 +34,15 @@ class BlockPool:
         num_blocks: int,
         events: EventBus | None = None,
         free_block_queue: Callable[[list[KVCacheBlock]], FreeBlockQueue] = FreeBlockQueue,
+        with_null_block: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.events = events or EventBus()
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = free_block_queue(self.blocks)  # (lesson 03 gives its own)
+        # Block 0, out of the free queue for good (vLLM reserves it always; here only when a
+        # group slides, so a model without windows keeps every block and every block id).
+        self.null_block = self.free_block_queue.popleft() if with_null_block else None
         # Prefix cache: block hash -> the block holding those tokens (full blocks only).
         self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
         self.num_cached_free_blocks = 0  # in the free queue but still holding a cached prefix
@@ -57,6 +64,8 @@ class BlockPool:
 
     def touch(self, block: KVCacheBlock) -> bool:
         """One more request holds `block` (a prefix-cache hit). Returns whether it was free."""
+        if block is self.null_block:
+            return False  # (held by no one: a placeholder)
         was_free = block.ref_cnt == 0
         if was_free:
             self.free_block_queue.remove(block)  # O(1): out of the middle of the queue
@@ -76,6 +85,8 @@ class BlockPool:
     def free_block(self, block: KVCacheBlock) -> None:
         """One request less holds `block`; at none, it goes to the free queue's tail (its
         hash kept: it stays a prefix-cache hit until evicted)."""
+        if block is self.null_block:
+            return
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             self.free_block_queue.append(block)

@@ -14,11 +14,17 @@ with the model executor; here we only decide which physical block holds which re
 - Freed blocks go back to the tail of the `FreeBlockQueue` *with their hash*: they stay reusable
   until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
   freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
-  The blocks themselves, the free queue, the hash map and eviction are the `BlockPool`'s
-  (`block_pool.py`); this manager keeps what belongs to each request, as vLLM v1 splits them.
+
+As vLLM v1 splits the work: the blocks themselves, the free queue, the hash map and eviction are
+the `BlockPool`'s (`block_pool.py`); each KV cache group's block tables are its
+`SingleTypeKVCacheManager`'s (`single_type_kv_cache_manager.py`: full attention, or a sliding
+window, which frees blocks its window has left behind), and the `KVCacheCoordinator` asks every
+group at once (`kv_cache_coordinator.py`). This manager is what the scheduler calls: a request's
+prefix-cache hit, room for its next tokens, and its blocks back. A model without windows has one
+group, and each request one block table.
 
 Taking, returning and cache-hitting a block cost O(1) each (no list scans), so `allocate_slots`
-and `free` cost O(blocks they take or return). Each request's block ids are kept as a tuple
+and `free` cost O(blocks they take or return). Each request's block ids are kept as tuples
 (`block_ids`), rebuilt only after its blocks change: an unchanged table costs one dict lookup
 and is the very same object as last step's (the persistent batch checks that identity first).
 """
@@ -28,10 +34,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from nanovllm.core.block_hash import extend_block_hashes, short
+from nanovllm.core.block_hash import extend_block_hashes
 from nanovllm.core.block_pool import BlockPool
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
-from nanovllm.events import BlockAllocated, BlockCached, BlockFreed, CacheHit, EventBus
+from nanovllm.core.kv_cache_coordinator import BlocksPerGroup, KVCacheCoordinator
+from nanovllm.core.kv_cache_interface import KVCacheConfig, single_group_config
+from nanovllm.events import EventBus
 from nanovllm.request import Request
 
 logger = logging.getLogger("nanovllm")
@@ -45,6 +53,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         events: EventBus | None = None,
         free_block_queue: Callable[[list[KVCacheBlock]], FreeBlockQueue] = FreeBlockQueue,
+        kv_cache_config: KVCacheConfig | None = None,  # None: one group, full attention
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
@@ -54,23 +63,32 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.events = events or EventBus()
+        config = kv_cache_config or single_group_config(1, block_size)
+        if config.has_sliding_window and num_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 with a sliding window, got {num_blocks}")
         # The blocks, the free queue (a lesson gives its own), the hash map, this step's changes.
-        self.block_pool = pool = BlockPool(num_blocks, self.events, free_block_queue)
+        self.block_pool = pool = BlockPool(
+            num_blocks, self.events, free_block_queue, with_null_block=config.has_sliding_window
+        )
         self.blocks, self.cached_block_hash_to_block = pool.blocks, pool.cached_block_hash_to_block
-        # Per request: its blocks (the block table), the hashes of its full blocks so far,
-        # how many of its blocks are registered in the cache, and how many slots hold tokens.
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Each group's block tables, asked as one.
+        self.coordinator = KVCacheCoordinator(config, pool, self.events)
+        self.num_groups = config.num_groups
+        # Per request: the hashes of its full blocks so far (every group's), how many of its
+        # blocks are registered in the cache, and how many slots hold tokens.
         self.req_to_block_hashes: dict[str, list[bytes]] = {}
         self.req_num_cached_blocks: dict[str, int] = {}
         self.req_num_filled_slots: dict[str, int] = {}
-        # Per request: its block ids as a tuple, built from `req_to_blocks` on first read after a
-        # change (`block_ids`); every method here that changes a request's blocks drops it.
-        self.req_to_block_ids: dict[str, tuple[int, ...]] = {}
-        # Sum over blocks of max(ref_cnt - 1, 0) (sharing), so `num_filled_slots` costs O(1)
-        # per request holding blocks.
-        self.num_extra_refs = 0
+        # Per request: its block ids in every group, as tuples, built on first read after a
+        # change (`block_ids`); every method here that changes a request's blocks drops them.
+        self.req_to_block_ids: dict[str, tuple[tuple[int, ...], ...]] = {}
 
     # --- queries ----------------------------------------------------------------------------
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
+        """Each request's blocks in the first group (a model without windows: its only one)."""
+        return self.coordinator.single_type_managers[0].req_to_blocks
 
     @property
     def free_block_queue(self) -> FreeBlockQueue:
@@ -86,7 +104,9 @@ class KVCacheManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.block_pool.num_free_blocks
+        """Blocks some request holds (the null block, a placeholder, is no one's)."""
+        null = self.block_pool.null_block is not None
+        return self.num_blocks - self.block_pool.num_free_blocks - null
 
     @property
     def usage(self) -> float:
@@ -97,46 +117,52 @@ class KVCacheManager:
         return list(self.block_ids(request_id))
 
     def block_ids(self, request_id: str) -> tuple[int, ...]:
-        """The request's physical block ids, in logical order: the same tuple object until its
-        blocks change."""
+        """The request's physical block ids in the first group, in logical order: the same
+        tuple object until its blocks change."""
+        return self.block_tables(request_id)[0]
+
+    def block_tables(self, request_id: str) -> tuple[tuple[int, ...], ...]:
+        """The request's block ids in every group (`block_ids` for each), the same tuples
+        until its blocks change."""
         ids = self.req_to_block_ids.get(request_id)
         if ids is None:
-            blocks = self.req_to_blocks.get(request_id)
-            if blocks is None:
-                return ()  # (not kept: it holds no blocks)
-            ids = self.req_to_block_ids[request_id] = tuple(b.block_id for b in blocks)
+            if request_id not in self.req_to_blocks:
+                return ((),) * self.num_groups  # (not kept: it holds no blocks)
+            ids = self.req_to_block_ids[request_id] = self.coordinator.get_block_ids(request_id)
         return ids
 
     def num_filled_slots(self) -> int:
         """Slots in used blocks that hold a token's KV (a shared block counts once)."""
-        return sum(self.req_num_filled_slots.values()) - self.num_extra_refs * self.block_size
+        tokens = sum(self.req_num_filled_slots.values())
+        return sum(
+            tokens - (m.num_extra_refs + m.num_null_blocks) * self.block_size
+            for m in self.coordinator.single_type_managers
+        )
 
     def num_allocated_slots(self) -> int:
         return self.num_used_blocks * self.block_size
 
     # --- prefix cache lookup ----------------------------------------------------------------
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(
+        self, request: Request
+    ) -> tuple[list[KVCacheBlock] | BlocksPerGroup, int]:
         """The longest run of cached full blocks that starts `request`'s tokens.
 
-        Returns the blocks and how many tokens they cover. At least one token is always left
-        to compute: the step must end on a real forward pass that produces the next logits.
-        Nothing is allocated or referenced here; `allocate_slots` does that. A request that
-        asks for prompt logprobs reads nothing: each prompt token's logits must be computed.
+        Returns the blocks (with several groups, one list per group) and how many tokens they
+        cover. At least one token is always left to compute: the step must end on a real
+        forward pass that produces the next logits. Nothing is allocated or referenced here;
+        `allocate_slots` does that. A request that asks for prompt logprobs reads nothing: each
+        prompt token's logits must be computed.
         """
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0
+            return ([] if self.num_groups == 1 else ([],) * self.num_groups), 0
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.num_tokens)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        computed: list[KVCacheBlock] = []
-        for i, block_hash in enumerate(hashes[:max_blocks]):
-            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
-            block = self.block_pool.get_cached_block(block_hash, tokens)  # (tokens checked too)
-            if block is None:
-                break
-            computed.append(block)
-        return computed, len(computed) * self.block_size
+        hits, num_tokens = self.coordinator.find_longest_cache_hit(
+            request, hashes, request.num_tokens - 1
+        )
+        return (hits[0] if self.num_groups == 1 else hits), num_tokens
 
     # --- allocation -------------------------------------------------------------------------
 
@@ -144,23 +170,21 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] | None = None,
+        new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None = None,
     ) -> int:
         """How many blocks `allocate_slots` takes from the free queue for `num_new_tokens` slots
-        (vLLM's name): its new blocks, and its prefix-cache hits on free blocks."""
-        new_computed_blocks = new_computed_blocks or []
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_slots = num_computed + num_new_tokens
-        num_held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
-        num_new_blocks = max(-(-num_slots // self.block_size) - num_held, 0)  # (ceil)
-        # A hit on a free block takes it out of the free queue too (hits: only at admission).
-        return num_new_blocks + sum(b.ref_cnt == 0 for b in new_computed_blocks)
+        (vLLM's name), every group together: new blocks, and prefix-cache hits on free blocks."""
+        hits = self.per_group(new_computed_blocks)
+        num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        return self.coordinator.get_num_blocks_to_allocate(
+            request.request_id, num_computed + num_new_tokens, hits
+        )
 
     def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] | None = None,
+        new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Make room for `num_new_tokens` more tokens of `request` (after its computed ones).
@@ -169,40 +193,24 @@ class KVCacheManager:
         being admitted. `num_lookahead_tokens` more slots are reserved past the new tokens, for a
         draft model to write its own KV of the tokens it proposes after this step (vLLM's
         argument of the same name); they are never cached. Returns the newly taken blocks, or
-        None (and changes nothing) when there are not enough free blocks: the scheduler then
-        preempts someone or waits.
+        None (and takes nothing, though blocks out of its windows are given back) when there
+        are not enough free blocks: the scheduler then preempts someone or waits.
         """
-        new_computed_blocks = new_computed_blocks or []
-        num_to_take = self.get_num_blocks_to_allocate(
-            request, num_new_tokens + num_lookahead_tokens, new_computed_blocks
-        )
+        hits = self.per_group(new_computed_blocks)
+        req_id = request.request_id
+        num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        total_tokens = num_computed + num_new_tokens
+        # Blocks out of every window from here on go back first (a sliding group's).
+        if self.coordinator.remove_skipped_blocks(req_id, num_computed):
+            self.req_to_block_ids.pop(req_id, None)
+        num_new_slots = num_new_tokens + num_lookahead_tokens
+        num_to_take = self.get_num_blocks_to_allocate(request, num_new_slots, new_computed_blocks)
         if num_to_take > self.num_free_blocks:
             return None
-        req_id = request.request_id
-        blocks = self.req_to_blocks.setdefault(req_id, [])
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        total_tokens = num_computed + num_new_tokens
-
-        if num_to_take or new_computed_blocks:
+        if num_to_take or len(hits[0]):
             self.req_to_block_ids.pop(req_id, None)  # the table grows
-        emit = self.events.active
-        for block in new_computed_blocks:
-            was_free = self.block_pool.touch(block)
-            num_to_take -= was_free  # a hit on a free block took it out of the free queue
-            self.num_extra_refs += not was_free
-            blocks.append(block)
-            if emit:
-                self.events.emit(
-                    CacheHit(req_id, block.block_id, len(blocks) - 1, was_free, block.ref_cnt)
-                )
-
-        new_blocks = []
-        for _ in range(num_to_take):
-            block = self.block_pool.get_new_block()  # (evicted from the prefix cache if cached)
-            blocks.append(block)
-            new_blocks.append(block)
-            if emit:
-                self.events.emit(BlockAllocated(req_id, block.block_id, len(blocks) - 1))
+        self.coordinator.save_new_computed_blocks(req_id, hits)
+        new_blocks = self.coordinator.allocate_new_blocks(req_id, num_computed + num_new_slots)
 
         self.req_num_filled_slots[req_id] = total_tokens
         # Only blocks full of the request's own tokens: proposed (speculative) tokens past
@@ -210,22 +218,14 @@ class KVCacheManager:
         # check is made here, without the call.)
         num_full = min(total_tokens, request.num_tokens) // self.block_size
         if self.enable_prefix_caching and num_full > self.req_num_cached_blocks.get(req_id, 0):
-            self._cache_full_blocks(request, blocks, num_full)
+            self._cache_full_blocks(request, num_full)
         return new_blocks
 
     def free(self, request: Request) -> None:
         """Let go of all of `request`'s blocks, tail first (the tail is evicted first)."""
         req_id = request.request_id
-        blocks = self.req_to_blocks.pop(req_id, [])
+        self.coordinator.free(req_id)
         self.req_to_block_ids.pop(req_id, None)
-        emit = self.events.active
-        for block in reversed(blocks):
-            self.block_pool.free_block(block)
-            self.num_extra_refs -= block.ref_cnt > 0
-            if emit:
-                self.events.emit(
-                    BlockFreed(req_id, block.block_id, block.ref_cnt, block.block_hash is not None)
-                )
         self.req_to_block_hashes.pop(req_id, None)
         self.req_num_cached_blocks.pop(req_id, None)
         self.req_num_filled_slots.pop(req_id, None)
@@ -237,17 +237,9 @@ class KVCacheManager:
         `num_lookahead_tokens` reserved after them, see `allocate_slots`): the blocks past them
         (which held rejected proposals) go back to the free queue, tail first."""
         req_id = request.request_id
-        blocks = self.req_to_blocks.get(req_id, [])
         keep = -(-(num_tokens + num_lookahead_tokens) // self.block_size)
-        if len(blocks) > keep:
+        if self.coordinator.free_blocks_from(req_id, keep):
             self.req_to_block_ids.pop(req_id, None)  # the table shrinks
-        emit = self.events.active
-        while len(blocks) > keep:
-            block = blocks.pop()
-            assert block.ref_cnt == 1 and block.block_hash is None, "a block past them is private"
-            self.block_pool.free_block(block)
-            if emit:
-                self.events.emit(BlockFreed(req_id, block.block_id, 0, False))
         self.req_num_filled_slots[req_id] = num_tokens
 
     def begin_step(self) -> None:
@@ -277,29 +269,21 @@ class KVCacheManager:
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _cache_full_blocks(
-        self, request: Request, blocks: list[KVCacheBlock], num_full: int
-    ) -> None:
-        """Register the request's newly full blocks (up to its first `num_full`) in the prefix
-        cache.
+    def per_group(
+        self, new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None
+    ) -> BlocksPerGroup:
+        """Prefix-cache hits as one list per group (one group's may come as a plain list)."""
+        if not new_computed_blocks:
+            return ([],) * self.num_groups
+        return (new_computed_blocks,) if self.num_groups == 1 else tuple(new_computed_blocks)
 
-        Blocks are registered as soon as the tokens filling them are scheduled: the forward pass
-        writes every new K/V before any attention reads the cache, so even a request admitted
-        later in the same step may share them.
-        """
+    def _cache_full_blocks(self, request: Request, num_full: int) -> None:
+        """Register the request's newly full blocks (up to its first `num_full`) in the prefix
+        cache, in every group."""
         req_id = request.request_id
-        start = self.req_num_cached_blocks.get(req_id, 0)
         hashes = self.req_to_block_hashes.setdefault(req_id, [])
         extend_block_hashes(
             hashes, request.all_token_ids, self.block_size, num_full * self.block_size
         )
-        emit = self.events.active
-        for i in range(start, num_full):
-            block = blocks[i]
-            if block.block_hash is not None:
-                continue  # a prefix-cache hit: already registered
-            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
-            # (not when the same tokens are cached in another block: that one is kept)
-            if self.block_pool.cache_block(block, hashes[i], tokens) and emit:
-                self.events.emit(BlockCached(req_id, block.block_id, short(hashes[i])))
+        self.coordinator.cache_blocks(request, hashes, num_full)
         self.req_num_cached_blocks[req_id] = num_full

@@ -280,16 +280,10 @@ class Scheduler:
         extra = list(extra[: max(computed + num_new - num_tokens, 0)])
         samples = computed + num_new >= num_tokens
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
-        block_table = self.kv.block_ids(request.request_id)
+        tables = self.kv.block_tables(request.request_id)  # (one per KV cache group)
         out.scheduled.append(
             ScheduledRequest(
-                request,
-                num_new,
-                computed,
-                block_table,
-                samples,
-                is_prefill,
-                extra,
+                request, num_new, computed, tables[0], samples, is_prefill, extra, tables
             )
         )
         if self.events.active:

@@ -35,6 +35,9 @@ class ScheduledRequest:
     is_prefill: bool
     # Guesses of its next tokens, computed after its own, for the sampler to verify.
     to_verify: list[int] = field(default_factory=list)
+    # Its block table in every KV cache group (`kv_cache_interface.py`; the first is
+    # `block_table`); empty: one group.
+    block_tables: tuple[tuple[int, ...], ...] = ()
 
     def token_ids(self) -> list[int]:
         """The tokens this step computes: the request's own, then any to verify."""

@@ -28,6 +28,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="keep every layer's KV as full attention does (sliding windows too): one KV cache "
+        "group, as vLLM's flag",
+    )
+    g.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
@@ -92,6 +98,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         enforce_eager=args.enforce_eager,
         seed=args.seed,
         async_scheduling=args.async_scheduling,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=json_flag("--speculative-config", args.speculative_config),
         kv_transfer_config=json_flag("--kv-transfer-config", args.kv_transfer_config),

@@ -44,6 +44,7 @@ from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.core.async_scheduler import AsyncScheduler
 from nanovllm.core.extra_tokens import ExtraTokens
+from nanovllm.core.kv_cache_interface import KVCacheConfig, get_kv_cache_config, layer_specs
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import NullConnector
 from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
@@ -115,6 +116,8 @@ class EngineSetup:
     kv_connector_worker: KVConnectorBase | None = None  # the connector's worker side
     tokenizer_path: Path | None = None  # where the tokenizer came from (the model's own: None)
     parts: EngineParts = field(default_factory=EngineParts)  # what the engine is built from
+    # The layers' KV cache groups (`core/kv_cache_interface.py`; None: one, every layer full)
+    kv_cache_config: KVCacheConfig | None = None
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -155,7 +158,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
     # 9. the KV cache manager and the scheduler's KV source
     kv = parts.kv_cache_manager_cls(
         setup.num_kv_blocks, config.block_size, config.enable_prefix_caching, events,
-        parts.free_block_queue,
+        parts.free_block_queue, kv_cache_config=setup.kv_cache_config,
     )  # fmt: skip
     kv_source = connector(setup, KVConnectorRole.SCHEDULER, events) or NullConnector()
     # 10. the speculator, then the scheduler (and the statistics, counting both)
@@ -182,7 +185,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
         setup.tokenizer,
         vocab_size=setup.model_args.vocab_size,
         max_model_len=setup.max_model_len,
-        num_kv_blocks=setup.num_kv_blocks,
+        num_kv_blocks=blocks_per_request(setup),
         block_size=config.block_size,
         num_lookahead_tokens=lookahead,
         eos_token_ids=setup.eos_token_ids,
@@ -322,9 +325,10 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
         executor, num_kv_blocks=0, tokenizer_path=tokenizer_path if config.tokenizer else None,
         parts=parts,
     )  # fmt: skip
+    setup.kv_cache_config = kv_cache_config_for(config, args, draft is not None)
     graphs = wants_cuda_graphs(config, setup, backend.captures_cuda_graphs())
     setup.num_kv_blocks = num_kv_blocks(config, setup, graphs)
-    on_every_rank(setup, "allocate_kv_cache", setup.num_kv_blocks)
+    on_every_rank(setup, "allocate_kv_cache", setup.num_kv_blocks, setup.kv_cache_config)
     if draft is not None:
         draft.allocate_kv_cache(setup.num_kv_blocks)  # the same block ids
     if graphs:
@@ -373,6 +377,8 @@ def wants_cuda_graphs(config: EngineConfig, setup: EngineSetup, backend_captures
         why_not = f"attention backend {setup.attention_backend!r} (only 'triton' is captured)"
     elif setup.group is not None:
         why_not = "tensor parallelism"
+    elif setup.kv_cache_config.num_groups > 1:
+        why_not = "several KV cache groups (a block table each)"
     if why_not is not None:
         logger.warning("nanovllm: no CUDA graphs with %s; decode steps run eagerly", why_not)
         return False
@@ -385,8 +391,9 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = kv_bytes_per_block(
-        setup.model_args, config.block_size, setup.dtype, config.tensor_parallel_size
-    )
+        setup.model_args, config.block_size, setup.dtype, config.tensor_parallel_size,
+        setup.kv_cache_config.num_kv_tensors,
+    )  # fmt: skip
     if isinstance(setup.proposer, DraftModelProposer):
         per_block += kv_bytes_per_block(
             setup.proposer.runner.model.args, config.block_size, setup.dtype
@@ -403,10 +410,39 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
             f"kv_cache_memory_bytes={budget} is too small for a single KV block "
             f"({per_block} bytes at block_size={config.block_size})"
         )
-    # More than every sequence at full length could ever use is wasted memory.
+    # More than every sequence at full length could ever use is wasted memory (in every
+    # group; with a sliding window, and its null block).
     max_len = setup.max_model_len + setup.num_lookahead_tokens
-    useful = config.max_num_seqs * -(-max_len // config.block_size)
-    return int(min(blocks, useful))
+    kv_cache_config = setup.kv_cache_config
+    useful = config.max_num_seqs * -(-max_len // config.block_size) * kv_cache_config.num_groups
+    return int(min(blocks, useful + kv_cache_config.has_sliding_window))
+
+
+def kv_cache_config_for(config: EngineConfig, args: ModelArgs, has_draft: bool) -> KVCacheConfig:
+    """The layers' KV cache groups (`core/kv_cache_interface.py`), and ValueErrors for what
+    cannot run with a sliding window's or several groups' block tables yet."""
+    specs = layer_specs(
+        args.layer_types, args.sliding_window, args.num_hidden_layers, config.block_size,
+        config.disable_hybrid_kv_cache_manager,
+    )  # fmt: skip
+    kv_cache_config = get_kv_cache_config(specs)
+    if kv_cache_config.num_groups > 1 or kv_cache_config.has_sliding_window:
+        why_not = "a KV connector" if config.kv_transfer_config is not None else None
+        why_not = "a draft model" if has_draft else why_not
+        if why_not is not None:
+            raise ValueError(
+                f"{why_not} cannot run with a sliding-window KV cache yet (layer types "
+                f"{sorted(set(args.layer_types))}); pass disable_hybrid_kv_cache_manager=True"
+            )
+    return kv_cache_config
+
+
+def blocks_per_request(setup: EngineSetup) -> int:
+    """The blocks one request can count on: with several KV cache groups, its share of each
+    (a sliding group needs fewer: a bound, not the exact figure)."""
+    kv_cache_config = setup.kv_cache_config
+    usable = setup.num_kv_blocks - kv_cache_config.has_sliding_window  # (the null block)
+    return max(usable // kv_cache_config.num_groups, 1)
 
 
 def measure_kv_budget(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int:

@@ -59,9 +59,16 @@ def gpu_kv_cache_budget(
 
 
 def kv_bytes_per_block(
-    model_args, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
+    model_args,
+    block_size: int,
+    dtype: torch.dtype,
+    tensor_parallel_size: int = 1,
+    num_kv_tensors: int | None = None,
 ) -> int:
-    """Bytes of one KV block on one rank (which holds num_kv_heads / tp heads, at least 1)."""
+    """Bytes of one KV block on one rank (which holds num_kv_heads / tp heads, at least 1), in
+    each of `num_kv_tensors` K/V tensor pairs (default: one per layer; with KV cache groups,
+    one per layer of a group, `core/kv_cache_interface.py`)."""
     kv_heads = max(model_args.num_key_value_heads // tensor_parallel_size, 1)
-    per_token = 2 * model_args.num_hidden_layers * kv_heads * model_args.head_dim
+    num_kv_tensors = num_kv_tensors or model_args.num_hidden_layers
+    per_token = 2 * num_kv_tensors * kv_heads * model_args.head_dim
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()

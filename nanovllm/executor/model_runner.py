@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanovllm.core.kv_cache_interface import KVCacheConfig, single_group_config
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.kv_cache_groups import with_layer_groups
 from nanovllm.executor.prompt_logprobs import (
     PromptLogprobs,
     split_prompt_logprobs,
@@ -66,6 +68,7 @@ class ModelRunner:
         self.step_inputs = step_inputs
         self.sampler = (sampler or self.sampler_class)(draw=draw_for(device))  # vLLM's draw here
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layer_to_kv_cache_group: tuple[int, ...] = ()  # each layer's group (one: empty)
         self.last_inputs: StepInputs | None = None  # the last step's (`step_events.py` reads them)
         self.last_prepare_time = 0.0  # seconds of the last step's parts (`engine/stats.py`)
         self.last_forward_time = 0.0  # inputs, forward pass and LM head
@@ -77,18 +80,23 @@ class ModelRunner:
         """The KV heads this rank holds (all of them without tensor parallelism)."""
         return self.model.model.layers[0].self_attn.num_kv_heads
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks."""
+    def allocate_kv_cache(self, num_blocks: int, kv_cache_config: KVCacheConfig | None = None):
+        """The paged KV cache: per layer, a key and a value tensor of `num_blocks` blocks; with
+        KV cache groups (`kv_cache_interface.py`), the j-th layer of every group shares pair j."""
         args = self.model.args
+        n = args.num_hidden_layers
+        config = kv_cache_config or single_group_config(n, self.block_size)
         shape = (num_blocks, self.block_size, self.num_kv_heads, args.head_dim)
         self.kv_caches = []  # let an earlier (profiling) cache go before the new one is made
-        self.kv_caches = [
+        pairs = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
             )
-            for _ in range(args.num_hidden_layers)
+            for _ in range(config.num_kv_tensors)
         ]
+        self.kv_caches = [pairs[j] for j in config.layer_to_kv_tensor(n)]
+        self.layer_to_kv_cache_group = config.layer_to_group(n) if config.num_groups > 1 else ()
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """The step's flat tensors, on the host: input_ids, positions, metadata, logits rows.
@@ -112,6 +120,7 @@ class ModelRunner:
     def run_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        meta = with_layer_groups(meta, self.layer_to_kv_cache_group)  # (a hybrid model's)
         return self.model(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()

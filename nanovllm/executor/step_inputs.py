@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
+from nanovllm.executor.kv_cache_groups import with_kv_cache_groups
 from nanovllm.models.attention import AttentionMetadata
 
 StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]
@@ -48,6 +49,7 @@ def step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
 
     block_tables = [s.block_table for s in out.scheduled]
     positions_t, meta = step_metadata(positions, query_lens, seq_lens, block_tables, block_size)
+    meta = with_kv_cache_groups(meta, out, block_size)  # (a hybrid model: a table per group)
     input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
     return input_ids_t, positions_t, meta, logits_rows
 

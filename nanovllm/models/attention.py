@@ -45,14 +45,20 @@ class AttentionMetadata:
     decode_seq_indices: torch.Tensor  # [num_decodes] int64: sequences with q_len == 1
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their rows in the flat batch
     prefill_seq_indices: list[int]  # sequences with q_len > 1
+    # A hybrid model's (`core/kv_cache_interface.py`): each KV cache group's metadata (its block
+    # tables and slot mapping), and each layer's group. Empty: every layer attends with this.
+    kv_cache_groups: tuple[AttentionMetadata, ...] = ()
+    layer_to_kv_cache_group: tuple[int, ...] = ()
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_list)
 
     def for_layer(self, index: int) -> AttentionMetadata:
-        """The metadata layer `index` attends with (every layer shares one block table here)."""
-        return self
+        """The metadata layer `index` attends with: its KV cache group's."""
+        if not self.layer_to_kv_cache_group:
+            return self
+        return self.kv_cache_groups[self.layer_to_kv_cache_group[index]]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are tensors, by name (the ones a device needs)."""
