@@ -347,8 +347,12 @@ def attend(
                 l_new = l[r] * alpha
                 for d in range(head_dim):
                     acc[r, d] *= alpha
-                for t in range(start, end):
+                # From slot 0, the slots before the window weighing exactly 0 (their scores
+                # were never computed): so LLVM vectorises this sum as it did before windows,
+                # and a layer without one gets the same bits as then.
+                for t in range(end):
                     p = exp_nonpositive(scores[t] - m_new)  # (<= 0: m_new is the max)
+                    p = p if t >= start else np.float32(0.0)
                     scores[t] = p  # the score's weight, for the values
                     l_new += p
                 accumulate_values(acc, r, scores, value_cache, block, kv_head, start, end)
