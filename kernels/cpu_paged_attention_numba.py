@@ -6,8 +6,11 @@ live in the physical blocks `block_tables[i]` lists. A sliding-window layer (`sl
 sees only the W positions up to its own: each query's walk starts at the first block of its
 tile's first token's window, and never reads a slot before the query's window (a sliding layer's
 block table may hold a placeholder where the window has moved past a block). A soft-capped layer
-(Gemma 2) turns each scaled score s into cap * tanh(s / cap) before the softmax. The torch path of the engine gathers a padded
-copy of every context first (`key_cache[block_tables]`) and then reads the copy again; this kernel
+(Gemma 2) turns each scaled score s into cap * tanh(s / cap) before the softmax. Both are None
+when off, and numba compiles a version of the kernel for each combination of None and a value,
+with the code for an option that is None left out: a layer without them runs the code it ran
+before they existed (same bits, same speed: kernels/README.md). The torch path of the engine
+gathers a padded copy of every context first (`key_cache[block_tables]`) and then reads the copy again; this kernel
 walks the block table and reads each block where it lies, once, folding it into the output with
 the *online softmax* (as `paged_attention.py` does on a GPU):
 
@@ -235,8 +238,8 @@ def attend(
     q_tile,  # query tokens per tile
     kv_per_item,  # KV heads per work item: num_kv_heads, or a divisor of it
     scale,  # float: usually 1 / sqrt(head_dim)
-    sliding_window,  # int: a query at p sees keys p - sliding_window + 1 .. p; 0: all of 0 .. p
-    soft_cap,  # float: each scaled score s becomes soft_cap * tanh(s / soft_cap); 0: none
+    sliding_window,  # int: a query at p sees keys p - sliding_window + 1 .. p; None: 0 .. p
+    soft_cap,  # float: each scaled score s becomes soft_cap * tanh(s / soft_cap); None: no cap
 ):
     block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     block_bytes = block_size * num_kv_heads * head_dim * 4  # one block of K (or V), all heads
@@ -244,7 +247,6 @@ def attend(
     group = query.shape[1] // num_kv_heads  # query heads per kv head
     heads = kv_per_item * group  # query heads per item: rows per token
     items_per_tile = num_kv_heads // kv_per_item
-    cap = np.float32(soft_cap)
     for item in prange(tile_seq.shape[0] * items_per_tile):
         first_head = (item % items_per_tile) * heads
         tile = item // items_per_tile
@@ -276,7 +278,7 @@ def attend(
         num_keys = cached_before + last
         num_key_blocks = (num_keys + block_size - 1) // block_size
         first_key_block = 0
-        if sliding_window > 0:
+        if sliding_window is not None:
             first_key_block = max(0, cached_before + first - sliding_window + 1) // block_size
         # Prefetch. A decode reads its K and V once, from DRAM, block by block, and the hardware
         # prefetcher does not follow the block table to the next block, at another address: so
@@ -302,7 +304,7 @@ def attend(
                 # past q_pos < seq_len, and with a window never before q_pos - window + 1.
                 end = min(block_size, q_pos + 1 - block_start)
                 start = 0
-                if sliding_window > 0:
+                if sliding_window is not None:
                     start = max(0, q_pos - sliding_window + 1 - block_start)
                 if end <= start:
                     continue
@@ -336,7 +338,8 @@ def attend(
                     scores[t] = s
                     m_new = max(m_new, s)
                     t += 1
-                if soft_cap > 0:  # Gemma 2: cap the scores (tanh is monotonic: the max is redone)
+                if soft_cap is not None:  # Gemma 2: cap the scores, and take their max again
+                    cap = np.float32(soft_cap)
                     m_new = m[r]
                     for t in range(start, end):
                         s = cap * math.tanh(scores[t] / cap)
@@ -347,12 +350,12 @@ def attend(
                 l_new = l[r] * alpha
                 for d in range(head_dim):
                     acc[r, d] *= alpha
-                # From slot 0, the slots before the window weighing exactly 0 (their scores
-                # were never computed): so LLVM vectorises this sum as it did before windows,
-                # and a layer without one gets the same bits as then.
+                # From slot 0, the slots before the window weighing exactly 0 (their scores were
+                # never computed): from `start`, LLVM vectorised this loop worse (README).
                 for t in range(end):
                     p = exp_nonpositive(scores[t] - m_new)  # (<= 0: m_new is the max)
-                    p = p if t >= start else np.float32(0.0)
+                    if sliding_window is not None:
+                        p = p if t >= start else np.float32(0.0)
                     scores[t] = p  # the score's weight, for the values
                     l_new += p
                 accumulate_values(acc, r, scores, value_cache, block, kv_head, start, end)
@@ -445,8 +448,8 @@ def paged_attention_numba(
             q_tile,
             kv_per_item,
             float(scale),
-            window,
-            float(logits_soft_cap or 0.0),
+            sliding_window,
+            None if logits_soft_cap is None else float(logits_soft_cap),
         )
     finally:
         numba.set_parallel_chunksize(chunksize)
