@@ -108,6 +108,9 @@ MIXED = BatchSpec(
 )
 
 
+# slow where numba's disk cache is cold (a fresh checkout): three versions of the kernel to
+# compile, about 12 s; under a second once cached.
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu_fast_path_available(), reason="numba is not installed")
 @settings(max_examples=examples(40), deadline=None)
 @given(
