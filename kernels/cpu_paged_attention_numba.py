@@ -10,9 +10,9 @@ block table may hold a placeholder where the window has moved past a block). A s
 when off, and numba compiles a version of the kernel for each combination of None and a value,
 with the code for an option that is None left out: a layer without them runs the code it ran
 before they existed (same bits, same speed: kernels/README.md). The torch path of the engine
-gathers a padded copy of every context first (`key_cache[block_tables]`) and then reads the copy again; this kernel
-walks the block table and reads each block where it lies, once, folding it into the output with
-the *online softmax* (as `paged_attention.py` does on a GPU):
+gathers a padded copy of every context first (`key_cache[block_tables]`) and then reads the copy
+again; this kernel walks the block table and reads each block where it lies, once, folding it
+into the output with the *online softmax* (as `paged_attention.py` does on a GPU):
 
     m_new = max(m, max_t s_t)                        s_t = scale * q . k_t, for this block's keys
     l     = l * exp(m - m_new) + sum_t exp(s_t - m_new)
@@ -395,7 +395,7 @@ def paged_attention_numba(
         t.to(torch.int32).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
     )
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-    window = sliding_window or 0  # the kernel's "no window"
+    window = sliding_window or 0  # plan's "no window"
     tile_seq, tile_first, error, seq = plan(
         block_tables,
         seq_lens,
