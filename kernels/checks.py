@@ -102,6 +102,15 @@ def check_paged_attention_args(
     return num_tokens, num_heads, num_seqs, block_size, num_kv_heads, head_dim
 
 
+def check_window_and_soft_cap(sliding_window: int | None, logits_soft_cap: float | None) -> None:
+    """A layer's sliding window (None, or at least 1 token) and soft cap (None, or above 0)."""
+    is_int = isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+    if sliding_window is not None and not (is_int and sliding_window >= 1):
+        raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be None or > 0, got {logits_soft_cap!r}")
+
+
 def check_int_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if t.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")

@@ -178,8 +178,11 @@ def standard_launches() -> list[Launch]:
         ),
     )
 
+    # A sliding-window layer (Mistral's window) with Gemma 2's soft cap: the kernel's other branch.
+    window = {"sliding_window": 4096, "logits_soft_cap": 50.0}
     cases = [
-        # (label, dtype, num_seqs, num_tokens, max_query_len, kv_heads, group, head_dim, bs, splits)
+        # (label, dtype, num_seqs, num_tokens, max_query_len, kv_heads, group, head_dim, bs, splits,
+        #  options)
         ("decode", torch.float16, 8, 8, 1, 8, 1, 128, 16, 1),
         ("decode", torch.bfloat16, 8, 8, 1, 8, 4, 128, 16, 1),
         ("decode", torch.bfloat16, 8, 8, 1, 2, 7, 64, 1, 1),
@@ -189,14 +192,17 @@ def standard_launches() -> list[Launch]:
         ("prefill", torch.bfloat16, 2, 512, 256, 8, 4, 128, 16, 1),
         ("prefill", torch.bfloat16, 2, 512, 256, 4, 2, 256, 32, 1),
         ("prefill", torch.float32, 2, 512, 256, 4, 2, 128, 16, 1),
+        ("window decode", torch.bfloat16, 8, 8, 1, 8, 2, 256, 16, 1, window),
+        ("window split", torch.bfloat16, 2, 2, 1, 8, 2, 256, 16, 8, window),
+        ("window prefill", torch.bfloat16, 2, 512, 256, 8, 2, 256, 16, 1, window),
     ]
-    for label, dtype, seqs, tokens, max_q, kvh, group, dim, bs, splits in cases:
+    for label, dtype, seqs, tokens, max_q, kvh, group, dim, bs, splits, *options in cases:
         b = _meta_paged_batch(dtype, seqs, tokens, kvh, group, dim, bs)
         qsl = torch.empty((seqs + 1,), dtype=torch.int32, device=meta)
         name = f"{label} {str(dtype)[6:]} d{dim} g{group} bs{bs}"
         launches += _record_launches(
             name,
-            lambda b=b, qsl=qsl, max_q=max_q, splits=splits: paged_attention(
+            lambda b=b, qsl=qsl, max_q=max_q, splits=splits, options=options: paged_attention(
                 b["query"],
                 b["key_cache"],
                 b["value_cache"],
@@ -206,6 +212,7 @@ def standard_launches() -> list[Launch]:
                 0.1,
                 max_query_len=max_q,
                 num_splits=splits,
+                **(options[0] if options else {}),
             ),
         )
     return launches + _fused_moe_launches()

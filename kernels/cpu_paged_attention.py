@@ -4,7 +4,10 @@ The same contract as the Triton `paged_attention` (and its oracle `reference.pag
 a flat batch of query tokens, sequence i owning rows `query_start_loc[i] : query_start_loc[i + 1]`
 and `seq_lens[i]` tokens of context in the blocks `block_tables[i]` lists; query token j of
 sequence i attends causally to positions 0 .. `seq_lens[i] - q_len_i + j`. One call serves decode,
-prefill and chunked prefill (chunks and prefix-cache hits), mixed in any way, with GQA.
+prefill and chunked prefill (chunks and prefix-cache hits), mixed in any way, with GQA. Two
+options of a layer change what a query sees: `sliding_window` W (a query at position p sees only
+p - W + 1 .. p, and blocks wholly before a query tile's windows are never read) and
+`logits_soft_cap` c (each scaled score s becomes c * tanh(s / c), Gemma 2's soft-capping).
 
 Two implementations, one contract:
 
@@ -71,8 +74,13 @@ def paged_attention_cpu(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written if given
     q_tile: int | None = None,
     kv_per_item: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query.dtype
     """Causal attention of each sequence's new tokens over its paged context (see module doc).
+
+    `sliding_window` (None: the whole context) and `logits_soft_cap` (None: no cap) are as
+    `TorchAttention`'s; a value below 1 (window) or not above 0 (cap) is a ValueError.
 
     On the fast path, bad metadata (a block id outside the cache, a block table too short for
     seq_len, q_len > seq_len, query starts out of range) raises a ValueError that names the
@@ -93,10 +101,19 @@ def paged_attention_cpu(
         q_tile = max(1, DEFAULT_Q_TILE_ROWS // (num_heads // num_kv_heads))
     if q_tile < 1:
         raise ValueError(f"q_tile must be >= 1, got {q_tile}")
+    checks.check_window_and_soft_cap(sliding_window, logits_soft_cap)
 
     if not cpu_fast_path_available(query.dtype):
         result = paged_attention_ref(
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
         )
         return result if out is None else out.copy_(result)
 
@@ -117,6 +134,8 @@ def paged_attention_cpu(
         q_tile,
         num_threads=torch.get_num_threads(),  # as many as torch (a caller may have set 1)
         kv_per_item=kv_per_item,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
     )
     if out is not None and result is not out:
         out.copy_(result)

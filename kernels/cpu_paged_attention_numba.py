@@ -2,10 +2,17 @@
 
 What it computes is `reference.paged_attention_ref`: query token j of sequence i sits at position
 `seq_lens[i] - q_len_i + j` and attends causally to context positions 0 .. that position, which
-live in the physical blocks `block_tables[i]` lists. The torch path of the engine gathers a padded
-copy of every context first (`key_cache[block_tables]`) and then reads the copy again; this kernel
-walks the block table and reads each block where it lies, once, folding it into the output with
-the *online softmax* (as `paged_attention.py` does on a GPU):
+live in the physical blocks `block_tables[i]` lists. A sliding-window layer (`sliding_window` W)
+sees only the W positions up to its own: each query's walk starts at the first block of its
+tile's first token's window, and never reads a slot before the query's window (a sliding layer's
+block table may hold a placeholder where the window has moved past a block). A soft-capped layer
+(Gemma 2) turns each scaled score s into cap * tanh(s / cap) before the softmax. Both are None
+when off, and numba compiles a version of the kernel for each combination of None and a value,
+with the code for an option that is None left out: a layer without them runs the code it ran
+before they existed (same bits, same speed: kernels/README.md). The torch path of the engine
+gathers a padded copy of every context first (`key_cache[block_tables]`) and then reads the copy
+again; this kernel walks the block table and reads each block where it lies, once, folding it
+into the output with the *online softmax* (as `paged_attention.py` does on a GPU):
 
     m_new = max(m, max_t s_t)                        s_t = scale * q . k_t, for this block's keys
     l     = l * exp(m - m_new) + sum_t exp(s_t - m_new)
@@ -13,7 +20,8 @@ the *online softmax* (as `paged_attention.py` does on a GPU):
     m     = m_new                                    ... and at the end, out = acc / l
 
 so it never holds more than one block of scores, and never looks at a slot past a query's own
-position (hence never past seq_len: a stale or NaN slot there cannot leak into the output).
+position (hence never past seq_len: a stale or NaN slot there cannot leak into the output), nor
+before its window.
 While it computes one block it asks memory for the next one (`prefetch`): the block table sends
 it to an address the hardware could not guess.
 
@@ -126,11 +134,22 @@ OK, BAD_QUERY_START, BAD_SEQ_LEN, TABLE_TOO_SHORT, BAD_BLOCK_ID = 0, 1, 2, 3, 4
 
 
 @njit(cache=True)
-def plan(block_tables, seq_lens, query_start_loc, num_tokens, block_size, num_blocks, q_tile):
+def plan(
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    num_tokens,
+    block_size,
+    num_blocks,
+    q_tile,
+    sliding_window,
+):
     """Check the metadata and list the query tiles: (tile_seq, tile_first, error, bad_seq).
 
     Serial and cheap (one pass over the block-table entries the batch reads). A bad value would
     otherwise make `attend` read outside the cache, so it is caught here, before any thread starts.
+    With a window (`sliding_window` > 0) the entries before the block of the sequence's first
+    query's window are not read, so they are not checked: they may hold anything.
     """
     none = np.empty(0, np.int64)
     num_tiles = 0
@@ -143,7 +162,11 @@ def plan(block_tables, seq_lens, query_start_loc, num_tokens, block_size, num_bl
         needed = (seq_lens[s] + block_size - 1) // block_size
         if needed > block_tables.shape[1]:
             return none, none, TABLE_TOO_SHORT, s
-        for b in range(needed):
+        first_block = 0
+        if sliding_window > 0:  # the first query, at seq_len - q_len, sees the earliest key
+            first_key = seq_lens[s] - (q_end - q_start) - sliding_window + 1
+            first_block = max(0, first_key) // block_size
+        for b in range(first_block, needed):
             if block_tables[s, b] < 0 or block_tables[s, b] >= num_blocks:
                 return none, none, BAD_BLOCK_ID, s
         num_tiles += (q_end - q_start + q_tile - 1) // q_tile
@@ -159,17 +182,17 @@ def plan(block_tables, seq_lens, query_start_loc, num_tokens, block_size, num_bl
 
 
 @njit(inline="always", fastmath=_FASTMATH)
-def accumulate_values(acc, r, weights, value_cache, block, kv_head, visible):
-    """acc[r] += sum over t < visible of weights[t] * value_cache[block, t, kv_head], adding the
-    keys in order t = 0, 1, ... (the same rounding as one key at a time).
+def accumulate_values(acc, r, weights, value_cache, block, kv_head, start, end):
+    """acc[r] += sum over start <= t < end of weights[t] * value_cache[block, t, kv_head], adding
+    the keys in order t = start, start + 1, ... (the same rounding as one key at a time).
 
     Eight keys per pass over head_dim, then four, then one: each pass loads and stores acc[r]
     once for all its keys, vectorised along head_dim. One key per pass spent most of its time
     loading and storing acc (`kernels/README.md`, "Eight keys per pass").
     """
     head_dim = acc.shape[1]
-    t = 0
-    while t + 8 <= visible:
+    t = start
+    while t + 8 <= end:
         p0, p1, p2, p3 = weights[t], weights[t + 1], weights[t + 2], weights[t + 3]
         p4, p5, p6, p7 = weights[t + 4], weights[t + 5], weights[t + 6], weights[t + 7]
         for d in range(head_dim):
@@ -184,7 +207,7 @@ def accumulate_values(acc, r, weights, value_cache, block, kv_head, visible):
             x += p7 * value_cache[block, t + 7, kv_head, d]
             acc[r, d] = x
         t += 8
-    while t + 4 <= visible:
+    while t + 4 <= end:
         p0, p1, p2, p3 = weights[t], weights[t + 1], weights[t + 2], weights[t + 3]
         for d in range(head_dim):
             x = acc[r, d]
@@ -194,7 +217,7 @@ def accumulate_values(acc, r, weights, value_cache, block, kv_head, visible):
             x += p3 * value_cache[block, t + 3, kv_head, d]
             acc[r, d] = x
         t += 4
-    while t < visible:
+    while t < end:
         p = weights[t]
         for d in range(head_dim):
             acc[r, d] += p * value_cache[block, t, kv_head, d]
@@ -215,6 +238,8 @@ def attend(
     q_tile,  # query tokens per tile
     kv_per_item,  # KV heads per work item: num_kv_heads, or a divisor of it
     scale,  # float: usually 1 / sqrt(head_dim)
+    sliding_window,  # int: a query at p sees keys p - sliding_window + 1 .. p; None: 0 .. p
+    soft_cap,  # float: each scaled score s becomes soft_cap * tanh(s / soft_cap); None: no cap
 ):
     block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     block_bytes = block_size * num_kv_heads * head_dim * 4  # one block of K (or V), all heads
@@ -246,20 +271,26 @@ def attend(
         acc = np.zeros((rows, head_dim), np.float32)  # running sum of exp(score - m) * v
         scores = np.empty(block_size, np.float32)
 
-        # The tile's last token sees the most keys: positions 0 .. cached_before + last - 1.
+        # The tile's last token sees the furthest key: position cached_before + last - 1. Its
+        # first token sees the earliest one: position 0, or with a window the first of that
+        # token's window. Blocks wholly before it are never read: where a window has moved
+        # past a block, a sliding layer's block table may hold a placeholder there.
         num_keys = cached_before + last
         num_key_blocks = (num_keys + block_size - 1) // block_size
+        first_key_block = 0
+        if sliding_window is not None:
+            first_key_block = max(0, cached_before + first - sliding_window + 1) // block_size
         # Prefetch. A decode reads its K and V once, from DRAM, block by block, and the hardware
         # prefetcher does not follow the block table to the next block, at another address: so
         # the kernel asks for it, the first block at once, and each next one while the current
         # one is computed, a few lines per row and key. Prefill tiles, which read each block
         # from the cache many times, ask too: asking in decode tiles only made prefills slower
         # (kernels/README.md, "Prefetch").
-        first_block_at = block_tables[seq, 0] * block_bytes
+        first_block_at = block_tables[seq, first_key_block] * block_bytes
         for line in range(0, block_bytes, 64):
             prefetch(key_address + first_block_at + line)
             prefetch(value_address + first_block_at + line)
-        for b in range(num_key_blocks):
+        for b in range(first_key_block, num_key_blocks):
             block = block_tables[seq, b]
             block_start = b * block_size  # position of the block's first slot
             prefetch_next = b + 1 < num_key_blocks
@@ -269,13 +300,17 @@ def attend(
             for r in range(rows):
                 kv_head = (first_head + r % heads) // group
                 q_pos = cached_before + first + r // heads
-                # Keys this row may see in this block: causal, so never past q_pos < seq_len.
-                visible = min(block_size, q_pos + 1 - block_start)
-                if visible <= 0:
+                # Keys this row may see in this block, slots start .. end - 1: causal, so never
+                # past q_pos < seq_len, and with a window never before q_pos - window + 1.
+                end = min(block_size, q_pos + 1 - block_start)
+                start = 0
+                if sliding_window is not None:
+                    start = max(0, q_pos - sliding_window + 1 - block_start)
+                if end <= start:
                     continue
                 m_new = m[r]
-                t = 0
-                while t + 4 <= visible:  # four keys per pass: each q[r, d] loaded once for them
+                t = start
+                while t + 4 <= end:  # four keys per pass: each q[r, d] loaded once for them
                     ahead = (r * block_size + t) * PREFETCH_BYTES_PER_KEY
                     if ahead < prefetch_end:
                         for line in range(ahead, ahead + 4 * PREFETCH_BYTES_PER_KEY, 64):
@@ -291,7 +326,7 @@ def attend(
                     scores[t], scores[t + 1], scores[t + 2], scores[t + 3] = s0, s1, s2, s3
                     m_new = max(m_new, max(max(s0, s1), max(s2, s3)))
                     t += 4
-                while t < visible:  # then one at a time
+                while t < end:  # then one at a time
                     ahead = (r * block_size + t) * PREFETCH_BYTES_PER_KEY
                     if ahead < prefetch_end:
                         for line in range(ahead, ahead + PREFETCH_BYTES_PER_KEY, 64):
@@ -303,23 +338,34 @@ def attend(
                     scores[t] = s
                     m_new = max(m_new, s)
                     t += 1
+                if soft_cap is not None:  # Gemma 2: cap the scores, and take their max again
+                    cap = np.float32(soft_cap)
+                    m_new = m[r]
+                    for t in range(start, end):
+                        s = cap * math.tanh(scores[t] / cap)
+                        scores[t] = s
+                        m_new = max(m_new, s)
                 # m[r] = -inf before the first block: exp(-inf) = 0 empties the old state.
                 alpha = math.exp(m[r] - m_new)
                 l_new = l[r] * alpha
                 for d in range(head_dim):
                     acc[r, d] *= alpha
-                for t in range(visible):
+                # From slot 0, the slots before the window weighing exactly 0 (their scores were
+                # never computed): from `start`, LLVM vectorised this loop worse (README).
+                for t in range(end):
                     p = exp_nonpositive(scores[t] - m_new)  # (<= 0: m_new is the max)
+                    if sliding_window is not None:
+                        p = p if t >= start else np.float32(0.0)
                     scores[t] = p  # the score's weight, for the values
                     l_new += p
-                accumulate_values(acc, r, scores, value_cache, block, kv_head, visible)
+                accumulate_values(acc, r, scores, value_cache, block, kv_head, start, end)
                 m[r] = m_new
                 l[r] = l_new
 
         for r in range(rows):
             token = q_start + first + r // heads
             head = first_head + r % heads
-            inv = np.float32(1.0) / l[r]  # every row saw key 0, so l > 0
+            inv = np.float32(1.0) / l[r]  # every row saw its own position, so l > 0
             for d in range(head_dim):
                 out[token, head, d] = acc[r, d] * inv
 
@@ -336,6 +382,8 @@ def paged_attention_numba(
     q_tile: int,
     num_threads: int,
     kv_per_item: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> None:
     """Run `plan` and `attend` on torch tensors (shapes and dtypes already checked by the caller).
 
@@ -347,8 +395,16 @@ def paged_attention_numba(
         t.to(torch.int32).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
     )
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    window = sliding_window or 0  # plan's "no window"
     tile_seq, tile_first, error, seq = plan(
-        block_tables, seq_lens, query_start_loc, query.shape[0], block_size, num_blocks, q_tile
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        query.shape[0],
+        block_size,
+        num_blocks,
+        q_tile,
+        window,
     )
     if error != OK:
         q_start, q_end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
@@ -392,6 +448,8 @@ def paged_attention_numba(
             q_tile,
             kv_per_item,
             float(scale),
+            sliding_window,
+            None if logits_soft_cap is None else float(logits_soft_cap),
         )
     finally:
         numba.set_parallel_chunksize(chunksize)

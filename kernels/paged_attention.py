@@ -8,6 +8,13 @@ paged cache through block_tables[i]::
 
     out[t, h] = softmax(scale * q[t, h] . K[0..p, h // group]) @ V[0..p, h // group]
 
+Two options of a layer change what a query sees. With a sliding window W it sees only positions
+p - W + 1 .. p, and a program starts its walk at the first step that holds a key of its tile's
+first query's window, loading nothing before that key: where the window has moved past a block, a
+sliding layer's block table may hold a placeholder. With a soft cap c each scaled score s becomes
+c * tanh(s / c) before the softmax (Gemma 2). Both are compile-time switches (`SLIDING`,
+`SOFT_CAP`): a layer without them runs exactly the code it ran before they existed.
+
 How programs map onto the work: the grid is (num_seqs, query tiles, num_kv_heads * num_splits).
 One program takes one *query tile* of one sequence for one kv head: BLOCK_Q consecutive query
 tokens times the GROUP query heads that share that kv head, stacked into the BLOCK_M = BLOCK_Q *
@@ -66,6 +73,13 @@ def _dot(a, b, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh(x) = 1 - 2 / (exp(2x) + 1), from `tl.exp` (Triton has no tanh of its own): exact
+    limits, exp overflowing to inf gives 1 and underflowing to 0 gives -1, never a NaN."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]                    (written unless SPLIT_KV)
     partial_out_ptr,  # [num_splits, num_tokens, num_heads, head_dim] fp32  (written if SPLIT_KV)
@@ -78,6 +92,8 @@ def _paged_attention_kernel(
     seq_lens_ptr,  # [num_seqs]
     query_start_loc_ptr,  # [num_seqs + 1]
     scale,  # float: usually 1 / sqrt(head_dim)
+    sliding_window,  # int: a query at p sees keys p - sliding_window + 1 .. p (if SLIDING)
+    soft_cap,  # float: each scaled score s becomes soft_cap * tanh(s / soft_cap) (if SOFT_CAP)
     num_tokens,
     num_heads,
     num_splits,
@@ -97,6 +113,8 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q * GROUP_PADDED
     BLOCK_N: tl.constexpr,  # context positions per loop step
     SPLIT_KV: tl.constexpr,  # write partials for the combine kernel instead of the output
+    SLIDING: tl.constexpr,  # a sliding-window layer
+    SOFT_CAP: tl.constexpr,  # a soft-capped layer
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -130,16 +148,21 @@ def _paged_attention_kernel(
 
     # --- Which context steps this program walks. The tile's last real query token is the one
     # furthest along, so the tile needs keys 0 .. cached_before + (its last q_idx). A tile past
-    # the end of the sequence's queries needs none. ---
+    # the end of the sequence's queries needs none. With a window, its first query token's
+    # window starts at first_key: the steps before the one holding it are skipped. ---
     tile_q_end = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
     num_keys = tl.where(q_tile * BLOCK_Q < q_len, cached_before + tile_q_end, 0)
     num_steps = tl.cdiv(num_keys, BLOCK_N)
+    first_step = 0
+    if SLIDING:
+        first_key = tl.maximum(cached_before + q_tile * BLOCK_Q - sliding_window + 1, 0)
+        first_step = tl.minimum(first_key // BLOCK_N, num_steps)
     if SPLIT_KV:  # this program takes one contiguous share of the steps
-        steps_per_split = tl.cdiv(num_steps, num_splits)
-        step_begin = split * steps_per_split
+        steps_per_split = tl.cdiv(num_steps - first_step, num_splits)
+        step_begin = first_step + split * steps_per_split
         step_end = tl.minimum(step_begin + steps_per_split, num_steps)
     else:
-        step_begin = 0
+        step_begin = first_step
         step_end = num_steps
 
     # --- The online softmax state, float32 whatever the input dtype. ---
@@ -153,6 +176,8 @@ def _paged_attention_kernel(
         # Gather BLOCK_N context positions: position -> (physical block, offset) -> address.
         k_pos = step * BLOCK_N + offs_n  # [N]
         k_valid = k_pos < seq_len  # [N] never read past the context (nor the table's padding)
+        if SLIDING:  # nor before the tile's first window (nor a placeholder the table holds there)
+            k_valid &= k_pos >= first_key
         block = tl.load(block_table + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [N]
         slot = block.to(tl.int64) * stride_cb + (k_pos % BLOCK_SIZE) * stride_co  # [N]
         slot += kv_head * stride_ch
@@ -164,7 +189,11 @@ def _paged_attention_kernel(
         )
 
         s = _dot(q, k, DOT_FP32, DOT_PRECISION) * scale  # [M, N] fp32
+        if SOFT_CAP:
+            s = soft_cap * _tanh(s / soft_cap)
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]  # [M, N]
+        if SLIDING:
+            causal &= k_pos[None, :] > q_pos[:, None] - sliding_window
         s = tl.where(causal, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [M]
@@ -190,7 +219,8 @@ def _paged_attention_kernel(
             mask=row_valid[:, None],
         )
     else:
-        # Every real row saw key 0, so l_i > 0 there; the guard only spares padding rows a 0 / 0.
+        # Every real row saw its own position, so l_i > 0 there; the guard only spares padding
+        # rows a 0 / 0.
         l_i = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_i[:, None]  # [M, D]
         tl.store(
@@ -218,8 +248,8 @@ def _combine_splits_kernel(
 
     Split s saw max m_s, sum l_s and accumulator acc_s. Rescaled to the global max M they give
     out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. A split that saw no key has
-    m_s = -inf, l_s = 0, acc_s = 0 and weighs exp(-inf) = 0. Split 0 always holds key 0, which
-    every query may see, so M is finite.
+    m_s = -inf, l_s = 0, acc_s = 0 and weighs exp(-inf) = 0. Every query sees its own position,
+    which some split holds, so M is finite.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -275,6 +305,8 @@ def paged_attention(
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query.dtype
     """Causal attention of each sequence's new tokens over its paged context (see module doc).
 
@@ -285,6 +317,8 @@ def paged_attention(
         to read the GPU tensors back; surplus query tiles find no work and exit at once.
       num_splits: split-KV factor (None: automatic, see `_default_num_splits`).
       block_m, block_n: tile sizes (powers of two, >= 16), for tests and tuning.
+      sliding_window, logits_soft_cap: the layer's window and soft cap, as `TorchAttention`'s
+        (None: the whole context, no cap).
     """
     interpreted = triton_setup.is_interpreted()
     _, block_size, num_kv_heads, head_dim = checks.check_kv_cache(key_cache, value_cache)
@@ -298,6 +332,7 @@ def paged_attention(
     if query.stride(-1) != 1:
         raise ValueError("query must be contiguous along head_dim (stride(-1) == 1)")
     checks.check_device_for_mode(query, interpreted)
+    checks.check_window_and_soft_cap(sliding_window, logits_soft_cap)
 
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
@@ -369,6 +404,8 @@ def paged_attention(
         seq_lens,
         query_start_loc,
         float(scale),
+        sliding_window or 0,
+        float(logits_soft_cap or 0.0),
         num_tokens,
         num_heads,
         num_splits,
@@ -388,6 +425,8 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         SPLIT_KV=split_kv,
+        SLIDING=sliding_window is not None,
+        SOFT_CAP=logits_soft_cap is not None,
         DOT_FP32=interpreted and query.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=4 if block_m * head_dim <= 64 * 128 else 8,

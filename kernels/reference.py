@@ -45,12 +45,20 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,  # [num_seqs] int: context length including this step's tokens
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int: where each sequence's queries start
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query.dtype
-    """Causal attention of each sequence's new tokens over its whole context in the paged cache.
+    """Causal attention of each sequence's new tokens over its context in the paged cache.
 
     Query token j of sequence i sits at position `seq_lens[i] - q_len_i + j` and attends to the
     context positions 0 through its own. Decode (q_len 1), prefill (q_len == seq_len) and chunked
     prefill (anything between) are all this one rule.
+
+    With `sliding_window` W a query at position p sees only positions p - W + 1 .. p, and the
+    blocks wholly before the first query's window are not read (a sliding layer's block table
+    may hold a placeholder there). With `logits_soft_cap` c each scaled score s becomes
+    c * tanh(s / c) before the softmax (Gemma 2).
     """
     _, block_size, num_kv_heads, head_dim = key_cache.shape
     num_heads = query.shape[1]
@@ -61,21 +69,29 @@ def paged_attention_ref(
         q_start, q_end = starts[i], starts[i + 1]
         q_len = q_end - q_start
 
-        # Gather the context through the block table: only the blocks the sequence uses.
-        num_blocks = -(-seq_len // block_size)
-        blocks = block_tables[i, :num_blocks].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # [seq_len, kvh, d]
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # [seq_len, kvh, d]
+        # Gather the context through the block table: only the blocks the sequence's queries
+        # see, from the one that holds the first query's earliest key (0 without a window).
+        first_key = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1)
+        first_block, num_blocks = first_key // block_size, -(-seq_len // block_size)
+        blocks = block_tables[i, first_block:num_blocks].long()
+        first_pos = first_block * block_size  # the position of the gathered context's first slot
+        kv_len = seq_len - first_pos
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:kv_len]  # [kv_len, kvh, d]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:kv_len]  # [kv_len, kvh, d]
         # Query head h reads kv head h // group: repeat each kv head `group` times.
-        k = k.repeat_interleave(group, dim=1).float()  # [seq_len, num_heads, d]
-        v = v.repeat_interleave(group, dim=1).float()  # [seq_len, num_heads, d]
+        k = k.repeat_interleave(group, dim=1).float()  # [kv_len, num_heads, d]
+        v = v.repeat_interleave(group, dim=1).float()  # [kv_len, num_heads, d]
         q = query[q_start:q_end].float()  # [q_len, num_heads, d]
 
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [num_heads, q_len, seq_len]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [num_heads, q_len, kv_len]
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)  # [q_len]
-        k_pos = torch.arange(seq_len, device=query.device)  # [seq_len]
-        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # [num_heads, q_len, seq_len], float32
+        k_pos = torch.arange(first_pos, seq_len, device=query.device)  # [kv_len]
+        visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, kv_len]: causal
+        if sliding_window is not None:
+            visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # [num_heads, q_len, kv_len], float32
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out

@@ -40,7 +40,7 @@ from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_inputs import StepInputs
-from nanovllm.kernels import cpu_token_ops
+from nanovllm.kernels import checks, cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
 from nanovllm.models.llama import Attention, CausalLM, RMSNorm
@@ -49,7 +49,8 @@ from nanovllm.models.rotary import RotaryEmbedding
 
 
 class CpuAttention:
-    """`TorchAttention`'s interface over the in-place numba kernel."""
+    """`TorchAttention`'s interface over the in-place numba kernel (its sliding window and
+    soft-capping too)."""
 
     def __init__(
         self,
@@ -60,12 +61,10 @@ class CpuAttention:
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
     ) -> None:
-        if sliding_window is not None or logits_soft_cap is not None:
-            raise NotImplementedError(
-                f"{type(self).__name__} has no sliding window or soft-capping yet "
-                "(attention_backend='torch' has)"
-            )
+        checks.check_window_and_soft_cap(sliding_window, logits_soft_cap)
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
@@ -81,6 +80,8 @@ class CpuAttention:
             meta.seq_lens,
             meta.query_start_loc,
             self.scale,
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.logits_soft_cap,
         )
 
 

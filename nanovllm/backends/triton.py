@@ -23,7 +23,8 @@ from nanovllm.models.attention import AttentionMetadata
 
 
 class TritonAttention:
-    """`TorchAttention`'s interface over the kernels of `nanovllm.kernels`."""
+    """`TorchAttention`'s interface over the kernels of `nanovllm.kernels` (its sliding window
+    and soft-capping too)."""
 
     def __init__(
         self,
@@ -34,17 +35,16 @@ class TritonAttention:
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
     ) -> None:
-        if sliding_window is not None or logits_soft_cap is not None:
-            raise NotImplementedError(
-                f"{type(self).__name__} has no sliding window or soft-capping yet "
-                "(attention_backend='torch' has)"
-            )
+        from nanovllm.kernels import checks
         from nanovllm.kernels.paged_attention import paged_attention
         from nanovllm.kernels.store_kvcache import store_kvcache
 
+        checks.check_window_and_soft_cap(sliding_window, logits_soft_cap)
         self._paged_attention = paged_attention
         self._store_kvcache = store_kvcache
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         self._store_kvcache(k, v, key_cache, value_cache, meta.slot_mapping)
@@ -57,6 +57,8 @@ class TritonAttention:
             meta.query_start_loc,
             self.scale,
             max_query_len=max(meta.query_lens_list),  # known on the host: no GPU read-back
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.logits_soft_cap,
         )
 
 
