@@ -9,11 +9,10 @@ path (a fresh prefill, a chunk, a prefix-cache hit, a decode), changes the token
 config makes its own differences matter: Gemma's scale (`query_pre_attn_scalar` far from
 head_dim), small soft-caps, Gemma 3's two RoPE bases with linear scaling on the global layers.
 
-The engine runs with attention_backend="torch": the CPU numba kernel and the Triton kernel take
-a window and soft-capping in another change, and until it lands they refuse them
-(NotImplementedError). Once they do, the default backend joins `BACKENDS` below. Meanwhile the
-CPU backend's other fast layers (numba RMSNorm and RoPE, packed matmuls) run here around the
-torch attention, which shows that none of its Llama-shaped classes is given to a Gemma model.
+The engine runs with attention_backend="torch" (the reference) and with the default backend (on
+a CPU, the numba kernel, which reads only the blocks in each query's window). The CPU backend's
+other fast layers (numba RMSNorm and RoPE, packed matmuls) also run around the torch attention
+in a test here, which shows that none of its Llama-shaped classes is given to a Gemma model.
 """
 
 from __future__ import annotations
@@ -29,8 +28,10 @@ from test_parity import engine_configs, run_nanovllm
 from tiny_models import hf_greedy, make_model
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.core.kv_cache_interface import get_kv_cache_config, layer_specs
 from nanovllm.engine.parts import EngineParts
 from nanovllm.models.attention import TorchAttention
+from nanovllm.models.loader import load_model_args
 
 # Tiny models: torch's worker threads would only add hand-off cost (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,9 +71,8 @@ MODELS = {
     ),
 }
 
-# The attention backends that run these models (the default one on a CPU joins after the
-# numba kernel takes a window: see the module docstring).
-BACKENDS = ("torch",)
+# The attention backends that run these models (None: the default, numba's kernel on a CPU).
+BACKENDS = ("torch", None)
 
 
 def make_prompts(seed: int = 0) -> list[list[int]]:
@@ -136,10 +136,21 @@ def test_greedy_matches_transformers_past_the_window(
 ) -> None:
     path, prompts, expected = checkpoints[name]
     config = dict(config)
-    kv_slots = config.pop("kv_slots")
-    config["num_kv_blocks"] = max(kv_slots // config["block_size"], 1)
+    config["num_kv_blocks"] = same_kv_memory(path, config.pop("kv_slots"), config["block_size"])
     got = run_nanovllm(path, prompts, attention_backend=backend, **config)
     assert got == expected
+
+
+def same_kv_memory(path, kv_slots: int, block_size: int) -> int:
+    """The blocks that hold as many K/V bytes as `kv_slots` slots of every layer: with KV cache
+    groups a block is one layer of each group (`num_kv_tensors` layers), not every layer; and a
+    sliding group's null block is one of them."""
+    _, args = load_model_args(path)
+    specs = layer_specs(args.layer_types, args.sliding_window, args.num_hidden_layers, block_size)
+    kv_cache_config = get_kv_cache_config(specs)
+    layer_slots = kv_slots * args.num_hidden_layers
+    blocks = layer_slots // (block_size * kv_cache_config.num_kv_tensors)
+    return max(blocks + kv_cache_config.has_sliding_window, 1)
 
 
 @pytest.mark.parametrize("name", ["gemma2-w4", "gemma3-w5"])
@@ -194,3 +205,22 @@ def test_logprobs_match_transformers_along_the_completion(checkpoints, name: str
         got = [out.outputs[0].logprobs[j][t].logprob for j, t in enumerate(tokens)]
         want = [expected[j, t].item() for j, t in enumerate(tokens)]
         assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_a_window_lets_a_request_longer_than_the_cache_run(checkpoints) -> None:
+    """A sliding model holds only its window's blocks (and one step's), so a request needing 41
+    slots runs in a cache of 5 usable blocks of 4 (20 slots), chunked 5 tokens a step, and
+    gives transformers' tokens; with every layer kept full the same request is refused."""
+    path, _, _ = checkpoints["mistral-w6"]
+    prompt = [(7 * i) % 500 + 2 for i in range(30)]
+    options = dict(
+        block_size=4, num_kv_blocks=6, max_num_batched_tokens=5, attention_backend="torch"
+    )
+    llm = LLM(str(path), **options)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_greedy(path, [prompt], 12)[0]
+    assert llm.llm_engine.kv_cache_manager.num_used_blocks == 0
+    full = LLM(str(path), disable_hybrid_kv_cache_manager=True, **options)
+    with pytest.raises(ValueError, match="more than the whole KV cache"):
+        full.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)

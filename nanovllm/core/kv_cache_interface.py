@@ -68,6 +68,21 @@ class KVCacheConfig:
     def has_sliding_window(self) -> bool:
         return any(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in self.kv_cache_groups)
 
+    def max_blocks_needed(self, num_slots: int, block_size: int, max_step_slots: int) -> int:
+        """The most blocks one request of `num_slots` KV slots holds at once, every group
+        together: a full group, all of them; a sliding group, those its window and one step's
+        new slots (at most `max_step_slots`) span, never more than all of them."""
+        every = -(-num_slots // block_size)
+        total = 0
+        for group in self.kv_cache_groups:
+            spec = group.kv_cache_spec
+            if isinstance(spec, SlidingWindowSpec):
+                span = spec.sliding_window - 1 + min(max_step_slots, num_slots)
+                total += min(every, -(-span // block_size) + 1)
+            else:
+                total += every
+        return total
+
     def layer_to_group(self, num_layers: int) -> tuple[int, ...]:
         """Each layer's group id."""
         groups = [0] * num_layers

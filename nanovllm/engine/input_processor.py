@@ -46,18 +46,23 @@ class InputProcessor:
         num_kv_blocks: int,
         block_size: int,
         num_lookahead_tokens: int,
+        blocks_needed: Callable[[int], int] | None = None,
         eos_token_ids: frozenset[int],
         seed: int,
         events: EventBus,
         is_known: Callable[[str], bool],
     ) -> None:
-        """`is_known(request_id)`: whether the engine already holds a request with that id."""
+        """`is_known(request_id)`: whether the engine already holds a request with that id.
+        `blocks_needed(num_slots)`: the most of the `num_kv_blocks` a request of that many KV
+        slots holds at once (default: one block per `block_size` slots; with sliding windows,
+        fewer: `KVCacheConfig.max_blocks_needed`)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.blocks_needed = blocks_needed or (lambda num_slots: -(-num_slots // block_size))
         self.eos_token_ids = eos_token_ids
         self.events = events
         self.is_known = is_known
@@ -166,15 +171,15 @@ class InputProcessor:
                 "(at least one token must be generated)"
             )
         max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - n)
-        capacity = self.num_kv_blocks * self.block_size
         lookahead = self.num_lookahead_tokens
         # The last token is sampled, never computed: it needs no slot.
-        if n + max_tokens - 1 + lookahead > capacity:
+        needed = self.blocks_needed(n + max_tokens - 1 + lookahead)
+        if needed > self.num_kv_blocks:
             extra = f" + {lookahead} lookahead slots for the draft model" if lookahead else ""
             raise ValueError(
                 f"prompt of {n} tokens plus max_tokens={max_tokens} needs {n + max_tokens - 1} KV "
-                f"slots{extra}, more than the whole KV cache ({capacity} = {self.num_kv_blocks} "
-                f"blocks x {self.block_size})"
+                f"slots{extra} ({needed} blocks of {self.block_size}), more than the whole KV "
+                f"cache ({self.num_kv_blocks} blocks)"
             )
         structured_output_request = self.structured_output.grammar_init(params)  # may refuse
         seed = params.seed

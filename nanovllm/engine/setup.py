@@ -185,9 +185,19 @@ def build_engine(config: EngineConfig) -> EngineCore:
         setup.tokenizer,
         vocab_size=setup.model_args.vocab_size,
         max_model_len=setup.max_model_len,
-        num_kv_blocks=blocks_per_request(setup),
+        num_kv_blocks=setup.num_kv_blocks - setup.kv_cache_config.has_sliding_window,  # (null)
         block_size=config.block_size,
         num_lookahead_tokens=lookahead,
+        blocks_needed=functools.partial(
+            setup.kv_cache_config.max_blocks_needed,
+            block_size=config.block_size,
+            max_step_slots=lookahead
+            + (
+                config.max_num_batched_tokens
+                if config.enable_chunked_prefill
+                else setup.max_model_len
+            ),
+        ),
         eos_token_ids=setup.eos_token_ids,
         seed=config.seed,
         events=events,
@@ -435,14 +445,6 @@ def kv_cache_config_for(config: EngineConfig, args: ModelArgs, has_draft: bool) 
                 f"{sorted(set(args.layer_types))}); pass disable_hybrid_kv_cache_manager=True"
             )
     return kv_cache_config
-
-
-def blocks_per_request(setup: EngineSetup) -> int:
-    """The blocks one request can count on: with several KV cache groups, its share of each
-    (a sliding group needs fewer: a bound, not the exact figure)."""
-    kv_cache_config = setup.kv_cache_config
-    usable = setup.num_kv_blocks - kv_cache_config.has_sliding_window  # (the null block)
-    return max(usable // kv_cache_config.num_groups, 1)
 
 
 def measure_kv_budget(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int:
