@@ -128,21 +128,7 @@ class InputProcessor:
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as text, token ids, or a dict holding either."""
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self.tokenize(prompt["prompt"])
-            raise ValueError(
-                f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys {list(prompt)}"
-            )
-        if isinstance(prompt, list | tuple):
-            return None, list(prompt)
-        raise ValueError(
-            f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
-        )
+        return tokenize_prompt(self.tokenizer, prompt)
 
     def _make_request(
         self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams
@@ -197,3 +183,22 @@ class InputProcessor:
             seed=seed,
             structured_output_request=structured_output_request,
         )
+
+
+def tokenize_prompt(tokenizer, prompt: Prompt) -> tuple[str | None, list[int]]:
+    """(text, token ids) of a prompt given as text, token ids, or a dict holding either."""
+    if isinstance(prompt, str):
+        return prompt, tokenizer.encode(prompt)
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return tokenize_prompt(tokenizer, prompt["prompt"])
+        raise ValueError(
+            f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys {list(prompt)}"
+        )
+    if isinstance(prompt, list | tuple):
+        return None, list(prompt)
+    raise ValueError(
+        f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+    )

@@ -31,6 +31,7 @@ from typing import Any
 
 from nanovllm.chat_utils import render_chat, resolve_chat_template
 from nanovllm.config import EngineConfig
+from nanovllm.engine.input_processor import tokenize_prompt
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.inputs import check_prompt_dict
@@ -84,10 +85,9 @@ class LLM:
                 check_prompt_dict(prompt)
         k = _truncate_prompt_tokens(tokenization_kwargs)
         if k is not None:
-            processor = self.llm_engine.input_processor
-            max_model_len = self.llm_engine.max_model_len
+            tokenizer, max_model_len = self.llm_engine.tokenizer, self.llm_engine.max_model_len
             prompts = [
-                _tokens_prompt(truncate_prompt(processor.tokenize(p), k, max_model_len))
+                _tokens_prompt(truncate_prompt(tokenize_prompt(tokenizer, p), k, max_model_len))
                 for p in prompts
             ]
         if sampling_params is None:
