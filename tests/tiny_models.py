@@ -143,8 +143,10 @@ def make_model(
     rope_scaling: dict | None = None,
     shards: bool = False,
     tokenizer: str = "bytelevel",
+    moe: dict | None = None,
 ) -> Path:
-    """Build, save and return the folder of a tiny random model (llama, qwen2 or qwen3)."""
+    """Build, save and return the folder of a tiny random model (llama, qwen2, qwen3, mixtral or
+    qwen3_moe; `moe`: the mixtures' config fields over `moe_config`'s)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     path.mkdir(parents=True, exist_ok=True)
@@ -172,6 +174,8 @@ def make_model(
         config = Qwen2Config(**common, rope_theta=10000.0)
     elif arch == "qwen3":
         config = Qwen3Config(**common, rope_theta=10000.0)
+    elif arch in ("mixtral", "qwen3_moe"):
+        config = moe_config(arch, common, moe or {})
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
@@ -179,6 +183,24 @@ def make_model(
     randomize_defaults(model)
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB")
     return path
+
+
+def moe_config(arch: str, common: dict, moe: dict):
+    """A tiny Mixtral or Qwen3-MoE config: 4 experts, top-2, experts half the dense MLP's size
+    (Qwen3-MoE's), over which `moe` writes its own fields."""
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    if arch == "mixtral":
+        fields = dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0)
+        return MixtralConfig(**{**common, **fields, **moe})
+    fields = dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=common["hidden_size"],
+        norm_topk_prob=False,
+        rope_theta=10000.0,
+    )
+    return Qwen3MoeConfig(**{**common, **fields, **moe})
 
 
 def randomize_defaults(model: torch.nn.Module) -> None:
