@@ -76,3 +76,14 @@ def test_two_tensor_parallel_ranks_match_transformers(checkpoints, name: str) ->
         assert llm.llm_engine.scheduler.num_preemptions > 0
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_the_default_cpu_backend_runs_the_moe_fast_path(checkpoints) -> None:
+    """So the default backend's parity above is the fast path's (`backends/cpu_moe.py`)."""
+    from nanovllm.backends.cpu_moe import CpuSparseMoeBlock
+    from nanovllm.models.moe import SparseMoeBlock
+
+    path, _, _ = checkpoints["mixtral"]
+    for backend, expected in (("cpu", CpuSparseMoeBlock), ("torch", SparseMoeBlock)):
+        llm = LLM(str(path), attention_backend=backend)
+        assert type(llm.llm_engine.runner.model.model.layers[0].mlp) is expected

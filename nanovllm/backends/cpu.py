@@ -172,10 +172,11 @@ class CpuBackend(Backend):
     def model_layers(
         self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
     ) -> ModelLayers:
-        layers = moe_layers(super().model_layers(layers, dtype, device, enforce_eager))
+        layers = super().model_layers(layers, dtype, device, enforce_eager)
         if can_prepack(torch.empty(0, 0, dtype=dtype, device=device)):
             layers = packed_layers(layers, for_compile=not enforce_eager)
-        return numba_layers(layers, dtype, device) if enforce_eager else layers
+        # (F.grouped_mm cannot be traced in float32: compiled layers keep the plain MoE.)
+        return moe_layers(numba_layers(layers, dtype, device)) if enforce_eager else layers
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         keep_freed_memory()

@@ -186,9 +186,6 @@ class FusedMoE(nn.Module):
         rows = param.data[expert].narrow(0, 0 if matrix == "w1" else n, n)
         rows.copy_(loaded_weight.narrow(0, start, n))
 
-    # Never traced by torch.compile (`enforce_eager=False`): how many tokens each expert gets is
-    # known only at run time, so a compiled layer calls this eagerly, as it does paged attention.
-    @torch.compiler.disable
     def forward(
         self,
         hidden_states: torch.Tensor,  # [num_tokens, hidden]
