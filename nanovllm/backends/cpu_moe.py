@@ -13,7 +13,10 @@ layer's time. Here the per-expert work is the matmuls alone:
     out[t] = sum over t's k pairs of weight * y                                 [n, H]
 
 The grouped matmul is torch's `F.grouped_mm` (one call over all groups) where this torch has
-it, else one `torch.mm` per expert written straight into its rows of the output.
+it and the step has at least as many (token, expert) pairs as there are experts; else one
+`torch.mm` per expert that received tokens, written straight into its rows of the output.
+`F.grouped_mm` visits every expert, empty or not, so for a decode step of one token over 128
+experts the loop, which skips the empty ones, was faster (nanovllm/bench/README.md).
 
 It computes what `fused_experts` computes, summing each token's k results in slot order
 rather than expert order (so equal to rounding: tests/test_moe.py). Its speed against the plain
@@ -35,10 +38,10 @@ def grouped_linear(
     x: torch.Tensor,  # [m, in]: rows grouped by expert, `counts[e]` rows for expert e, in order
     weight: torch.Tensor,  # [num_experts, out, in]
     counts: list[int],  # [num_experts]
-    use_grouped_mm: bool = True,
+    use_grouped_mm: bool,
 ) -> torch.Tensor:  # [m, out]: each group's rows times its expert's weight^T
     """Each group of rows times its own expert's weight."""
-    if use_grouped_mm and hasattr(F, "grouped_mm"):
+    if use_grouped_mm:
         ends = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
         return F.grouped_mm(x, weight.transpose(1, 2), offs=ends)
     out = x.new_empty(x.shape[0], weight.shape[1])
@@ -57,12 +60,16 @@ def cpu_fused_experts(
     w2_weight: torch.Tensor,  # [num_experts, hidden, intermediate]
     topk_weights: torch.Tensor,  # [num_tokens, top_k]
     topk_ids: torch.Tensor,  # [num_tokens, top_k]
-    use_grouped_mm: bool = True,
+    use_grouped_mm: bool | None = None,
 ) -> torch.Tensor:  # [num_tokens, hidden]
-    """`fused_experts` with the pairs sorted once and two grouped matmuls (module docstring)."""
+    """`fused_experts` with the pairs sorted once and two grouped matmuls (module docstring).
+    `use_grouped_mm`: True or False forces `F.grouped_mm` or the loop; None picks as above."""
     num_tokens, top_k = topk_ids.shape
     intermediate = w2_weight.shape[2]
     pair_ids = topk_ids.reshape(-1)  # [n * k]
+    if use_grouped_mm is None:
+        use_grouped_mm = pair_ids.numel() >= w13_weight.shape[0]
+    use_grouped_mm = use_grouped_mm and hasattr(F, "grouped_mm")
     order = torch.argsort(pair_ids, stable=True)  # [n * k]: the pairs, grouped by expert
     counts = torch.bincount(pair_ids, minlength=w13_weight.shape[0]).tolist()
     x = hidden_states.index_select(0, order // top_k)  # [n * k, hidden]

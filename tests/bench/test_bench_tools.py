@@ -48,4 +48,4 @@ def test_token_ops_bench_prints_both_ops(capsys: pytest.CaptureFixture[str]) -> 
 def test_moe_bench_times_the_plain_layer_and_both_fast_ways(capsys) -> None:
     cpu_moe.main(["--tokens", "3", "--repeats", "1", "--threads", "1", "--shapes", "tiny"])
     row = capsys.readouterr().out.splitlines()[-1].split()
-    assert row[:3] == ["tiny", "(tests)", "3"] and len(row) == 7 and row[-1].endswith("x")
+    assert row[:3] == ["tiny", "(tests)", "3"] and len(row) == 8 and row[-1].endswith("x")
