@@ -144,10 +144,12 @@ def make_model(
     shards: bool = False,
     tokenizer: str = "bytelevel",
     extra: dict | None = None,
+    moe: dict | None = None,
 ) -> Path:
     """Build, save and return the folder of a tiny random model (llama, qwen2, qwen3, mistral,
-    gemma2 or gemma3: Gemma 3's text model). `extra`: further config fields (a sliding window,
-    `layer_types`, Gemma's scalars and soft-caps)."""
+    gemma2 or gemma3: Gemma 3's text model; mixtral or qwen3_moe). `extra`: further config
+    fields (a sliding window, `layer_types`, Gemma's scalars and soft-caps); `moe`: the
+    mixtures' config fields over `moe_config`'s."""
     from transformers import (
         AutoModelForCausalLM,
         Gemma2Config,
@@ -189,6 +191,8 @@ def make_model(
         common.setdefault("head_dim", hidden_size // num_heads)  # (Gemma's default is 256)
         config_class = Gemma2Config if arch == "gemma2" else Gemma3TextConfig
         config = config_class(**common, **(extra or {}))
+    elif arch in ("mixtral", "qwen3_moe"):
+        config = moe_config(arch, common, {**(moe or {}), **(extra or {})})
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
@@ -197,6 +201,24 @@ def make_model(
     randomize_defaults(model, norm_center=0.0 if arch.startswith("gemma") else 1.0)
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB")
     return path
+
+
+def moe_config(arch: str, common: dict, moe: dict):
+    """A tiny Mixtral or Qwen3-MoE config: 4 experts, top-2, experts half the dense MLP's size
+    (Qwen3-MoE's), over which `moe` writes its own fields."""
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    if arch == "mixtral":
+        fields = dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=10000.0)
+        return MixtralConfig(**{**common, **fields, **moe})
+    fields = dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=common["hidden_size"],
+        norm_topk_prob=False,
+        rope_theta=10000.0,
+    )
+    return Qwen3MoeConfig(**{**common, **fields, **moe})
 
 
 def randomize_defaults(model: torch.nn.Module, norm_center: float = 1.0) -> None:

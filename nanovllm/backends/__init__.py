@@ -20,7 +20,8 @@ This is vLLM's `CustomOp` idea (a native forward, platform forwards chosen at co
 spread over the places the engine has. No module changes class after it is built. `Backend`
 itself is the plain one, named "torch": it changes nothing and imports no kernel. The others:
 
-    "cpu"     cpu.py        numba attention, RMSNorm and RoPE; prepacked linears; InputBatch
+    "cpu"     cpu.py        numba attention, RMSNorm and RoPE; prepacked linears; InputBatch;
+                            mixtures of experts sorted by expert, grouped matmuls (cpu_moe.py)
     "triton"  triton.py     Triton attention and KV write; on a GPU, cuda_runner.py
 
 Each fast path is tested against the plain code it replaces (tests/test_backends.py and the

@@ -12,6 +12,7 @@ is built), each a subclass of the plain layer with its parameters:
   layers' torch code as the fallback;
 - in each attention layer, what lies between the QKV projection and paged attention (the split,
   RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
+- a mixture of experts' tokens sorted by expert once, two grouped matmuls (`cpu_moe.py`);
 - every linear layer's matmul through a packed weight (`cpu_linear.py`: MKL's, else oneDNN's),
   packed once the weights are loaded (`prepare_model`);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
@@ -35,6 +36,7 @@ import torch
 from nanovllm.backends import Backend
 from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
 from nanovllm.backends.cpu_malloc import keep_freed_memory
+from nanovllm.backends.cpu_moe import moe_layers
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
@@ -174,7 +176,8 @@ class CpuBackend(Backend):
         layers = super().model_layers(layers, dtype, device, enforce_eager)
         if can_prepack(torch.empty(0, 0, dtype=dtype, device=device)):
             layers = packed_layers(layers, for_compile=not enforce_eager)
-        return numba_layers(layers, dtype, device) if enforce_eager else layers
+        # (F.grouped_mm cannot be traced in float32: compiled layers keep the plain MoE.)
+        return moe_layers(numba_layers(layers, dtype, device)) if enforce_eager else layers
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         keep_freed_memory()

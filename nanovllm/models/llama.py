@@ -1,4 +1,5 @@
-"""The decoder: one compact implementation of Llama, Mistral, Qwen2 and Qwen3.
+"""The decoder: one compact implementation of Llama, Mistral, Qwen2, Qwen3 and their mixtures
+of experts.
 
 These architectures are the same transformer with small switches:
 
@@ -9,6 +10,7 @@ These architectures are the same transformer with small switches:
 - Llama: no biases (unless `attention_bias`), optional Llama 3 RoPE scaling; Mistral: a window.
 - Qwen2: biases on the q, k and v projections.
 - Qwen3: a per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`), no biases.
+- Mixtral (Llama's attention), Qwen3-MoE (Qwen3's): a mixture of experts as the MLP (`moe.py`).
 
 Unlike a training model, the forward pass takes a *flat* batch: `input_ids` and `positions` are
 1-D over all of the step's tokens from all requests (no padding, no batch dimension). Everything
@@ -51,6 +53,7 @@ class LayerClasses(Protocol):
     rms_norm: Callable[..., nn.Module]
     rotary: Callable[..., nn.Module]
     decoder_layer: Callable[..., nn.Module]
+    moe: Callable[..., nn.Module]
 
 
 class RMSNorm(nn.Module):
@@ -124,8 +127,7 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
-        # (q and k leave RoPE as new tensors; v is still a strided view into the fused output,
-        # and the KV-write kernels take contiguous tensors.)
+        # v: a strided view of the fused output; the KV write needs it contiguous (RoPE copies q, k)
         v = v.reshape(n, self.num_kv_heads, self.head_dim).contiguous()
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -155,7 +157,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = layers.self_attn(args, layers)
         self.post_attention_layernorm = layers.rms_norm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args, layers)
+        self.mlp = layers.moe(args, layers) if args.num_experts else MLP(args, layers)
 
     def forward(
         self,

@@ -6,6 +6,8 @@ norm on q and k (Qwen3), Llama 3's RoPE scaling, a sliding window on some or all
 Qwen2 and Qwen3 with `use_sliding_window`). Gemma 2 and 3 add what `gemma.py` describes. Hugging
 Face's configs name these in slightly different ways; `from_config` reads them into one set of
 fields, and rejects any other architecture, or a value nanovllm cannot honour, by name.
+Mixtral (Llama's attention) and Qwen3-MoE (Qwen3's) replace the MLP of their sparse layers by
+a mixture of experts (`moe.py`), read by `_moe_fields`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -64,10 +68,32 @@ class ModelArgs:
         )
         return {name: value for name, value in options.items() if value is not None}
 
+    # Mixture of experts (`moe.py`; Mixtral, Qwen3-MoE). num_experts 0: every MLP is dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k: the experts each token is routed to
+    moe_intermediate_size: int = 0  # each expert's SwiGLU size (`intermediate_size`: dense ones)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    mlp_only_layers: tuple[int, ...] = ()  # layers that keep a dense MLP (Qwen3-MoE)
+    decoder_sparse_step: int = 1  # every step-th layer is sparse (Qwen3-MoE)
+
     def for_layer(self, index: int) -> ModelArgs:
-        """The arguments one layer is built from: `sliding_window` only where that layer slides."""
+        """The arguments one layer is built from: `sliding_window` only where that layer slides,
+        `num_experts` only where its MLP is a mixture of experts."""
         slides = bool(self.layer_types) and self.layer_types[index] == "sliding_attention"
-        return replace(self, sliding_window=self.sliding_window if slides else None)
+        return replace(
+            self,
+            sliding_window=self.sliding_window if slides else None,
+            num_experts=self.num_experts if self.is_moe_layer(index) else 0,
+        )
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index`'s MLP is a mixture of experts (Qwen3-MoE's rule; Mixtral's
+        config has neither `mlp_only_layers` nor `decoder_sparse_step`, so all of its are)."""
+        return (
+            self.num_experts > 0
+            and index not in self.mlp_only_layers
+            and (index + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_config(cls, config: dict) -> ModelArgs:
@@ -101,9 +127,10 @@ class ModelArgs:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
             rope_parameters_local=rope_local,
             **attention_layout(arch, config),
+            **_moe_fields(arch, config),
         )
 
 
@@ -140,8 +167,9 @@ def attention_layout(arch: str, config: dict) -> dict:
     """The fields of `ModelArgs` that say how each layer attends: `layer_types` and
     `sliding_window`, read as transformers reads them, and Gemma's score scale and soft-caps.
 
-    - Mistral: `sliding_window` on every layer (null: none); transformers' Mistral ignores any
-      `layer_types`, and so does this.
+    - Mistral and Mixtral: `sliding_window` on every layer (null: none); transformers' Mistral
+      ignores any `layer_types`, and so does this.
+    - Qwen3-MoE: with `use_sliding_window`, `sliding_window` on every layer.
     - Qwen2 and Qwen3: a window only with `use_sliding_window`, on the layers from
       `max_window_layers` on (unless `layer_types` lists them).
     - Gemma 2: `layer_types`, else sliding and full layers alternating, sliding first.
@@ -153,7 +181,10 @@ def attention_layout(arch: str, config: dict) -> dict:
     window = config.get("sliding_window")
     layer_types = config.get("layer_types")
     options: dict = {}
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+        layer_types = ["sliding_attention"] * layers
+    elif arch == "Qwen3MoeForCausalLM":  # (one window on every layer, when it slides at all)
+        window = window if config.get("use_sliding_window") else None
         layer_types = ["sliding_attention"] * layers
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         window = window if config.get("use_sliding_window") else None
@@ -206,3 +237,32 @@ def attention_layout(arch: str, config: dict) -> dict:
         if value is not None and not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
     return dict(layer_types=layer_types, sliding_window=window, **options)
+
+
+def _moe_fields(arch: str, config: dict) -> dict:
+    """The mixture-of-experts fields of Mixtral's and Qwen3-MoE's config.json (none for a
+    dense architecture). Their routers differ in one switch: Mixtral always renormalises the
+    top-k weights; Qwen3-MoE only with `norm_topk_prob`."""
+    if arch not in ("MixtralForCausalLM", "Qwen3MoeForCausalLM"):
+        return {}
+    # (transformers' save_pretrained writes Qwen3-MoE's num_experts as num_local_experts.)
+    num_experts = config.get("num_experts") or config.get("num_local_experts")
+    top_k = config.get("num_experts_per_tok")
+    if not num_experts or not top_k or not 0 < top_k <= num_experts:
+        raise ValueError(
+            f"{arch}: num_experts={num_experts!r} and num_experts_per_tok={top_k!r} must be "
+            "positive, with num_experts_per_tok <= num_experts"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{arch}: hidden_act={config['hidden_act']!r}; nanovllm runs 'silu'")
+    fields = dict(num_experts=num_experts, num_experts_per_tok=top_k)
+    if arch == "MixtralForCausalLM":
+        fields.update(moe_intermediate_size=config["intermediate_size"], norm_topk_prob=True)
+    else:
+        fields.update(
+            moe_intermediate_size=config["moe_intermediate_size"],
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
+            decoder_sparse_step=config.get("decoder_sparse_step") or 1,
+        )
+    return fields  # (their windows: `attention_layout`)

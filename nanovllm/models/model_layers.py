@@ -17,6 +17,7 @@ before the model is built: nothing is swapped in a built model or in a module.
     rms_norm       every RMSNorm (`llama.py`)
     rotary         the rotary position embedding (`rotary.py`)
     decoder_layer  each pre-norm residual block (`llama.py`)
+    moe            a sparse layer's mixture of experts: router and experts (`moe.py`)
 
 Each rank builds its own model (`engine/tensor_parallel.py`), so the engine carries, to every
 rank's process, a picklable callable that gives the ranks' `ModelLayers`: `EngineParts`'s
@@ -33,6 +34,7 @@ from nanovllm.models.attention import TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.models.llama import Attention, DecoderLayer, RMSNorm
+from nanovllm.models.moe import SparseMoeBlock
 from nanovllm.models.rotary import RotaryEmbedding
 
 
@@ -50,3 +52,4 @@ class ModelLayers:
     rms_norm: Callable[..., RMSNorm] = RMSNorm
     rotary: Callable[..., RotaryEmbedding] = RotaryEmbedding
     decoder_layer: Callable[..., DecoderLayer] = DecoderLayer
+    moe: Callable[..., SparseMoeBlock] = SparseMoeBlock

@@ -24,7 +24,9 @@ fused layers hold them in one parameter. A mapping, vLLM's `stacked_params_mappi
 each goes: `(param_name, checkpoint_name, shard_id)`, e.g. ("qkv_proj", "q_proj", "q"), so
 `model.layers.0.self_attn.q_proj.weight` loads into `model.layers.0.self_attn.qkv_proj.weight`
 through its `weight_loader(param, tensor, "q")`. Parameters without a `weight_loader` (norms,
-plain layers) get their tensor copied whole.
+plain layers) get their tensor copied whole. A mixture of experts stores each expert's matrices
+as tensors of their own too; each loads into its slot of the layer's stacked expert weights
+(`moe.expert_target`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from nanovllm.models.moe import expert_target
 
 # (fused parameter name, Hugging Face checkpoint name, shard id): Llama, Qwen2 and Qwen3.
 STACKED_PARAMS_MAPPING: list[tuple[str, str, str | int]] = [
@@ -119,8 +123,12 @@ def _target(name: str, mapping: Sequence[tuple[str, str, str | int]], params: di
     """The parameter name and shard id a checkpoint tensor loads into.
 
     A mapping applies only when the model has the fused parameter, so an unfused model (plain
-    q_proj, k_proj, v_proj) loads with the same mapping.
+    q_proj, k_proj, v_proj) loads with the same mapping. An expert's tensor loads into its
+    layer's stacked experts (`moe.expert_target`).
     """
+    expert = expert_target(name)
+    if expert is not None and expert[0] in params:
+        return expert
     for param_name, ckpt_name, shard_id in mapping:
         part = f".{ckpt_name}."
         if part in name:
@@ -197,6 +205,7 @@ def load_tensors(
     for name, param in params.items():
         parts = name.split(".")
         shards = [s for p, _, s in mapping if p in parts] if fused.intersection(parts) else [None]
+        shards = getattr(param, "shard_ids", shards)  # (stacked experts: each expert's matrices)
         missing += [
             f"{name} (shard {s!r})" if s is not None else name
             for s in shards

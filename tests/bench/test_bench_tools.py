@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanovllm.bench.tools import block_manager, cpu_attention, cpu_token_ops
+from nanovllm.bench.tools import block_manager, cpu_attention, cpu_moe, cpu_token_ops
 from nanovllm.kernels import cpu_token_ops as token_kernels
 from nanovllm.kernels.reference import paged_attention_ref
 
@@ -43,3 +43,9 @@ def test_token_ops_bench_prints_both_ops(capsys: pytest.CaptureFixture[str]) -> 
     cpu_token_ops.main(["--tokens", "3", "--repeats", "2", "--threads", "1"])
     out = capsys.readouterr().out
     assert "rmsnorm" in out and "rope" in out
+
+
+def test_moe_bench_times_the_plain_layer_and_both_fast_ways(capsys) -> None:
+    cpu_moe.main(["--tokens", "3", "--repeats", "1", "--threads", "1", "--shapes", "tiny"])
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:3] == ["tiny", "(tests)", "3"] and len(row) == 8 and row[-1].endswith("x")
