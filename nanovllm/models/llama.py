@@ -1,5 +1,4 @@
-"""The decoder: one compact implementation of Llama, Mistral, Qwen2, Qwen3 and their mixtures
-of experts.
+"""The decoder: one implementation of Llama, Mistral, Qwen2, Qwen3 and their mixtures of experts.
 
 These architectures are the same transformer with small switches:
 
@@ -7,9 +6,8 @@ These architectures are the same transformer with small switches:
                          RMSNorm -> SwiGLU MLP                      -> + residual ] x L
            -> RMSNorm -> lm_head -> logits
 
-- Llama: no biases (unless `attention_bias`), optional Llama 3 RoPE scaling; Mistral: a window.
-- Qwen2: biases on the q, k and v projections.
-- Qwen3: a per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`), no biases.
+- Llama: no biases (unless `attention_bias`), Llama 3 RoPE scaling; Mistral: a window;
+  Qwen2: q/k/v biases. Qwen3: a per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`).
 - Mixtral (Llama's attention), Qwen3-MoE (Qwen3's): a mixture of experts as the MLP (`moe.py`).
 
 Unlike a training model, the forward pass takes a *flat* batch: `input_ids` and `positions` are

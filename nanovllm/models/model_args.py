@@ -136,12 +136,12 @@ class ModelArgs:
 
 def check_activation(arch: str, config: dict) -> None:
     """The MLP's activation must be the one nanovllm computes: SiLU, or Gemma's tanh GELU."""
+    field, expected = ("hidden_act", "silu")
     if arch in GEMMA_ARCHITECTURES:
-        name, expected = config.get("hidden_activation", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"
-    else:
-        name, expected = config.get("hidden_act", "silu"), "silu"
+        field, expected = ("hidden_activation", "gelu_pytorch_tanh")
+    name = config.get(field, expected)
     if name != expected:
-        raise ValueError(f"unsupported activation {name!r} for {arch} (supported: {expected!r})")
+        raise ValueError(f"unsupported activation {field}={name!r} for {arch} ({expected!r} runs)")
 
 
 def rope_parameters(arch: str, config: dict) -> tuple[dict, dict | None]:
