@@ -208,3 +208,17 @@ def test_a_model_of_its_own_layers_runs_eagerly_with_one_warning(tmp_path) -> No
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+def test_a_mixture_of_experts_runs_eagerly_with_one_warning(tmp_path) -> None:
+    """Grouping tokens by expert gives shapes that change every step: a MoE model is not
+    compiled (one warning), and computes what transformers computes."""
+    path = make_model(tmp_path, arch="mixtral", vocab_size=256)
+    with pytest.warns(UserWarning, match="mixture-of-experts") as caught:
+        llm = LLM(str(path), enforce_eager=False)
+    assert sum("mixture-of-experts" in str(w.message) for w in caught) == 1
+    assert llm.llm_engine.runner.model.compile_seconds is None
+    prompts = prompts_of([4, 11])
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path, prompts, MAX_TOKENS)

@@ -32,8 +32,9 @@ Compiling costs seconds at start-up and did not pay on the bench's decode-heavy 
 (nanovllm/bench/README.md, "Compiling the model"): hence the default is eager.
 
 Not compiled: the embedding, the final norm and the LM head (run once per step, not per layer),
-and a model under tensor parallelism (its row-parallel layers all-reduce inside the regions;
-it runs eagerly, with a warning).
+and, running eagerly with a warning, a model under tensor parallelism (its row-parallel layers
+all-reduce inside the regions), a model of its own layers (Gemma's) and one with a mixture of
+experts (its tokens grouped by expert: shapes dynamo compiles again for at every step).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from collections.abc import Callable
 
 import torch
 
-from nanovllm.models.llama import CausalLM, DecoderLayer
+from nanovllm.models.llama import MLP, CausalLM, DecoderLayer
 from nanovllm.models.rotary import RotaryEmbedding
 
 logger = logging.getLogger("nanovllm")
@@ -115,6 +116,15 @@ def compile_model(model: CausalLM, backend: str | Callable | None = None) -> flo
         warnings.warn(
             f"enforce_eager=False: this model's layers ({', '.join(kinds)}) have no compiled "
             "form; running eagerly",
+            stacklevel=2,
+        )
+        return None
+    if not all(isinstance(layer.mlp, MLP) for layer in layers):
+        # (a mixture of experts groups its tokens by expert: data-dependent shapes that dynamo
+        # recompiles for until its limit, so such a model is not compiled at all)
+        warnings.warn(
+            "enforce_eager=False: a model with mixture-of-experts layers is not compiled; "
+            "running eagerly",
             stacklevel=2,
         )
         return None
