@@ -69,6 +69,9 @@ class EngineConfig:
     # vLLM's: every layer's KV kept as full attention's, one KV cache group, windows or not
     # (`core/kv_cache_interface.py`; the layers still attend within their windows)
     disable_hybrid_kv_cache_manager: bool = False
+    # vLLM's: a mixture of experts' experts spread whole over the tensor-parallel ranks, instead
+    # of each cut across them (`models/moe_expert_parallel.py`)
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -55,14 +55,18 @@ def test_greedy_matches_transformers(checkpoints, name: str, backend, config: di
     assert run_nanovllm(path, prompts, **config, **options) == expected
 
 
+@pytest.mark.parametrize("expert_parallel", [False, True])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_two_tensor_parallel_ranks_match_transformers(checkpoints, name: str) -> None:
-    """Each rank holds half of every expert's intermediate features; under preemption, chunked
-    prefill and prefix caching at once."""
+def test_two_tensor_parallel_ranks_match_transformers(
+    checkpoints, name: str, expert_parallel: bool
+) -> None:
+    """Each rank holds half of every expert's intermediate features, or (expert parallel) half
+    of the experts whole; under preemption, chunked prefill and prefix caching at once."""
     path, prompts, expected = checkpoints[name]
     llm = LLM(
         str(path),
         tensor_parallel_size=2,
+        enable_expert_parallel=expert_parallel,
         block_size=4,
         num_kv_blocks=24,
         max_num_batched_tokens=16,
@@ -97,3 +101,9 @@ def test_a_sliding_window_mixtral_matches_transformers(tmp_path) -> None:
     expected = hf_greedy(path, prompts, MAX_TOKENS)
     got = run_nanovllm(path, prompts, attention_backend="torch", block_size=4, num_kv_blocks=64)
     assert got == expected
+
+
+def test_expert_parallel_on_a_dense_model_is_refused_by_name(tmp_path) -> None:
+    path = make_model(tmp_path, arch="llama", vocab_size=256)
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no mixture of experts"):
+        LLM(str(path), enable_expert_parallel=True)

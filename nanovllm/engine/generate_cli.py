@@ -78,6 +78,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the model over this many processes (tensor parallelism; see `torchrun` in "
         "nanovllm/engine/tensor_parallel.py)",
     )
+    g.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="a mixture of experts' experts spread whole over the tensor-parallel ranks "
+        "(vLLM's flag)",
+    )
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -100,6 +106,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         async_scheduling=args.async_scheduling,
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
         speculative_config=json_flag("--speculative-config", args.speculative_config),
         kv_transfer_config=json_flag("--kv-transfer-config", args.kv_transfer_config),
     )

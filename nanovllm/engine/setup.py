@@ -76,6 +76,7 @@ from nanovllm.models.loader import (
     resolve_model_path,
 )
 from nanovllm.models.model_args import ModelArgs
+from nanovllm.models.model_layers import ModelLayers
 from nanovllm.spec_decode.draft_executor import DraftKVExecutor
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 from nanovllm.spec_decode.metrics import SpecDecodingStats
@@ -289,6 +290,19 @@ def check_max_model_len(config: EngineConfig, args: ModelArgs) -> int:
     return max_model_len
 
 
+def expert_parallel_parts(parts: EngineParts, args) -> EngineParts:
+    """`parts` whose model layers spread each mixture of experts' experts over the ranks."""
+    from nanovllm.models.moe_expert_parallel import expert_parallel_layers
+
+    if not args.num_experts:
+        raise ValueError(
+            f"enable_expert_parallel=True, but {args.architecture} has no mixture of experts"
+        )
+    if parts.model_layers is not ModelLayers:
+        raise ValueError("enable_expert_parallel=True with parts' own model_layers (give one)")
+    return dataclasses.replace(parts, model_layers=expert_parallel_layers)
+
+
 def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> EngineSetup:
     """Steps 1-8 of the module docstring."""
     kv_transfer_config = None
@@ -314,6 +328,8 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
     if tp > 1 and not threads and device.type == "cpu":
         threads = max(torch.get_num_threads() // tp, 1)  # ranks share the machine's cores
     parts = config.parts or EngineParts()  # (`parts.py`: the runner's go to every rank)
+    if config.enable_expert_parallel:
+        parts = expert_parallel_parts(parts, args)
     spec = RunnerSpec(
         path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
         config.enforce_eager, parts.attention_cls, parts.step_inputs, parts.sampler,
