@@ -121,6 +121,10 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         REF,
         Target("nanovllm.core.block_hash", ("hash_block_tokens", "extend_block_hashes")),
         Target("nanovllm.core.kv_cache_manager", ("KVCacheManager.get_computed_blocks",)),
+        Target(
+            "nanovllm.core.single_type_kv_cache_manager",
+            ("FullAttentionManager.find_longest_cache_hit",),
+        ),
     ),
     "09_chunked_prefill": (
         REF,
