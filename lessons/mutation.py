@@ -183,6 +183,9 @@ TARGETS: dict[str, tuple[Target, ...]] = {
             ),
         ),
     ),
+    "16_sliding_window": (
+        Target("nanovllm.core.sliding_window_manager", ("SlidingWindowManager",)),
+    ),
 }
 
 
