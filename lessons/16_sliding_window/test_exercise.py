@@ -18,6 +18,8 @@ so that a window's start falls on a block boundary, one token before it and one 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -30,6 +32,29 @@ from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 
 block_sizes = st.sampled_from([1, 2, 3, 4, 8, 16])
+
+
+class Moves(NamedTuple):
+    """A request's table and the computed counts `remove_skipped_blocks` is called with."""
+
+    block_size: int
+    sliding_window: int
+    num_tokens: int  # the table holds blocks for this many tokens
+    num_null: int  # its first blocks, null from a prefix hit
+    num_shared: int  # its next real blocks, also held by another request
+    calls: list[int]  # num_computed_tokens of each call, rising
+
+
+class CachedPrompt(NamedTuple):
+    """A new request's tokens, which of its full blocks are cached, and the lookup's bounds."""
+
+    block_size: int
+    sliding_window: int
+    tokens: list[int]
+    cached: list[bool]  # per full block
+    held: list[bool]  # per full block: a cached block still held by a request (else free)
+    max_length: int
+    group_id: int
 
 
 @st.composite
@@ -116,13 +141,13 @@ def moving_windows(draw):
     ]
     if draw(st.booleans(), label="at the edges"):
         points += draw(st.lists(st.sampled_from(edges), max_size=6))
-    return block_size, sliding_window, num_tokens, num_null, num_shared, sorted(points)
+    return Moves(block_size, sliding_window, num_tokens, num_null, num_shared, sorted(points))
 
 
 @lesson_settings(40)
-@example(case=(4, 8, 16, 0, 0, [7, 8, 11, 12, 16]))
-@example(case=(4, 5, 20, 0, 2, [8, 12, 20]))
-@example(case=(2, 3, 12, 2, 1, [4, 6, 9, 12]))
+@example(case=Moves(4, 8, 16, 0, 0, [7, 8, 11, 12, 16]))
+@example(case=Moves(4, 5, 20, 0, 2, [8, 12, 20]))
+@example(case=Moves(2, 3, 12, 2, 1, [4, 6, 9, 12]))
 @given(case=moving_windows())
 @show_inputs
 def test_blocks_behind_the_window_go_back_latest_first(impl, case):
@@ -247,7 +272,7 @@ def cached_prompts(draw):
         label="max_length",
     )
     group_id = draw(st.sampled_from([0, 0, 1, 2]), label="group_id")
-    return block_size, sliding_window, tokens, cached, held, max_length, group_id
+    return CachedPrompt(block_size, sliding_window, tokens, cached, held, max_length, group_id)
 
 
 def _longest_hit(cached: list[bool], num_needed: int, max_blocks: int) -> int:
@@ -256,10 +281,12 @@ def _longest_hit(cached: list[bool], num_needed: int, max_blocks: int) -> int:
 
 
 @lesson_settings(50)
-@example(case=(4, 9, list(range(20)), [False, True, True, True, False], [False] * 5, 20, 0))
-@example(case=(4, 8, list(range(16)), [False, True, True, False], [False] * 4, 16, 1))
-@example(case=(4, 5, list(range(12)), [True, False, True], [True, False, False], 12, 0))
-@example(case=(2, 1, list(range(8)), [False, False, True, False], [False] * 4, 7, 0))
+@example(
+    case=CachedPrompt(4, 9, list(range(20)), [False, True, True, True, False], [False] * 5, 20, 0)
+)
+@example(case=CachedPrompt(4, 8, list(range(16)), [False, True, True, False], [False] * 4, 16, 1))
+@example(case=CachedPrompt(4, 5, list(range(12)), [True, False, True], [True, False, False], 12, 0))
+@example(case=CachedPrompt(2, 1, list(range(8)), [False, False, True, False], [False] * 4, 7, 0))
 @given(case=cached_prompts())
 @show_inputs
 def test_a_hit_needs_only_the_last_windows_blocks(impl, case):
@@ -290,7 +317,11 @@ def test_a_hit_needs_only_the_last_windows_blocks(impl, case):
     num_needed = -(-(sliding_window - 1) // block_size)
     length = _longest_hit(cached, num_needed, max_length // block_size)
     expected = [null if i < length - num_needed else blocks[i] for i in range(length)]
+    hashes_given, tokens_given = list(hashes), list(request.all_token_ids)
     got = manager.find_longest_cache_hit(request, hashes, max_length)
+    assert hashes == hashes_given and list(request.all_token_ids) == tokens_given, (
+        "find_longest_cache_hit changed the block hashes or the request's tokens it was given"
+    )
     shown = "".join("C" if c else "." for c in cached)
     assert len(got) == length and all(g is e for g, e in zip(got, expected)), (
         f"window {sliding_window}, blocks of {block_size} (C cached, . not: {shown}), "
