@@ -89,7 +89,7 @@ def _skipped(n: int, sliding_window: int) -> int:
 # --- get_num_skipped_tokens ---------------------------------------------------------------------
 
 
-@lesson_settings(40)
+@lesson_settings(30)
 @example(block_size=4, sliding_window=1, num_computed_tokens=0)
 @example(block_size=4, sliding_window=8, num_computed_tokens=7)
 @example(block_size=4, sliding_window=8, num_computed_tokens=8)
@@ -144,7 +144,7 @@ def moving_windows(draw):
     return Moves(block_size, sliding_window, num_tokens, num_null, num_shared, sorted(points))
 
 
-@lesson_settings(40)
+@lesson_settings(30)
 @example(case=Moves(4, 8, 16, 0, 0, [7, 8, 11, 12, 16]))
 @example(case=Moves(4, 5, 20, 0, 2, [8, 12, 20]))
 @example(case=Moves(2, 3, 12, 2, 1, [4, 6, 9, 12]))
@@ -215,7 +215,7 @@ def test_blocks_behind_the_window_go_back_latest_first(impl, case):
         num_gone = gone
 
 
-@lesson_settings(15)
+@lesson_settings(10)
 @example(block_size=4, sliding_window=2, num_computed_tokens=40, has_table=False)
 @given(
     block_size=block_sizes,
@@ -280,7 +280,7 @@ def _longest_hit(cached: list[bool], num_needed: int, max_blocks: int) -> int:
     return max(L for L in range(max_blocks + 1) if all(cached[max(L - num_needed, 0) : L]))
 
 
-@lesson_settings(50)
+@lesson_settings(40)
 @example(
     case=CachedPrompt(4, 9, list(range(20)), [False, True, True, True, False], [False] * 5, 20, 0)
 )
