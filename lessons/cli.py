@@ -14,7 +14,7 @@
     nanovllm lesson next            carry on where you stopped (takes the same options)
     nanovllm lesson --mutants       how many of the course's planted bugs its properties catch
     nanovllm lesson --mutate [N]    how many generated mutants the properties kill (slow: all
-                                    fifteen lessons take hours; one lesson, minutes)
+                                    sixteen lessons take hours; one lesson, minutes)
     nanovllm lesson --mutate --fresh K [N]
                                     each mutant not listed as equivalent K times, with fresh
                                     random examples: those that survived any try

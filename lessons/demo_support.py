@@ -81,6 +81,37 @@ def demo_model_path() -> Path:
     return path
 
 
+def windowed_model_path(sliding_window: int) -> Path:
+    """The demo model as Mistral reads it: the same weights and tokenizer, every layer's
+    attention a window of `sliding_window` tokens (a Mistral checkpoint is a Llama one with a
+    window), so its KV cache group is a sliding one (lesson 16). Written once, beside the tiny
+    model, its files links to the demo model's."""
+    source = demo_model_path()
+    path = home() / "models" / f"{source.name}-window-{sliding_window}"
+    if (path / "config.json").is_file():
+        return path
+    config = json.loads((source / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                  sliding_window=sliding_window)  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+    try:
+        for file in source.iterdir():
+            if (
+                file.is_file()
+                and file.suffix in (".json", ".safetensors")
+                and file.name != "config.json"
+            ):
+                (tmp / file.name).symlink_to(file.resolve())
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / "config.json").is_file():
+            raise
+    return path
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     """Write a tiny random Llama checkpoint (config, safetensors, byte-level BPE tokenizer).
 

@@ -187,6 +187,9 @@ TARGETS: dict[str, tuple[Target, ...]] = {
             ),
         ),
     ),
+    "16_sliding_window": (
+        Target("nanovllm.core.sliding_window_manager", ("SlidingWindowManager",)),
+    ),
 }
 
 

@@ -23,6 +23,9 @@ which keeps what it built, found through the engine's `config.parts`.
                            `YourDetokenizer`
     verifying proposals    sampler: `YourVerification`, your verification rules             13
     the host tier          host_tier_cls: `CheckedHostTier` around your HostBlockTier       15
+    the sliding window     sliding_window_manager: your SlidingWindowManager class itself   16
+                           (`run.py` compares every block it frees and hits with the
+                           stock engine's)
 
 Lesson 14 cuts the weights as every rank's model is built, in every rank's process:
 `plug_tensor_parallel.py` does that one.

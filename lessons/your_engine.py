@@ -128,7 +128,7 @@ def run_lesson(
     # Steps before which the prefix cache is reset (`RESET_PREFIX_CACHE_AT` in run.py), in both
     # engines: a run that must reach the code that forgets (lesson 15's `clear`).
     resets = tuple(getattr(spec, "RESET_PREFIX_CACHE_AT", ()))
-    stock = make_engine(**spec.ENGINE, **stock_parts(spec))
+    stock = make_engine(**engine_options(spec), **stock_parts(spec))
     stock_events: list = []
     stock.subscribe(stock_events.append)
     start = time.perf_counter()
@@ -148,7 +148,7 @@ def run_lesson(
     try:
         with deadline(RUN_DEADLINE_S):
             parts = {} if plug_in is None else dict(parts=plug_in(impl))
-            yours = make_engine(**spec.ENGINE, **parts)
+            yours = make_engine(**engine_options(spec), **parts)
             report.swapped = list(spec.swapped(yours))
             yours.subscribe(your_events.append)
             start = time.perf_counter()
@@ -192,6 +192,13 @@ def run_lesson(
     return report
 
 
+def engine_options(spec: Any) -> dict[str, Any]:
+    """Both engines' options: a run.py's `ENGINE`, and the checkpoint its `model()` gives
+    (lesson 16's: the demo model with a sliding window), if it has one."""
+    model = getattr(spec, "model", None)
+    return dict(spec.ENGINE) if model is None else dict(spec.ENGINE, model=str(model()))
+
+
 def stock_parts(spec: Any) -> dict[str, Any]:
     """The stock engine's `parts` option: the engine's own, kept where `after_serving` asks
     about one of them (`run.stock_parts()`, `plug.KeptPart`); none given otherwise."""
@@ -211,7 +218,7 @@ def record_stock(lesson: Lesson, path: Path) -> list:
     from nanovllm.lessons.demo_support import make_engine
 
     spec = lesson_module(lesson, "run")
-    engine = make_engine(**spec.ENGINE, **stock_parts(spec))
+    engine = make_engine(**engine_options(spec), **stock_parts(spec))
     events: list = []
     engine.subscribe(events.append)
     try:

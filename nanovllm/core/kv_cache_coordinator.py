@@ -33,16 +33,16 @@ BlocksPerGroup = tuple[list[KVCacheBlock], ...]  # one list per group (vLLM's KV
 
 
 class KVCacheCoordinator:
-    def __init__(self, kv_cache_config: KVCacheConfig, block_pool: BlockPool, events: EventBus):
-        self.kv_cache_config = kv_cache_config
-        self.block_pool = block_pool
+    def __init__(self, kv_cache_config: KVCacheConfig, block_pool: BlockPool, events: EventBus,
+                 sliding_window_manager: type | None = None) -> None:  # fmt: skip
+        self.kv_cache_config, self.block_pool = kv_cache_config, block_pool
         self.block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            manager_for(group.kv_cache_spec, block_pool, group_id, events)
+            manager_for(group.kv_cache_spec, block_pool, group_id, events, sliding_window_manager)
             for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
         )
         self.sliding_window_managers = [
-            m for m in self.single_type_managers if isinstance(m, SlidingWindowManager)
+            m for m in self.single_type_managers if isinstance(m.kv_cache_spec, SlidingWindowSpec)
         ]
 
     def get_num_blocks_to_allocate(
@@ -110,8 +110,8 @@ class KVCacheCoordinator:
 
 
 def manager_for(
-    spec: KVCacheSpec, block_pool: BlockPool, kv_cache_group_id: int, events: EventBus
+    spec: KVCacheSpec, block_pool: BlockPool, group_id: int, events: EventBus, sliding: type | None
 ) -> SingleTypeKVCacheManager:
-    """The manager of one group, by its spec's type."""
-    cls = SlidingWindowManager if isinstance(spec, SlidingWindowSpec) else FullAttentionManager
-    return cls(spec, block_pool, kv_cache_group_id, events)
+    """The manager of one group, by its spec's type (a sliding one: `sliding`, lesson 16's)."""
+    cls = (sliding or SlidingWindowManager) if isinstance(spec, SlidingWindowSpec) else None
+    return (cls or FullAttentionManager)(spec, block_pool, group_id, events)

@@ -54,13 +54,13 @@ class KVCacheManager:
         events: EventBus | None = None,
         free_block_queue: Callable[[list[KVCacheBlock]], FreeBlockQueue] = FreeBlockQueue,
         kv_cache_config: KVCacheConfig | None = None,  # None: one group, full attention
+        sliding_window_manager: type | None = None,  # None: the engine's (lesson 16's own)
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.events = events or EventBus()
         config = kv_cache_config or single_group_config(1, block_size)
@@ -72,7 +72,7 @@ class KVCacheManager:
         )
         self.blocks, self.cached_block_hash_to_block = pool.blocks, pool.cached_block_hash_to_block
         # Each group's block tables, asked as one.
-        self.coordinator = KVCacheCoordinator(config, pool, self.events)
+        self.coordinator = KVCacheCoordinator(config, pool, self.events, sliding_window_manager)
         self.num_groups = config.num_groups
         # Per request: the hashes of its full blocks so far (every group's), how many of its
         # blocks are registered in the cache, and how many slots hold tokens.

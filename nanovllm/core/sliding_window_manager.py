@@ -53,13 +53,16 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 return computed[: i + run]
         return computed[:run]  # (a run from block 0, shorter than a window, or nothing)
 
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """The tokens no query after the first `num_computed_tokens` sees: those before token
+        `num_computed_tokens - sliding_window + 1`, the first the next query sees."""
+        return max(num_computed_tokens - self.sliding_window + 1, 0)
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
-        """Blocks wholly before token `num_computed_tokens - sliding_window + 1` (the first the
-        next query sees) go back, latest first, and the null block takes their place."""
+        """Blocks wholly among the skipped tokens go back, latest first, and the null block
+        takes their place."""
         blocks = self.req_to_blocks.get(request_id, [])
-        first_useful_block = (
-            max(num_computed_tokens - self.sliding_window + 1, 0) // self.block_size
-        )
+        first_useful_block = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
         removed = False
         for i in range(min(first_useful_block, len(blocks)) - 1, -1, -1):
             if blocks[i] is self.block_pool.null_block:

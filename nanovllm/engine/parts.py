@@ -24,6 +24,10 @@ The parts, what each is, its default, and the lesson that gives its own:
     model_layers          (attention class) -> the classes the model's layers   ModelLayers, 14
                           are built from, its tensor-parallel linear layers
                           among them (`models/model_layers.py`)
+    sliding_window_manager
+                          (spec, block pool, group id, events) -> a sliding     SlidingWindowManager, 16
+                          window group's block tables, which free what the
+                          window passed (`core/sliding_window_manager.py`)
 
 `step_inputs` is the plain runner's: a backend whose runner keeps a persistent batch builds
 its inputs its own way, and refuses another builder (a ValueError). With tensor parallelism,
@@ -41,6 +45,8 @@ from typing import Any
 from nanovllm.core.free_block_queue import FreeBlockQueue
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import step_inputs
@@ -60,6 +66,7 @@ class EngineParts:
     detokenizer: Callable[[Any], IncrementalDetokenizer] = IncrementalDetokenizer
     host_tier_cls: Callable[[int], Any] | None = None
     model_layers: Callable[[type], ModelLayers] = ModelLayers
+    sliding_window_manager: type[SingleTypeKVCacheManager] = SlidingWindowManager
 
 
 def default_parts() -> EngineParts:

@@ -160,6 +160,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
     kv = parts.kv_cache_manager_cls(
         setup.num_kv_blocks, config.block_size, config.enable_prefix_caching, events,
         parts.free_block_queue, kv_cache_config=setup.kv_cache_config,
+        sliding_window_manager=parts.sliding_window_manager,
     )  # fmt: skip
     kv_source = connector(setup, KVConnectorRole.SCHEDULER, events) or NullConnector()
     # 10. the speculator, then the scheduler (and the statistics, counting both)

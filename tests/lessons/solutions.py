@@ -446,3 +446,33 @@ SOLUTIONS["15_where_the_kv_lives"] = {
         self.free_slots = list(range(self.num_blocks))
     """,
 }
+
+SOLUTIONS["16_sliding_window"] = {
+    'raise NotImplementedError("write SlidingWindowManager.get_num_skipped_tokens': """
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+    """,
+    'raise NotImplementedError("write SlidingWindowManager.remove_skipped_blocks': """
+        blocks = self.req_to_blocks.get(request_id, [])
+        num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        freed_any = False
+        for i in reversed(range(min(num_skipped_blocks, len(blocks)))):
+            if blocks[i] is self.block_pool.null_block:
+                break
+            self.free_block(request_id, blocks[i])
+            blocks[i] = self.block_pool.null_block
+            self.num_null_blocks += 1
+            freed_any = True
+        return freed_any
+    """,
+    'raise NotImplementedError("write SlidingWindowManager.find_longest_cache_hit': """
+        null = self.block_pool.null_block
+        window_blocks = (self.sliding_window - 1 + self.block_size - 1) // self.block_size
+        # Try the longest hit first; a length is good if its last window_blocks are cached.
+        for length in range(max_length // self.block_size, -1, -1):
+            start = max(length - window_blocks, 0)
+            found = [self.get_cached_block(request, block_hashes, i) for i in range(start, length)]
+            if all(block is not None for block in found):
+                return [null] * start + found
+        return []
+    """,
+}
