@@ -49,11 +49,14 @@ class BlocksState:
 
     blocks: tuple[BlockInfo, ...] = ()
     free_queue: tuple[int, ...] = ()  # head first
+    # The null block (`EngineStarted.null_block`): taken before any event, never freed, no owner.
+    null_block: int | None = None
 
 
-def fresh_blocks(num_blocks: int) -> BlocksState:
-    """A fresh pool: every block free, the queue 0..N-1."""
-    return BlocksState((BlockInfo(),) * num_blocks, tuple(range(num_blocks)))
+def fresh_blocks(num_blocks: int, null_block: int | None = None) -> BlocksState:
+    """A fresh pool: every block free, the queue 0..N-1 (less the null block, if any)."""
+    queue = tuple(b for b in range(num_blocks) if b != null_block)
+    return BlocksState((BlockInfo(),) * num_blocks, queue, null_block)
 
 
 def reduce_blocks(panel: BlocksState, event: Event) -> BlocksState:
@@ -68,7 +71,7 @@ def reduce_blocks(panel: BlocksState, event: Event) -> BlocksState:
 def _set(panel: BlocksState, block_id: int, info: BlockInfo, free_queue: tuple[int, ...]):
     """The panel with block `block_id` replaced; the other entries are the same objects."""
     blocks = panel.blocks[:block_id] + (info,) + panel.blocks[block_id + 1 :]
-    return BlocksState(blocks, free_queue)
+    return BlocksState(blocks, free_queue, panel.null_block)
 
 
 def _give(panel: BlocksState, request_id: str, block_id: int, ref_count: int, left_free: bool):

@@ -44,7 +44,7 @@ def kv_figures(state: WholeState) -> KVFigures:
     cached_free = sum(1 for b in state.free_queue if state.blocks[b].cached)
     shared = sum(1 for b in state.blocks if b.ref_count > 1)
     extra_refs = sum(b.ref_count - 1 for b in state.blocks if b.ref_count > 1)
-    used = state.num_blocks - free
+    used = state.num_blocks - free - (state.null_block is not None)  # (the null block: unused)
     filled = sum(
         state.requests[r].num_computed_tokens for r in state.running if r in state.requests
     )
