@@ -10,6 +10,7 @@ the engine's order (the null block never in it), and each block's ref count.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,15 @@ from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanovllm.events import EngineStarted, KVCacheGroupInfo, event_from_dict, event_to_dict
+from nanovllm.core.sliding_window_manager import SlidingWindowManager
+from nanovllm.events import (
+    EngineStarted,
+    KVCacheGroupInfo,
+    event_from_dict,
+    event_to_dict,
+)
 from nanovllm.viz.figures import kv_figures
+from nanovllm.viz.note import WINDOW as WINDOW_NOTE
 from nanovllm.viz.state import VizState, reduce
 
 WINDOW = 6
@@ -50,6 +58,34 @@ def check_tables(state: VizState, engine) -> None:
     assert (fig.num_used_blocks, fig.num_free_blocks) == (kv.num_used_blocks, kv.num_free_blocks)
 
 
+def check_window_notes(state: VizState, passed: set) -> None:
+    """The story's window notes name exactly the blocks the engine's sliding-window manager
+    freed in the step (`remove_skipped_blocks`), and no other."""
+    told = {
+        (n.request_id, b) for n in state.last_step.notes if n.kind == WINDOW_NOTE for b in n.blocks
+    }
+    assert told == passed
+
+
+@contextmanager
+def window_passes():
+    """Within it, a set of (request id, block id) of every block a sliding window passed, as
+    the engine's sliding-window manager frees it."""
+    passed: set = set()
+    original = SlidingWindowManager.remove_skipped_blocks
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
+        before = list(self.req_to_blocks.get(request_id, []))
+        removed = original(self, request_id, num_computed_tokens)
+        after = self.req_to_blocks.get(request_id, [])
+        passed.update((request_id, b.block_id) for b, a in zip(before, after) if a is not b)
+        return removed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SlidingWindowManager, "remove_skipped_blocks", remove_skipped_blocks)
+        yield passed
+
+
 @settings(max_examples=examples(3), deadline=None)
 @given(
     block_size=st.sampled_from([2, 4]),
@@ -58,7 +94,11 @@ def check_tables(state: VizState, engine) -> None:
     max_num_batched_tokens=st.sampled_from([8, 64]),
 )
 def test_each_groups_block_table_agrees_with_the_engine(
-    tiny_gemma2: Path, block_size, num_kv_blocks, enable_prefix_caching, max_num_batched_tokens
+    tiny_gemma2: Path,
+    block_size,
+    num_kv_blocks,
+    enable_prefix_caching,
+    max_num_batched_tokens,
 ):
     from nanovllm.config import EngineConfig
     from nanovllm.engine.llm_engine import LLMEngine
@@ -88,14 +128,17 @@ def test_each_groups_block_table_agrees_with_the_engine(
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for i, prompt in enumerate(prompts[:2]):
         engine.add_request(f"q{i}", prompt, params)
-    for tick in range(200):
-        if tick == 6:  # later ones can hit the first ones' cached blocks
-            for i, prompt in enumerate(prompts[2:], 2):
-                engine.add_request(f"q{i}", prompt, params)
-        if not engine.has_unfinished_requests() and tick > 6:
-            break
-        engine.step()
-        check_tables(box[0], engine)
+    with window_passes() as passed:
+        for tick in range(200):
+            if tick == 6:  # later ones can hit the first ones' cached blocks
+                for i, prompt in enumerate(prompts[2:], 2):
+                    engine.add_request(f"q{i}", prompt, params)
+            if not engine.has_unfinished_requests() and tick > 6:
+                break
+            passed.clear()
+            engine.step()
+            check_tables(box[0], engine)
+            check_window_notes(box[0], set(passed))
     started = events[0]
     assert isinstance(started, EngineStarted) and started.null_block == 0
     assert [(g.kind, g.sliding_window) for g in started.kv_cache_groups] in (
