@@ -165,3 +165,24 @@ def test_engine_started_names_a_one_group_models_group(tiny_llama: Path):
     started = events[0]
     assert started.null_block is None
     assert started.kv_cache_groups == (KVCacheGroupInfo("full", None, (0, 1)),)
+
+
+def test_the_hybrid_scenarios_model_is_the_embedded_one_within_the_window():
+    """`hybrid_model.py`'s checkpoint: a full group (layers 0-1) and a sliding one (2-3), and,
+    while a sequence fits in the window, the embedded model's own greedy tokens."""
+    from nanovllm import LLM, SamplingParams
+    from nanovllm.viz.hybrid_model import SLIDING_WINDOW, hybrid_model_path
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = "To be, or not to be"  # (with its 12 tokens, under the window)
+    outputs = []
+    for model in (str(hybrid_model_path()), None):
+        llm = LLM(model, num_threads=1, block_size=8, num_kv_blocks=16)
+        events: list = []
+        llm.llm_engine.subscribe(events.append)
+        outputs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+        assert len(llm.get_tokenizer().encode(prompt)) + 12 <= SLIDING_WINDOW
+        if model is not None:
+            groups = [(g.kind, g.layer_indices) for g in events[0].kv_cache_groups]
+            assert groups == [("full", (0, 1)), ("sliding", (2, 3))]
+    assert outputs[0] == outputs[1]
