@@ -489,6 +489,9 @@ class RequestSnapshot:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     tokens: tuple[str, ...] = ()  # the text of each token, prompt then output
+    # The block tables of KV cache groups 1, 2, ... (`block_table` is group 0's; the null
+    # block where a sliding window passed), () with one group.
+    group_block_tables: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -355,6 +355,7 @@ def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, kv: BlocksState) -> Q
             num_output_tokens=r.num_output_tokens,
             output_text=r.output_text,
             block_table=r.block_table,
+            group_block_tables=r.group_block_tables,
             tokens=r.tokens,
             num_cached_tokens=r.num_cached_tokens,
             num_preemptions=r.num_preemptions,

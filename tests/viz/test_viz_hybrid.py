@@ -4,7 +4,8 @@ A tiny random Gemma 2 (a sliding layer, then a full one: two KV cache groups) ru
 longer than its window. After every step the state `reduce` rebuilt from the events alone must
 hold, for every request, the very block tables the engine's own `KVCacheManager.block_tables`
 gives (a sliding group's blocks behind the window as the null block), the free block queue in
-the engine's order (the null block never in it), and each block's ref count.
+the engine's order (the null block never in it), and each block's ref count; so must a viewer
+that joins mid-run from an `EngineSnapshot`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from nanovllm.events import (
 )
 from nanovllm.viz.figures import kv_figures
 from nanovllm.viz.note import WINDOW as WINDOW_NOTE
-from nanovllm.viz.state import VizState, reduce
+from nanovllm.viz.state import VizState, reduce, reduce_all
 
 WINDOW = 6
 
@@ -135,10 +136,19 @@ def test_each_groups_block_table_agrees_with_the_engine(
                     engine.add_request(f"q{i}", prompt, params)
             if not engine.has_unfinished_requests() and tick > 6:
                 break
+            if tick == 8:  # a viewer joins: `EngineStarted`, the snapshot, then the events
+                told: list = []
+                engine.subscribe(told.append, snapshot=True)()
+                wire = json.loads(json.dumps(event_to_dict(told[1])))
+                joined = [reduce_all(VizState(), [told[0], event_from_dict(wire)]), len(events)]
+                check_tables(joined[0], engine)
             passed.clear()
             engine.step()
             check_tables(box[0], engine)
             check_window_notes(box[0], set(passed))
+            if tick >= 8:
+                joined = [reduce_all(joined[0], events[joined[1] :]), len(events)]
+                check_tables(joined[0], engine)
     started = events[0]
     assert isinstance(started, EngineStarted) and started.null_block == 0
     assert [(g.kind, g.sliding_window) for g in started.kv_cache_groups] in (
