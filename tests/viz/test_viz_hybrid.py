@@ -57,6 +57,8 @@ def check_tables(state: VizState, engine) -> None:
         assert mine + ((),) * (kv.num_groups - len(mine)) == kv.block_tables(rid), rid
     fig = kv_figures(state)
     assert (fig.num_used_blocks, fig.num_free_blocks) == (kv.num_used_blocks, kv.num_free_blocks)
+    assert fig.num_allocated_slots == kv.num_allocated_slots()
+    assert fig.num_filled_slots == kv.num_filled_slots()
 
 
 def check_window_notes(state: VizState, passed: set) -> None:
