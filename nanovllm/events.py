@@ -44,6 +44,15 @@ class Event:
 
 
 @dataclass(frozen=True)
+class KVCacheGroupInfo:
+    """One KV cache group as `EngineStarted` names it."""
+
+    kind: str  # "full" or "sliding"
+    sliding_window: int | None  # tokens a query sees in a sliding group, None in a full one
+    layer_indices: tuple[int, ...]  # the layers that share the group's block tables
+
+
+@dataclass(frozen=True)
 class EngineStarted(Event):
     """The engine is ready: the shape of its KV cache and its scheduling limits."""
 
@@ -65,6 +74,12 @@ class EngineStarted(Event):
     kv_connector: str | None = None
     kv_role: str | None = None
     num_tier_blocks: int = 0
+    # The KV cache groups (`core/kv_cache_interface.py`), one block table each per request, in
+    # the order of the events' `kv_cache_group_id`; () from a recording made before groups.
+    kv_cache_groups: tuple[KVCacheGroupInfo, ...] = ()
+    # The pool's null block (a sliding group's stand-in for blocks its window passed; it never
+    # enters the free queue and has no owner), None when no group slides.
+    null_block: int | None = None
 
 
 @dataclass(frozen=True)
@@ -474,6 +489,9 @@ class RequestSnapshot:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     tokens: tuple[str, ...] = ()  # the text of each token, prompt then output
+    # The block tables of KV cache groups 1, 2, ... (`block_table` is group 0's; the null
+    # block where a sliding window passed), () with one group.
+    group_block_tables: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -552,7 +570,11 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 
 
 # The dataclasses nested in an event's tuple fields.
-_NESTED: dict[str, type] = {"blocks": BlockSnapshot, "requests": RequestSnapshot}
+_NESTED: dict[tuple[type, str], type] = {
+    (EngineSnapshot, "blocks"): BlockSnapshot,
+    (EngineSnapshot, "requests"): RequestSnapshot,
+    (EngineStarted, "kv_cache_groups"): KVCacheGroupInfo,
+}
 
 
 def _from_fields(cls: type, data: dict[str, Any]) -> Any:
@@ -560,7 +582,7 @@ def _from_fields(cls: type, data: dict[str, Any]) -> Any:
     kwargs = {k: v for k, v in data.items() if k in names}
     for name, value in kwargs.items():
         if isinstance(value, list):
-            nested = _NESTED.get(name) if cls is EngineSnapshot else None
+            nested = _NESTED.get((cls, name))
             if nested is not None:
                 value = [_from_fields(nested, item) for item in value]
             else:  # (a tuple of tuples: EngineSnapshot.tier)

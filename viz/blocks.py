@@ -49,17 +49,20 @@ class BlocksState:
 
     blocks: tuple[BlockInfo, ...] = ()
     free_queue: tuple[int, ...] = ()  # head first
+    # The null block (`EngineStarted.null_block`): taken before any event, never freed, no owner.
+    null_block: int | None = None
 
 
-def fresh_blocks(num_blocks: int) -> BlocksState:
-    """A fresh pool: every block free, the queue 0..N-1."""
-    return BlocksState((BlockInfo(),) * num_blocks, tuple(range(num_blocks)))
+def fresh_blocks(num_blocks: int, null_block: int | None = None) -> BlocksState:
+    """A fresh pool: every block free, the queue 0..N-1 (less the null block, if any)."""
+    queue = tuple(b for b in range(num_blocks) if b != null_block)
+    return BlocksState((BlockInfo(),) * num_blocks, queue, null_block)
 
 
 def reduce_blocks(panel: BlocksState, event: Event) -> BlocksState:
     """The blocks after `event`."""
     if isinstance(event, EngineSnapshot):
-        return _on_engine_snapshot(event)
+        return _on_engine_snapshot(event, panel.null_block)
     if not 0 <= event.block_id < len(panel.blocks):  # a trace cut in the middle: skipped
         return panel
     return _HANDLERS[type(event)](panel, event)
@@ -68,7 +71,7 @@ def reduce_blocks(panel: BlocksState, event: Event) -> BlocksState:
 def _set(panel: BlocksState, block_id: int, info: BlockInfo, free_queue: tuple[int, ...]):
     """The panel with block `block_id` replaced; the other entries are the same objects."""
     blocks = panel.blocks[:block_id] + (info,) + panel.blocks[block_id + 1 :]
-    return BlocksState(blocks, free_queue)
+    return BlocksState(blocks, free_queue, panel.null_block)
 
 
 def _give(panel: BlocksState, request_id: str, block_id: int, ref_count: int, left_free: bool):
@@ -118,12 +121,15 @@ def snapshot_order(e: EngineSnapshot) -> list:
     return sorted(e.requests, key=lambda r: order.get(r.request_id, len(order)))
 
 
-def _on_engine_snapshot(e: EngineSnapshot) -> BlocksState:
-    """A late subscriber's start: the engine's blocks and free queue replace ours."""
+def _on_engine_snapshot(e: EngineSnapshot, null_block: int | None) -> BlocksState:
+    """A late subscriber's start: the engine's blocks and free queue replace ours (the null
+    block stays the one `EngineStarted` named)."""
     owners: dict[int, tuple[str, ...]] = {}
     for r in snapshot_order(e):
-        for block_id in r.block_table:
-            owners[block_id] = owners.get(block_id, ()) + (r.request_id,)
+        for table in (r.block_table, *r.group_block_tables):
+            for block_id in table:
+                if block_id != null_block:
+                    owners[block_id] = owners.get(block_id, ()) + (r.request_id,)
     blocks = tuple(
         BlockInfo(
             ref_count=b.ref_count,
@@ -133,7 +139,7 @@ def _on_engine_snapshot(e: EngineSnapshot) -> BlocksState:
         )
         for b in sorted(e.blocks, key=lambda b: b.block_id)
     )
-    return BlocksState(blocks, e.free_queue)
+    return BlocksState(blocks, e.free_queue, null_block)
 
 
 _HANDLERS: dict[type, Callable[[BlocksState, Event], BlocksState]] = {

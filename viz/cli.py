@@ -2,7 +2,8 @@
 
     nanovllm viz                                  the embedded model on the steady workload
     nanovllm viz --scenario burst                 preemption (also: prefix, chunked,
-                                                  speculative, parallel, offload, disagg)
+                                                  speculative, parallel, offload, disagg,
+                                                  hybrid)
     nanovllm viz --kv-transfer-config JSON        a KV connector: its tier beside the free queue
     nanovllm viz --record run.jsonl               ... and write every event to a trace
     nanovllm viz --replay run.jsonl               play a trace back, no model needed

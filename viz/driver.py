@@ -470,7 +470,10 @@ class EngineDriver(Driver):
         # Leave a core to the UI thread: on a small CPU, torch's threads would otherwise
         # compete with Textual for every core and both would crawl.
         threads = max(1, (os.cpu_count() or 2) - 1)
-        return {"num_threads": threads, **self.scenario.engine, **self.overrides}
+        options = {"num_threads": threads, **self.scenario.engine, **self.overrides}
+        if self.scenario.model is not None and options.get("model") is None:
+            options["model"] = str(self.scenario.model())
+        return options
 
     def setup(self) -> None:
         # Imported here, in the worker: loading torch and the model takes seconds that the UI

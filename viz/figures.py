@@ -44,12 +44,15 @@ def kv_figures(state: WholeState) -> KVFigures:
     cached_free = sum(1 for b in state.free_queue if state.blocks[b].cached)
     shared = sum(1 for b in state.blocks if b.ref_count > 1)
     extra_refs = sum(b.ref_count - 1 for b in state.blocks if b.ref_count > 1)
-    used = state.num_blocks - free
-    filled = sum(
-        state.requests[r].num_computed_tokens for r in state.running if r in state.requests
-    )
-    # A shared block's slots are counted once, as the engine does.
-    filled -= extra_refs * state.block_size
+    used = state.num_blocks - free - (state.null_block is not None)  # (the null block: unused)
+    running = [state.requests[r] for r in state.running if r in state.requests]
+    # Every KV cache group holds each computed token's KV, but for the tokens a sliding
+    # window passed (its null blocks); a shared block's slots are counted once, as the engine
+    # does.
+    groups = state.engine.kv_cache_groups if state.engine is not None else ()
+    filled = max(1, len(groups)) * sum(info.num_computed_tokens for info in running)
+    nulls = sum(t.count(state.null_block) for info in running for t in info.block_tables)
+    filled -= (extra_refs + (nulls if state.null_block is not None else 0)) * state.block_size
     return KVFigures(used, free, cached_free, shared, used * state.block_size, filled)
 
 

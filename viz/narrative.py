@@ -93,6 +93,7 @@ from nanovllm.viz.note import (
     SUMMARY,
     TAKE,
     TOKENS,
+    WINDOW,
     Note,
 )
 from nanovllm.viz.waiting import blocks_words
@@ -109,6 +110,17 @@ MAX_ITEMS = 64  # items kept in one merged note (the text says how many more)
 def _owner(state: WholeState, block_id: int) -> str | None:
     block = state.blocks[block_id] if 0 <= block_id < len(state.blocks) else None
     return block.cached_by if block is not None else None
+
+
+def _window_passed(state: WholeState, e: BlockFreed) -> bool:
+    """Whether a sliding window passed the freed block: one before the last of its table (a
+    request that finishes, is preempted or drops rejected proposals frees its tail first)."""
+    info = state.requests.get(e.request_id)
+    if state.null_block is None or info is None:
+        return False
+    tables = info.block_tables
+    table = tables[e.kv_cache_group_id] if e.kv_cache_group_id < len(tables) else ()
+    return e.block_id in table[:-1]
 
 
 def narrate(state: WholeState, event: Event) -> Note | None:
@@ -139,7 +151,8 @@ def narrate(state: WholeState, event: Event) -> Note | None:
         return Note(CACHE, event.request_id, i, i, ((event.block_id, event.block_hash),), count=1)
     if isinstance(event, BlockFreed):
         item = (event.block_id, event.ref_count, event.cached)
-        return Note(FREE, event.request_id, i, i, (item,), count=1)
+        kind = WINDOW if _window_passed(state, event) else FREE
+        return Note(kind, event.request_id, i, i, (item,), count=1)
     if isinstance(event, RequestPreempted):
         detail = f"lost {count(event.num_computed_tokens_lost, 'computed token')}"
         return Note(PREEMPT, event.request_id, i, i, detail=detail, count=0)
@@ -232,7 +245,7 @@ def merge(a: Note, b: Note) -> Note | None:
         return _join(a, b)
     if a.kind == b.kind == EXEC:  # the executor's stages of one step: one line
         return _join(a, b, detail=f"{a.detail} → {b.detail}")
-    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, SAVE, LOAD, SEND):
+    if a.kind == b.kind and same and a.kind in (TAKE, HIT, CACHE, FREE, WINDOW, SAVE, LOAD, SEND):
         return _join(a, b)
     if a.kind == b.kind and same and a.kind in (RECEIVE, FETCH):
         return _join(a, b)

@@ -16,6 +16,7 @@ from nanovllm.viz.words import count
 # Note kinds.
 ARRIVE, REJECT, SCHEDULE, DECODE = "arrive", "reject", "schedule", "decode"
 TAKE, EVICT, HIT, CACHE, FREE = "take", "evict", "hit", "cache", "free"
+WINDOW = "window"  # blocks a sliding window passed, freed while their request runs
 PREEMPT, FINISH, TOKENS, SUMMARY, SNAPSHOT = "preempt", "finish", "tokens", "summary", "snapshot"
 SPEC, GRAMMAR = "spec", "grammar"
 EXEC = "exec"  # a stage of the model executor's step (`executor.py`)
@@ -44,7 +45,7 @@ class Note:
         """The physical blocks the note is about."""
         if self.kind in (TAKE, HIT, LOAD, FETCH):
             return tuple(item[1] for item in self.items)
-        if self.kind in (EVICT, CACHE, FREE, PREEMPT, FINISH, SAVE, SEND):
+        if self.kind in (EVICT, CACHE, FREE, WINDOW, PREEMPT, FINISH, SAVE, SEND):
             return tuple(item[0] for item in self.items)
         if self.kind == SPEC:  # items[0] is the verification; the rest are freed blocks
             return tuple(item[0] for item in self.items[1:])
@@ -184,6 +185,10 @@ def _free(n: Note) -> str:
     return f"{n.request_id} frees {_freed(n)}"
 
 
+def _window(n: Note) -> str:
+    return f"{n.request_id}'s sliding window moved on: {_freed(n)}; ∅ (the null block) in its place"
+
+
 def _preempt(n: Note) -> str:
     text = f"{n.request_id} preempted ({n.detail})"
     if n.items:
@@ -298,6 +303,7 @@ _TEXT = {
     HIT: _hit,
     CACHE: _cache,
     FREE: _free,
+    WINDOW: _window,
     PREEMPT: _preempt,
     FINISH: _finish,
     TOKENS: _tokens,

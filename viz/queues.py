@@ -67,6 +67,9 @@ class RequestInfo:
     num_output_tokens: int = 0
     output_text: str = ""
     block_table: tuple[int, ...] = ()  # logical block i lives in physical block block_table[i]
+    # The block tables of KV cache groups 1, 2, ... (`block_table` is group 0's): one per
+    # group of a hybrid model; a sliding group's blocks behind its window read as the null block.
+    group_block_tables: tuple[tuple[int, ...], ...] = ()
     tokens: tuple[str, ...] = ()  # text of each token (prompt, then output) when events tell
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its last admission
     num_preemptions: int = 0
@@ -87,6 +90,18 @@ class RequestInfo:
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def block_tables(self) -> tuple[tuple[int, ...], ...]:
+        """One block table per KV cache group, group 0's first."""
+        return (self.block_table, *self.group_block_tables)
+
+    def with_block_table(self, group: int, table: tuple[int, ...]) -> RequestInfo:
+        """This request with KV cache group `group`'s block table replaced."""
+        if group == 0:
+            return evolve(self, block_table=table)
+        others = self.group_block_tables + ((),) * (group - len(self.group_block_tables))
+        return evolve(self, group_block_tables=others[: group - 1] + (table,) + others[group:])
 
     def accepted_positions(self) -> frozenset[int]:
         """Positions (in prompt + output) of the tokens that were accepted proposals."""
@@ -193,6 +208,7 @@ def _on_request_preempted(q: QueuesState, e: RequestPreempted, kv: BlocksState) 
         status=WAITING,
         num_computed_tokens=0,
         block_table=(),
+        group_block_tables=(),
         num_preemptions=info.num_preemptions + 1,
     )
     return evolve(
@@ -226,6 +242,7 @@ def _on_request_finished(q: QueuesState, e: RequestFinished, kv: BlocksState) ->
         finish_reason=e.finish_reason,
         num_output_tokens=e.num_output_tokens,
         block_table=(),
+        group_block_tables=(),
     )
     requests = dict(q.requests)
     requests[e.request_id] = new_info
@@ -257,19 +274,35 @@ def _on_block_taken(q: QueuesState, e: BlockAllocated | CacheHit, kv: BlocksStat
     info = q.requests.get(e.request_id)
     if info is None or not _valid_block(kv, e.block_id):
         return q
-    table = info.block_table[: e.logical_index] + (e.block_id,)
-    return evolve(q, requests=_set(q, evolve(info, block_table=table)))
+    group = e.kv_cache_group_id
+    table = info.block_tables[group] if group < len(info.block_tables) else ()
+    # A sliding group's prefix hit starts with null blocks, which no event names.
+    gap = (kv.null_block,) * (e.logical_index - len(table)) if kv.null_block is not None else ()
+    table = table[: e.logical_index] + gap + (e.block_id,)
+    return evolve(q, requests=_set(q, info.with_block_table(group, table)))
 
 
 def _on_block_freed(q: QueuesState, e: BlockFreed, kv: BlocksState) -> QueuesState:
     # Out of the request's block table: a finishing or preempted request's table empties
     # block by block (tail first), and a running request loses the blocks that held only its
     # rejected proposals.
+    # With a null block (some group slides), a block freed inside the table is one a window
+    # passed: the null block takes its place, and only the tail shrinks.
     info = q.requests.get(e.request_id)
-    if info is None or e.block_id not in info.block_table or not _valid_block(kv, e.block_id):
+    group = e.kv_cache_group_id
+    if info is None or group >= len(info.block_tables) or not _valid_block(kv, e.block_id):
         return q
-    table = without(info.block_table, e.block_id)
-    return evolve(q, requests=_set(q, evolve(info, block_table=table)))
+    table = info.block_tables[group]
+    if e.block_id not in table:
+        return q
+    if kv.null_block is None:
+        table = without(table, e.block_id)
+    else:
+        i = table.index(e.block_id)
+        table = table[:i] + (kv.null_block,) + table[i + 1 :]
+        while table and table[-1] == kv.null_block:
+            table = table[:-1]
+    return evolve(q, requests=_set(q, info.with_block_table(group, table)))
 
 
 def _on_spec_tokens_verified(q: QueuesState, e: SpecTokensVerified, kv: BlocksState) -> QueuesState:
@@ -322,6 +355,7 @@ def _on_engine_snapshot(q: QueuesState, e: EngineSnapshot, kv: BlocksState) -> Q
             num_output_tokens=r.num_output_tokens,
             output_text=r.output_text,
             block_table=r.block_table,
+            group_block_tables=r.group_block_tables,
             tokens=r.tokens,
             num_cached_tokens=r.num_cached_tokens,
             num_preemptions=r.num_preemptions,

@@ -15,15 +15,20 @@ nothing to run). Workloads are seeded, so a scenario plays the same way every ti
                  are saved to the tier, and copied back when a request returns to them
     disagg       two engines (`disagg.py`): a prefill engine computes each prompt and sends its
                  KV blocks to a decode engine over the P2pConnector's link
+    hybrid       the embedded model with sliding-window layers (`hybrid_model.py`): two KV
+                 cache groups, and a sliding group's blocks freed as the window passes
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from nanovllm.viz import prompts
+from nanovllm.viz.hybrid_model import hybrid_model_path
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class Scenario:
     what_to_watch: str
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides
     two_engines: bool = False  # a prefill and a decode engine (`disagg.py`), both with `engine`
+    # Builds the folder of the model it runs (None: the embedded model), unless --model names one.
+    model: Callable[[], Path] | None = None
 
     def workload(self, seed: int = 0) -> Workload:
         return Workload(self.name, seed)
@@ -137,6 +144,14 @@ class Workload:
             # prefilled on one engine while earlier ones decode on the other.
             n = 2 if tick == 0 else int(rng.random() < 0.2)
             return [self._opening(rng.randint(12, 32)) for _ in range(n)]
+        if self.kind == "hybrid":
+            # Passages of 50-90 tokens and long decodes: every request outgrows the 32-token
+            # window, so its sliding group frees a block every 8 tokens while it runs.
+            n = 2 if tick == 0 else int(rng.random() < 0.15)
+            out = []
+            for _ in range(n):
+                out.append(self._arrival(rng.choice(PASSAGES), rng.randint(40, 72)))
+            return out
         raise ValueError(f"unknown workload {self.kind!r}")
 
     def _opening(self, max_tokens: int) -> Arrival:
@@ -253,6 +268,17 @@ SCENARIOS: dict[str, Scenario] = {
             "block) and counts them sent, received, loaded and failed.",
             dict(block_size=8, num_kv_blocks=40, max_num_seqs=6, max_num_batched_tokens=256),
             two_engines=True,
+        ),
+        Scenario(
+            "hybrid",
+            "sliding-window layers: a block table per KV cache group",
+            "The embedded model with its last two layers given a 32-token window: two KV cache "
+            "groups, each request a block table in each (full: every block it wrote; sliding: "
+            "only the window's). As a request grows past the window, its sliding table's "
+            "oldest blocks go back to the free queue and the null block (∅) takes their place; "
+            "its full table keeps them all.",
+            dict(block_size=8, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=256),
+            model=hybrid_model_path,
         ),
     )
 }

@@ -38,6 +38,7 @@ STEPS = {
     "parallel": 12,
     "offload": 38,  # blocks loaded back from the host tier
     "disagg": 40,
+    "hybrid": 30,  # every request past the window: its sliding table starts with ∅
 }
 
 Shoot = Callable[[VizApp, str, tuple[int, int]], Awaitable[None] | None]

@@ -245,6 +245,10 @@ class VizState:
         """Head first."""
         return self.kv.free_queue
 
+    @property
+    def null_block(self) -> int | None:
+        return self.kv.null_block
+
     # --- the steps panel ---
     @property
     def draft(self) -> StepRecord:
@@ -295,7 +299,8 @@ def initial_state(started: EngineStarted | None = None) -> VizState:
     """The state of a fresh engine: every block free, the queue 0..N-1."""
     if started is None:
         return VizState()
-    return VizState(engine=started, kv=fresh_blocks(started.num_kv_blocks), tier=tier_from(started))
+    kv = fresh_blocks(started.num_kv_blocks, started.null_block)
+    return VizState(engine=started, kv=kv, tier=tier_from(started))
 
 
 def reduce(state: VizState, event: Event) -> VizState:

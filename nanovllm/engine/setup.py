@@ -44,7 +44,12 @@ from nanovllm.backends import get_backend, pick_backend
 from nanovllm.config import EngineConfig
 from nanovllm.core.async_scheduler import AsyncScheduler
 from nanovllm.core.extra_tokens import ExtraTokens
-from nanovllm.core.kv_cache_interface import KVCacheConfig, get_kv_cache_config, layer_specs
+from nanovllm.core.kv_cache_interface import (
+    KVCacheConfig,
+    SlidingWindowSpec,
+    get_kv_cache_config,
+    layer_specs,
+)
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.kv_source import NullConnector
 from nanovllm.core.logits_mask import LogitsMask, NoLogitsMask
@@ -61,7 +66,7 @@ from nanovllm.engine.tensor_parallel import (
     TensorParallelExecutor,
     start_runners,
 )
-from nanovllm.events import EngineStarted, EventBus
+from nanovllm.events import EngineStarted, EventBus, KVCacheGroupInfo
 from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_events import ObservedExecutor
@@ -234,6 +239,7 @@ def scheduler_class(parts: EngineParts, async_scheduling: bool) -> Callable[...,
 def started_event(config: EngineConfig, setup: EngineSetup) -> EngineStarted:
     """The engine's description, the first event every subscriber receives."""
     spec, kv_transfer = setup.speculative_config, setup.kv_transfer_config
+    kv_config = setup.kv_cache_config
     return EngineStarted(
         model=setup.model_path.name,
         num_kv_blocks=setup.num_kv_blocks,
@@ -250,6 +256,23 @@ def started_event(config: EngineConfig, setup: EngineSetup) -> EngineStarted:
         kv_connector=kv_transfer and kv_transfer.kv_connector,
         kv_role=kv_transfer and kv_transfer.kv_role,
         num_tier_blocks=getattr(setup.kv_connector_worker, "num_cpu_blocks", 0),
+        kv_cache_groups=kv_cache_group_infos(setup.kv_cache_config),
+        # The pool hands its first block, 0, to the null block (`core/block_pool.py`).
+        null_block=0 if kv_config and kv_config.has_sliding_window else None,
+    )
+
+
+def kv_cache_group_infos(kv_config: KVCacheConfig | None) -> tuple[KVCacheGroupInfo, ...]:
+    """Each KV cache group's kind, window and layers, as `EngineStarted` names them."""
+    if kv_config is None:
+        return ()
+    return tuple(
+        KVCacheGroupInfo(
+            "sliding" if isinstance(g.kv_cache_spec, SlidingWindowSpec) else "full",
+            getattr(g.kv_cache_spec, "sliding_window", None),
+            tuple(g.layer_indices),
+        )
+        for g in kv_config.kv_cache_groups
     )
 
 

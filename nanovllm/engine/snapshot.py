@@ -107,4 +107,5 @@ def _request(
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,
         tokens=token_texts(tokenizer, request.all_token_ids),
+        group_block_tables=kv.block_tables(request.request_id)[1:],
     )

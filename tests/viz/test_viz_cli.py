@@ -80,3 +80,18 @@ def test_a_kv_connector_from_the_command_line_shows_its_tier(tiny_llama: Path, t
     live_lines, replay_lines = live.read_text().splitlines(), replay.read_text().splitlines()
     assert "OffloadingConnector" in live.read_text() and "step 12: " in live.read_text()
     assert live_lines[1:-1] == replay_lines[1:-1]
+
+
+def test_the_hybrid_scenario_runs_records_and_replays(tmp_path: Path):
+    """`--scenario hybrid` starts the embedded model with sliding-window layers, draws each
+    request's two block tables (the sliding one's passed blocks as ∅) and exits; its trace
+    (the KV cache groups in `EngineStarted`) replays to the same screen."""
+    trace, live, replay = tmp_path / "t.jsonl", tmp_path / "live.txt", tmp_path / "replay.txt"
+    common = ["--steps", "8", "--size", "160x48"]
+    engine = ["--scenario", "hybrid"]
+    assert main(["viz", *engine, "--record", str(trace), "--screenshot", str(live), *common]) == 0
+    assert main(["viz", "--replay", str(trace), "--screenshot", str(replay), *common]) == 0
+    text = live.read_text()
+    assert "full [" in text and "win32 [∅" in text, text
+    live_lines, replay_lines = live.read_text().splitlines(), replay.read_text().splitlines()
+    assert live_lines[1:-1] == replay_lines[1:-1]

@@ -83,6 +83,17 @@ def test_every_scenario_at_every_size():
             for item in ("holds a prefix", "+ saved", "⇡ loaded", "▾ dropped next", "· empty"):
                 assert item in text, (size, item, text)
             assert "✕ dropped" in text, (size, text)
+    # The hybrid scenario: the null block in the grid at every size; where the block tables
+    # show (from 100 columns), a request's full table, and from 120 its sliding one too, the
+    # blocks the window passed as the null block (at 100x30 the panel's four rows hold only
+    # the first request's full table).
+    for size in SIZES:
+        text = screens["hybrid", size]
+        assert "∅" in text, (size, text)
+        if size[0] >= 100:
+            assert "full [" in text, (size, text)
+        if size[0] >= 120:
+            assert "win32 [∅" in text, (size, text)
     # Switching scenario says what to watch.
     for scenario in SCENARIOS.values():
         assert any(scenario.what_to_watch in n for n in notices), scenario.name

@@ -10,6 +10,11 @@ other requests through the prefix cache. The gauge at the end shows how full the
 block is: the empty slots are the only memory paged attention wastes (internal fragmentation).
 A block the latest move gave the request is drawn in white. The selected request is always
 listed, even when the others do not all fit.
+
+A model with several KV cache groups (`EngineStarted.kv_cache_groups`: sliding-window layers
+beside full ones) gives each request one table per group, one under the other, tagged `full` or
+`win32` (a 32-token window). In a sliding group's table the blocks the window passed read `∅`,
+the null block: they went back to the free queue while the request ran.
 """
 
 from __future__ import annotations
@@ -19,12 +24,19 @@ from typing import Any
 from rich.text import Text
 from textual.geometry import Size
 
+from nanovllm.events import KVCacheGroupInfo
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.state import RUNNING, VizState, last_block_fill, latest_changes, table_holders
 from nanovllm.viz.style import DIM, FLASH, SELECTED, request_label, superscript, text_style
 from nanovllm.viz.widgets.base import StateView
 
 LABEL = 9
+NULL = "∅"  # the null block in a sliding group's table
+
+
+def group_tag(group: KVCacheGroupInfo) -> str:
+    """`full` or `win32` (a 32-token sliding window), for a model with several groups."""
+    return "full" if group.sliding_window is None else f"win{group.sliding_window}"
 
 
 class BlockTablesView(StateView):
@@ -46,21 +58,49 @@ class BlockTablesView(StateView):
         gauge.append(f" {fill}/{bs}", DIM)
         if info.status != RUNNING:
             gauge.append(" admitting", "bold")
+        groups = state.engine.kv_cache_groups if state.engine is not None else ()
+        tags = [group_tag(g) for g in groups] if len(groups) > 1 else [""]
+        tables = info.block_tables + ((),) * (len(tags) - len(info.block_tables))
+        lines: list[Text] = []
+        for group, (tag, table) in enumerate(zip(tags, tables)):
+            if group == 0:
+                line = request_label(info, rid, width=LABEL)
+                if rid == self.selected:
+                    line.stylize(SELECTED, 0, LABEL)
+            else:
+                line = Text(" " * LABEL)
+            if tag:
+                line.append(tag + " ", DIM)
+            line = self._table(lines, line, self._cells(info, table, changed), width)
+            if group == 0:
+                if len(line) + len(gauge) > width:
+                    lines.append(line)
+                    line = Text(" " * (LABEL + len(tag) + bool(tag) + 1))
+                line.append(gauge)
+            lines.append(line)
+        return lines
+
+    def _cells(self, info, table: tuple[int, ...], changed: frozenset[int]) -> list[Text]:
+        state = self.state
         cells = []
-        for block_id in info.block_table:
+        for block_id in table:
+            if block_id == state.null_block:
+                cells.append(Text(NULL, DIM))  # a block the window passed: none held
+                continue
             refs = state.blocks[block_id].ref_count if block_id < state.num_blocks else 1
             style = FLASH if block_id in changed else text_style(info.slot)
             cell = Text(f"{block_id}", style)
             if refs > 1:
                 cell.append(superscript(refs), "bold")
             cells.append(cell)
-        # Wrap the ids under the label; the gauge goes on the last line.
-        line = request_label(info, rid, width=LABEL)
-        if rid == self.selected:
-            line.stylize(SELECTED, 0, LABEL)
+        return cells
+
+    @staticmethod
+    def _table(lines: list[Text], line: Text, cells: list[Text], width: int) -> Text:
+        """`[cells]` after `line`, wrapped under its `[` (full lines into `lines`); the last
+        line, still open."""
         line.append("[")
         start = len(line)
-        lines = []
         for cell in cells:
             if len(line) + len(cell) + 1 > width - 1 and len(line) > start:
                 lines.append(line)
@@ -70,12 +110,7 @@ class BlockTablesView(StateView):
         if cells:
             line.right_crop(1)
         line.append("]")
-        if len(line) + len(gauge) > width:
-            lines.append(line)
-            line = Text(" " * start)
-        line.append(gauge)
-        lines.append(line)
-        return lines
+        return line
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         holders = table_holders(self.state)

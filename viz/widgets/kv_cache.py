@@ -3,7 +3,9 @@
 Cells: `A` a block owned by request A, `A²` shared by two requests (prefix cache, ref count
 2), `a` free but still holding A's cached prefix (a later request with the same prefix can take
 it back), `#` the same for a prefix cached before the viewer joined (`--connect`: the snapshot
-names no request), `·` free and empty. The selected request's blocks are underlined (`›` in front when
+names no request), `·` free and empty, `∅` the null block (a model with sliding-window layers:
+it stands in a sliding group's block tables for the blocks the window passed, never holds KV
+and never joins the free queue). The selected request's blocks are underlined (`›` in front when
 cells are small), and what the latest move changed is drawn in white.
 
 The grid grows with the panel: on a big terminal each block is a box with its id, every
@@ -117,6 +119,8 @@ class KVCacheView(StateView):
             style = cached_free_style(first)
             # Whose prefix it is may be unknown (joined by a snapshot): `#`, never a letter.
             glyphs = request_glyph(first).lower() if first is not None else UNKNOWN_CACHED
+        elif block_id == self.state.null_block:
+            style, glyphs = DIM, "∅"
         else:
             style, glyphs = FREE, "·"
         mark = superscript(block.ref_count) if block.ref_count > 1 else ""
