@@ -121,6 +121,9 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ("enable_prefix_caching", "enable_chunked_prefill"):
         if out.get(flag, True):
             out.pop(flag, None)  # only an explicit --no-... overrides
+    for flag in ("disable_hybrid_kv_cache_manager", "enable_expert_parallel"):
+        if not out.get(flag, False):
+            out.pop(flag, None)  # only an explicit --disable-.../--enable-... overrides
     return out
 
 
