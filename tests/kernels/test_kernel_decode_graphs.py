@@ -131,12 +131,24 @@ def test_only_the_triton_backend_is_captured(caplog) -> None:
     from types import SimpleNamespace
 
     from nanovllm.config import EngineConfig
+    from nanovllm.core.kv_cache_interface import (
+        get_kv_cache_config,
+        layer_specs,
+        single_group_config,
+    )
     from nanovllm.engine.setup import wants_cuda_graphs
 
     config = EngineConfig(enforce_eager=False)
-    on_a_gpu = SimpleNamespace(device=torch.device("cuda"), attention_backend="torch", group=None)
+    one_group = single_group_config(2, 16)
+    gpu = dict(device=torch.device("cuda"), group=None, kv_cache_config=one_group)
+    on_a_gpu = SimpleNamespace(attention_backend="torch", **gpu)
     assert not wants_cuda_graphs(config, on_a_gpu, backend_captures=False)
     assert "no CUDA graphs with attention backend 'torch'" in caplog.text
-    triton = SimpleNamespace(device=torch.device("cuda"), attention_backend="triton", group=None)
+    triton = SimpleNamespace(attention_backend="triton", **gpu)
     assert wants_cuda_graphs(config, triton, backend_captures=True)
     assert not wants_cuda_graphs(EngineConfig(), triton, backend_captures=True)  # eager
+    # A block table per KV cache group: the captured graphs hold one, so none are captured.
+    specs = layer_specs(("full_attention", "sliding_attention"), 8, 2, 16)
+    hybrid = SimpleNamespace(**{**vars(triton), "kv_cache_config": get_kv_cache_config(specs)})
+    assert not wants_cuda_graphs(config, hybrid, backend_captures=True)
+    assert "several KV cache groups" in caplog.text
