@@ -148,42 +148,55 @@ class FusedMoE(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        # This rank's slice of each expert's intermediate dimension.
-        n = divide(intermediate_size, self.tp_size, "moe_intermediate_size")
+        # The experts this rank holds, and which run of each one's intermediate dimension.
+        self.local_experts, self.intermediate_start, n = self.partition()
         self.intermediate_size_per_partition = n
+        num_local = len(self.local_experts)
         self.w13_weight = new_parameter(
-            num_experts, 2 * n, hidden_size, dtype=params_dtype, weight_loader=self.weight_loader
+            num_local, 2 * n, hidden_size, dtype=params_dtype, weight_loader=self.weight_loader
         )
         self.w2_weight = new_parameter(
-            num_experts, hidden_size, n, dtype=params_dtype, weight_loader=self.weight_loader
+            num_local, hidden_size, n, dtype=params_dtype, weight_loader=self.weight_loader
         )
         # The checkpoint tensors each parameter is loaded from (the loader checks none is missing).
-        experts = range(num_experts)
-        self.w13_weight.shard_ids = [(e, w) for e in experts for w in ("w1", "w3")]
-        self.w2_weight.shard_ids = [(e, "w2") for e in experts]
+        self.w13_weight.shard_ids = [(e, w) for e in self.local_experts for w in ("w1", "w3")]
+        self.w2_weight.shard_ids = [(e, "w2") for e in self.local_experts]
         # Tokens routed to each expert in the last forward pass.
         self.expert_load = torch.zeros(num_experts, dtype=torch.int64)
+
+    def partition(self) -> tuple[range, int, int]:
+        """(the experts this rank holds, where its run of each one's intermediate dimension
+        starts, its length): under tensor parallelism every expert, 1/tp of each."""
+        n = divide(self.intermediate_size, self.tp_size, "moe_intermediate_size")
+        return range(self.num_experts), self.tp_rank * n, n
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: LoadedWeight, shard_id: tuple[int, str]
     ) -> None:
-        """Copy this rank's slice of one expert's full matrix into its place: `shard_id` is
+        """Copy this rank's run of one expert's full matrix into its place: `shard_id` is
         (expert, "w1" | "w3" | "w2"): w1 (gate) [I, H] and w3 (up) [I, H] to rows [0, n) and
-        [n, 2n) of `w13_weight[expert]`, w2 (down) [H, I] to `w2_weight[expert]`, by columns."""
+        [n, 2n) of `w13_weight[expert]`, w2 (down) [H, I] to `w2_weight[expert]`, by columns.
+        Another rank's expert is skipped."""
         expert, matrix = shard_id
         if not 0 <= expert < self.num_experts or matrix not in ("w1", "w2", "w3"):
             raise ValueError(
                 f"FusedMoE: shard {shard_id!r} is not (expert in 0..{self.num_experts - 1}, "
                 "'w1' | 'w2' | 'w3')"
             )
-        n, full = self.intermediate_size_per_partition, self.intermediate_size
-        start = self.tp_rank * n
+        if expert not in self.local_experts:
+            return
+        local = expert - self.local_experts.start
+        n, full, start = (
+            self.intermediate_size_per_partition,
+            self.intermediate_size,
+            self.intermediate_start,
+        )
         if matrix == "w2":
             check_shape(f"FusedMoE expert {expert} w2", loaded_weight, (self.hidden_size, full))
-            param.data[expert].copy_(loaded_weight.narrow(1, start, n))
+            param.data[local].copy_(loaded_weight.narrow(1, start, n))
             return
         check_shape(f"FusedMoE expert {expert} {matrix}", loaded_weight, (full, self.hidden_size))
-        rows = param.data[expert].narrow(0, 0 if matrix == "w1" else n, n)
+        rows = param.data[local].narrow(0, 0 if matrix == "w1" else n, n)
         rows.copy_(loaded_weight.narrow(0, start, n))
 
     def forward(
