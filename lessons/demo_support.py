@@ -88,21 +88,25 @@ def windowed_model_path(sliding_window: int) -> Path:
     model, its files links to the demo model's."""
     source = demo_model_path()
     path = home() / "models" / f"{source.name}-window-{sliding_window}"
+    files = [
+        file
+        for file in source.iterdir()
+        if file.is_file()
+        and file.suffix in (".json", ".safetensors")
+        and file.name != "config.json"
+    ]
     if (path / "config.json").is_file():
-        return path
+        if all((path / f.name).resolve() == f.resolve() for f in files):
+            return path
+        shutil.rmtree(path, ignore_errors=True)  # (its links point at another checkout's files)
     config = json.loads((source / "config.json").read_text())
     config.update(architectures=["MistralForCausalLM"], model_type="mistral",
                   sliding_window=sliding_window)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
     try:
-        for file in source.iterdir():
-            if (
-                file.is_file()
-                and file.suffix in (".json", ".safetensors")
-                and file.name != "config.json"
-            ):
-                (tmp / file.name).symlink_to(file.resolve())
+        for file in files:
+            (tmp / file.name).symlink_to(file.resolve())
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         os.replace(tmp, path)
     except OSError:

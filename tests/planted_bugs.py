@@ -125,10 +125,8 @@ PLANTED_BUGS = [
         "TorchAttention._decode",
         (
             (
-                "    invalid = torch.arange(keys.shape[1], device=q.device)[None, :] >= "
-                "seq_lens[:, None]\n",
-                "    invalid = torch.arange(keys.shape[1], device=q.device)[None, :] > "
-                "seq_lens[:, None]\n",
+                "    invalid = kv_pos >= seq_lens[:, None]\n",
+                "    invalid = kv_pos > seq_lens[:, None]\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and llama-gqa2"),
@@ -527,8 +525,8 @@ PLANTED_BUGS = [
         "attend",
         (
             (
-                "                visible = min(block_size, q_pos + 1 - block_start)\n",
-                "                visible = min(block_size, q_pos + 2 - block_start)\n",
+                "                end = min(block_size, q_pos + 1 - block_start)\n",
+                "                end = min(block_size, q_pos + 2 - block_start)\n",
             ),
         ),
         ("tests/test_parity.py", "-k", "same_step and cpu and llama-gqa2"),
@@ -567,7 +565,7 @@ PLANTED_BUGS = [
         "accumulate_values",
         (
             (
-                "    while t < visible:\n",
+                "    while t < end:\n",
                 "    while t < 0:\n",
             ),
         ),
@@ -785,8 +783,8 @@ PLANTED_BUGS = [
         "KVCacheManager.allocate_slots",
         (
             (
-                "        self.req_to_block_ids.pop(req_id, None)\n",
-                "        pass\n",
+                "    if num_to_take or len(hits[0]):\n        self.req_to_block_ids.pop(req_id, None)\n",
+                "    if num_to_take or len(hits[0]):\n        pass\n",
             ),
         ),
         ("tests/test_kv_cache_manager.py",),

@@ -37,6 +37,9 @@ class MergedStream:
         self._queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
         self._open = len(streams)
         self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        # An error `drain_ready` took off the queue: raised by the next `__anext__`, before the
+        # items queued after it (its stream's end among them).
+        self._held_error: BaseException | None = None
 
     @property
     def finished(self) -> bool:
@@ -55,6 +58,9 @@ class MergedStream:
         return self
 
     async def __anext__(self) -> tuple[int, RequestOutput]:
+        if self._held_error is not None:
+            error, self._held_error = self._held_error, None
+            raise error
         while self._open:
             index, item = await self._queue.get()
             if item is _END:
@@ -74,7 +80,7 @@ class MergedStream:
                 self._open -= 1
                 continue
             if isinstance(item, BaseException):
-                self._queue.put_nowait((index, item))  # raised by the next __anext__
+                self._held_error = item  # raised by the next __anext__
                 break
             ready.append((index, item))
         return ready
