@@ -36,6 +36,7 @@ import torch
 
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.kv_cache_groups import with_kv_cache_groups
+from nanovllm.executor.step_inputs import step_metadata
 from nanovllm.models.attention import AttentionMetadata
 
 
@@ -112,7 +113,7 @@ class InputBatch:
             decode_token_indices=torch.from_numpy(query_start[decode_seqs]),
             prefill_seq_indices=np.flatnonzero(query_lens > 1).tolist(),
         )
-        meta = with_kv_cache_groups(meta, out, self.block_size)  # (a hybrid model's groups)
+        meta = with_kv_cache_groups(meta, out, self.block_size, step_metadata)  # (hybrid)
         input_ids_t = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # [num_tokens]
         return input_ids_t, torch.from_numpy(positions), meta, logits_rows
 

@@ -10,6 +10,7 @@ a model with one group is left as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -17,31 +18,37 @@ import torch
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.models.attention import AttentionMetadata
 
+# `step_inputs.step_metadata`: (positions, query_lens, seq_lens, block_tables, block_size) ->
+# (positions tensor, metadata)
+StepMetadata = Callable[
+    [list[int], list[int], list[int], Sequence[Sequence[int]], int],
+    tuple[torch.Tensor, AttentionMetadata],
+]
+
 
 def with_kv_cache_groups(
-    meta: AttentionMetadata, out: SchedulerOutput, block_size: int
+    meta: AttentionMetadata, out: SchedulerOutput, block_size: int, step_metadata: StepMetadata
 ) -> AttentionMetadata:
-    """`meta` with every group's metadata (`kv_cache_groups`), built from each scheduled
-    request's `block_tables`."""
+    """`meta` with every group's metadata (`kv_cache_groups`): each group's block tables and
+    slot mapping, built by `step_metadata` (`step_inputs.py`'s, given by the caller, which
+    `step_inputs.py` imports this from) from each scheduled request's `block_tables`."""
     num_groups = len(out.scheduled[0].block_tables) if out.scheduled else 0
     if num_groups <= 1:
         return meta
+    # Each token's position, as the step's own metadata was built from them.
+    positions = [
+        pos
+        for seq_len, q_len in zip(meta.seq_lens_list, meta.query_lens_list)
+        for pos in range(seq_len - q_len, seq_len)
+    ]
     groups = []
     for g in range(num_groups):
         tables = [s.block_tables[g] for s in out.scheduled]
-        max_blocks = max(len(table) for table in tables)
-        padded = [list(table) + [0] * (max_blocks - len(table)) for table in tables]
-        slots = [
-            table[pos // block_size] * block_size + pos % block_size
-            for table, seq_len, q_len in zip(tables, meta.seq_lens_list, meta.query_lens_list)
-            for pos in range(seq_len - q_len, seq_len)
-        ]
+        _, group = step_metadata(
+            positions, meta.query_lens_list, meta.seq_lens_list, tables, block_size
+        )
         groups.append(
-            replace(
-                meta,
-                slot_mapping=torch.tensor(slots, dtype=torch.int64),  # [num_tokens]
-                block_tables=torch.tensor(padded, dtype=torch.int32).view(len(tables), -1),
-            )
+            replace(meta, slot_mapping=group.slot_mapping, block_tables=group.block_tables)
         )
     return replace(meta, kv_cache_groups=tuple(groups))
 

@@ -49,7 +49,7 @@ def step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
 
     block_tables = [s.block_table for s in out.scheduled]
     positions_t, meta = step_metadata(positions, query_lens, seq_lens, block_tables, block_size)
-    meta = with_kv_cache_groups(meta, out, block_size)  # (a hybrid model: a table per group)
+    meta = with_kv_cache_groups(meta, out, block_size, step_metadata)  # (a hybrid model's)
     input_ids_t = torch.tensor(input_ids, dtype=torch.int64)
     return input_ids_t, positions_t, meta, logits_rows
 
