@@ -41,6 +41,25 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _terminal
+    _terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+_terminal = None  # pytest's terminal writer (its output is never captured)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under CI, a failure's report is printed the moment it happens, not only in the summary
+    at the end: a run stopped from outside (CI's own time limit) still shows why tests failed."""
+    if os.environ.get("CI") and report.failed and _terminal is not None:
+        sections = "".join(f"\n--- {name} ---\n{text[-3000:]}" for name, text in report.sections)
+        _terminal.write_line(
+            f"\n=== {report.nodeid} failed ({report.when}) ===\n"
+            f"{str(report.longrepr)[-6000:]}{sections}"
+        )
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -33,6 +33,7 @@ the other ranks it serves rank 0 until the group closes, then exits the process.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import shutil
 import signal
@@ -134,6 +135,9 @@ def _worker_main(
     death_pipe: connection.Connection,
 ) -> None:
     """A worker process: join the group, build this rank's worker, serve the driver."""
+    # SIGUSR1 prints every thread's stack: the driver sends it to a rank that misses a start-up
+    # deadline, so the error says where that rank waits, not only that it did.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     threading.Thread(target=_exit_when_driver_gone, args=(death_pipe,), daemon=True).start()
     try:
         status.send(("started", None))
@@ -310,6 +314,7 @@ class WorkerGroup:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
+                self._show_stacks(waiting)
                 raise WorkerGroupError(
                     f"ranks {sorted(waiting)} did not become {what!r} within {self.start_timeout_s} s"
                 )
@@ -335,6 +340,15 @@ class WorkerGroup:
                         self._processes[rank].join(timeout=5)
                         self._deaths[rank] = WorkerDiedError(rank, f"it raised\n{detail}")
                 raise self._death_of(rank)
+
+    def _show_stacks(self, ranks: set[int]) -> None:
+        """Ask each of `ranks` to print its threads' stacks to its stderr (see `_worker_main`)."""
+        for rank in ranks:
+            try:
+                os.kill(self._processes[rank].pid, signal.SIGUSR1)
+            except (ProcessLookupError, TypeError):
+                pass  # gone already, or never started
+        time.sleep(1.0)  # the stacks are written by the ranks themselves
 
     # ----- faults -----
 

@@ -75,6 +75,21 @@ def test_a_rank_that_fails_to_start_is_named():
     assert get_tp_world_size() == 1
 
 
+def test_a_rank_that_misses_the_start_deadline_shows_where_it_waits(capfd):
+    """A rank still building its worker at the deadline: the error names the rank and the phase,
+    and the rank's own stack (printed on the driver's SIGUSR1) shows the line it waits in."""
+    with pytest.raises(WorkerGroupError, match=r"ranks \[1\] did not become 'ready' within 3"):
+        WorkerGroup(2, SlowOnRank1, timeout_s=TIMEOUT_S, start_timeout_s=3)
+    assert "in __init__" in capfd.readouterr().err  # SlowOnRank1.__init__'s sleep, on rank 1
+    assert get_tp_world_size() == 1
+
+
+class SlowOnRank1:
+    def __init__(self, rank: int) -> None:
+        if rank == 1:
+            time.sleep(60)
+
+
 class FailsOnRank1:
     def __init__(self, rank: int) -> None:
         if rank == 1:
