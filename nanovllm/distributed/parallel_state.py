@@ -58,6 +58,17 @@ def default_backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+def _start_group_names_at_zero() -> None:
+    """torch names each process group by how many this process has made before it (its "group
+    count"), and the ranks find each other in the store under that name. Destroying the default
+    group sets the count back to 0, but an `init_process_group` that fails (a rank that never
+    came) has counted one all the same. A fresh worker process starts at 0, so a driver that had
+    once failed would wait for its workers under another name until its timeout, and so would
+    every group it started after. With no group alive, start at 0 as a fresh process does."""
+    if not dist.is_initialized():
+        dist.distributed_c10d._world.group_count = 0
+
+
 def init_distributed(
     rank: int,
     world_size: int,
@@ -105,18 +116,26 @@ def init_distributed(
                 if rank == 0
                 else dist.TCPStore(master_addr, master_port, world_size, timeout=timeout)
             )
+        _start_group_names_at_zero()
         # (under torchrun, gloo listens where GLOO_SOCKET_IFNAME says, as torch's docs tell)
         binding = gloo_bound_to(master_addr) if init_method is None else nullcontext()
-        with binding:
-            dist.init_process_group(
-                backend,
-                init_method=init_method,
-                store=store,
-                rank=rank,
-                world_size=world_size,
-                timeout=timeout,
-            )
-            cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+        try:
+            with binding:
+                dist.init_process_group(
+                    backend,
+                    init_method=init_method,
+                    store=store,
+                    rank=rank,
+                    world_size=world_size,
+                    timeout=timeout,
+                )
+                cpu_group = (
+                    dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+                )
+        except BaseException:
+            if dist.is_initialized():  # half made (its cpu group failed): the next init can run
+                dist.destroy_process_group()
+            raise
     _STATE = ParallelState(rank, world_size, local_rank, backend, device, cpu_group)
     return _STATE
 

@@ -314,7 +314,8 @@ class WorkerGroup:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._show_stacks(waiting)
+                if what != "started":  # a rank that has not started has no handler for it yet
+                    self._show_stacks(waiting)
                 raise WorkerGroupError(
                     f"ranks {sorted(waiting)} did not become {what!r} within {self.start_timeout_s} s"
                 )
