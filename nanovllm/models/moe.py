@@ -77,6 +77,16 @@ def select_experts(
     return topk_weights, topk_ids
 
 
+def expert_mlp(
+    x: torch.Tensor,  # [m, hidden]
+    w13: torch.Tensor,  # [2 * intermediate, hidden]: gate rows, then up rows
+    w2: torch.Tensor,  # [hidden, intermediate]
+) -> torch.Tensor:  # [m, hidden]
+    """One expert, a SwiGLU MLP as Llama's: (silu(x w1^T) * (x w3^T)) w2^T."""
+    gate, up = F.linear(x, w13).chunk(2, dim=-1)  # [m, intermediate] each
+    return F.linear(F.silu(gate) * up, w2)
+
+
 def sort_by_expert(
     topk_ids: torch.Tensor,  # [num_tokens, top_k]
     num_experts: int,
@@ -110,9 +120,7 @@ def fused_experts(
         pairs = order[start : start + count]  # [n_e]
         start += count
         tokens = pairs // top_k  # [n_e]: distinct (a token picks an expert once)
-        x = hidden_states[tokens]  # [n_e, hidden]
-        gate, up = F.linear(x, w13_weight[expert]).chunk(2, dim=-1)  # [n_e, intermediate] each
-        y = F.linear(F.silu(gate) * up, w2_weight[expert])  # [n_e, hidden]
+        y = expert_mlp(hidden_states[tokens], w13_weight[expert], w2_weight[expert])  # [n_e, H]
         weights = topk_weights.flatten()[pairs].unsqueeze(1)  # [n_e, 1]
         out.index_add_(0, tokens, (y * weights).to(out.dtype))
     return out
