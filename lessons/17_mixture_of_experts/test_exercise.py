@@ -14,6 +14,7 @@ on a grid it holds exactly), so "the k most probable" is one answer, never a tie
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 import torch
@@ -254,18 +255,18 @@ def test_pairs_are_sorted_by_expert_each_once(impl, case):
         f"order holds one entry per (token, slot) pair: shape ({num_pairs},); got "
         f"{tuple(order.shape)}"
     )
-    # The permutation round-trips: each pair goes to one place, and comes back from it.
+    # The permutation round-trips: rows gathered in this order (sorted) and put back where each
+    # came from (unsorted) are the rows again only if every pair is in it exactly once.
     listed = order.tolist()
     assert all(0 <= p < num_pairs for p in listed), (
         f"order names pairs outside 0..{num_pairs - 1}: {listed}"
     )
-    unsorted = [None] * num_pairs
-    for position, p in enumerate(listed):
-        unsorted[p] = pairs[listed[position]]
-    missing = [p for p in range(num_pairs) if p not in set(listed)]
-    assert not missing and unsorted == pairs, (
-        f"order must hold each pair once, so that unsort(sort(pairs)) == pairs; pairs {missing} "
-        f"are missing (and others there twice): {listed}"
+    times = Counter(listed)
+    missing = [p for p in range(num_pairs) if p not in times]
+    twice = sorted(p for p, n in times.items() if n > 1)
+    assert not missing and not twice, (
+        f"order must hold each pair once, so that unsort(sort(x)) == x; pairs {missing} are "
+        f"missing and {twice} there more than once: {listed}"
     )
     want = sorted(range(num_pairs), key=lambda p: (pairs[p], p))
     assert listed == want, (
