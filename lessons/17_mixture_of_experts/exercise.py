@@ -66,9 +66,9 @@ def fused_experts(
     hidden_states [num_tokens, H]; w13_weight [E, 2 * I, H] and w2_weight [E, H, I] (see the
     module docstring); topk_weights and topk_ids [num_tokens, top_k] (what `select_experts`
     returns; any weights, not only ones that sum to 1). Returns out [num_tokens, H], of
-    hidden_states' dtype:
+    hidden_states' dtype; with x = hidden_states:
 
-        out[t] = sum over j < top_k of topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t])
+        out[t] = sum over j < top_k of  topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
 
     Run each expert once, on all of its tokens together: sort the pairs by expert with your
     `sort_by_expert`, and for each expert with pairs, gather its tokens' rows, run
