@@ -87,26 +87,84 @@ def windowed_model_path(sliding_window: int) -> Path:
     window), so its KV cache group is a sliding one (lesson 16). Written once, beside the tiny
     model, its files links to the demo model's."""
     source = demo_model_path()
-    path = home() / "models" / f"{source.name}-window-{sliding_window}"
+    config = json.loads((source / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                  sliding_window=sliding_window)  # fmt: skip
+    return _derived_model(source, f"window-{sliding_window}", config)
+
+
+def moe_model_path(num_experts: int = 4, top_k: int = 2, seed: int = 0) -> Path:
+    """The demo model as a mixture of experts (Mixtral, lesson 17): the same attention,
+    embeddings, norms and tokenizer; each layer's MLP cut into `num_experts` experts along its
+    intermediate dimension (expert e: rows e*I/E .. (e+1)*I/E of gate and up, those columns of
+    down, scaled by E / top_k, as a token's `top_k` weights sum to 1), and a random router
+    (seeded by `seed`) choosing `top_k` of them per token. A cut model, not a trained one: it
+    writes worse text than the demo model, but routes every token as a trained one would.
+    Written once, beside the tiny model: its weights a file of their own, the rest links."""
+    import torch
+    from safetensors.torch import load_file
+
+    source = demo_model_path()
+    config = json.loads((source / "config.json").read_text())
+    inter = config["intermediate_size"]
+    if inter % num_experts:
+        raise ValueError(f"{source}: intermediate_size {inter} is not a multiple of {num_experts}")
+    n = inter // num_experts
+    config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                  num_local_experts=num_experts, num_experts_per_tok=top_k,
+                  intermediate_size=n)  # fmt: skip
+
+    def weights() -> dict[str, torch.Tensor]:
+        dense = load_file(str(source / "model.safetensors"))
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {name: value for name, value in dense.items() if ".mlp." not in name}
+        for layer in range(config["num_hidden_layers"]):
+            mlp = f"model.layers.{layer}.mlp"
+            gate, up = dense[f"{mlp}.gate_proj.weight"], dense[f"{mlp}.up_proj.weight"]
+            down = dense[f"{mlp}.down_proj.weight"] * (num_experts / top_k)
+            moe = f"model.layers.{layer}.block_sparse_moe"
+            for e in range(num_experts):
+                rows = slice(e * n, (e + 1) * n)
+                tensors[f"{moe}.experts.{e}.w1.weight"] = gate[rows].contiguous()
+                tensors[f"{moe}.experts.{e}.w3.weight"] = up[rows].contiguous()
+                tensors[f"{moe}.experts.{e}.w2.weight"] = down[:, rows].contiguous()
+            hidden = gate.shape[1]
+            # Logits of spread about 4: a token's best experts clearly ahead, not one alone.
+            tensors[f"{moe}.gate.weight"] = torch.randn(num_experts, hidden, generator=gen) * (
+                4 / hidden**0.5
+            )
+        return tensors
+
+    return _derived_model(source, f"moe-{num_experts}x{top_k}-{seed}", config, weights)
+
+
+def _derived_model(source: Path, suffix: str, config: dict, weights=None) -> Path:
+    """A model folder beside the tiny model, `<source name>-<suffix>`, with `config`: its other
+    files links to `source`'s, except the weights when `weights()` gives them (then written to
+    its own `model.safetensors`). Written once, in a temporary folder renamed into place; a
+    folder whose links lead elsewhere (another checkout's files) is written again."""
+    path = home() / "models" / f"{source.name}-{suffix}"
     files = [
         file
         for file in source.iterdir()
         if file.is_file()
         and file.suffix in (".json", ".safetensors")
         and file.name != "config.json"
+        and not (weights is not None and file.suffix == ".safetensors")
     ]
     if (path / "config.json").is_file():
         if all((path / f.name).resolve() == f.resolve() for f in files):
             return path
         shutil.rmtree(path, ignore_errors=True)  # (its links point at another checkout's files)
-    config = json.loads((source / "config.json").read_text())
-    config.update(architectures=["MistralForCausalLM"], model_type="mistral",
-                  sliding_window=sliding_window)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
     try:
         for file in files:
             (tmp / file.name).symlink_to(file.resolve())
+        if weights is not None:
+            from safetensors.torch import save_file
+
+            save_file(weights(), str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         os.replace(tmp, path)
     except OSError:

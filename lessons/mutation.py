@@ -190,6 +190,9 @@ TARGETS: dict[str, tuple[Target, ...]] = {
     "16_sliding_window": (
         Target("nanovllm.core.sliding_window_manager", ("SlidingWindowManager",)),
     ),
+    "17_mixture_of_experts": (
+        Target("nanovllm.models.moe", ("select_experts", "sort_by_expert", "fused_experts")),
+    ),
 }
 
 

@@ -26,6 +26,8 @@ which keeps what it built, found through the engine's `config.parts`.
     the sliding window     sliding_window_manager: your SlidingWindowManager class itself   16
                            (`run.py` compares every block it frees and hits with the
                            stock engine's)
+    router and dispatch    model_layers: `YourMoeLayers` (`plug_moe.py`), whose mixtures   17
+                           of experts route and run with your functions
 
 Lesson 14 cuts the weights as every rank's model is built, in every rank's process:
 `plug_tensor_parallel.py` does that one.

@@ -21,9 +21,10 @@ The parts, what each is, its default, and the lesson that gives its own:
     detokenizer           (tokenizer) -> the incremental detokenizer            IncrementalDetokenizer, 10
     host_tier_cls         (num_blocks) -> the OffloadingConnector's host tier    HostBlockTier, 15
                           (None: the connector's own)
-    model_layers          (attention class) -> the classes the model's layers   ModelLayers, 14
+    model_layers          (attention class) -> the classes the model's layers   ModelLayers, 14 17
                           are built from, its tensor-parallel linear layers
-                          among them (`models/model_layers.py`)
+                          and mixtures of experts among them
+                          (`models/model_layers.py`)
     sliding_window_manager
                           (spec, block pool, group id, events) -> a sliding     SlidingWindowManager, 16
                           window group's block tables, which free what the

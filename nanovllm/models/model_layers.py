@@ -2,9 +2,10 @@
 
 The decoder does not name the classes of its layers: it is given them, so that a backend can
 give its fast versions (its paged attention kernel, numba norms, packed matmuls, compiled
-decoder layers: `nanovllm/backends/`), and a lesson its own tensor-parallel layers (lesson 14's
-cut their weights and combine their ranks' results with the learner's functions), all chosen
-before the model is built: nothing is swapped in a built model or in a module.
+decoder layers: `nanovllm/backends/`), and a lesson its own layers (lesson 14's tensor-parallel
+ones cut their weights and combine their ranks' results with the learner's functions; lesson
+17's mixtures of experts route and dispatch with them), all chosen before the model is built:
+nothing is swapped in a built model or in a module.
 `ModelLayers(attention)` is the engine's own layers around that attention class:
 
     attention      (heads, kv heads, head_dim, scale) -> a layer's paged attention

@@ -20,9 +20,9 @@ the k largest; Mixtral renormalises the k so they sum to 1, Qwen3-MoE only with 
 (A softmax over only the k chosen logits is the same as renormalising: Mixtral's paper says it
 that way.)
 
-`fused_experts` groups the tokens by expert (it sorts the n * k (token, expert) pairs by expert),
-so each expert runs one matmul over all of its tokens rather than one per token, and then adds
-each result, weighted, into its token's row. vLLM's `fused_moe` does the same grouping in one
+`fused_experts` groups the tokens by expert (`sort_by_expert` sorts the n * k (token, expert)
+pairs by expert), so each expert runs one matmul over all of its tokens rather than one per
+token, and then adds each result, weighted, into its token's row. vLLM's `fused_moe` does the same grouping in one
 Triton kernel; the CPU backend has its own (`backends/cpu_moe.py`).
 
 The weights are vLLM's `FusedMoE` layout, every expert stacked in one tensor:
@@ -77,6 +77,29 @@ def select_experts(
     return topk_weights, topk_ids
 
 
+def expert_mlp(
+    x: torch.Tensor,  # [m, hidden]
+    w13: torch.Tensor,  # [2 * intermediate, hidden]: gate rows, then up rows
+    w2: torch.Tensor,  # [hidden, intermediate]
+) -> torch.Tensor:  # [m, hidden]
+    """One expert, a SwiGLU MLP as Llama's: (silu(x w1^T) * (x w3^T)) w2^T."""
+    gate, up = F.linear(x, w13).chunk(2, dim=-1)  # [m, intermediate] each
+    return F.linear(F.silu(gate) * up, w2)
+
+
+def sort_by_expert(
+    topk_ids: torch.Tensor,  # [num_tokens, top_k]
+    num_experts: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token dispatch's order: the n * k (token, slot) pairs sorted by expert, pair p being
+    token p // top_k's slot p % top_k. Returns order [n * k] (int64: the pairs of expert 0 in
+    token order, then expert 1's, ...) and counts [num_experts] (int64: each expert's pairs)."""
+    pair_ids = topk_ids.flatten()  # [n * k]: each pair's expert
+    order = torch.argsort(pair_ids, stable=True)  # [n * k]
+    counts = torch.bincount(pair_ids, minlength=num_experts)  # [E]
+    return order, counts
+
+
 def fused_experts(
     hidden_states: torch.Tensor,  # [num_tokens, hidden]
     w13_weight: torch.Tensor,  # [num_experts, 2 * intermediate, hidden]
@@ -89,19 +112,15 @@ def fused_experts(
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros_like(hidden_states)
     # The n * k (token, slot) pairs, sorted by expert: each expert's pairs are then a run.
-    pair_ids = topk_ids.flatten()  # [n * k]; pair p is token p // k's slot p % k
-    order = torch.argsort(pair_ids, stable=True)  # [n * k]
-    counts = torch.bincount(pair_ids, minlength=w13_weight.shape[0]).tolist()  # [E]
+    order, counts = sort_by_expert(topk_ids, w13_weight.shape[0])  # [n * k], [E]
     start = 0
-    for expert, count in enumerate(counts):
+    for expert, count in enumerate(counts.tolist()):
         if count == 0:
             continue
         pairs = order[start : start + count]  # [n_e]
         start += count
         tokens = pairs // top_k  # [n_e]: distinct (a token picks an expert once)
-        x = hidden_states[tokens]  # [n_e, hidden]
-        gate, up = F.linear(x, w13_weight[expert]).chunk(2, dim=-1)  # [n_e, intermediate] each
-        y = F.linear(F.silu(gate) * up, w2_weight[expert])  # [n_e, hidden]
+        y = expert_mlp(hidden_states[tokens], w13_weight[expert], w2_weight[expert])  # [n_e, H]
         weights = topk_weights.flatten()[pairs].unsqueeze(1)  # [n_e, 1]
         out.index_add_(0, tokens, (y * weights).to(out.dtype))
     return out

@@ -476,3 +476,36 @@ SOLUTIONS["16_sliding_window"] = {
         return []
     """,
 }
+
+SOLUTIONS["17_mixture_of_experts"] = {
+    'raise NotImplementedError("write select_experts': """
+        probs = torch.softmax(router_logits.to(torch.float32), dim=1)
+        weights, ids = probs.topk(top_k, dim=1)
+        if renormalize:
+            weights = weights / weights.sum(dim=1, keepdim=True)
+        return weights, ids
+    """,
+    'raise NotImplementedError("write sort_by_expert': """
+        experts = topk_ids.reshape(-1).long()
+        order = sorted(range(len(experts)), key=lambda p: (int(experts[p]), p))
+        counts = [0] * num_experts
+        for e in experts.tolist():
+            counts[e] += 1
+        return torch.tensor(order, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64)
+    """,
+    'raise NotImplementedError("write fused_experts': """
+        top_k = topk_ids.shape[1]
+        out = torch.zeros_like(hidden_states)
+        order, counts = sort_by_expert(topk_ids, w13_weight.shape[0])
+        start = 0
+        for e, count in enumerate(counts.tolist()):
+            pairs = order[start : start + count]
+            start += count
+            if count:
+                tokens = pairs // top_k
+                y = expert_mlp(hidden_states[tokens], w13_weight[e], w2_weight[e])
+                weight = topk_weights.reshape(-1)[pairs].unsqueeze(1)
+                out.index_add_(0, tokens, (y * weight).to(out.dtype))
+        return out
+    """,
+}
