@@ -461,6 +461,26 @@ class TokensSampled(Event):
     token_ids: tuple[tuple[int, ...], ...]
 
 
+# --- a mixture of experts' routing (`executor/expert_load_events.py`) -----------------------
+
+
+@dataclass(frozen=True)
+class ExpertLoads(Event):
+    """Where a mixture-of-experts model's router sent the step's tokens: for each sparse layer
+    (`layers`, by index), how many tokens each expert received (`counts[i][e]`, `expert_load`
+    in `models/moe.py`). Each token goes to `top_k` experts, so a layer's counts sum to
+    `top_k` times the tokens the forward pass ran. With expert parallelism, `expert_ranks[e]`
+    is the rank that holds expert e whole (`local_expert_range`); () when every rank holds a
+    slice of every expert. Sent once per step, only by a model with sparse layers."""
+
+    kind: ClassVar[str] = "expert_loads"
+    step: int
+    top_k: int
+    layers: tuple[int, ...]
+    counts: tuple[tuple[int, ...], ...]  # [len(layers)][num_experts]
+    expert_ranks: tuple[int, ...] = ()
+
+
 # --- a late subscriber's starting point -----------------------------------------------------------
 
 
@@ -549,6 +569,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AttentionProbed,
         LogitsComputed,
         TokensSampled,
+        ExpertLoads,
     )
 }
 

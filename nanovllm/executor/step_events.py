@@ -31,6 +31,7 @@ from nanovllm.events import (
     TokensSampled,
 )
 from nanovllm.executor.attention_probe import AttentionProbe
+from nanovllm.executor.expert_load_events import expert_loads_event
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 
@@ -136,4 +137,7 @@ class ObservedExecutor:
                 if probed is not None and isinstance(event, AttentionComputed):
                     self.events.emit(probed)  # (a detail of attention, before its summary)
                 self.events.emit(event)
+            loads = expert_loads_event(sched.step, self.runner.model)  # (a mixture of experts')
+            if loads is not None:
+                self.events.emit(loads)
         return result
