@@ -27,18 +27,15 @@ from nanovllm.events import (
     event_to_dict,
 )
 
-NUM_EXPERTS, TOP_K = 6, 2
+NUM_EXPERTS, TOP_K = 4, 2
 
 
 @pytest.fixture(scope="module")
 def tiny_mixtral(tmp_path_factory) -> Path:
     from tiny_models import make_model
 
-    return make_model(
-        tmp_path_factory.mktemp("tiny_mixtral"),
-        arch="mixtral",
-        moe=dict(num_local_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K),
-    )
+    # (test_parity_moe.py's Mixtral: made once per run; 4 experts, top-2)
+    return make_model(tmp_path_factory.mktemp("tiny_mixtral"), arch="mixtral")
 
 
 def router_counts(engine) -> list[dict[int, list[int]]]:
@@ -142,3 +139,127 @@ def test_expert_parallel_ranks_hold_contiguous_runs():
     model = SimpleNamespace(model=SimpleNamespace(layers=[SimpleNamespace(mlp=block)]))
     event = expert_loads_event(7, model)
     assert event == ExpertLoads(7, 2, (0,), (tuple(range(10)),), (0, 0, 0, 0, 1, 1, 1, 2, 2, 2))
+
+
+# --- the visualizer: the reducer and the panel, without a screen --------------------------------
+
+
+@st.composite
+def expert_loads_events(draw, max_layers: int = 6, max_experts: int = 12):
+    """A few steps' `ExpertLoads` of one random model shape (sparse layers, experts, top-k,
+    expert-parallel ranks placed by `local_expert_range`), each token routed to top-k distinct
+    experts in every layer. Returns (events, ep_size)."""
+    from nanovllm.distributed.expert_parallel import local_expert_range
+
+    num_layers = draw(st.integers(1, max_layers))
+    num_experts = draw(st.integers(2, max_experts))
+    top_k = draw(st.integers(1, num_experts))
+    ep_size = draw(st.sampled_from([n for n in (1, 2, 3) if n <= num_experts]))
+    ranks = ()
+    if ep_size > 1:
+        ranks = tuple(
+            r for r in range(ep_size) for _ in local_expert_range(num_experts, r, ep_size)
+        )
+    layers = tuple(
+        sorted(draw(st.sets(st.integers(0, 40), min_size=num_layers, max_size=num_layers)))
+    )
+    rng = draw(st.randoms(use_true_random=False))
+    events = []
+    for step in range(1, draw(st.integers(1, 4)) + 1):
+        tokens = draw(st.integers(0, 30))
+        counts = []
+        for _ in layers:
+            row = [0] * num_experts
+            for _ in range(tokens):
+                for e in rng.sample(range(num_experts), top_k):
+                    row[e] += 1
+            counts.append(tuple(row))
+        events.append(ExpertLoads(step, top_k, layers, tuple(counts), ranks))
+    return events, ep_size
+
+
+@settings(max_examples=examples(15), deadline=None)
+@given(expert_loads_events())
+def test_the_reducer_keeps_the_latest_step_and_the_sums(drawn):
+    """Driven without a screen: the latest step's counts, every step's summed (the oracle: the
+    events added up here), each rank's pairs as `local_expert_range` places the experts; a new
+    `EngineStarted` forgets them."""
+    from viz_helpers import engine_started
+
+    from nanovllm.distributed.expert_parallel import local_expert_range
+    from nanovllm.viz.experts import imbalance, num_routed_tokens, rank_loads
+    from nanovllm.viz.state import VizState, reduce, reduce_all
+
+    events, ep_size = drawn
+    state = reduce_all(reduce(VizState(), engine_started()), events)
+    panel, last = state.experts, events[-1]
+    assert panel.latest == last and panel.num_steps == len(events)
+    for i in range(len(last.layers)):
+        for e in range(len(last.counts[i])):
+            assert panel.totals[i][e] == sum(ev.counts[i][e] for ev in events)
+    num_experts = len(last.counts[0])
+    for counts in last.counts:
+        assert sum(counts) == num_routed_tokens(last) * last.top_k
+        mean = sum(counts) / num_experts
+        assert imbalance(counts) == pytest.approx(max(counts) / mean if mean else 0.0)
+    if ep_size > 1:
+        assert rank_loads(last) == tuple(
+            sum(c[e] for c in last.counts for e in local_expert_range(num_experts, r, ep_size))
+            for r in range(ep_size)
+        )
+    else:
+        assert rank_loads(last) == ()
+    assert reduce(state, engine_started()).experts.latest is None
+
+
+@settings(max_examples=examples(15), deadline=None)
+@given(expert_loads_events(), st.integers(10, 90), st.integers(2, 12))
+def test_the_panel_shows_or_counts_every_layer(drawn, width, height):
+    """The panel's text parsed back: within its size; the step's line first; every layer's row
+    either shown, with the very counts of the event (`·` for none) and its ×, or counted in
+    `… N more layers`; the rank heads and `│` where expert parallelism splits the experts."""
+    from viz_helpers import engine_started
+
+    from nanovllm.viz.experts import imbalance
+    from nanovllm.viz.state import VizState, reduce, reduce_all
+    from nanovllm.viz.widgets.experts import SHADES, expert_lines, heat
+
+    events, ep_size = drawn
+    state = reduce_all(reduce(VizState(), engine_started()), events)
+    last = events[-1]
+    lines = [line.plain for line in expert_lines(state, width, height)]
+    assert 1 <= len(lines) <= height and all(len(line) <= width for line in lines), lines
+    assert lines[0].startswith(f"step {last.step}")
+    rows = {
+        int(line.split()[0][1:]): line for line in lines if line[:1] == "L" and line[1:2].isdigit()
+    }
+    more = [line for line in lines if line.startswith("… ")]
+    counted = int(more[0].split()[1]) if more else 0
+    assert sorted(rows) == sorted(last.layers[: len(rows)]) and len(rows) + counted == len(
+        last.layers
+    ), lines
+    for layer, line in rows.items():
+        counts = last.counts[last.layers.index(layer)]
+        cells = line.split()[1:]
+        if cells and cells[-1].startswith("×"):
+            assert cells.pop() == f"×{imbalance(counts):.1f}"
+        numbers = any(c.isdigit() for c in "".join(cells))
+        if numbers:
+            cells = [c for c in cells if c != "│"]
+            assert cells == [str(n) if n else "·" for n in counts][: len(cells)], (line, counts)
+        else:  # one shade an expert, `│` between ranks
+            top = max(counts)
+            shades = "".join(cells).replace("│", "")
+            assert shades == "".join(SHADES[heat(n, top)] for n in counts)[: len(shades)]
+        if ep_size > 1 and len(cells) == len(counts):
+            assert line.count("│") == ep_size - 1
+
+
+def test_key_0_switches_to_the_tenth_scenario():
+    """`1`-`9` switch to the first nine scenarios, `0` to the tenth, `moe`."""
+    from nanovllm.viz.app import VizApp
+    from nanovllm.viz.scenarios import SCENARIOS
+
+    keys = {b.key: b.action for b in VizApp.BINDINGS}
+    assert list(SCENARIOS).index("moe") == 9 and keys["0"] == "scenario(9)"
+    assert [keys[str(i)] for i in range(1, 10)] == [f"scenario({i})" for i in range(9)]
