@@ -69,6 +69,16 @@ def executor_events(
     sampled_ids = tuple(
         s.request.request_id for s in sampling if s.request.request_id in result.sampled_token_ids
     )
+    # A hybrid model's other KV cache groups (`kv_cache_groups.py`): their slots and tables.
+    groups = meta.kv_cache_groups[1:]
+    group_slots = tuple(_ints(g.slot_mapping) for g in groups)
+    group_tables = tuple(
+        tuple(
+            tuple(int(b) for b in row[: -(-n // block_size)])
+            for row, n in zip(g.block_tables.tolist(), seq_lens)
+        )
+        for g in groups
+    )
     return [
         StepInputsPrepared(
             step=step,
@@ -82,8 +92,10 @@ def executor_events(
             block_tables=tables,
             logits_rows=rows,
             num_sampled_rows=num_sampled_rows,
+            group_slot_mappings=group_slots,
+            group_block_tables=group_tables,
         ),
-        KVWritten(step, slots, num_layers),
+        KVWritten(step, slots, num_layers, group_slots),
         AttentionComputed(step, request_ids, seq_lens, attention_backend),
         LogitsComputed(step, rows, vocab_size),
         TokensSampled(
