@@ -81,3 +81,15 @@ def busiest(counts: tuple[tuple[int, ...], ...], layers: tuple[int, ...]) -> tup
     if best is None:
         return (0, 0)
     return layers[-best[1]], -best[2]
+
+
+def expert_words(loads: ExpertLoads) -> str:
+    """The step's routing in a few words, for the story: its busiest expert."""
+    if not loads.counts:
+        return "experts: no sparse layer"
+    layer, expert = busiest(loads.counts, loads.layers)
+    counts = loads.counts[loads.layers.index(layer)]
+    return (
+        f"router: busiest L{layer} e{expert}, {counts[expert]} of {sum(counts)} "
+        f"(×{imbalance(counts):.1f} the mean)"
+    )

@@ -209,6 +209,10 @@ def test_the_reducer_keeps_the_latest_step_and_the_sums(drawn):
         )
     else:
         assert rank_loads(last) == ()
+    # The story tells the latest step's busiest expert on the executor's line.
+    top = max(max(c) for c in last.counts)
+    told = [n.detail for n in state.draft.notes if "router: busiest" in (n.detail or "")]
+    assert told and f", {top} of {sum(last.counts[0])} (×" in told[-1], told
     assert reduce(state, engine_started()).experts.latest is None
 
 
