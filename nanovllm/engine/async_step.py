@@ -90,7 +90,7 @@ class InFlight:
     held_events: list[Event] = field(default_factory=list)
     # A mixture of experts' `expert_load`s right after this step's forward pass (the next
     # step's may have run by the time its events are told).
-    expert_loads: dict = field(default_factory=dict)
+    expert_loads: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class AsyncStep:
