@@ -123,3 +123,31 @@ def check_inputs(event: StepInputsPrepared, tables: dict[str, tuple], bs: int) -
             for row in range(event.query_start_loc[i], event.query_start_loc[i + 1]):
                 pos = event.positions[row]
                 assert slots[row] == tables[rid][g][pos // bs] * bs + pos % bs, (g, rid, pos)
+
+
+def test_a_model_whose_every_layer_slides_shows_passed_blocks_as_null(tmp_path, monkeypatch):
+    """One sliding group only (Mistral with a window): the paging rows the window passed read
+    `L0 → ∅`, no K/V kept and no slots counted; the others name their block, as the engine's
+    table has them."""
+    from tiny_models import make_model
+
+    from nanovllm.config import EngineConfig
+    from nanovllm.engine.llm_engine import LLMEngine
+    from nanovllm.sampling_params import SamplingParams
+
+    # (test_parity_sliding.py's Mistral: made once per run)
+    path = make_model(tmp_path, arch="mistral", extra=dict(sliding_window=WINDOW))
+    engine = LLMEngine(EngineConfig(model=str(path), num_threads=1, block_size=4, num_kv_blocks=24))
+    box = [VizState()]
+    engine.subscribe(lambda event: box.__setitem__(0, reduce(box[0], event)))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    engine.add_request("a", list(range(3, 20)), params)
+    for _ in range(3):
+        engine.step()
+    table = engine.kv_cache_manager.block_tables("a")[0]
+    assert 0 in table  # (the null block: the window passed a block)
+    lines = drawn(PagingView(), box[0], "a", Size(110, 200), monkeypatch)
+    rows = [line for line in lines if line.startswith("L") and " → " in line]
+    assert [r.split()[2] for r in rows] == ["∅" if b == 0 else f"#{b}" for b in table], lines
+    passed = [line for line in lines if "the window passed it" in line]
+    assert len(passed) == table.count(0) and not any("slots" in line for line in passed)

@@ -184,10 +184,11 @@ class PagingView(StateView):
             family = family_of(state, info.request_id)
             if family is not None and set(block.owners) <= set(family[1]):
                 about.append(" (siblings)", DIM)
-        about.append(f" · {computed}/{bs} slots", DIM)
+        if not passed:
+            about.append(f" · {computed}/{bs} slots", DIM)
         if filled > computed:
             about.append(f" · +{filled - computed} not computed yet", DIM)
-        if block is not None and block.cached:
+        if block is not None and block.cached and not passed:
             about.append(f" · cached #{block.block_hash}", DIM)
         about.append(self._other_groups(info, logical), DIM)
         slots: list[Text] = []
