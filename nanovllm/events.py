@@ -392,6 +392,10 @@ class StepInputsPrepared(Event):
     block_tables: tuple[tuple[int, ...], ...]
     logits_rows: tuple[int, ...]
     num_sampled_rows: int
+    # A hybrid model's KV cache groups 1, 2, ... (`slot_mapping` and `block_tables` are group
+    # 0's): each group's slot per token and block table per request; () with one group.
+    group_slot_mappings: tuple[tuple[int, ...], ...] = ()
+    group_block_tables: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,7 @@ class KVWritten(Event):
     step: int
     slot_mapping: tuple[int, ...]
     num_layers: int
+    group_slot_mappings: tuple[tuple[int, ...], ...] = ()  # groups 1, 2, ... (a hybrid model's)
 
 
 @dataclass(frozen=True)
@@ -459,6 +464,26 @@ class TokensSampled(Event):
     step: int
     request_ids: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...]
+
+
+# --- a mixture of experts' routing (`executor/expert_load_events.py`) -----------------------
+
+
+@dataclass(frozen=True)
+class ExpertLoads(Event):
+    """Where a mixture-of-experts model's router sent the step's tokens: for each sparse layer
+    (`layers`, by index), how many tokens each expert received (`counts[i][e]`, `expert_load`
+    in `models/moe.py`). Each token goes to `top_k` experts, so a layer's counts sum to
+    `top_k` times the tokens the forward pass ran. With expert parallelism, `expert_ranks[e]`
+    is the rank that holds expert e whole (`local_expert_range`); () when every rank holds a
+    slice of every expert. Sent once per step, only by a model with sparse layers."""
+
+    kind: ClassVar[str] = "expert_loads"
+    step: int
+    top_k: int
+    layers: tuple[int, ...]
+    counts: tuple[tuple[int, ...], ...]  # [len(layers)][num_experts]
+    expert_ranks: tuple[int, ...] = ()
 
 
 # --- a late subscriber's starting point -----------------------------------------------------------
@@ -549,6 +574,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AttentionProbed,
         LogitsComputed,
         TokensSampled,
+        ExpertLoads,
     )
 }
 
@@ -577,6 +603,11 @@ _NESTED: dict[tuple[type, str], type] = {
 }
 
 
+def _tuples(value: Any) -> Any:
+    """JSON's lists, nested to any depth, as the tuples they were."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 def _from_fields(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in data.items() if k in names}
@@ -585,8 +616,8 @@ def _from_fields(cls: type, data: dict[str, Any]) -> Any:
             nested = _NESTED.get((cls, name))
             if nested is not None:
                 value = [_from_fields(nested, item) for item in value]
-            else:  # (a tuple of tuples: EngineSnapshot.tier)
-                value = [tuple(v) if isinstance(v, list) else v for v in value]
+            else:  # (tuples of tuples: EngineSnapshot.tier, group_block_tables)
+                value = [_tuples(v) for v in value]
             kwargs[name] = tuple(value)
         elif isinstance(value, dict):  # (a dict of tuples: GrammarMasked.allowed)
             kwargs[name] = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}

@@ -56,6 +56,7 @@ from nanovllm.viz.state import RUNNING, VizState
 from nanovllm.viz.widgets import (
     BlockTablesView,
     ExecutorView,
+    ExpertsView,
     FreeQueueView,
     KVCacheView,
     LinkView,
@@ -131,8 +132,8 @@ class VizApp(App[object]):
         Binding("a", "add_request", "add"),
         Binding("c", "next_scenario", "scenario"),
         Binding("x", "toggle_executor", "executor"),
-        *(
-            Binding(str(i), f"scenario({i - 1})", name, show=False)
+        *(  # `1`-`9`, then `0` for the tenth
+            Binding(str(i % 10), f"scenario({i - 1})", name, show=False)
             for i, name in enumerate(SCENARIOS, 1)
         ),
     ]
@@ -188,6 +189,7 @@ class VizApp(App[object]):
                 yield ExecutorView(id="executor")  # shown by `x`, in the timeline's place
                 yield TimelineView(id="timeline")
                 yield StepView(id="step")
+                yield ExpertsView(id="experts")  # shown only for a mixture of experts
                 yield KVCacheView(id="kv")
                 with Horizontal(id="free-row"):
                     yield FreeQueueView(id="free")
@@ -231,6 +233,7 @@ class VizApp(App[object]):
             NarrativeView: ("What happened", "in the engine's order"),
             RequestTextView: ("Selected request", ""),
             ExecutorView: ("Model executor: the step's flat batch", "one column a token · x hides"),
+            ExpertsView: ("Experts: tokens the router sent each", "×: busiest over the mean"),
         }
         self._views = list(self.query(StateView))
         for view in self._views:
@@ -310,6 +313,7 @@ class VizApp(App[object]):
         self.state = state.decode if isinstance(state, DisaggState) else state
         self.screen.set_class(self.pair is not None, "-disagg")
         self.screen.set_class(self.state.tier.connector is not None, "-tier")
+        self.screen.set_class(self.state.experts.latest is not None, "-moe")
         self._follow_selection()
         self._redraw()
         self._check_goals()

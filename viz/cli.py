@@ -3,7 +3,7 @@
     nanovllm viz                                  the embedded model on the steady workload
     nanovllm viz --scenario burst                 preemption (also: prefix, chunked,
                                                   speculative, parallel, offload, disagg,
-                                                  hybrid)
+                                                  hybrid, moe)
     nanovllm viz --kv-transfer-config JSON        a KV connector: its tier beside the free queue
     nanovllm viz --record run.jsonl               ... and write every event to a trace
     nanovllm viz --replay run.jsonl               play a trace back, no model needed

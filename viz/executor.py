@@ -90,6 +90,8 @@ class RequestSpan:
     seq_len: int  # context length after the step: what its attention reads
     block_table: tuple[int, ...]  # the blocks its attention reads, in logical order
     samples: bool  # one of its rows is sampled (a chunk short of its prompt's end: False)
+    # A hybrid model's other KV cache groups' tables, in group order (`group_view`).
+    other_tables: tuple[tuple[int, ...], ...] = ()
 
 
 def reduce_executor(current: ExecutorStep | None, event: Event) -> ExecutorStep | None:
@@ -109,6 +111,19 @@ def reduce_executor(current: ExecutorStep | None, event: Event) -> ExecutorStep 
     if isinstance(event, TokensSampled):
         return replace(current, sampled=tuple(zip(event.request_ids, event.token_ids)))
     return current
+
+
+def group_view(inputs: StepInputsPrepared, group: int) -> StepInputsPrepared:
+    """The step as KV cache group `group`'s layers see it: that group's slot per token and
+    block table per request in the place of group 0's (`inputs` itself for group 0, or for a
+    group the event does not hold)."""
+    if not 0 < group <= len(inputs.group_block_tables):
+        return inputs
+    return replace(
+        inputs,
+        slot_mapping=inputs.group_slot_mappings[group - 1],
+        block_tables=inputs.group_block_tables[group - 1],
+    )
 
 
 def token_columns(inputs: StepInputsPrepared) -> list[TokenColumn]:
@@ -135,9 +150,12 @@ def token_columns(inputs: StepInputsPrepared) -> list[TokenColumn]:
     ]
 
 
-def request_spans(inputs: StepInputsPrepared) -> list[RequestSpan]:
-    """Each request of the batch: query start, tokens, context length, the blocks it reads."""
+def request_spans(inputs: StepInputsPrepared, group: int = 0) -> list[RequestSpan]:
+    """Each request of the batch: query start, tokens, context length, the blocks it reads in
+    KV cache group `group`, and its tables in the other groups."""
     sampled_rows = set(inputs.logits_rows[: inputs.num_sampled_rows])
+    every = (inputs.block_tables, *inputs.group_block_tables)  # [group][request]
+    shown = group if group < len(every) else 0
     spans = []
     for i, rid in enumerate(inputs.request_ids):
         start, end = inputs.query_start_loc[i], inputs.query_start_loc[i + 1]
@@ -147,8 +165,9 @@ def request_spans(inputs: StepInputsPrepared) -> list[RequestSpan]:
                 start,
                 end - start,
                 inputs.seq_lens[i],
-                inputs.block_tables[i],
+                every[shown][i],
                 any(row in sampled_rows for row in range(start, end)),
+                tuple(tables[i] for g, tables in enumerate(every) if g != shown),
             )
         )
     return spans
@@ -168,7 +187,9 @@ def written_slots(events: tuple[Event, ...]) -> frozenset[int]:
     """The slots the step's K/V went to while `KVWritten` is the latest of `events` (the
     step's so far): the views light them up."""
     last = events[-1] if events else None
-    return frozenset(last.slot_mapping) if isinstance(last, KVWritten) else frozenset()
+    if not isinstance(last, KVWritten):
+        return frozenset()
+    return frozenset(last.slot_mapping).union(*last.group_slot_mappings)
 
 
 def slot_label(slot: int, block_size: int) -> str:

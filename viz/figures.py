@@ -95,12 +95,27 @@ def rank_forward_times(state: WholeState) -> tuple[float, ...]:
     return summary.rank_forward_times
 
 
+def primary_group(state: WholeState) -> int:
+    """The KV cache group whose block table says where a request's tokens are: the first
+    full-attention group, which keeps every block the request wrote (a sliding group's table
+    reads the null block where its window passed); 0 with one group."""
+    groups = state.engine.kv_cache_groups if state.engine is not None else ()
+    return next((g for g, group in enumerate(groups) if group.sliding_window is None), 0)
+
+
+def primary_table(state: WholeState, request: RequestInfo) -> tuple[int, ...]:
+    """`request`'s block table in the `primary_group`."""
+    tables = request.block_tables
+    group = primary_group(state)
+    return tables[group] if group < len(tables) else ()
+
+
 def table_holders(state: WholeState) -> tuple[str, ...]:
     """Requests whose block tables the views list: the running ones in admission order, then
     the ones being admitted in this step (still in the waiting queue, but already holding the
     blocks the scheduler just gave them)."""
     admitting = tuple(
-        r for r in state.waiting if r in state.requests and state.requests[r].block_table
+        r for r in state.waiting if r in state.requests and any(state.requests[r].block_tables)
     )
     return state.running + admitting
 
@@ -113,9 +128,8 @@ def block_fill(state: WholeState, request: RequestInfo, logical: int) -> int:
 
 def last_block_fill(state: WholeState, request: RequestInfo) -> int:
     """How many of the slots of `request`'s last block hold a token's K and V."""
-    if not request.block_table:
-        return 0
-    return block_fill(state, request, len(request.block_table) - 1)
+    table = primary_table(state, request)
+    return block_fill(state, request, len(table) - 1) if table else 0
 
 
 def family_of(state: WholeState, request_id: str) -> tuple[str, tuple[str, ...]] | None:
@@ -158,7 +172,8 @@ def latest_changes(state: WholeState) -> Changes:
         if request_id is not None:
             requests.add(request_id)
         if isinstance(event, KVWritten):  # the blocks whose slots the step's K/V went to
-            blocks.update(slot // state.block_size for slot in event.slot_mapping)
+            for slots in (event.slot_mapping, *event.group_slot_mappings):  # (every group's)
+                blocks.update(slot // state.block_size for slot in slots)
     if not blocks and not requests:
         return NO_CHANGES
     return Changes(frozenset(blocks), frozenset(requests))

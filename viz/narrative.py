@@ -50,6 +50,7 @@ from nanovllm.events import (
     CacheHit,
     EngineSnapshot,
     Event,
+    ExpertLoads,
     GrammarMasked,
     KVBlockLoaded,
     KVBlockReceived,
@@ -66,6 +67,7 @@ from nanovllm.events import (
     TokenEmitted,
 )
 from nanovllm.viz.executor import EXECUTOR_EVENTS, executor_words, waiting_words
+from nanovllm.viz.experts import expert_words
 from nanovllm.viz.families import follows
 from nanovllm.viz.note import (
     ARRIVE,
@@ -183,6 +185,8 @@ def narrate(state: WholeState, event: Event) -> Note | None:
         return Note(TOKENS, None, i, i, ((event.request_id, event.text_delta),), count=1)
     if isinstance(event, EXECUTOR_EVENTS):
         return Note(EXEC, None, i, i, detail=executor_words(event) or "")
+    if isinstance(event, ExpertLoads):  # (told on the executor's line)
+        return Note(EXEC, None, i, i, detail=expert_words(event))
     if isinstance(event, StepSummary):
         # Split as the step view splits it (a decode's proposals are decode tokens).
         scheduled = state.draft.scheduled

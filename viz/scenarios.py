@@ -17,6 +17,8 @@ nothing to run). Workloads are seeded, so a scenario plays the same way every ti
                  KV blocks to a decode engine over the P2pConnector's link
     hybrid       the embedded model with sliding-window layers (`hybrid_model.py`): two KV
                  cache groups, and a sliding group's blocks freed as the window passes
+    moe          the embedded model as a mixture of experts (`moe_model.py`): how many tokens
+                 the router sends each expert, step by step, and how unevenly
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from nanovllm.viz import prompts
 from nanovllm.viz.hybrid_model import hybrid_model_path
+from nanovllm.viz.moe_model import moe_model_path
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,17 @@ class Workload:
             out = []
             for _ in range(n):
                 out.append(self._arrival(rng.choice(PASSAGES), rng.randint(40, 72)))
+            return out
+        if self.kind == "moe":
+            # Steady openings, some with long prompts: a prefill routes many tokens at once
+            # beside the decodes' one each, so a step's load swings from a few to dozens.
+            n = 3 if tick == 0 else int(rng.random() < 0.3)
+            out = []
+            for _ in range(n):
+                prompt = (
+                    rng.choice(PASSAGES) if rng.random() < 0.4 else rng.choice(prompts.OPENINGS)
+                )
+                out.append(self._arrival(prompt, rng.randint(16, 40)))
             return out
         raise ValueError(f"unknown workload {self.kind!r}")
 
@@ -279,6 +293,18 @@ SCENARIOS: dict[str, Scenario] = {
             "its full table keeps them all.",
             dict(block_size=8, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=256),
             model=hybrid_model_path,
+        ),
+        Scenario(
+            "moe",
+            "a mixture of experts: where the router sends the tokens",
+            "The embedded model as a Mixtral: each layer's MLP is 8 experts, and a router sends "
+            "every token to 2 of them. The experts panel counts, each step, the tokens each "
+            "expert received in each layer: a prefill's many tokens spread unevenly, some "
+            "experts get several times the mean (×) and some none. With "
+            "--tensor-parallel-size 2 --enable-expert-parallel each rank holds 4 experts "
+            "whole, and the panel counts the pairs each rank computed.",
+            dict(block_size=16, num_kv_blocks=64, max_num_seqs=6, max_num_batched_tokens=256),
+            model=moe_model_path,
         ),
     )
 }

@@ -39,6 +39,7 @@ STEPS = {
     "offload": 38,  # blocks loaded back from the host tier
     "disagg": 40,
     "hybrid": 30,  # every request past the window: its sliding table starts with ∅
+    "moe": 12,  # prefills beside decodes: a step's tokens spread unevenly over the experts
 }
 
 Shoot = Callable[[VizApp, str, tuple[int, int]], Awaitable[None] | None]

@@ -12,6 +12,7 @@ A `VizState` is one state per panel, each with its own pure reducer in its own f
     steps     steps.py     the step in progress, the last one, the timeline, the totals
     tier      tier.py      the KV connector's second tier
     executor  executor.py  the model executor's latest step (and `attention_probe`)
+    experts   experts.py   a mixture of experts' tokens per expert, the latest step and so far
     story     story.py     each step told in words, when a view asks (not in `reduce`)
 
 `reduce` hands an event only to the panels it changes (the steps panel takes every event,
@@ -51,6 +52,7 @@ from dataclasses import dataclass, fields, replace
 from nanovllm.events import AttentionProbed, EngineStarted, Event
 from nanovllm.viz.blocks import BLOCK_EVENTS, BlockInfo, BlocksState, fresh_blocks, reduce_blocks
 from nanovllm.viz.executor import EXECUTOR_EVENTS, ExecutorStep, reduce_executor
+from nanovllm.viz.experts import EXPERT_EVENTS, ExpertsState, reduce_experts
 from nanovllm.viz.figures import (
     NO_CHANGES,
     Changes,
@@ -62,6 +64,8 @@ from nanovllm.viz.figures import (
     kv_figures,
     last_block_fill,
     latest_changes,
+    primary_group,
+    primary_table,
     rank_forward_times,
     shown_step,
     table_holders,
@@ -132,6 +136,8 @@ __all__ = [
     "kv_figures",
     "last_block_fill",
     "latest_changes",
+    "primary_group",
+    "primary_table",
     "rank_forward_times",
     "reduce",
     "reduce_all",
@@ -156,6 +162,8 @@ class VizState:
     # What attention computed for one request in one layer, the latest the probe caught
     # (`attention_heat.py`; only while the executor panel is open in a live run).
     attention_probe: AttentionProbed | None
+    # A mixture of experts' routing (`experts.py`; empty for a dense model).
+    experts: ExpertsState
 
     def __init__(
         self,
@@ -167,6 +175,7 @@ class VizState:
         tier: TierState | None = None,
         executor: ExecutorStep | None = None,
         attention_probe: AttentionProbed | None = None,
+        experts: ExpertsState | None = None,
         **panel_fields,
     ) -> None:
         """`panel_fields`: fields of the panels by name (`VizState(running=..., waiting=...)`),
@@ -187,6 +196,7 @@ class VizState:
         set_field(self, "tier", tier or _NO_TIER)
         set_field(self, "executor", executor)
         set_field(self, "attention_probe", attention_probe)
+        set_field(self, "experts", experts or _NO_EXPERTS)
 
     # --- the queues panel ---
     @property
@@ -287,11 +297,12 @@ class VizState:
 
 _PANELS = {"queues": QueuesState, "kv": BlocksState, "steps": StepsState}
 _PANEL_OF = {f.name: panel for panel, cls in _PANELS.items() for f in fields(cls)}
-_NO_QUEUES, _NO_BLOCKS, _NO_STEPS, _NO_TIER = (
+_NO_QUEUES, _NO_BLOCKS, _NO_STEPS, _NO_TIER, _NO_EXPERTS = (
     QueuesState(),
     BlocksState(),
     StepsState(),
     TierState(),
+    ExpertsState(),
 )
 
 
@@ -338,6 +349,7 @@ def _apply(state: VizState, event: Event, story: StepStory[VizState] | None) -> 
         _reduce_tier(state, event) if kind in TIER_EVENTS else state.tier,
         reduce_executor(state.executor, event) if kind in EXECUTOR_EVENTS else state.executor,
         event if kind is AttentionProbed else state.attention_probe,
+        reduce_experts(state.experts, event) if kind in EXPERT_EVENTS else state.experts,
     )
 
 
@@ -357,6 +369,7 @@ def _with_steps(state: VizState, steps: StepsState) -> VizState:
         state.tier,
         state.executor,
         state.attention_probe,
+        state.experts,
     )
 
 

@@ -53,10 +53,12 @@ from nanovllm.events import (
     RequestFinished,
     RequestScheduled,
 )
+from nanovllm.executor.expert_load_events import expert_loads_event
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
 from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.models.moe import expert_loads
 
 # The engine's two halves of a step (`llm_engine.py`), which the loop calls in its own order.
 Schedule = Callable[[], SchedulerOutput]  # `LLMEngine.schedule`: the step and its logits mask
@@ -86,6 +88,9 @@ class InFlight:
     may_sample: threading.Event  # set when the step before has made its outputs
     times: StepTimes
     held_events: list[Event] = field(default_factory=list)
+    # A mixture of experts' `expert_load`s right after this step's forward pass (the next
+    # step's may have run by the time its events are told).
+    expert_loads: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class AsyncStep:
@@ -196,6 +201,9 @@ class AsyncStep:
                     inputs = with_prompt_rows(step_inputs(sched, self.runner.block_size), sched)
                 for event in self._executor_events(sched, inputs, result):
                     events.emit(event)
+                loads = expert_loads_event(sched.step, self.runner.model, step.expert_loads)
+                if loads is not None:
+                    events.emit(loads)
             step_count, scheduler.step_count = scheduler.step_count, sched.step
             try:
                 if sched.scheduled:
@@ -243,6 +251,7 @@ class AsyncStep:
                 [before.get(rid, [0])[-1] for _, rid in fill], dtype=step.inputs[0].dtype
             )
         logits = runner.forward_logits(*step.inputs)
+        step.expert_loads = expert_loads(runner.model)  # (tensors the next forward replaces)
         step.may_sample.wait()
         result = runner.sample(step.sched, logits)
         end = time.perf_counter()

@@ -31,6 +31,7 @@ from nanovllm.events import (
     TokensSampled,
 )
 from nanovllm.executor.attention_probe import AttentionProbe
+from nanovllm.executor.expert_load_events import expert_loads_event
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 
@@ -68,6 +69,16 @@ def executor_events(
     sampled_ids = tuple(
         s.request.request_id for s in sampling if s.request.request_id in result.sampled_token_ids
     )
+    # A hybrid model's other KV cache groups (`kv_cache_groups.py`): their slots and tables.
+    groups = meta.kv_cache_groups[1:]
+    group_slots = tuple(_ints(g.slot_mapping) for g in groups)
+    group_tables = tuple(
+        tuple(
+            tuple(int(b) for b in row[: -(-n // block_size)])
+            for row, n in zip(g.block_tables.tolist(), seq_lens)
+        )
+        for g in groups
+    )
     return [
         StepInputsPrepared(
             step=step,
@@ -81,8 +92,10 @@ def executor_events(
             block_tables=tables,
             logits_rows=rows,
             num_sampled_rows=num_sampled_rows,
+            group_slot_mappings=group_slots,
+            group_block_tables=group_tables,
         ),
-        KVWritten(step, slots, num_layers),
+        KVWritten(step, slots, num_layers, group_slots),
         AttentionComputed(step, request_ids, seq_lens, attention_backend),
         LogitsComputed(step, rows, vocab_size),
         TokensSampled(
@@ -136,4 +149,7 @@ class ObservedExecutor:
                 if probed is not None and isinstance(event, AttentionComputed):
                     self.events.emit(probed)  # (a detail of attention, before its summary)
                 self.events.emit(event)
+            loads = expert_loads_event(sched.step, self.runner.model)  # (a mixture of experts')
+            if loads is not None:
+                self.events.emit(loads)
         return result

@@ -94,6 +94,12 @@ def test_every_scenario_at_every_size():
             assert "full [" in text, (size, text)
         if size[0] >= 120:
             assert "win32 [∅" in text, (size, text)
+    # The moe scenario: the experts panel, with every layer's row where rows allow (from 30
+    # rows), the others counted.
+    for size in SIZES:
+        text = screens["moe", size]
+        assert "each to 2 of 8 experts" in text and "L0 " in text, (size, text)
+        assert ("L3 " in text) == (size[1] >= 30) and ("more layers" in text) == (size[1] < 30)
     # Switching scenario says what to watch.
     for scenario in SCENARIOS.values():
         assert any(scenario.what_to_watch in n for n in notices), scenario.name

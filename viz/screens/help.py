@@ -24,7 +24,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `+` / `-` | faster / slower: 1 to 16 events/s (each event on screen as long as the next), then 16 and 32 steps/s, then as fast as possible |
 | `↑` / `↓` | select the previous / next request (or click it) |
 | `a` | add a request with your own prompt (not in a replay) |
-| `1`-`8`, `c` | switch scenario / next scenario (live runs) |
+| `1`-`9`, `0`, `c` | switch scenario (`0`: the tenth) / next scenario (live runs) |
 | `x` | the executor panel (the step's flat batch) in place of the timeline and the step |
 | `[` / `]` | the executor panel's flat batch: previous / next page of tokens |
 | `h` | with the executor panel: the next attention head in the heat row |
@@ -65,6 +65,9 @@ What the latest event changed is drawn in white.
 - **KV connector** (with one): the host tier's slots, `■` holds a prefix, `·` empty, `+`
   saved this step, `⇡` loaded into a device block this step, `▾` dropped next when full; the
   step's traffic, e.g. `loaded t7→b12; saved b12→t11` (t: tier slot, b: device block).
+- **Experts** (a mixture-of-experts model): a row per sparse layer, a column per expert, the
+  tokens the router sent each this step (`·` none), `×` the busiest over the mean; with expert
+  parallelism the columns grouped by the rank that holds them, and each rank's pairs.
 - **What happened**: the step in words, in the engine's order.
 - **Metrics**: throughput in engine time, KV usage, internal fragmentation (and `contig.`:
   the same requests with a contiguous `max_model_len` reservation each), prefix-cache hit

@@ -8,6 +8,7 @@ immutable). None of them knows about the engine, the worker or each other.
 from nanovllm.viz.widgets.base import StateView
 from nanovllm.viz.widgets.block_tables import BlockTablesView
 from nanovllm.viz.widgets.executor import ExecutorView
+from nanovllm.viz.widgets.experts import ExpertsView
 from nanovllm.viz.widgets.free_queue import FreeQueueView
 from nanovllm.viz.widgets.kv_cache import KVCacheView
 from nanovllm.viz.widgets.link import LinkView
@@ -24,6 +25,7 @@ from nanovllm.viz.widgets.timeline import TimelineView
 __all__ = [
     "BlockTablesView",
     "ExecutorView",
+    "ExpertsView",
     "FreeQueueView",
     "KVCacheView",
     "LinkView",

@@ -46,6 +46,7 @@ from nanovllm.viz.executor import (
     RequestSpan,
     TokenColumn,
     block_reads,
+    group_view,
     request_spans,
     slot_label,
     token_columns,
@@ -61,7 +62,7 @@ from nanovllm.viz.executor_layout import (
     wrap_items,
 )
 from nanovllm.viz.executor_text import no_step_words, sampled_words
-from nanovllm.viz.state import VizState
+from nanovllm.viz.state import VizState, primary_group
 from nanovllm.viz.style import (
     DIM,
     FLASH,
@@ -75,6 +76,7 @@ from nanovllm.viz.style import (
 from nanovllm.viz.waiting import budget_cut
 from nanovllm.viz.widgets.attention_heat import attention_heat
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.widgets.block_tables import NULL
 from nanovllm.viz.words import count
 
 LABELS = ("row", "token", "id", "pos", "slot", "logits")
@@ -142,8 +144,9 @@ class ExecutorView(StateView):
             return Text()
         if ex is None:
             return Text(no_step_words(self.state, self.status), DIM)
-        columns = token_columns(ex.inputs)
-        spans = request_spans(ex.inputs)
+        group = primary_group(self.state)  # (a hybrid model's full group: every block)
+        columns = token_columns(group_view(ex.inputs, group))
+        spans = request_spans(ex.inputs, group)
         selected = self._selected_span(spans)
         reads = self._reads(ex, selected, width, height)
         want_heat = len(self.heat_lines(ex, selected, width, height)) if selected else 0
@@ -330,8 +333,22 @@ class ExecutorView(StateView):
             tail, style = self._request_tail(ex, span, room - least)
         table = "[" + fit_list(blocks, room - cell_len(tail) - 2, " ", TABLE_MORE) + "]"
         line.append(table, DIM)
+        line.append(self._other_tables(span, room - cell_len(tail) - len(table)), DIM)
         line.append(tail, style)
         return line
+
+    def _other_tables(self, span: RequestSpan, room: int) -> str:
+        """A hybrid model's other KV cache groups' tables after the first, ` [∅ ∅ 9 15]` (the
+        null block as ∅), each cut to what `room` leaves; ` …` when not one more fits."""
+        out = ""
+        null = self.state.null_block
+        for table in span.other_tables:
+            blocks = [NULL if b == null else str(b) for b in table]
+            left = room - len(out) - 3
+            if left < 2 + len(TABLE_MORE(len(blocks))):
+                return out + " …" if room - len(out) >= 2 else out
+            out += " [" + fit_list(blocks, left, " ", TABLE_MORE) + "]"
+        return out
 
     def _request_tail(self, ex: ExecutorStep, span: RequestSpan, room: int) -> tuple[str, Any]:
         """What a request's step ends in (a chunk's cut, its sampled tokens), in `room` cells

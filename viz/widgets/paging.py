@@ -27,7 +27,14 @@ from rich.text import Text
 
 from nanovllm.viz.driver import DriverStatus
 from nanovllm.viz.executor import written_slots
-from nanovllm.viz.state import VizState, block_fill, family_of, latest_changes
+from nanovllm.viz.state import (
+    VizState,
+    block_fill,
+    family_of,
+    latest_changes,
+    primary_group,
+    primary_table,
+)
 from nanovllm.viz.style import (
     DIM,
     FLASH,
@@ -40,6 +47,7 @@ from nanovllm.viz.style import (
 )
 from nanovllm.viz.waiting import why_waiting
 from nanovllm.viz.widgets.base import StateView
+from nanovllm.viz.widgets.block_tables import NULL, group_tag
 from nanovllm.viz.words import count
 
 SLOT_BG = ("grey19", "grey30")  # alternate slot backgrounds, so token boundaries show
@@ -77,27 +85,31 @@ class PagingView(StateView):
         if info is None:
             return Text("select a request (↑/↓, or click one in the queues)", DIM)
         bs = state.block_size
+        table = primary_table(state, info)
         head = request_label(info, info.request_id)
         head.append(
-            f" · {info.status} · {count(len(info.block_table), 'block')} · "
+            f" · {info.status} · {count(len(table), 'block')} · "
             f"{count(info.num_tokens, 'token')}, "
             f"{info.num_computed_tokens} in the cache",
             DIM,
         )
+        groups = state.engine.kv_cache_groups if state.engine is not None else ()
+        if len(groups) > 1:  # (the rows' blocks are one group's; the others' follow each row)
+            head.append(f" · rows: the {group_tag(groups[primary_group(state)])} group", DIM)
         head = fit(head, width)
         heads = [head, *self._about_request(info, width)]
-        if not info.block_table:
+        if not table:
             why = {"waiting": "waiting: no blocks yet", "finished": "finished: blocks freed"}
             waits = why_waiting(state, info.request_id)  # the scheduler's reason
             if waits is not None:
                 why["waiting"] = f"waiting, no blocks yet: {waits[1]}"
             return Text("\n").join([*heads, Text(why.get(info.status, "no blocks"), DIM)])
-        label_width = len(f"L{len(info.block_table) - 1} → #{state.num_blocks - 1} ")
+        label_width = len(f"L{len(table) - 1} → #{state.num_blocks - 1} ")
         avail = max(1, width - label_width)
         per_line, slot = slot_layout(bs, avail)
         lines_per_block = -(-bs // per_line)
         rows: list[list[Text]] = []
-        for logical, block_id in enumerate(info.block_table):
+        for logical, block_id in enumerate(table):
             rows.append(self._block_rows(info, logical, block_id, label_width, per_line, slot))
         # Keep the newest blocks when they do not all fit: that is where the request grows.
         room = height - len(heads)
@@ -132,6 +144,21 @@ class PagingView(StateView):
         lines = [fit(line, width) for line in lines]
         return lines
 
+    def _other_groups(self, info, logical: int) -> str:
+        """Where logical block `logical` lives in each KV cache group but the one the row is
+        labelled with (`primary_group`): ` · win32 #12`, or ` · win32 ∅` where that group's
+        window passed it. Empty with one group."""
+        state = self.state
+        groups = state.engine.kv_cache_groups if state.engine is not None else ()
+        shown = primary_group(state)
+        parts = []
+        for g, (group, table) in enumerate(zip(groups, info.block_tables)):
+            if g != shown and logical < len(table):
+                block_id = table[logical]
+                where = NULL if block_id == state.null_block else f"#{block_id}"
+                parts.append(f" · {group_tag(group)} {where}")
+        return "".join(parts)
+
     def _block_rows(
         self, info, logical: int, block_id: int, label_width: int, per_line: int, slot: int
     ) -> list[Text]:
@@ -144,20 +171,26 @@ class PagingView(StateView):
         computed = block_fill(state, info, logical)  # as the block tables count it
         accepted = info.accepted_positions() if info.accepted else frozenset()
         written = written_slots(state.draft.events)
-        label = Text(f"L{logical} → #{block_id}".ljust(label_width), FLASH if changed else HEADING)
+        passed = block_id == state.null_block  # (a sliding group's block the window passed)
+        label = Text(
+            f"L{logical} → {NULL if passed else f'#{block_id}'}".ljust(label_width),
+            FLASH if changed else HEADING,
+        )
         about = Text(" " * label_width)
         refs = block.ref_count if block else 1
-        about.append(f"ref {refs}", DIM)
+        about.append("the window passed it: no K/V kept" if passed else f"ref {refs}", DIM)
         if block is not None and refs > 1:
             about.append(f"{superscript(refs)} shared: " + " ".join(block.owners), "bold")
             family = family_of(state, info.request_id)
             if family is not None and set(block.owners) <= set(family[1]):
                 about.append(" (siblings)", DIM)
-        about.append(f" · {computed}/{bs} slots", DIM)
+        if not passed:
+            about.append(f" · {computed}/{bs} slots", DIM)
         if filled > computed:
             about.append(f" · +{filled - computed} not computed yet", DIM)
-        if block is not None and block.cached:
+        if block is not None and block.cached and not passed:
             about.append(f" · cached #{block.block_hash}", DIM)
+        about.append(self._other_groups(info, logical), DIM)
         slots: list[Text] = []
         line = label
         for i in range(bs):
