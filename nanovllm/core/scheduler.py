@@ -105,7 +105,7 @@ class Scheduler:
             self.running.remove(request)  # O(max_num_seqs), not O(waiting)
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
-        self.kv_source.request_finished(request, self.kv.block_ids(request.request_id))
+        self.kv_source.request_finished(request, self.kv.block_tables(request.request_id)[0])
         self.kv.free(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request.request_id]
@@ -199,7 +199,7 @@ class Scheduler:
     def admit(self, request: Request, prefix: ComputedPrefix) -> None:
         """Move the waiting `request`, its blocks allocated, to the end of the running queue,
         with `prefix`'s tokens computed."""
-        prefix.allocated(request, self.kv.block_ids(request.request_id))
+        prefix.allocated(request, self.kv.block_tables(request.request_id)[0])
         if self.waiting[0] is request:  # (always, in `schedule`: O(1))
             self.waiting.popleft()
         else:
@@ -282,9 +282,7 @@ class Scheduler:
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         tables = self.kv.block_tables(request.request_id)  # (one per KV cache group)
         out.scheduled.append(
-            ScheduledRequest(
-                request, num_new, computed, tables[0], samples, is_prefill, extra, tables
-            )
+            ScheduledRequest(request, num_new, computed, tables, samples, is_prefill, extra)
         )
         if self.events.active:
             self.events.emit(
