@@ -6,7 +6,8 @@ draws pick token i with probability softmax(logits)_i, and both use the generato
 seeded request draws the same tokens whatever shares its batch. They differ in how the noise is
 made, so the same seed gives different tokens in each: vLLM's GPU build uses the first, its CPU
 build the second. nanovllm uses the one vLLM uses on the same device (`draw_for`), so a seeded
-request gives vLLM's tokens there.
+request gives vLLM's tokens there. A request's generator is its own, made on the device of the
+logits on first use (`generator_for`).
 
 - `exponential_race` (vLLM: `vllm/v1/sample/ops/topk_topp_sampler.py`, `random_sample`): draw
   q_i ~ Exp(1) for every token and take argmax_i p_i / q_i. Token i wins with probability
@@ -33,8 +34,20 @@ from collections.abc import Callable
 
 import torch
 
+from nanovllm.request import Request
+
 # A draw: (filtered logits [n, vocab], their softmax [n, vocab], one generator per row) -> n tokens.
 Draw = Callable[[torch.Tensor, torch.Tensor, list[torch.Generator]], list[int]]
+
+
+def generator_for(request: Request, device: torch.device) -> torch.Generator:
+    """The request's own generator, on `device` (made on first use from `request.seed`)."""
+    generator = request.generator
+    if generator is None or generator.device != device:
+        assert request.seed is not None, "a random request always has a seed (the engine's)"
+        generator = torch.Generator(device=device).manual_seed(request.seed)
+        request.generator = generator
+    return generator
 
 
 def exponential_race(

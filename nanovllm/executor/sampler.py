@@ -43,7 +43,7 @@ import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
 from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
-from nanovllm.executor.random_draw import Draw, exponential_race
+from nanovllm.executor.random_draw import Draw, exponential_race, generator_for
 from nanovllm.executor.rejection_sampler import RejectionVerifier
 from nanovllm.request import Request
 
@@ -87,16 +87,6 @@ def greedy_tokens(logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """
     best, argmax_t = logits.max(dim=-1)  # [num_rows] each
     return argmax_t.tolist(), torch.isnan(best) | (best == float("-inf"))
-
-
-def generator_for(request: Request, device: torch.device) -> torch.Generator:
-    """The request's own generator, on `device` (made on first use from `request.seed`)."""
-    generator = request.generator
-    if generator is None or generator.device != device:
-        assert request.seed is not None, "a random request always has a seed (the engine's)"
-        generator = torch.Generator(device=device).manual_seed(request.seed)
-        request.generator = generator
-    return generator
 
 
 class Sampler:
