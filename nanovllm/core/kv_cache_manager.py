@@ -111,16 +111,8 @@ class KVCacheManager:
         return self.block_pool.num_free_blocks
 
     @property
-    def num_cached_free_blocks(self) -> int:
-        return self.block_pool.num_cached_free_blocks
-
-    @property
     def num_used_blocks(self) -> int:
         return self.block_pool.num_used_blocks
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
 
     def get_block_table(self, request_id: str) -> list[int]:
         """The request's physical block ids in the first group, in logical order (a new list)."""
@@ -243,14 +235,6 @@ class KVCacheManager:
         if self.coordinator.free_blocks_from(req_id, keep):
             self.req_to_block_ids.pop(req_id, None)  # the table shrinks
         self.req_num_filled_slots[req_id] = num_tokens
-
-    def begin_step(self) -> None:
-        """A new step starts: the pool forgets the previous step's cache changes."""
-        self.block_pool.begin_step()
-
-    def uncache_step_blocks(self) -> None:
-        """This step's forward pass failed: the blocks it registered leave the prefix cache."""
-        self.block_pool.uncache_step_blocks()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while any block is in use

@@ -49,11 +49,8 @@ from nanovllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
 
-__all__ = [
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerOutput",
-]  # (the step's types: `scheduler_output.py`)
+# (the step's types live in `scheduler_output.py`)
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:
@@ -185,7 +182,7 @@ class Scheduler:
         cleared."""
         self.step_start = time.perf_counter()
         self.step_count += 1
-        self.kv.begin_step()
+        self.kv.block_pool.begin_step()
         return SchedulerOutput(step=self.step_count)
 
     def end_step(self, out: SchedulerOutput) -> SchedulerOutput:
@@ -259,7 +256,7 @@ class Scheduler:
         are preempted (freed, back to the front of the queue). Nothing they had produced is
         lost, and no block leaks.
         """
-        self.kv.uncache_step_blocks()
+        self.kv.block_pool.uncache_step_blocks()
         for s in reversed(out.scheduled):  # reversed: the first ends up first in the queue
             if s.request.status == RequestStatus.RUNNING:
                 self.preempt_running(s.request)
