@@ -144,10 +144,10 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The longest run of cached full blocks that starts `request`'s tokens.
 
-        Returns the blocks (one list per group) and how many tokens they cover. At least one token is always left to compute: the step must end on a real
-        forward pass that produces the next logits. Nothing is allocated or referenced here;
-        `allocate_slots` does that. A request that asks for prompt logprobs reads nothing: each
-        prompt token's logits must be computed.
+        Returns the blocks (one list per group) and how many tokens they cover. At least one
+        token is always left to compute: the step must end on a forward pass that gives the next
+        logits. Nothing is allocated or referenced here (`allocate_slots` does that). A request
+        that asks for prompt logprobs reads nothing: each prompt token's logits are computed.
         """
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return self.empty_kv_cache_blocks, 0
