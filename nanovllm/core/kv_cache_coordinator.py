@@ -60,9 +60,8 @@ class KVCacheCoordinator:
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> BlocksPerGroup:
         """Every group's new blocks for `num_tokens` tokens."""
-        return tuple(
-            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
-        )
+        return tuple([m.allocate_new_blocks(request_id, num_tokens)
+                      for m in self.single_type_managers])  # fmt: skip
 
     def cache_blocks(self, request: Request, block_hashes: list[bytes], num_full: int) -> None:
         for manager in self.single_type_managers:
