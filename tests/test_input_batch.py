@@ -113,7 +113,9 @@ def test_a_decode_step_writes_only_the_appended_block() -> None:
 
     def step(table: list[int], num_computed: int) -> SchedulerOutput:
         request = Request("r", list(range(num_computed + 1)), SamplingParams(), 0)
-        return SchedulerOutput(1, [ScheduledRequest(request, 1, num_computed, (table,), True, False)])
+        return SchedulerOutput(
+            1, [ScheduledRequest(request, 1, num_computed, (table,), True, False)]
+        )
 
     batch.prepare(step([7, 3], 6))
     row = batch.row_of["r"]

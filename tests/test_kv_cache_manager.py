@@ -144,7 +144,9 @@ class KVCacheMachine(RuleBasedStateMachine):
                 if block.block_hash is not None:
                     assert block.block_hash == expected and block.token_ids == tokens
                 parent = expected
-        assert kv.block_pool.num_cached_free_blocks == sum(1 for b in free if b.block_hash is not None)
+        assert kv.block_pool.num_cached_free_blocks == sum(
+            1 for b in free if b.block_hash is not None
+        )
         filled = sum(
             min(r.num_computed_tokens, len(kv.req_to_blocks[rid]) * kv.block_size)
             for rid, r in self.live.items()
