@@ -6,8 +6,15 @@ draws pick token i with probability softmax(logits)_i, and both use the generato
 seeded request draws the same tokens whatever shares its batch. They differ in how the noise is
 made, so the same seed gives different tokens in each: vLLM's GPU build uses the first, its CPU
 build the second. nanovllm uses the one vLLM uses on the same device (`draw_for`), so a seeded
-request gives vLLM's tokens there. A request's generator is its own, made on the device of the
-logits on first use (`generator_for`).
+request gives vLLM's tokens there.
+
+Generators live where sampling happens (`generator_for`). Each random request's generator is
+created on the device of the logits, seeded with the request's seed: a CPU generator cannot
+drive random ops on CUDA tensors. It advances only when *that* request samples, so the noise a
+seeded request draws does not depend on what else shares the batch. Its logits can: a matmul
+over a different batch shape rounds differently (here about 4e-6 apart), so a draw that lands
+that close to the boundary between two tokens can pick the other one. Same seed and same batch,
+same tokens.
 
 - `exponential_race` (vLLM: `vllm/v1/sample/ops/topk_topp_sampler.py`, `random_sample`): draw
   q_i ~ Exp(1) for every token and take argmax_i p_i / q_i. Token i wins with probability
