@@ -248,7 +248,7 @@ def your_slot_mapping(impl) -> Callable[[SchedulerOutput, int], Any]:
         for s in out.scheduled:
             end = s.num_computed_tokens + s.num_new_tokens
             table = s.block_table[: impl.blocks_needed(end, block_size)]
-            scheduled.append(replace(s, block_table=table))
+            scheduled.append(replace(s, block_tables=(table, *s.block_tables[1:])))
         input_ids, positions, meta, logits_rows = step_inputs(
             replace(out, scheduled=scheduled), block_size
         )
