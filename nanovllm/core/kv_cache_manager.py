@@ -11,9 +11,8 @@ with the model executor; here we only decide which physical block holds which re
 - Blocks are reference counted. With prefix caching on, a full block is registered under a hash
   of its tokens and everything before them (`block_hash.py`); a new request whose prompt starts
   with the same full blocks reuses them instead of computing them again.
-- Freed blocks go back to the tail of the `FreeBlockQueue` *with their hash*: they stay reusable
-  until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
-  freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
+- Freed blocks keep their hash in the free queue until handed out again (lazy LRU eviction,
+  `free_block_queue.py`); a request's go back tail first, so its shareable start is evicted last.
 
 As vLLM v1 splits the work: the blocks themselves, the free queue, the hash map and eviction are
 the `BlockPool`'s (`block_pool.py`); each KV cache group's block tables are its
@@ -85,7 +84,8 @@ class KVCacheManager:
         # Each group's block tables, asked as one.
         self.coordinator = KVCacheCoordinator(config, pool, self.events, sliding_window_manager)
         self.num_groups = config.num_groups
-        self.empty_kv_cache_blocks = KVCacheBlocks(((),) * config.num_groups)  # (immutable)
+        # No blocks, one object for every call that finds or takes none (as vLLM keeps it).
+        self.empty_kv_cache_blocks = KVCacheBlocks(((),) * config.num_groups)
         # Per request: the hashes of its full blocks so far (every group's), how many of its
         # blocks are registered in the cache, and how many slots hold tokens.
         self.req_to_block_hashes: dict[str, list[bytes]] = {}
@@ -213,7 +213,7 @@ class KVCacheManager:
         num_full = min(total_tokens, request.num_tokens) // self.block_size
         if self.enable_prefix_caching and num_full > self.req_num_cached_blocks.get(req_id, 0):
             self._cache_full_blocks(request, num_full)
-        return KVCacheBlocks(new_blocks)
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self.empty_kv_cache_blocks
 
     def free(self, request: Request) -> None:
         """Let go of all of `request`'s blocks, tail first (the tail is evicted first)."""
