@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.core.block_hash import short
-from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from nanovllm.core.kv_source import ComputedPrefix
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
 from nanovllm.engine.detokenizer import IncrementalDetokenizer
@@ -225,7 +225,7 @@ class BlocksNeeded(KVCacheManager):
     def allocate_slots(
         self, request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0
     ):
-        hits = len(new_computed_blocks or [])
+        hits = len(new_computed_blocks.blocks[0]) if new_computed_blocks else 0
         computed = request.num_computed_tokens + hits * self.block_size
         tokens = computed + num_new_tokens + num_lookahead_tokens
         yours = self.impl.blocks_needed(tokens, self.block_size)
@@ -250,7 +250,7 @@ def your_slot_mapping(impl) -> Callable[[SchedulerOutput, int], Any]:
         for s in out.scheduled:
             end = s.num_computed_tokens + s.num_new_tokens
             table = s.block_table[: impl.blocks_needed(end, block_size)]
-            scheduled.append(replace(s, block_table=table))
+            scheduled.append(replace(s, block_tables=(table, *s.block_tables[1:])))
         input_ids, positions, meta, logits_rows = step_inputs(
             replace(out, scheduled=scheduled), block_size
         )
@@ -489,7 +489,7 @@ class YourPrefixCache(KVCacheManager):
                     f"cached_prefix gave {request.request_id} block {block.block_id} as its "
                     f"block {i}, but that block holds other tokens"
                 )
-        return blocks, len(blocks) * block_size
+        return KVCacheBlocks((blocks,)), len(blocks) * block_size
 
     def allocate_slots(
         self, request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=0

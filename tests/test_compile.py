@@ -113,7 +113,7 @@ def check_logits(path: Path, runner) -> None:
     for step in plan:
         out = SchedulerOutput(step=0)
         for request, new, cached, blocks in step:
-            out.scheduled.append(ScheduledRequest(request, new, cached, blocks, True, True))
+            out.scheduled.append(ScheduledRequest(request, new, cached, (blocks,), True, True))
         input_ids, positions, meta, rows = runner.prepare_inputs(out)
         got = runner.forward_logits(input_ids, positions, meta, rows)
         for row, (request, new, cached, _) in zip(got, step):

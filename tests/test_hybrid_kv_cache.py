@@ -196,7 +196,8 @@ class HybridKVCacheMachine(RuleBasedStateMachine):
         self.counter += 1
         hits, num_hit = self.kv.get_computed_blocks(request)
         assert num_hit < len(tokens)
-        for group_hits in self.kv.per_group(hits):  # (one group's come as a plain list)
+        assert len(hits.blocks) == self.kv.num_groups  # (one list per group, always)
+        for group_hits in hits.blocks:
             assert len(group_hits) * self.kv.block_size == num_hit
             for i, block in enumerate(group_hits):  # a real hit holds the request's tokens
                 if block is not self.kv.block_pool.null_block:
@@ -287,7 +288,7 @@ def test_a_model_without_windows_has_no_null_block() -> None:
     kv = KVCacheManager(4, 2)
     assert kv.block_pool.null_block is None
     request = make_request("r", [5, 6, 7])
-    assert [b.block_id for b in kv.allocate_slots(request, 3)] == [0, 1]
+    assert kv.allocate_slots(request, 3).get_block_ids() == ([0, 1],)
 
 
 def test_the_null_block_is_no_ones() -> None:
@@ -297,6 +298,6 @@ def test_the_null_block_is_no_ones() -> None:
     request = make_request("r", list(range(2, 9)))
     assert kv.num_used_blocks == 0
     taken = kv.allocate_slots(request, 7)
-    assert taken is not None and 0 not in [b.block_id for b in taken]
+    assert taken is not None and not any(0 in ids for ids in taken.get_block_ids())
     kv.free(request)
     assert kv.num_used_blocks == 0 and kv.reset_prefix_cache()

@@ -76,7 +76,7 @@ def scheduled_request(draw, request_id: str, table: list[int], block_size: int):
         request,
         num_new,
         seq_len - num_new,
-        table,
+        (table,),
         samples,
         is_prefill=num_new - num_spec > 1,
         to_verify=draw(st.lists(st.integers(0, 999), min_size=num_spec, max_size=num_spec)),
@@ -113,7 +113,9 @@ def test_a_decode_step_writes_only_the_appended_block() -> None:
 
     def step(table: list[int], num_computed: int) -> SchedulerOutput:
         request = Request("r", list(range(num_computed + 1)), SamplingParams(), 0)
-        return SchedulerOutput(1, [ScheduledRequest(request, 1, num_computed, table, True, False)])
+        return SchedulerOutput(
+            1, [ScheduledRequest(request, 1, num_computed, (table,), True, False)]
+        )
 
     batch.prepare(step([7, 3], 6))
     row = batch.row_of["r"]
@@ -128,6 +130,6 @@ def test_a_block_table_too_short_for_its_positions_is_an_error() -> None:
     """The zero padding must not send a token past its table to block 0 in silence."""
     batch = InputBatch(block_size=4)
     request = Request("short", list(range(9)), SamplingParams(), 0)
-    out = SchedulerOutput(1, [ScheduledRequest(request, 9, 0, [5, 6], True, True)])
+    out = SchedulerOutput(1, [ScheduledRequest(request, 9, 0, ([5, 6],), True, True)])
     with pytest.raises(ValueError, match=r"'short': position 8 needs block 2 .* has 2 blocks"):
         batch.prepare(out)

@@ -72,9 +72,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         req = make_request(f"r{self.counter}", tokens)
         computed, num_cached = self.kv.get_computed_blocks(req)
         bs = self.kv.block_size
-        assert num_cached == len(computed) * bs
+        assert len(computed.blocks) == 1, "one list per KV cache group"
+        assert num_cached == len(computed.blocks[0]) * bs
         assert num_cached < len(tokens), "at least one token is always computed"
-        for i, block in enumerate(computed):  # hits hold exactly our tokens
+        for i, block in enumerate(computed.blocks[0]):  # hits hold exactly our tokens
             assert block.token_ids == tuple(tokens[i * bs : (i + 1) * bs])
         used_before = self.kv.num_used_blocks
         new = self.kv.allocate_slots(req, len(tokens) - num_cached, computed)
@@ -106,7 +107,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         req.num_computed_tokens += n
         need = -(-(req.num_computed_tokens + lookahead) // self.kv.block_size)
         assert len(self.kv.req_to_blocks[rid]) == max(need, blocks_before)
-        assert len(new) == max(need - blocks_before, 0)
+        assert len(new.blocks[0]) == max(need - blocks_before, 0)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -132,7 +133,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         for block_hash, block in kv.cached_block_hash_to_block.items():
             assert block.block_hash == block_hash
         for rid, blocks in kv.req_to_blocks.items():
-            assert kv.block_ids(rid) == tuple(b.block_id for b in blocks), "a stale block table"
+            assert kv.block_tables(rid)[0] == tuple(b.block_id for b in blocks), "a stale table"
             req = self.live[rid]
             parent = None
             for i, block in enumerate(blocks):
@@ -143,7 +144,9 @@ class KVCacheMachine(RuleBasedStateMachine):
                 if block.block_hash is not None:
                     assert block.block_hash == expected and block.token_ids == tokens
                 parent = expected
-        assert kv.num_cached_free_blocks == sum(1 for b in free if b.block_hash is not None)
+        assert kv.block_pool.num_cached_free_blocks == sum(
+            1 for b in free if b.block_hash is not None
+        )
         filled = sum(
             min(r.num_computed_tokens, len(kv.req_to_blocks[rid]) * kv.block_size)
             for rid, r in self.live.items()
@@ -202,31 +205,31 @@ def test_prefix_hit_after_free_reuses_the_same_blocks(tokens: list[int], block_s
     second = make_request("b", tokens)
     computed, num_cached = kv.get_computed_blocks(second)
     assert num_cached == ((len(tokens) - 1) // block_size) * block_size
-    assert [b.block_id for b in computed] == table[: len(computed)]
+    assert computed.get_block_ids() == (table[: len(computed.blocks[0])],)
 
 
-def test_block_ids_are_one_tuple_until_the_table_changes() -> None:
+def test_block_tables_are_one_tuple_until_the_table_changes() -> None:
     """The scheduler's per-step read of a table: the same object while no block is added or
     given back (the persistent batch checks that identity), a new one after each change."""
     kv = KVCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=False)
     req = make_request("a", [1, 2, 3])
-    assert kv.block_ids("a") == () and "a" not in kv.req_to_block_ids  # unknown: nothing kept
+    assert kv.block_tables("a") == ((),) and "a" not in kv.req_to_block_ids  # unknown: nothing kept
     kv.allocate_slots(req, 3)
-    first = kv.block_ids("a")
+    first = kv.block_tables("a")[0]
     assert first == tuple(b.block_id for b in kv.req_to_blocks["a"]) and len(first) == 2
     req.num_computed_tokens = 3
     req.append_output_token(4)
     kv.allocate_slots(req, 1)  # fits the second block: no change
-    assert kv.block_ids("a") is first
+    assert kv.block_tables("a")[0] is first
     req.num_computed_tokens = 4
     kv.allocate_slots(req, 1, num_lookahead_tokens=1)  # a third block (for a proposal)
-    grown = kv.block_ids("a")
+    grown = kv.block_tables("a")[0]
     assert len(grown) == 3 and grown[:2] == first
     kv.free_slots_from(req, 4)  # proposals rejected: the third block goes back
-    assert kv.block_ids("a") == first
+    assert kv.block_tables("a")[0] == first
     assert kv.get_block_table("a") == list(first)
     kv.free(req)
-    assert kv.block_ids("a") == () and kv.get_block_table("a") == []
+    assert kv.block_tables("a") == ((),) and kv.get_block_table("a") == []
 
 
 def test_hash_collision_is_caught_by_comparing_tokens() -> None:
@@ -236,4 +239,4 @@ def test_hash_collision_is_caught_by_comparing_tokens() -> None:
     block = kv.req_to_blocks["a"][0]
     block.token_ids = (9, 9)  # simulate a collision: same hash, other tokens
     computed, num_cached = kv.get_computed_blocks(make_request("b", [1, 2, 3]))
-    assert computed == [] and num_cached == 0
+    assert computed.blocks == ([],) and num_cached == 0

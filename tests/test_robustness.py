@@ -320,7 +320,7 @@ def test_reset_prefix_cache_is_refused_while_blocks_are_in_use(tiny_llama, caplo
     # The running request's blocks are still hittable, with correct KV: nothing was half-reset.
     engine.run_until_done()
     assert engine.reset_prefix_cache() is True
-    assert engine.kv_cache_manager.num_cached_free_blocks == 0
+    assert engine.kv_cache_manager.block_pool.num_cached_free_blocks == 0
     assert not engine.kv_cache_manager.cached_block_hash_to_block
     again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
     assert again.num_cached_tokens == 0, "the reset forgot every prefix"

@@ -286,7 +286,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler"):
             return
         for rid, blocks in self.kv.req_to_blocks.items():
-            assert self.kv.block_ids(rid) == tuple(b.block_id for b in blocks), rid
+            assert self.kv.block_tables(rid)[0] == tuple(b.block_id for b in blocks), rid
 
     @invariant()
     def queues_are_consistent(self) -> None:
@@ -375,7 +375,7 @@ def test_a_rejection_keeps_the_draft_models_lookahead_slots() -> None:
         assert len(blocks) == request.num_computed_tokens + 3
         assert all(b.ref_cnt == 1 and b.block_hash is None for b in blocks[-3:])
         # The ids the next step will be scheduled with: without the rejected blocks.
-        assert kv.block_ids("r") == tuple(b.block_id for b in blocks)
+        assert kv.block_tables("r")[0] == tuple(b.block_id for b in blocks)
     assert request.num_output_tokens == 3  # one token per step: every proposal was rejected
 
 

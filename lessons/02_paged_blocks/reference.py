@@ -39,7 +39,7 @@ def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) 
                 request=_request(end),
                 num_new_tokens=end - start,
                 num_computed_tokens=start,
-                block_table=list(block_table),
+                block_tables=(list(block_table),),
                 samples=True,
                 is_prefill=end - start > 1,
             )

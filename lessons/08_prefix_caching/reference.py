@@ -42,4 +42,4 @@ def cached_prefix(token_ids: Sequence[int], block_size: int, cache: dict[bytes, 
         kv.cached_block_hash_to_block[block_hash] = block
     request = Request("new", token_ids, SamplingParams(), arrival_index=0)
     blocks, _ = kv.get_computed_blocks(request)
-    return [block.block_id for block in blocks]
+    return blocks.get_block_ids()[0]  # (one KV cache group)

@@ -40,7 +40,7 @@ def prepare_inputs(batch: list[ScheduledSeq], block_size: int) -> StepInputs:
                 request=request,
                 num_new_tokens=seq.num_new,
                 num_computed_tokens=seq.num_computed,
-                block_table=list(seq.block_table),
+                block_tables=(list(seq.block_table),),
                 samples=samples,
                 is_prefill=not (seq.num_new == 1 and samples and seq.num_computed > 0),
             )

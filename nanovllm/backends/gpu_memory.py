@@ -71,5 +71,5 @@ def profile_step(runner: ModelRunner, num_tokens: int, num_seqs: int) -> Schedul
         request = Request(f"profile-{i}", [0] * n, SamplingParams(temperature=0), 0)
         block_table = tuple(range(first_block, first_block + num_blocks))
         first_block += num_blocks
-        out.scheduled.append(ScheduledRequest(request, n, 0, block_table, True, True))
+        out.scheduled.append(ScheduledRequest(request, n, 0, (block_table,), True, True))
     return out

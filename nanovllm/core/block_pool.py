@@ -21,11 +21,14 @@ Every operation here costs O(1) per block (no scans), except `reset_prefix_cache
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from nanovllm.core.block_hash import short
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
 from nanovllm.events import BlockEvicted, EventBus
+
+logger = logging.getLogger("nanovllm")
 
 
 class BlockPool:
@@ -53,6 +56,11 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks some request holds (the null block, a placeholder, is no one's)."""
+        return self.num_blocks - self.num_free_blocks - (self.null_block is not None)
 
     def get_cached_block(
         self, block_hash: bytes, token_ids: tuple[int, ...]
@@ -133,8 +141,21 @@ class BlockPool:
                 self.evict(block)
         self.step_cached_blocks.clear()
 
-    def evict_free_blocks(self) -> None:
-        """Drop every free block from the prefix cache (`KVCacheManager.reset_prefix_cache`)."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (e.g. after the weights change). Returns whether it did.
+
+        Refused while any block is in use, as vLLM refuses: a running request's blocks hold KV
+        from before the reset, and other requests could still share them.
+        """
+        if self.num_used_blocks:
+            logger.warning(
+                "nanovllm: cannot reset the prefix cache while %d of %d blocks are in use; "
+                "wait for the running requests to finish (or abort them) and try again",
+                self.num_used_blocks,
+                self.num_blocks,
+            )
+            return False
         for block in self.free_block_queue.get_all_free_blocks():
             if block.block_hash is not None:
                 self.evict(block)
+        return True

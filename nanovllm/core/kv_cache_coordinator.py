@@ -29,7 +29,7 @@ from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.events import EventBus
 from nanovllm.request import Request
 
-BlocksPerGroup = tuple[list[KVCacheBlock], ...]  # one list per group (vLLM's KVCacheBlocks)
+BlocksPerGroup = tuple[list[KVCacheBlock], ...]  # one list per group (`KVCacheBlocks` holds one)
 
 
 class KVCacheCoordinator:
@@ -58,12 +58,10 @@ class KVCacheCoordinator:
         for manager, hits in zip(self.single_type_managers, new_computed_blocks):
             manager.save_new_computed_blocks(request_id, hits)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Every group's new blocks for `num_tokens` tokens (group after group)."""
-        new_blocks = []
-        for manager in self.single_type_managers:
-            new_blocks += manager.allocate_new_blocks(request_id, num_tokens)
-        return new_blocks
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> BlocksPerGroup:
+        """Every group's new blocks for `num_tokens` tokens."""
+        return tuple([m.allocate_new_blocks(request_id, num_tokens)
+                      for m in self.single_type_managers])  # fmt: skip
 
     def cache_blocks(self, request: Request, block_hashes: list[bytes], num_full: int) -> None:
         for manager in self.single_type_managers:

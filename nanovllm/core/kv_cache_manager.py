@@ -11,38 +11,48 @@ with the model executor; here we only decide which physical block holds which re
 - Blocks are reference counted. With prefix caching on, a full block is registered under a hash
   of its tokens and everything before them (`block_hash.py`); a new request whose prompt starts
   with the same full blocks reuses them instead of computing them again.
-- Freed blocks go back to the tail of the `FreeBlockQueue` *with their hash*: they stay reusable
-  until they reach the head and are handed out again (lazy LRU eviction). A request's blocks are
-  freed tail first, so the end of a sequence is evicted before its (more shareable) beginning.
+- Freed blocks keep their hash in the free queue until handed out again (lazy LRU eviction,
+  `free_block_queue.py`); a request's go back tail first, so its shareable start is evicted last.
 
 As vLLM v1 splits the work: the blocks themselves, the free queue, the hash map and eviction are
 the `BlockPool`'s (`block_pool.py`); each KV cache group's block tables are its
 `SingleTypeKVCacheManager`'s (`single_type_kv_cache_manager.py`: full attention, or a sliding
 window, which frees blocks its window has left behind), and the `KVCacheCoordinator` asks every
 group at once (`kv_cache_coordinator.py`). This manager is what the scheduler calls: a request's
-prefix-cache hit, room for its next tokens, and its blocks back. A model without windows has one
-group, and each request one block table.
+prefix-cache hit, room for its next tokens, and its blocks back. Blocks cross that boundary as
+`KVCacheBlocks`, one list per group always (vLLM's). A model without windows has one group, and
+each request one block table.
 
 Taking, returning and cache-hitting a block cost O(1) each (no list scans), so `allocate_slots`
 and `free` cost O(blocks they take or return). Each request's block ids are kept as tuples
-(`block_ids`), rebuilt only after its blocks change: an unchanged table costs one dict lookup
+(`block_tables`), rebuilt only after its blocks change: an unchanged table costs one dict lookup
 and is the very same object as last step's (the persistent batch checks that identity first).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from nanovllm.core.block_hash import extend_block_hashes
 from nanovllm.core.block_pool import BlockPool
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
-from nanovllm.core.kv_cache_coordinator import BlocksPerGroup, KVCacheCoordinator
+from nanovllm.core.kv_cache_coordinator import KVCacheCoordinator
 from nanovllm.core.kv_cache_interface import KVCacheConfig, single_group_config
 from nanovllm.events import EventBus
 from nanovllm.request import Request
 
-logger = logging.getLogger("nanovllm")
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """Blocks as the manager hands them to the scheduler: `blocks[g][i]` is block i in KV cache
+    group g (one list per group, however many groups there are)."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """The blocks' ids, one list per group."""
+        return tuple([block.block_id for block in group] for group in self.blocks)
 
 
 class KVCacheManager:
@@ -74,13 +84,15 @@ class KVCacheManager:
         # Each group's block tables, asked as one.
         self.coordinator = KVCacheCoordinator(config, pool, self.events, sliding_window_manager)
         self.num_groups = config.num_groups
+        # No blocks, one object for every call that finds or takes none (as vLLM keeps it).
+        self.empty_kv_cache_blocks = KVCacheBlocks(((),) * config.num_groups)
         # Per request: the hashes of its full blocks so far (every group's), how many of its
         # blocks are registered in the cache, and how many slots hold tokens.
         self.req_to_block_hashes: dict[str, list[bytes]] = {}
         self.req_num_cached_blocks: dict[str, int] = {}
         self.req_num_filled_slots: dict[str, int] = {}
         # Per request: its block ids in every group, as tuples, built on first read after a
-        # change (`block_ids`); every method here that changes a request's blocks drops them.
+        # change (`block_tables`); every method here that changes a request's blocks drops them.
         self.req_to_block_ids: dict[str, tuple[tuple[int, ...], ...]] = {}
 
     # --- queries ----------------------------------------------------------------------------
@@ -99,30 +111,15 @@ class KVCacheManager:
         return self.block_pool.num_free_blocks
 
     @property
-    def num_cached_free_blocks(self) -> int:
-        return self.block_pool.num_cached_free_blocks
-
-    @property
     def num_used_blocks(self) -> int:
-        """Blocks some request holds (the null block, a placeholder, is no one's)."""
-        null = self.block_pool.null_block is not None
-        return self.num_blocks - self.block_pool.num_free_blocks - null
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
+        return self.block_pool.num_used_blocks
 
     def get_block_table(self, request_id: str) -> list[int]:
-        """The request's physical block ids, in logical order (a new list)."""
-        return list(self.block_ids(request_id))
-
-    def block_ids(self, request_id: str) -> tuple[int, ...]:
-        """The request's physical block ids in the first group, in logical order: the same
-        tuple object until its blocks change."""
-        return self.block_tables(request_id)[0]
+        """The request's physical block ids in the first group, in logical order (a new list)."""
+        return list(self.block_tables(request_id)[0])
 
     def block_tables(self, request_id: str) -> tuple[tuple[int, ...], ...]:
-        """The request's block ids in every group (`block_ids` for each), the same tuples
+        """The request's physical block ids in every group, in logical order: the same tuples
         until its blocks change."""
         ids = self.req_to_block_ids.get(request_id)
         if ids is None:
@@ -144,25 +141,22 @@ class KVCacheManager:
 
     # --- prefix cache lookup ----------------------------------------------------------------
 
-    def get_computed_blocks(
-        self, request: Request
-    ) -> tuple[list[KVCacheBlock] | BlocksPerGroup, int]:
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The longest run of cached full blocks that starts `request`'s tokens.
 
-        Returns the blocks (with several groups, one list per group) and how many tokens they
-        cover. At least one token is always left to compute: the step must end on a real
-        forward pass that produces the next logits. Nothing is allocated or referenced here;
-        `allocate_slots` does that. A request that asks for prompt logprobs reads nothing: each
-        prompt token's logits must be computed.
+        Returns the blocks (one list per group) and how many tokens they cover. At least one
+        token is always left to compute: the step must end on a forward pass that gives the next
+        logits. Nothing is allocated or referenced here (`allocate_slots` does that). A request
+        that asks for prompt logprobs reads nothing: each prompt token's logits are computed.
         """
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
-            return ([] if self.num_groups == 1 else ([],) * self.num_groups), 0
+            return self.empty_kv_cache_blocks, 0
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.num_tokens)
         hits, num_tokens = self.coordinator.find_longest_cache_hit(
             request, hashes, request.num_tokens - 1
         )
-        return (hits[0] if self.num_groups == 1 else hits), num_tokens
+        return KVCacheBlocks(hits), num_tokens
 
     # --- allocation -------------------------------------------------------------------------
 
@@ -170,11 +164,11 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None = None,
+        new_computed_blocks: KVCacheBlocks | None = None,
     ) -> int:
         """How many blocks `allocate_slots` takes from the free queue for `num_new_tokens` slots
         (vLLM's name), every group together: new blocks, and prefix-cache hits on free blocks."""
-        hits = self.per_group(new_computed_blocks)
+        hits = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
         num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
         return self.coordinator.get_num_blocks_to_allocate(
             request.request_id, num_computed + num_new_tokens, hits
@@ -184,19 +178,19 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None = None,
+        new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
-    ) -> list[KVCacheBlock] | None:
+    ) -> KVCacheBlocks | None:
         """Make room for `num_new_tokens` more tokens of `request` (after its computed ones).
 
         `new_computed_blocks` are prefix-cache hits from `get_computed_blocks` for a request
         being admitted. `num_lookahead_tokens` more slots are reserved past the new tokens, for a
         draft model to write its own KV of the tokens it proposes after this step (vLLM's
-        argument of the same name); they are never cached. Returns the newly taken blocks, or
-        None (and takes nothing, though blocks out of its windows are given back) when there
+        argument of the same name); they are never cached. Returns the newly taken blocks (one
+        list per group), or None (and takes nothing, though blocks out of its windows are given back) when there
         are not enough free blocks: the scheduler then preempts someone or waits.
         """
-        hits = self.per_group(new_computed_blocks)
+        hits = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
         req_id = request.request_id
         num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
         total_tokens = num_computed + num_new_tokens
@@ -219,7 +213,7 @@ class KVCacheManager:
         num_full = min(total_tokens, request.num_tokens) // self.block_size
         if self.enable_prefix_caching and num_full > self.req_num_cached_blocks.get(req_id, 0):
             self._cache_full_blocks(request, num_full)
-        return new_blocks
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self.empty_kv_cache_blocks
 
     def free(self, request: Request) -> None:
         """Let go of all of `request`'s blocks, tail first (the tail is evicted first)."""
@@ -242,40 +236,12 @@ class KVCacheManager:
             self.req_to_block_ids.pop(req_id, None)  # the table shrinks
         self.req_num_filled_slots[req_id] = num_tokens
 
-    def begin_step(self) -> None:
-        """A new step starts: the pool forgets the previous step's cache changes."""
-        self.block_pool.begin_step()
-
-    def uncache_step_blocks(self) -> None:
-        """This step's forward pass failed: the blocks it registered leave the prefix cache."""
-        self.block_pool.uncache_step_blocks()
-
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix (e.g. after the weights change). Returns whether it did.
-
-        Refused while any block is in use, as vLLM refuses: a running request's blocks hold KV
-        from before the reset, and other requests could still share them.
-        """
-        if self.num_used_blocks:
-            logger.warning(
-                "nanovllm: cannot reset the prefix cache while %d of %d blocks are in use; "
-                "wait for the running requests to finish (or abort them) and try again",
-                self.num_used_blocks,
-                self.num_blocks,
-            )
-            return False
-        self.block_pool.evict_free_blocks()
-        return True
+        """Forget every cached prefix; refused (False) while any block is in use
+        (`BlockPool.reset_prefix_cache`)."""
+        return self.block_pool.reset_prefix_cache()
 
     # --- internals ----------------------------------------------------------------------------
-
-    def per_group(
-        self, new_computed_blocks: list[KVCacheBlock] | BlocksPerGroup | None
-    ) -> BlocksPerGroup:
-        """Prefix-cache hits as one list per group (one group's may come as a plain list)."""
-        if not new_computed_blocks:
-            return ([],) * self.num_groups
-        return (new_computed_blocks,) if self.num_groups == 1 else tuple(new_computed_blocks)
 
     def _cache_full_blocks(self, request: Request, num_full: int) -> None:
         """Register the request's newly full blocks (up to its first `num_full`) in the prefix

@@ -20,14 +20,13 @@ and have no "is there a connector?" branches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nanovllm.request import Request
 
 if TYPE_CHECKING:
-    from nanovllm.core.free_block_queue import KVCacheBlock
-    from nanovllm.core.kv_cache_manager import KVCacheManager
+    from nanovllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 
 
 class KVSource(Protocol):
@@ -51,11 +50,11 @@ class KVSource(Protocol):
 @dataclass(slots=True)
 class ComputedPrefix:
     """A waiting request's first tokens that need no compute, found at admission: its
-    prefix-cache hit in the device pool (`blocks`, `num_cached` tokens), then the tokens its KV
+    prefix-cache hit in the device pool (`blocks`, `num_cached` tokens; None: no lookup), then the tokens its KV
     source supplies right after them (`num_external`), whose KV is loaded into new blocks."""
 
     source: KVSource
-    blocks: list[KVCacheBlock] = field(default_factory=list)
+    blocks: KVCacheBlocks | None = None
     num_cached: int = 0
     num_external: int = 0
 

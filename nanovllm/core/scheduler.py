@@ -49,11 +49,8 @@ from nanovllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from nanovllm.events import EventBus, RequestFinished, RequestPreempted, RequestScheduled
 from nanovllm.request import FinishReason, Request, RequestStatus
 
-__all__ = [
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerOutput",
-]  # (the step's types: `scheduler_output.py`)
+# (the step's types live in `scheduler_output.py`)
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:
@@ -105,7 +102,7 @@ class Scheduler:
             self.running.remove(request)  # O(max_num_seqs), not O(waiting)
         else:
             self.num_waiting -= 1  # left in `waiting`; skipped when it reaches the head
-        self.kv_source.request_finished(request, self.kv.block_ids(request.request_id))
+        self.kv_source.request_finished(request, self.kv.block_tables(request.request_id)[0])
         self.kv.free(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request.request_id]
@@ -185,7 +182,7 @@ class Scheduler:
         cleared."""
         self.step_start = time.perf_counter()
         self.step_count += 1
-        self.kv.begin_step()
+        self.kv.block_pool.begin_step()
         return SchedulerOutput(step=self.step_count)
 
     def end_step(self, out: SchedulerOutput) -> SchedulerOutput:
@@ -199,7 +196,7 @@ class Scheduler:
     def admit(self, request: Request, prefix: ComputedPrefix) -> None:
         """Move the waiting `request`, its blocks allocated, to the end of the running queue,
         with `prefix`'s tokens computed."""
-        prefix.allocated(request, self.kv.block_ids(request.request_id))
+        prefix.allocated(request, self.kv.block_tables(request.request_id)[0])
         if self.waiting[0] is request:  # (always, in `schedule`: O(1))
             self.waiting.popleft()
         else:
@@ -259,7 +256,7 @@ class Scheduler:
         are preempted (freed, back to the front of the queue). Nothing they had produced is
         lost, and no block leaks.
         """
-        self.kv.uncache_step_blocks()
+        self.kv.block_pool.uncache_step_blocks()
         for s in reversed(out.scheduled):  # reversed: the first ends up first in the queue
             if s.request.status == RequestStatus.RUNNING:
                 self.preempt_running(s.request)
@@ -282,9 +279,7 @@ class Scheduler:
         is_prefill = computed < request.num_prompt_tokens or computed + 1 < num_tokens
         tables = self.kv.block_tables(request.request_id)  # (one per KV cache group)
         out.scheduled.append(
-            ScheduledRequest(
-                request, num_new, computed, tables[0], samples, is_prefill, extra, tables
-            )
+            ScheduledRequest(request, num_new, computed, tables, samples, is_prefill, extra)
         )
         if self.events.active:
             self.events.emit(

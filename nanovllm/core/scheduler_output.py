@@ -1,7 +1,7 @@
 """SchedulerOutput: one step's decision, what the scheduler hands the model runner.
 
 For each request in the step (`ScheduledRequest`): how many tokens to compute and after how many
-computed ones, its block table, and whether the step samples its next token. For the step: the
+computed ones, its block tables, and whether the step samples its next token. For the step: the
 requests preempted to make room, and what the optional parts add to it (vLLM keeps these in its
 own `sched/output.py` too): a running request's tokens to verify (speculative decoding's
 proposals, computed after its own, each with a logits row), the step's logits mask (structured
@@ -24,9 +24,10 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens to compute this step
     num_computed_tokens: int  # tokens whose KV was already in the cache before this step
-    # Physical block ids, logical order: the KV cache manager's own tuple, the same object as in
-    # the request's previous step unless a block was added or given back since.
-    block_table: tuple[int, ...]
+    # Its block table in every KV cache group (`kv_cache_interface.py`): physical block ids,
+    # logical order, the KV cache manager's own tuples, each the same object as in the request's
+    # previous step unless a block was added or given back since.
+    block_tables: tuple[tuple[int, ...], ...]
     # True when this step reaches the end of the request's known tokens: sample the next one.
     samples: bool
     # Decode = exactly the one token sampled last step (plus tokens to verify); anything else
@@ -35,9 +36,11 @@ class ScheduledRequest:
     is_prefill: bool
     # Guesses of its next tokens, computed after its own, for the sampler to verify.
     to_verify: list[int] = field(default_factory=list)
-    # Its block table in every KV cache group (`kv_cache_interface.py`; the first is
-    # `block_table`); empty: one group.
-    block_tables: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def block_table(self) -> tuple[int, ...]:
+        """Its block table in the first KV cache group (a model without windows: its only one)."""
+        return self.block_tables[0]
 
     def token_ids(self) -> list[int]:
         """The tokens this step computes: the request's own, then any to verify."""

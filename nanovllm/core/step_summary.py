@@ -38,7 +38,7 @@ def step_summary(
         num_running=len(scheduler.running),
         num_waiting=scheduler.num_waiting,
         num_used_blocks=kv.num_used_blocks,
-        num_cached_free_blocks=kv.num_cached_free_blocks,
+        num_cached_free_blocks=kv.block_pool.num_cached_free_blocks,
         num_free_blocks=kv.num_free_blocks,
         num_allocated_slots=kv.num_allocated_slots(),
         num_filled_slots=kv.num_filled_slots(),

@@ -65,7 +65,7 @@ class LiveFigures:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return self._kv.num_cached_free_blocks
+        return self._kv.block_pool.num_cached_free_blocks
 
     @property
     def num_allocated_slots(self) -> int:

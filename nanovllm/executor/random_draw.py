@@ -8,6 +8,14 @@ made, so the same seed gives different tokens in each: vLLM's GPU build uses the
 build the second. nanovllm uses the one vLLM uses on the same device (`draw_for`), so a seeded
 request gives vLLM's tokens there.
 
+Generators live where sampling happens (`generator_for`). Each random request's generator is
+created on the device of the logits, seeded with the request's seed: a CPU generator cannot
+drive random ops on CUDA tensors. It advances only when *that* request samples, so the noise a
+seeded request draws does not depend on what else shares the batch. Its logits can: a matmul
+over a different batch shape rounds differently (here about 4e-6 apart), so a draw that lands
+that close to the boundary between two tokens can pick the other one. Same seed and same batch,
+same tokens.
+
 - `exponential_race` (vLLM: `vllm/v1/sample/ops/topk_topp_sampler.py`, `random_sample`): draw
   q_i ~ Exp(1) for every token and take argmax_i p_i / q_i. Token i wins with probability
   exactly p_i: the smallest of independent exponentials with rates p_i is the i-th with
@@ -33,8 +41,20 @@ from collections.abc import Callable
 
 import torch
 
+from nanovllm.request import Request
+
 # A draw: (filtered logits [n, vocab], their softmax [n, vocab], one generator per row) -> n tokens.
 Draw = Callable[[torch.Tensor, torch.Tensor, list[torch.Generator]], list[int]]
+
+
+def generator_for(request: Request, device: torch.device) -> torch.Generator:
+    """The request's own generator, on `device` (made on first use from `request.seed`)."""
+    generator = request.generator
+    if generator is None or generator.device != device:
+        assert request.seed is not None, "a random request always has a seed (the engine's)"
+        generator = torch.Generator(device=device).manual_seed(request.seed)
+        request.generator = generator
+    return generator
 
 
 def exponential_race(

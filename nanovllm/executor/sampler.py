@@ -14,18 +14,12 @@ parameters, in vLLM v1's order and with its meanings:
 
 Drawing a token (`random_draw.py`, not `torch.multinomial`): the draw vLLM uses on the same
 device, so a seeded request draws vLLM's tokens (a CPU: Gumbel-max with hashed noise; a GPU: the
-exponential race). Each row's noise comes from its request's own `torch.Generator`.
-
-Generators live where sampling happens. Each random request's generator is created on the
-device of the logits, seeded with the request's seed: a CPU generator cannot drive random ops on
-CUDA tensors. It advances only when *that* request samples, so the noise a seeded request draws
-does not depend on what else shares the batch. Its logits can: a matmul over a different batch
-shape rounds differently (here about 4e-6 apart), so a draw that lands that close to the
-boundary between two tokens can pick the other one. Same seed and same batch, same tokens.
+exponential race). Each row's noise comes from its request's own `torch.Generator`, which
+advances only when that request samples (`generator_for`, beside the draws).
 
 A row with no token to draw (NaN logits from a broken model or an overflow, or every token
-masked by the request's own params) fails alone: the sampler reports it in `errors` and the engine finishes that request with an error;
-the other rows of the batch are sampled as usual.
+masked by the request's own params) fails alone: the sampler reports it in `errors`, the engine
+finishes that request with an error, and the other rows of the batch are sampled as usual.
 
 Before all this, `logits_processors.py` applies what a request's params ask of its logits
 (penalties, bias, banned and allowed tokens); logprobs are those of the raw logits (`logprobs.py`).
@@ -43,7 +37,7 @@ import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
 from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
-from nanovllm.executor.random_draw import Draw, exponential_race
+from nanovllm.executor.random_draw import Draw, exponential_race, generator_for
 from nanovllm.executor.rejection_sampler import RejectionVerifier
 from nanovllm.request import Request
 
@@ -87,16 +81,6 @@ def greedy_tokens(logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """
     best, argmax_t = logits.max(dim=-1)  # [num_rows] each
     return argmax_t.tolist(), torch.isnan(best) | (best == float("-inf"))
-
-
-def generator_for(request: Request, device: torch.device) -> torch.Generator:
-    """The request's own generator, on `device` (made on first use from `request.seed`)."""
-    generator = request.generator
-    if generator is None or generator.device != device:
-        assert request.seed is not None, "a random request always has a seed (the engine's)"
-        generator = torch.Generator(device=device).manual_seed(request.seed)
-        request.generator = generator
-    return generator
 
 
 class Sampler:

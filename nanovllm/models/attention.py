@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nanovllm.models.soft_capping import soft_cap, soft_capped_attention
+
 
 @dataclass
 class AttentionMetadata:
@@ -83,7 +85,7 @@ class TorchAttention:
         self.scale = scale
         # A query at position p sees keys at p - sliding_window + 1 .. p (None: all of 0 .. p).
         self.sliding_window = sliding_window
-        # Each score s (after `scale`) becomes cap * tanh(s / cap) (Gemma 2's soft-capping).
+        # Each score s (after `scale`) becomes cap * tanh(s / cap) (`soft_capping.py`).
         self.logits_soft_cap = logits_soft_cap
 
     def forward(
@@ -125,26 +127,19 @@ class TorchAttention:
         if self.sliding_window is not None:
             visible &= kv_pos > q_pos - self.sliding_window
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, head_dim]
-        if self.logits_soft_cap is None:
-            causal = q_len == kv_len and self.sliding_window is None  # SDPA's own mask will do
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=None if causal else visible,
-                is_causal=causal,
-                scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
-            return out.transpose(0, 1)
-        # Torch's fused attention has no soft-capping, so here it is written out.
-        num_queries_per_kv = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(num_queries_per_kv, dim=0)
-        v = v.repeat_interleave(num_queries_per_kv, dim=0)
-        scores = torch.matmul(q, k.transpose(1, 2)).float() * self.scale  # [heads, q_len, kv_len]
-        scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
-        scores = scores.masked_fill(~visible, float("-inf"))
-        return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v).transpose(0, 1)
+        if self.logits_soft_cap is not None:  # (torch's fused attention has no soft-capping)
+            return soft_capped_attention(q, k, v, visible, self.scale, self.logits_soft_cap)
+        causal = q_len == kv_len and self.sliding_window is None  # SDPA's own mask will do
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=None if causal else visible,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out.transpose(0, 1)
 
     def _decode(
         self,
@@ -182,7 +177,7 @@ class TorchAttention:
             k_h, v_h = keys[:, :, h], values[:, :, h]  # [n, L, head_dim]
             scores = torch.bmm(queries[:, h], k_h.transpose(1, 2)).float() * self.scale  # [n, g, L]
             if self.logits_soft_cap is not None:
-                scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
+                scores = soft_cap(scores, self.logits_soft_cap)
             scores.masked_fill_(invalid[:, None, :], float("-inf"))
             out[:, h] = torch.bmm(scores.softmax(dim=-1).to(v_h.dtype), v_h)  # [n, g, head_dim]
         return out.view(num_decodes, self.num_heads, self.head_dim)

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.models.attention import AttentionMetadata
-from nanovllm.models.llama import MLP, Attention, CausalLM, LayerClasses
+from nanovllm.models.layer_classes import LayerClasses
+from nanovllm.models.llama import MLP, Attention, CausalLM
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.rotary import RotaryEmbedding
 

@@ -25,33 +25,14 @@ checkpoint's q_proj, k_proj, v_proj, gate_proj and up_proj into the fused ones
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.models.attention import AttentionMetadata
+from nanovllm.models.layer_classes import LayerClasses
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.rotary import RotaryEmbedding
-
-
-class LayerClasses(Protocol):
-    """The classes the decoder builds its layers from (`model_layers.py`'s `ModelLayers`, a
-    backend's or a lesson's): each called as its plain counterpart here and beside."""
-
-    attention: Callable[..., nn.Module]
-    qkv: Callable[..., nn.Module]
-    merged_column: Callable[..., nn.Module]
-    row: Callable[..., nn.Module]
-    embedding: Callable[..., nn.Module]
-    lm_head: Callable[..., nn.Module]
-    self_attn: Callable[..., nn.Module]
-    rms_norm: Callable[..., nn.Module]
-    rotary: Callable[..., nn.Module]
-    decoder_layer: Callable[..., nn.Module]
-    moe: Callable[..., nn.Module]
 
 
 class RMSNorm(nn.Module):

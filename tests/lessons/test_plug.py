@@ -53,7 +53,7 @@ def test_lesson_09s_step_inputs_are_the_engines_for_tuple_block_tables(steps, bl
         next_block += num_blocks
         new = seq_len - computed
         out.scheduled.append(
-            ScheduledRequest(request, new, computed, table, samples=True, is_prefill=new > 1)
+            ScheduledRequest(request, new, computed, (table,), samples=True, is_prefill=new > 1)
         )
     impl = implementation(get_lesson(9), "reference")
     want = step_inputs(out, block_size)

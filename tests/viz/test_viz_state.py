@@ -646,7 +646,7 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
     fig = kv_figures(state)
     assert fig.num_used_blocks == kv.num_used_blocks
     assert fig.num_free_blocks == kv.num_free_blocks
-    assert fig.num_cached_free_blocks == kv.num_cached_free_blocks
+    assert fig.num_cached_free_blocks == kv.block_pool.num_cached_free_blocks
     assert fig.num_allocated_slots == kv.num_allocated_slots()
     assert fig.num_filled_slots == kv.num_filled_slots()
     assert state.metrics.num_preemptions == scheduler.num_preemptions
