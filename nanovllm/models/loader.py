@@ -24,6 +24,7 @@ from nanovllm.models.gemma import GemmaForCausalLM
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.model_layers import ModelLayers
+from nanovllm.models.quantized_linear import QuantizedWeight
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded, load_tensors
 
 # The model class of each architecture that is not `CausalLM` (Llama, Mistral, Qwen2, Qwen3).
@@ -124,7 +125,8 @@ def load_weights(model: CausalLM, path: Path) -> None:
     if gguf_loader.is_gguf(path):
         try:
             config = gguf_loader.load_gguf_config(path)
-            load_tensors(model, gguf_loader.gguf_tensors(path, config))
+            keep = any(isinstance(m, QuantizedWeight) for m in model.modules())
+            load_tensors(model, gguf_loader.gguf_tensors(path, config, keep_quantized=keep))
         except (gguf_loader.GGUFError, WeightLoadError) as exc:
             raise ModelLoadError(f"checkpoint {str(path)!r}: {exc}") from exc
         return

@@ -1,0 +1,95 @@
+"""y = x W^T with W in llama.cpp's Q8_0, Q4_0 or Q4_1 blocks, compiled by numba: the blocks read as stored.
+
+What they compute is `models/quantized_linear.py`'s `dequantize_linear` without its bias
+(dequantize W to float32, then `F.linear`), which is their reference:
+
+    for each output feature n:
+        w[0..K) = row n of W dequantized, block by block, as gguf_quants.py's formulas
+        y[m, n] = sum_j x[m, j] * w[j]                 for every row m of x
+
+Why: a decode step's x has a few rows, so the matmul is bound by reading W. The reference
+writes a float32 copy of W and reads it back (4 bytes a weight, twice); here each row's
+8.5 (Q8_0) or 4.5 (Q4_0) bits a weight are read from memory once, turned into floats in the
+core's cache, and used by every row of x before the next row is read.
+
+How work maps: `prange` over chunks of `CHUNK` output features (one thread each); for each
+feature, its row of W is decoded block by block into a float32 scratch row of the thread's
+(K floats, in the core's L1 cache), then dotted with each row of x. The block length is passed
+as an argument: with a constant 32, LLVM unrolls the loops fully and then does not vectorise
+them (seen in the assembly); with a runtime length it vectorises both the decoding and the dot
+products. The float16 scale is decoded from its two bytes by hand (`_half`), exactly as numpy's conversion.
+The dot products sum in another order than `F.linear`, so they agree with it to rounding, not
+bit for bit (tests/kernels/test_kernel_quantized_matmul.py). float32 only, contiguous arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+CHUNK = 16  # output features per thread's turn
+
+
+@njit(cache=True, inline="always")
+def _half(lo, hi):  # two bytes of an IEEE float16, little-endian -> its value as float32
+    bits = np.int32(lo) | (np.int32(hi) << 8)
+    sign = -1.0 if bits & 0x8000 else 1.0
+    exponent = (bits >> 10) & 0x1F
+    mantissa = bits & 0x3FF
+    if exponent == 0:  # zero or subnormal: mantissa * 2^-24
+        return np.float32(sign * math.ldexp(float(mantissa), -24))
+    if exponent == 31:
+        return np.float32(sign * np.inf) if mantissa == 0 else np.float32(np.nan)
+    return np.float32(sign * math.ldexp(float(1024 + mantissa), exponent - 25))
+
+
+@njit(cache=True, inline="always")
+def _decode_row(w, raw, qs, n, qtype, block):  # row n's weights into w[0..K) (float32)
+    half = block // 2
+    for b in range(w.shape[0] // block):
+        first = b * block
+        if qtype == 0:  # Q8_0: d, 32 int8
+            o = b * (block + 2)
+            d = _half(raw[n, o], raw[n, o + 1])
+            for j in range(block):
+                w[first + j] = np.float32(qs[n, o + 2 + j]) * d
+        elif qtype == 1:  # Q4_0: d, 16 bytes of nibbles; (q - 8) * d
+            o = b * (half + 2)
+            d = _half(raw[n, o], raw[n, o + 1])
+            for j in range(half):
+                byte = raw[n, o + 2 + j]
+                w[first + j] = d * np.float32(np.int32(byte & 0x0F) - 8)
+                w[first + half + j] = d * np.float32(np.int32(byte >> 4) - 8)
+        else:  # Q4_1: d, m, 16 bytes of nibbles; q * d + m
+            o = b * (half + 4)
+            d = _half(raw[n, o], raw[n, o + 1])
+            m = _half(raw[n, o + 2], raw[n, o + 3])
+            for j in range(half):
+                byte = raw[n, o + 4 + j]
+                w[first + j] = d * np.float32(byte & 0x0F) + m
+                w[first + half + j] = d * np.float32(byte >> 4) + m
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH, nogil=True)
+def quantized_matmul(
+    out,  # [M, N] float32, written
+    x,  # [M, K] float32
+    raw,  # [N, K / 32 * block_bytes] uint8: the blocks
+    qs,  # the same bytes as int8 (Q8_0's quants are signed)
+    qtype,  # 0: Q8_0, 1: Q4_0, 2: Q4_1
+    block,  # 32 (an argument, not a constant: see the module docstring)
+):
+    num_rows, k = x.shape
+    n_out = raw.shape[0]
+    for chunk in prange((n_out + CHUNK - 1) // CHUNK):
+        w = np.empty(k, np.float32)  # one row of W, dequantized (in the core's L1 cache)
+        for n in range(chunk * CHUNK, min(n_out, (chunk + 1) * CHUNK)):
+            _decode_row(w, raw, qs, n, qtype, block)
+            for m in range(num_rows):
+                s = np.float32(0.0)
+                for j in range(k):
+                    s += x[m, j] * w[j]
+                out[m, n] = s
