@@ -12,9 +12,11 @@ writes a float32 copy of W and reads it back (4 bytes a weight, twice); here eac
 8.5 (Q8_0) or 4.5 (Q4_0) bits a weight are read from memory once, turned into floats in the
 core's cache, and used by every row of x before the next row is read.
 
-How work maps: `prange` over chunks of `CHUNK` output features (one thread each); for each
-feature, its row of W is decoded block by block into a float32 scratch row of the thread's
-(K floats, in the core's L1 cache), then dotted with each row of x. The block length is passed
+How work maps: `prange` over chunks of `CHUNK` output features (one thread each); two features
+at a time, their rows of W are decoded block by block into a float32 scratch of the thread's
+(2 x K floats, in the core's L1 cache), then dotted with the rows of x four at a time (eight
+sums in one loop, so each element of x and w loaded serves two or four products; with one sum
+per loop a batch of 32 rows ran 1.6x slower). The block length is passed
 as an argument: with a constant 32, LLVM unrolls the loops fully and then does not vectorise
 them (seen in the assembly); with a runtime length it vectorises both the decoding and the dot
 products. The float16 scale is decoded from its two bytes by hand (`_half`), exactly as numpy's conversion.
@@ -73,6 +75,39 @@ def _decode_row(w, raw, qs, n, qtype, block):  # row n's weights into w[0..K) (f
                 w[first + half + j] = d * np.float32(byte >> 4) + m
 
 
+@njit(cache=True, inline="always")
+def _dot_rows(out, x, w, n, pair):  # out[:, n : n + pair] = x @ w[:pair]^T
+    num_rows, k = x.shape
+    w0, w1 = w[0], w[1]
+    m = 0
+    while m + 4 <= num_rows:  # four rows of x by two of W: eight sums, each x and w read once
+        x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+        for j in range(k):
+            u, v = w0[j], w1[j]
+            a0 += x0[j] * u
+            a1 += x1[j] * u
+            a2 += x2[j] * u
+            a3 += x3[j] * u
+            b0 += x0[j] * v
+            b1 += x1[j] * v
+            b2 += x2[j] * v
+            b3 += x3[j] * v
+        out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = a0, a1, a2, a3
+        if pair == 2:
+            out[m, n + 1], out[m + 1, n + 1] = b0, b1
+            out[m + 2, n + 1], out[m + 3, n + 1] = b2, b3
+        m += 4
+    for r in range(m, num_rows):
+        a = b = np.float32(0.0)
+        for j in range(k):
+            a += x[r, j] * w0[j]
+            b += x[r, j] * w1[j]
+        out[r, n] = a
+        if pair == 2:
+            out[r, n + 1] = b
+
+
 @njit(cache=True, parallel=True, fastmath=_FASTMATH, nogil=True)
 def quantized_matmul(
     out,  # [M, N] float32, written
@@ -82,14 +117,13 @@ def quantized_matmul(
     qtype,  # 0: Q8_0, 1: Q4_0, 2: Q4_1
     block,  # 32 (an argument, not a constant: see the module docstring)
 ):
-    num_rows, k = x.shape
+    k = x.shape[1]
     n_out = raw.shape[0]
     for chunk in prange((n_out + CHUNK - 1) // CHUNK):
-        w = np.empty(k, np.float32)  # one row of W, dequantized (in the core's L1 cache)
-        for n in range(chunk * CHUNK, min(n_out, (chunk + 1) * CHUNK)):
-            _decode_row(w, raw, qs, n, qtype, block)
-            for m in range(num_rows):
-                s = np.float32(0.0)
-                for j in range(k):
-                    s += x[m, j] * w[j]
-                out[m, n] = s
+        w = np.zeros((2, k), np.float32)  # two rows of W, dequantized (in the core's L1 cache)
+        end = min(n_out, (chunk + 1) * CHUNK)
+        for n in range(chunk * CHUNK, end, 2):
+            pair = min(2, end - n)
+            for i in range(pair):
+                _decode_row(w[i], raw, qs, n + i, qtype, block)
+            _dot_rows(out, x, w, n, pair)
