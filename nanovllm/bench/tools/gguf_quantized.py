@@ -1,7 +1,7 @@
 """A GGUF file's weights dequantized to float32 at load against kept quantized, side by side.
 
     python -m nanovllm.bench.tools.gguf_quantized [--model smollm2] [--batch 32] [--steps 16]
-        [--threads 2]
+        [--threads 2] [--requantize Q8_0 --out smollm2-q8_0.gguf]
 
 For each way of holding the weights, on the same file, in one process (the CPU backend):
 
@@ -9,11 +9,17 @@ For each way of holding the weights, on the same file, in one process (the CPU b
 - "quantized": Q8_0, Q4_0 and Q4_1 weights kept as the file's blocks, multiplied by the numba
   kernels (`backends/cpu_quantized.py`);
 
-it prints the load time (the engine built, file to first step), the bytes the model's weights
-take in memory (parameters, plus the blocks), the growth of the process's resident memory over
-the load (`/proc/self/statm`; the first way loaded also pays for importing and the tokenizer),
+each in a fresh process of its own, it prints the load time (the engine built, file to first
+step), the bytes the model's weights take in memory (parameters, plus the blocks), the growth
+of the process's resident memory over the load (`/proc/self/statm`: the weights, the KV cache,
+the tokenizer, and what the load left in the allocator),
 and the median time of a decode step with `--batch` sequences (after one prefill step of
-`--prompt` tokens each), against the file's size. Figures on the team's machine:
+`--prompt` tokens each), against the file's size.
+
+`--requantize TYPE --out FILE` first writes FILE, a copy of the model's file (every metadata
+key) with each weight matrix re-quantized to TYPE from its dequantized values (`gguf`'s own
+quantizer; norms stay F32), then measures FILE: a Q8_0 or Q4_0 file of the same model when only
+a Q4_1 one is at hand (re-quantizing stacks two roundings: for speed and memory, not quality). Figures on the team's machine:
 nanovllm/kernels/README.md ("Quantized weights").
 """
 
@@ -21,15 +27,18 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.models.gguf_loader import resolve_packaged
+from nanovllm.models.gguf_loader import open_gguf, resolve_packaged
 from nanovllm.models.quantized_linear import QuantizedWeight
 
 
@@ -52,6 +61,33 @@ def weight_bytes(model: torch.nn.Module) -> int:
         for m in model.modules()
         if isinstance(m, QuantizedWeight) and m.qweight is not None
     )
+
+
+def requantize(src: Path, dst: Path, qtype: str) -> Path:
+    """Write `dst`: `src` with every weight matrix re-quantized to `qtype` (see above)."""
+    import gguf
+
+    reader = open_gguf(src)
+    arch = reader.get_field("general.architecture").contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub_type = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+    target = gguf.GGMLQuantizationType[qtype]
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype("float32")
+        if values.ndim == 2 and values.shape[1] % 32 == 0:
+            data = gguf.quants.quantize(values, target)
+            writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=target)
+        else:
+            writer.add_tensor(tensor.name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
 
 
 def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
@@ -88,6 +124,27 @@ def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
     return loaded
 
 
+def measure_in_subprocess(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
+    """`measure` in a fresh Python process (so that one way's memory is not the other's)."""
+    options = vars(args) | {"model": str(path), "requantize": None, "out": None}
+    code = (
+        "import argparse, json, sys; from pathlib import Path; "
+        "from nanovllm.bench.tools.gguf_quantized import measure; "
+        "args = argparse.Namespace(**json.loads(sys.argv[1])); "
+        "print('RESULT', json.dumps(measure(Path(args.model), sys.argv[2] == '1', args)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(options), "1" if dequantize else "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"measuring {path} failed:\n{done.stdout}\n{done.stderr}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="a GGUF file, or smollm2")
@@ -95,15 +152,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requantize", choices=("Q8_0", "Q4_0", "Q4_1"), default=None)
+    parser.add_argument("--out", type=Path, help="the re-quantized file (with --requantize)")
     args = parser.parse_args(argv)
     path = resolve_packaged(args.model) or Path(args.model)
+    if args.requantize:
+        if args.out is None:
+            parser.error("--requantize needs --out FILE")
+        start = time.perf_counter()
+        path = requantize(path, args.out, args.requantize)
+        print(f"wrote {path} ({args.requantize}) in {time.perf_counter() - start:.1f} s")
     size = path.stat().st_size
     print(f"{path.name}: {size / 2**20:.1f} MiB; {args.batch} sequences, {args.threads} threads")
     print(f"{'weights':<10} {'load s':>7} {'weight MiB':>11} {'x file':>7} {'RSS +MiB':>9} "
           f"{'decode step ms':>15}")  # fmt: skip
     rows = {}
     for label, dequantize in (("fp32", True), ("quantized", False)):
-        row = rows[label] = measure(path, dequantize, args)
+        row = rows[label] = measure_in_subprocess(path, dequantize, args)
         print(
             f"{label:<10} {row['load_s']:>7.2f} {row['weights'] / 2**20:>11.1f} "
             f"{row['weights'] / size:>7.2f} {row['rss'] / 2**20:>9.1f} {row['step_ms']:>15.1f}"
