@@ -7,6 +7,7 @@ the file's blocks, not float32 copies of them."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("gguf")
 
@@ -15,7 +16,10 @@ from tiny_models import make_model  # noqa: E402
 
 from nanovllm import LLM, SamplingParams  # noqa: E402
 from nanovllm.backends.cpu_quantized import NumbaQuantizedMatmul  # noqa: E402
-from nanovllm.models.quantized_linear import QuantizedWeight  # noqa: E402
+from nanovllm.models.linear import QKVParallelLinear  # noqa: E402
+from nanovllm.models.loader import load_model  # noqa: E402
+from nanovllm.models.model_layers import ModelLayers  # noqa: E402
+from nanovllm.models.quantized_linear import QuantizedWeight, quantized_layers  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99], [200, 3, 7], [11, 12, 13, 14, 15, 16, 250]]
 MAX_TOKENS = 10
@@ -71,3 +75,32 @@ def test_kept_quantized_generates_what_dequantized_at_load_does(gguf_file):
         held = sum(m.qweight.nbytes for m in layers if m.qweight is not None)
         stored = sum(int(t.n_bytes) for t in open_gguf(path).tensors if t.tensor_type.name == qtype)
         assert held == stored
+
+
+class OwnQKV(QKVParallelLinear):
+    """A layer class that is not the engine's (as a lesson's own layers are)."""
+
+
+def test_a_model_with_layers_of_its_own_loads_dequantized(gguf_file):
+    """`quantized_layers` replaces only the engine's classes; a model that keeps a class of its
+    own gets every tensor dequantized (its loader could not take blocks), and computes what the
+    all-dense model computes. The quantized embedding returns the model's dtype."""
+    path, _ = gguf_file
+    cpu = torch.device("cpu")
+    layers = quantized_layers(ModelLayers(qkv=OwnQKV))
+    assert layers.qkv is OwnQKV and layers.row is not ModelLayers().row
+    mixed = load_model(path, torch.float32, cpu, layers, 64)
+    dense = load_model(path, torch.float32, cpu, ModelLayers(), 64)
+    assert {
+        m.quantized_weight().qtype for m in mixed.modules() if isinstance(m, QuantizedWeight)
+    } == {"F32"}
+    x = torch.randn(3, mixed.args.hidden_size)
+    for name in ("mlp.gate_up_proj", "self_attn.o_proj"):
+        ours, theirs = (
+            mixed.model.layers[0].get_submodule(name),
+            dense.model.layers[0].get_submodule(name),
+        )
+        inputs = x if name.startswith("mlp") else torch.randn(3, ours.input_size)
+        assert torch.equal(ours(inputs), theirs(inputs))
+    half = load_model(path, torch.bfloat16, cpu, quantized_layers(ModelLayers()), 64)
+    assert half.model.embed_tokens(torch.tensor([1, 2])).dtype == torch.bfloat16
