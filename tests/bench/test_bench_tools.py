@@ -67,6 +67,6 @@ def test_gguf_quantized_bench_prints_both_ways(tmp_path, capsys) -> None:
     argv = ["--model", str(source), "--requantize", "Q8_0", "--out", str(out)]
     gguf_quantized.main([*argv, "--batch", "2", "--prompt", "4", "--steps", "2", "--threads", "1"])
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
-    fp32, quantized = float(rows["fp32"][2]), float(rows["quantized"][2])
+    fp32, quantized = float(rows["fp32"][2]), float(rows["quantized"][2])  # weight MiB
     assert 0.2 < quantized / fp32 < 0.35
     assert out.is_file()

@@ -3,24 +3,25 @@
     python -m nanovllm.bench.tools.gguf_quantized [--model smollm2] [--batch 32] [--steps 16]
         [--threads 2] [--requantize Q8_0 --out smollm2-q8_0.gguf]
 
-For each way of holding the weights, on the same file, in one process (the CPU backend):
+For each way of holding the weights, on the same file, in one run (the CPU backend):
 
 - "fp32": `dequantize_gguf=True`, every weight dequantized to float32 at load (the old way);
 - "quantized": Q8_0, Q4_0 and Q4_1 weights kept as the file's blocks, multiplied by the numba
   kernels (`backends/cpu_quantized.py`);
 
-each in a fresh process of its own, it prints the load time (the engine built, file to first
-step), the bytes the model's weights take in memory (parameters, plus the blocks), the growth
-of the process's resident memory over the load (`/proc/self/statm`: the weights, the KV cache,
-the tokenizer, and what the load left in the allocator),
-and the median time of a decode step with `--batch` sequences (after one prefill step of
-`--prompt` tokens each), against the file's size.
+each in a fresh process of its own, it first builds the CPU backend's model alone, as the
+engine does, and prints the seconds its weights took to load (the file's metadata already
+parsed), the bytes they take in memory (parameters, plus the blocks) and the growth of the
+process's resident memory over the load (`/proc/self/statm`: the weights, and the CPU
+backend's packed copies of float32 ones); then it builds the engine, and prints the seconds
+that took (metadata, tokenizer, weights, KV cache), and the median time of a decode step with
+`--batch` sequences (after one prefill step of `--prompt` tokens each). Figures on the team's
+machine: nanovllm/kernels/README.md ("Quantized weights").
 
 `--requantize TYPE --out FILE` first writes FILE, a copy of the model's file (every metadata
 key) with each weight matrix re-quantized to TYPE from its dequantized values (`gguf`'s own
 quantizer; norms stay F32), then measures FILE: a Q8_0 or Q4_0 file of the same model when only
-a Q4_1 one is at hand (re-quantizing stacks two roundings: for speed and memory, not quality). Figures on the team's machine:
-nanovllm/kernels/README.md ("Quantized weights").
+a Q4_1 one is at hand (re-quantizing stacks two roundings: for speed and memory, not quality).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from pathlib import Path
 import torch
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.backends import get_backend
 from nanovllm.models.gguf_loader import open_gguf, resolve_packaged
+from nanovllm.models.loader import load_model
+from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import QuantizedWeight
 
 
@@ -90,10 +94,31 @@ def requantize(src: Path, dst: Path, qtype: str) -> Path:
     return dst
 
 
-def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
-    """Load the file one way, then time decode steps."""
+def load_weights_alone(path: Path, dequantize: bool) -> dict:
+    """Build the CPU backend's model from the file, as the engine does, and measure it: seconds
+    to load the weights (the metadata already parsed), their bytes, and the growth of resident
+    memory (the model alone, packed copies included)."""
+    backend = get_backend("cpu")
+    cpu, dtype = torch.device("cpu"), torch.float32
+    layers = backend.model_layers(ModelLayers(backend.attention_class), dtype, cpu, True)
+    if not dequantize:
+        layers = backend.quantized_layers(layers, dtype, cpu, True)
+    open_gguf(path)  # (the metadata, parsed once per process: not the weights' time)
     gc.collect()
     rss = resident_bytes()
+    start = time.perf_counter()
+    model = load_model(path, dtype, cpu, layers, 2048)
+    backend.prepare_model(model)
+    loaded = {"weights_s": time.perf_counter() - start, "rss": resident_bytes() - rss}
+    loaded["weights"] = weight_bytes(model)
+    del model
+    return loaded
+
+
+def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
+    """Load the weights one way and measure them, then build the engine that way and time
+    its decode steps."""
+    loaded = load_weights_alone(path, dequantize)
     start = time.perf_counter()
     llm = LLM(
         str(path),
@@ -104,10 +129,8 @@ def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
         num_threads=args.threads,
         attention_backend="cpu",
     )
-    load_s = time.perf_counter() - start
+    loaded["load_s"] = time.perf_counter() - start
     engine = llm.llm_engine
-    model = engine.runner.model
-    loaded = {"load_s": load_s, "rss": resident_bytes() - rss, "weights": weight_bytes(model)}
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True)
     vocab = engine.model_args.vocab_size
     for i in range(args.batch):
@@ -120,7 +143,6 @@ def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
         engine.step()
         times.append(time.perf_counter() - start)
     loaded["step_ms"] = statistics.median(times) * 1e3
-    del llm, engine, model
     return loaded
 
 
@@ -164,14 +186,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {path} ({args.requantize}) in {time.perf_counter() - start:.1f} s")
     size = path.stat().st_size
     print(f"{path.name}: {size / 2**20:.1f} MiB; {args.batch} sequences, {args.threads} threads")
-    print(f"{'weights':<10} {'load s':>7} {'weight MiB':>11} {'x file':>7} {'RSS +MiB':>9} "
-          f"{'decode step ms':>15}")  # fmt: skip
+    print(f"{'weights':<10} {'weights s':>9} {'weight MiB':>11} {'x file':>7} {'RSS +MiB':>9} "
+          f"{'engine s':>9} {'decode step ms':>15}")  # fmt: skip
     rows = {}
     for label, dequantize in (("fp32", True), ("quantized", False)):
         row = rows[label] = measure_in_subprocess(path, dequantize, args)
         print(
-            f"{label:<10} {row['load_s']:>7.2f} {row['weights'] / 2**20:>11.1f} "
-            f"{row['weights'] / size:>7.2f} {row['rss'] / 2**20:>9.1f} {row['step_ms']:>15.1f}"
+            f"{label:<10} {row['weights_s']:>9.2f} {row['weights'] / 2**20:>11.1f} "
+            f"{row['weights'] / size:>7.2f} {row['rss'] / 2**20:>9.1f} {row['load_s']:>9.2f} "
+            f"{row['step_ms']:>15.1f}"
         )
     speedup = rows["fp32"]["step_ms"] / rows["quantized"]["step_ms"]
     print(f"decode step: quantized is {speedup:.2f}x the speed of fp32")
