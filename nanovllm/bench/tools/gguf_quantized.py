@@ -12,8 +12,8 @@ For each way of holding the weights, on the same file, in one run (the CPU backe
 each in a fresh process of its own, it first builds the CPU backend's model alone, as the
 engine does, and prints the seconds its weights took to load (the file's metadata already
 parsed), the bytes they take in memory (parameters, plus the blocks) and the growth of the
-process's resident memory over the load (`/proc/self/statm`: the weights, and the CPU
-backend's packed copies of float32 ones); then it builds the engine, and prints the seconds
+process's anonymous resident memory over the load (`RssAnon`: the weights, and the CPU
+backend's packed copies of float32 ones; not the file's pages, the kernel's page cache); then it builds the engine, and prints the seconds
 that took (metadata, tokenizer, weights, KV cache), and the median time of a decode step with
 `--batch` sequences (after one prefill step of `--prompt` tokens each). Figures on the team's
 machine: nanovllm/kernels/README.md ("Quantized weights").
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -47,12 +46,15 @@ from nanovllm.models.quantized_linear import QuantizedWeight
 
 
 def resident_bytes() -> int:
-    """The process's resident memory (Linux: /proc/self/statm); 0 elsewhere."""
+    """The process's anonymous resident memory (Linux: RssAnon in /proc/self/status); 0
+    elsewhere. Anonymous: the memory-mapped file's pages are the kernel's page cache, shared
+    and reclaimable, and not the process's own."""
     try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        status = Path("/proc/self/status").read_text()
     except OSError:
         return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
+    line = next((x for x in status.splitlines() if x.startswith("RssAnon:")), None)
+    return int(line.split()[1]) * 1024 if line else 0
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
