@@ -150,6 +150,24 @@ def _fused_moe_launches() -> list[Launch]:
     return launches
 
 
+def _quantized_matmul_launches() -> list[Launch]:
+    """quantized_matmul's launch for Q8_0 and Q4_0 blocks, a decode step's rows at SmolLM2's
+    gate/up shape."""
+    from nanovllm.kernels.quantized_matmul import quantized_matmul
+    from nanovllm.kernels.quantized_matmul_reference import BLOCK_BYTES
+
+    meta = torch.device("meta")
+    launches: list[Launch] = []
+    for qtype in ("Q8_0", "Q4_0"):
+        x = torch.empty((8, 576), dtype=torch.bfloat16, device=meta)
+        raw = torch.empty((3072, 576 // 32 * BLOCK_BYTES[qtype]), dtype=torch.uint8, device=meta)
+        launches += _record_launches(
+            f"quantized_matmul {qtype}",
+            lambda x=x, raw=raw, qtype=qtype: quantized_matmul(x, raw, qtype),
+        )
+    return launches
+
+
 def standard_launches() -> list[Launch]:
     """The launches the engine makes, over the dtypes, head dims and GQA ratios that matter."""
     from nanovllm.kernels.paged_attention import paged_attention
@@ -215,7 +233,7 @@ def standard_launches() -> list[Launch]:
                 **(options[0] if options else {}),
             ),
         )
-    return launches + _fused_moe_launches()
+    return launches + _fused_moe_launches() + _quantized_matmul_launches()
 
 
 def main(argv: list[str] | None = None) -> int:

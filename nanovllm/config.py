@@ -72,6 +72,9 @@ class EngineConfig:
     # vLLM's: a mixture of experts' experts spread whole over the tensor-parallel ranks, instead
     # of each cut across them (`models/moe_expert_parallel.py`)
     enable_expert_parallel: bool = False
+    # A GGUF file's Q8_0, Q4_0 and Q4_1 weights are kept quantized in memory (False, the
+    # default: `models/quantized_linear.py`), or dequantized to `dtype` at load (True)
+    dequantize_gguf: bool = False
 
     def __post_init__(self) -> None:
         for name in (

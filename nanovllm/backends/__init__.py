@@ -3,13 +3,16 @@
 The plain engine (`nanovllm/models/`, `nanovllm/executor/`) is complete on its own and runs
 everywhere: torch layers, paged attention in torch (`models/attention.py`), step inputs rebuilt
 from Python lists. A backend may replace parts of it with faster code that computes the same
-thing, at four points, and nowhere else:
+thing, at five points, and nowhere else:
 
 - `attention_class`: each layer's paged attention (same interface as `TorchAttention`);
 - `model_layers(layers, ...)`: before the model is built, the classes it is built from
   (`models/model_layers.py`): subclasses of the plain layers with the same parameters and a
   faster forward (numba RMSNorm and RoPE, packed matmuls, decoder layers compiled in two
   regions with `enforce_eager=False`);
+- `quantized_layers(layers, ...)`: for a model whose weights stay quantized (a GGUF file's
+  Q8_0, Q4_0, Q4_1), the quantized versions of its linear layers, embedding and LM head
+  (`models/quantized_linear.py`'s reference, or on a CPU numba kernels: `cpu_quantized.py`);
 - `prepare_model(model)`: once, after the weights are loaded (vLLM's
   `process_weights_after_loading`): the packed layers pack their weights, and with
   `enforce_eager=False` the compiled layers are compiled;
@@ -63,6 +66,16 @@ class Backend:
         from nanovllm.backends.compilation import CompiledDecoderLayer
 
         return dataclasses.replace(layers, decoder_layer=CompiledDecoderLayer)
+
+    def quantized_layers(
+        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+    ) -> ModelLayers:
+        """The classes for a model whose weights stay quantized (a GGUF file's), given the
+        ones `model_layers` chose. Here: the reference layers, dequantize then `F.linear`
+        (`models/quantized_linear.py`)."""
+        from nanovllm.models.quantized_linear import quantized_layers
+
+        return quantized_layers(layers)
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         """Once, after the weights are loaded. Here: compile the layers, if asked."""

@@ -13,6 +13,8 @@ is built), each a subclass of the plain layer with its parameters:
 - in each attention layer, what lies between the QKV projection and paged attention (the split,
   RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
 - a mixture of experts' tokens sorted by expert once, two grouped matmuls (`cpu_moe.py`);
+- a GGUF file's quantized weights multiplied as they are stored, by numba kernels
+  (`cpu_quantized.py`);
 - every linear layer's matmul through a packed weight (`cpu_linear.py`: MKL's, else oneDNN's),
   packed once the weights are loaded (`prepare_model`);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
@@ -37,6 +39,7 @@ from nanovllm.backends import Backend
 from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
 from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.cpu_moe import moe_layers
+from nanovllm.backends.cpu_quantized import cpu_quantized_layers
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
@@ -178,6 +181,11 @@ class CpuBackend(Backend):
             layers = packed_layers(layers, for_compile=not enforce_eager)
         # (F.grouped_mm cannot be traced in float32: compiled layers keep the plain MoE.)
         return moe_layers(numba_layers(layers, dtype, device)) if enforce_eager else layers
+
+    def quantized_layers(
+        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+    ) -> ModelLayers:
+        return cpu_quantized_layers(layers, enforce_eager)
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         keep_freed_memory()

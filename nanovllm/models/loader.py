@@ -20,10 +20,13 @@ import torch
 from safetensors import safe_open
 
 from nanovllm.models import gguf_loader
+from nanovllm.models.embedding import VocabParallelEmbedding
 from nanovllm.models.gemma import GemmaForCausalLM
+from nanovllm.models.linear import LinearBase
 from nanovllm.models.llama import CausalLM
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.model_layers import ModelLayers
+from nanovllm.models.quantized_linear import QuantizedWeight
 from nanovllm.models.sharded_loader import WeightLoadError, load_sharded, load_tensors
 
 # The model class of each architecture that is not `CausalLM` (Llama, Mistral, Qwen2, Qwen3).
@@ -124,7 +127,12 @@ def load_weights(model: CausalLM, path: Path) -> None:
     if gguf_loader.is_gguf(path):
         try:
             config = gguf_loader.load_gguf_config(path)
-            load_tensors(model, gguf_loader.gguf_tensors(path, config))
+            # blocks only for a model whose every weight matrix can take them
+            matrices = [
+                m for m in model.modules() if isinstance(m, LinearBase | VocabParallelEmbedding)
+            ]
+            keep = bool(matrices) and all(isinstance(m, QuantizedWeight) for m in matrices)
+            load_tensors(model, gguf_loader.gguf_tensors(path, config, keep_quantized=keep))
         except (gguf_loader.GGUFError, WeightLoadError) as exc:
             raise ModelLoadError(f"checkpoint {str(path)!r}: {exc}") from exc
         return

@@ -1,0 +1,63 @@
+"""y = x W^T with W kept in llama.cpp's blocks, on a CPU: the numba kernel's wrapper (`cpu_quantized_matmul_numba.py`).
+
+`applies(x, qtype)` says whether the kernel serves a product: x float32 on a CPU, W in Q8_0,
+Q4_0 or Q4_1, numba importable, outside torch.compile (which cannot trace a numba call). The
+CPU backend's quantized layers ask it on each call and otherwise run the reference,
+`models/quantized_linear.py`'s `dequantize_linear`, which these kernels are tested against
+(`tests/kernels/test_kernel_quantized_matmul.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+
+import torch
+
+logger = logging.getLogger("nanovllm.kernels")
+
+QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the kernel's code for each type
+
+
+@functools.cache
+def _numba_kernels():
+    """The numba kernel module, or None (with one logged notice) when numba cannot be imported."""
+    try:
+        return importlib.import_module("nanovllm.kernels.cpu_quantized_matmul_numba")
+    except ImportError as e:
+        logger.warning(
+            "nanovllm: numba is not available (%s); quantized weights are dequantized for each "
+            "matmul, which is slower. `pip install numba` for the fast path.",
+            e,
+        )
+        return None
+
+
+def applies(x: torch.Tensor, qtype: str) -> bool:
+    """Whether the kernel serves x times a `qtype` weight (see the module docstring)."""
+    return (
+        qtype in QTYPES
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and _numba_kernels() is not None
+    )
+
+
+def quantized_matmul(
+    x: torch.Tensor,  # [num_tokens, in] float32
+    raw: torch.Tensor,  # [out, in / 32 * block_bytes] uint8: the weight's blocks
+    qtype: str,  # "Q8_0", "Q4_0" or "Q4_1"
+) -> torch.Tensor:  # [num_tokens, out]
+    """x W^T, W read from its blocks."""
+    x2 = x.detach().reshape(-1, x.shape[-1]).contiguous()
+    if x2.shape[1] % 32:
+        raise ValueError(f"a {qtype} weight's rows hold blocks of 32: x has {x2.shape[1]} columns")
+    out = torch.empty(x2.shape[0], raw.shape[0], dtype=torch.float32)
+    raw = raw.contiguous()
+    bytes_ = raw.numpy()
+    _numba_kernels().quantized_matmul(
+        out.numpy(), x2.numpy(), bytes_, bytes_.view("int8"), QTYPES[qtype], 32
+    )
+    return out.view(*x.shape[:-1], raw.shape[0])
