@@ -11,10 +11,10 @@ the weights are the embedded model's, copied once into a folder under the tempor
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from nanovllm.viz.derived_model import derived_model_path
 
 SLIDING_WINDOW = 32  # tokens a sliding layer's query sees (four blocks of 8)
 MAX_WINDOW_LAYERS = 2  # layers from this one on slide
@@ -22,21 +22,7 @@ MAX_WINDOW_LAYERS = 2  # layers from this one on slide
 
 def hybrid_model_path() -> Path:
     """The folder of the embedded model as a Qwen2 with sliding-window layers (built once)."""
-    from nanovllm.engine.setup import default_model_path
-
-    source = default_model_path()
-    weights = source / "model.safetensors"
-    stamp = f"{weights.stat().st_size}-{int(weights.stat().st_mtime)}-w{SLIDING_WINDOW}"
-    target = Path(tempfile.gettempdir()) / f"nanovllm-viz-hybrid-{os.getuid()}-{stamp}"
-    if (target / "model.safetensors").exists():
-        return target
-    building = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    _write_checkpoint(source, building)
-    try:
-        building.rename(target)
-    except OSError:  # (another process built it first)
-        shutil.rmtree(building, ignore_errors=True)
-    return target
+    return derived_model_path("hybrid", f"w{SLIDING_WINDOW}", _write_checkpoint)
 
 
 def _write_checkpoint(source: Path, out: Path) -> None:

@@ -12,10 +12,10 @@ embedded model's, copied once into a folder under the temporary directory.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from nanovllm.viz.derived_model import derived_model_path
 
 NUM_EXPERTS = 8  # Mixtral's: 8 experts, each token to 2 of them
 TOP_K = 2
@@ -26,21 +26,7 @@ ROUTER_STD = 0.1  # the router's weights: normal, this deviation (logits of a fe
 def moe_model_path() -> Path:
     """The folder of the embedded model as a Mixtral of `NUM_EXPERTS` equal experts (built
     once)."""
-    from nanovllm.engine.setup import default_model_path
-
-    source = default_model_path()
-    weights = source / "model.safetensors"
-    stamp = f"{weights.stat().st_size}-{int(weights.stat().st_mtime)}-e{NUM_EXPERTS}k{TOP_K}"
-    target = Path(tempfile.gettempdir()) / f"nanovllm-viz-moe-{os.getuid()}-{stamp}"
-    if (target / "model.safetensors").exists():
-        return target
-    building = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    _write_checkpoint(source, building)
-    try:
-        building.rename(target)
-    except OSError:  # (another process built it first)
-        shutil.rmtree(building, ignore_errors=True)
-    return target
+    return derived_model_path("moe", f"e{NUM_EXPERTS}k{TOP_K}", _write_checkpoint)
 
 
 # The dense MLP's matrices -> Mixtral's names of each expert's.
