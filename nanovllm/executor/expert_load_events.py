@@ -15,10 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanovllm.distributed.expert_parallel import local_expert_range
 from nanovllm.events import ExpertLoads
 from nanovllm.models.moe import expert_loads
-from nanovllm.models.moe_expert_parallel import ExpertParallelFusedMoE
 
 
 def expert_loads_event(
@@ -29,6 +27,11 @@ def expert_loads_event(
     loads = expert_loads(model) if loads is None else loads
     if not loads:
         return None
+    # Imported here: a dense model's engine loads nothing of expert parallelism (which brings in
+    # the kernels' references), as the plain backend's test checks.
+    from nanovllm.distributed.expert_parallel import local_expert_range
+    from nanovllm.models.moe_expert_parallel import ExpertParallelFusedMoE
+
     moe = model.model.layers[next(iter(loads))].mlp.experts  # (every sparse layer alike)
     ranks: tuple[int, ...] = ()
     if isinstance(moe, ExpertParallelFusedMoE):
