@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from nanovllm.models.model_layers import ModelLayers
-from nanovllm.models.moe import FusedMoE, SparseMoeBlock
+from nanovllm.models.moe import FusedMoE, SparseMoeBlock, sort_by_expert
 
 
 def grouped_linear(
@@ -66,12 +66,12 @@ def cpu_fused_experts(
     `use_grouped_mm`: True or False forces `F.grouped_mm` or the loop; None picks as above."""
     num_tokens, top_k = topk_ids.shape
     intermediate = w2_weight.shape[2]
-    pair_ids = topk_ids.reshape(-1)  # [n * k]
+    num_experts = w13_weight.shape[0]
     if use_grouped_mm is None:
-        use_grouped_mm = pair_ids.numel() >= w13_weight.shape[0]
+        use_grouped_mm = topk_ids.numel() >= num_experts
     use_grouped_mm = use_grouped_mm and hasattr(F, "grouped_mm")
-    order = torch.argsort(pair_ids, stable=True)  # [n * k]: the pairs, grouped by expert
-    counts = torch.bincount(pair_ids, minlength=w13_weight.shape[0]).tolist()
+    order, expert_counts = sort_by_expert(topk_ids, num_experts)  # [n * k], [num_experts]
+    counts = expert_counts.tolist()
     x = hidden_states.index_select(0, order // top_k)  # [n * k, hidden]
     gate_up = grouped_linear(x, w13_weight, counts, use_grouped_mm)  # [n * k, 2 * intermediate]
     act = F.silu(gate_up[:, :intermediate]).mul_(gate_up[:, intermediate:])

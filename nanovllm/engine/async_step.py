@@ -53,12 +53,11 @@ from nanovllm.events import (
     RequestFinished,
     RequestScheduled,
 )
-from nanovllm.executor.expert_load_events import expert_loads_event
+from nanovllm.executor.expert_load_events import ExpertLoadReader
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
 from nanovllm.executor.step_inputs import step_inputs
-from nanovllm.models.moe import expert_loads
 
 # The engine's two halves of a step (`llm_engine.py`), which the loop calls in its own order.
 Schedule = Callable[[], SchedulerOutput]  # `LLMEngine.schedule`: the step and its logits mask
@@ -108,6 +107,7 @@ class AsyncStep:
         self.scheduler, self.runner, self.events = scheduler, runner, events
         self.attention_backend = attention_backend
         self.stats = stats
+        self.expert_loads = ExpertLoadReader(runner.model)  # (a dense model's reads nothing)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanovllm-forward")
         self.in_flight: deque[InFlight] = deque()
         # Events of a schedule that ran nothing, told after the outputs of the step before it.
@@ -201,7 +201,7 @@ class AsyncStep:
                     inputs = with_prompt_rows(step_inputs(sched, self.runner.block_size), sched)
                 for event in self._executor_events(sched, inputs, result):
                     events.emit(event)
-                loads = expert_loads_event(sched.step, self.runner.model, step.expert_loads)
+                loads = self.expert_loads.event(sched.step, step.expert_loads)
                 if loads is not None:
                     events.emit(loads)
             step_count, scheduler.step_count = scheduler.step_count, sched.step
@@ -251,7 +251,7 @@ class AsyncStep:
                 [before.get(rid, [0])[-1] for _, rid in fill], dtype=step.inputs[0].dtype
             )
         logits = runner.forward_logits(*step.inputs)
-        step.expert_loads = expert_loads(runner.model)  # (tensors the next forward replaces)
+        step.expert_loads = self.expert_loads.read()  # (tensors the next forward replaces)
         step.may_sample.wait()
         result = runner.sample(step.sched, logits)
         end = time.perf_counter()

@@ -7,7 +7,8 @@ watches where the work went (the visualizer's `moe` scenario). Rank 0's layers s
 router is replicated, so every rank counts the same tokens for every expert, and with expert
 parallelism each expert's rank follows from `local_expert_range`.
 
-A dense model has no such layer, and no event is made for it.
+Which layers are sparse is found once, when the engine is built (`ExpertLoadReader`): a dense
+model has no such layer, so its reader reads nothing and makes no event, at no cost per step.
 """
 
 from __future__ import annotations
@@ -19,31 +20,42 @@ from nanovllm.events import ExpertLoads
 from nanovllm.models.moe import expert_loads
 
 
-def expert_loads_event(
-    step: int, model: nn.Module, loads: dict[int, torch.Tensor] | None = None
-) -> ExpertLoads | None:
-    """`model`'s expert loads of `step` (`loads`: as `expert_loads(model)` gave them right
-    after the step's forward pass; None: read them now). None for a dense model."""
-    loads = expert_loads(model) if loads is None else loads
-    if not loads:
-        return None
-    # Imported here: a dense model's engine loads nothing of expert parallelism (which brings in
-    # the kernels' references), as the plain backend's test checks.
-    from nanovllm.distributed.expert_parallel import local_expert_range
-    from nanovllm.models.moe_expert_parallel import ExpertParallelFusedMoE
+class ExpertLoadReader:
+    """`model`'s sparse decoder layers, found once; `read()` gives their `expert_load`s after a
+    forward pass, `event(step, loads)` turns them into an `ExpertLoads` event."""
 
-    moe = model.model.layers[next(iter(loads))].mlp.experts  # (every sparse layer alike)
-    ranks: tuple[int, ...] = ()
-    if isinstance(moe, ExpertParallelFusedMoE):
-        ranks = tuple(
-            rank
-            for rank in range(moe.tp_size)
-            for _ in local_expert_range(moe.num_experts, rank, moe.tp_size)
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.layers = tuple(expert_loads(model))  # indices of the sparse layers; () when dense
+
+    def read(self) -> dict[int, torch.Tensor]:
+        """Each sparse layer's tokens per expert in the last forward pass: {layer: [num_experts]}."""
+        layers = self.model.model.layers
+        return {i: layers[i].mlp.experts.expert_load for i in self.layers}
+
+    def event(self, step: int, loads: dict[int, torch.Tensor] | None = None) -> ExpertLoads | None:
+        """`step`'s loads as an event (`loads`: as `read()` gave them right after the step's
+        forward pass; None: read them now). None for a dense model."""
+        if not self.layers:
+            return None
+        loads = self.read() if loads is None else loads
+        # Imported here: a dense model's engine loads nothing of expert parallelism (which brings in
+        # the kernels' references), as the plain backend's test checks.
+        from nanovllm.distributed.expert_parallel import local_expert_range
+        from nanovllm.models.moe_expert_parallel import ExpertParallelFusedMoE
+
+        moe = self.model.model.layers[self.layers[0]].mlp.experts  # (every sparse layer alike)
+        ranks: tuple[int, ...] = ()
+        if isinstance(moe, ExpertParallelFusedMoE):
+            ranks = tuple(
+                rank
+                for rank in range(moe.tp_size)
+                for _ in local_expert_range(moe.num_experts, rank, moe.tp_size)
+            )
+        return ExpertLoads(
+            step=step,
+            top_k=moe.top_k,
+            layers=tuple(loads),
+            counts=tuple(tuple(int(n) for n in load.tolist()) for load in loads.values()),
+            expert_ranks=ranks,
         )
-    return ExpertLoads(
-        step=step,
-        top_k=moe.top_k,
-        layers=tuple(loads),
-        counts=tuple(tuple(int(n) for n in load.tolist()) for load in loads.values()),
-        expert_ranks=ranks,
-    )

@@ -31,7 +31,7 @@ from nanovllm.events import (
     TokensSampled,
 )
 from nanovllm.executor.attention_probe import AttentionProbe
-from nanovllm.executor.expert_load_events import expert_loads_event
+from nanovllm.executor.expert_load_events import ExpertLoadReader
 from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 
@@ -113,6 +113,7 @@ class ObservedExecutor:
         self.events = events
         self.attention_backend = backend
         self.probe: AttentionProbe | None = None  # `probe_attention`: one request, one layer
+        self.expert_loads = ExpertLoadReader(runner.model)  # (a dense model's reads nothing)
 
     def probe_attention(self, request_id: str | None, layer: int = 0) -> None:
         """Tell what layer `layer`'s attention computes for `request_id` from the next step on
@@ -149,7 +150,7 @@ class ObservedExecutor:
                 if probed is not None and isinstance(event, AttentionComputed):
                     self.events.emit(probed)  # (a detail of attention, before its summary)
                 self.events.emit(event)
-            loads = expert_loads_event(sched.step, self.runner.model)  # (a mixture of experts')
+            loads = self.expert_loads.event(sched.step)  # (a mixture of experts'; dense: None)
             if loads is not None:
                 self.events.emit(loads)
         return result

@@ -127,7 +127,7 @@ def test_expert_parallel_ranks_hold_contiguous_runs():
     from types import SimpleNamespace
 
     from nanovllm.distributed.parallel_state import as_tp_rank
-    from nanovllm.executor.expert_load_events import expert_loads_event
+    from nanovllm.executor.expert_load_events import ExpertLoadReader
     from nanovllm.models.moe import SparseMoeBlock
     from nanovllm.models.moe_expert_parallel import ExpertParallelFusedMoE
 
@@ -137,7 +137,7 @@ def test_expert_parallel_ranks_hold_contiguous_runs():
         block.experts = ExpertParallelFusedMoE(10, 2, 8, 4, renormalize=True)
     block.experts.expert_load = torch.arange(10)
     model = SimpleNamespace(model=SimpleNamespace(layers=[SimpleNamespace(mlp=block)]))
-    event = expert_loads_event(7, model)
+    event = ExpertLoadReader(model).event(7)
     assert event == ExpertLoads(7, 2, (0,), (tuple(range(10)),), (0, 0, 0, 0, 1, 1, 1, 2, 2, 2))
 
 
