@@ -15,6 +15,8 @@ it is loaded, that is when torch is first imported, so it is set here, from `imp
 before nanovllm imports torch; the process's children (tensor-parallel workers) inherit it.
 A value the user set (`OMP_WAIT_POLICY`, or libgomp's `GOMP_SPINCOUNT`) is kept. When torch
 was imported before nanovllm, the policy can no longer change and one notice says so.
+Another program this process starts (a peer engine in the bench) gets the environment without
+the policy set here (`environ_for_others`), so it runs as its own defaults say.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 POLICY = "PASSIVE"
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_set_here = False  # whether `apply` set OMP_WAIT_POLICY in this process
 
 
 def apply(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
@@ -40,7 +43,21 @@ def apply(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
             "while they wait, which is slow when other work shares the CPU; import nanovllm "
             "first or set OMP_WAIT_POLICY=PASSIVE"
         )
-        environ["OMP_WAIT_POLICY"] = POLICY  # (for the processes this one starts)
+        _set(environ)  # (for the processes this one starts)
         return "late"
-    environ["OMP_WAIT_POLICY"] = POLICY
+    _set(environ)
     return "set"
+
+
+def _set(environ: dict[str, str] | os._Environ) -> None:
+    global _set_here
+    environ["OMP_WAIT_POLICY"] = POLICY
+    _set_here = _set_here or environ is os.environ
+
+
+def environ_for_others() -> dict[str, str]:
+    """This process's environment without the wait policy `apply` set (the user's is kept)."""
+    env = dict(os.environ)
+    if _set_here:
+        env.pop("OMP_WAIT_POLICY", None)
+    return env

@@ -42,3 +42,12 @@ def test_after_torch_it_is_too_late_and_says_so(caplog) -> None:
     assert openmp_wait_policy.apply(env) == "late"
     assert "OMP_WAIT_POLICY=PASSIVE" in caplog.text
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}  # (the processes it starts get it)
+
+
+def test_another_program_gets_the_environment_without_the_policy_set_here() -> None:
+    code = "import nanovllm.openmp_wait_policy as p; print(p.environ_for_others().get('OMP_WAIT_POLICY'))"
+    for env, expected in [(clean_env(), "None"), (clean_env(OMP_WAIT_POLICY="ACTIVE"), "ACTIVE")]:
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.stdout.split() == [expected], run.stderr
