@@ -43,7 +43,7 @@ def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
 def dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
     """The float32 weights of Q8_0 blocks.
 
-    raw uint8 [rows, in / 32 * 34] (any bytes: any float16 scale, any int8 including -128).
+    raw uint8 [rows, in / 32 * 34] (any bytes: any finite float16 scale, any int8, -128 too).
     Returns float32 [rows, in]: weight j of a block is q_j * d, with d the block's float16
     scale and q_j its int8 values, multiplied in float32. Do not modify raw.
     """
