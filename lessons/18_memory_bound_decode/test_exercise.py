@@ -93,7 +93,7 @@ class Blocks(NamedTuple):
             d = (2.0 ** rng.uniform(-10, 4, (self.rows, self.blocks, 1))).astype(np.float16)
         else:
             bits = rng.integers(0, 2**16, (self.rows, self.blocks, 1), dtype=np.uint16)
-            bits[(bits >> 10) & 0x1F == 0x1F] &= 0xFBFF  # no inf or NaN: exponent 31 -> 30
+            bits[((bits >> 10) & 0x1F) == 0x1F] &= 0xFBFF  # no inf or NaN: exponent 31 -> 30
             d = bits.view(np.float16)
         q = rng.integers(-128, 128, (self.rows, self.blocks, BLOCK), dtype=np.int8)
         raw = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)
@@ -230,7 +230,7 @@ def test_quantize_round_trips_within_half_a_step(impl, case):
     d = np.abs(xs).max(axis=-1) / 127  # [rows, blocks]
     bound = d * (0.5 + 1e-4) + 127 * np.abs(d16 - d)
     err = np.abs(q * d16[..., None] - xs)
-    for r, b in np.argwhere((err > bound[..., None]).any(axis=-1)):
+    for r, b in np.argwhere((~(err <= bound[..., None])).any(axis=-1)):  # (NaN too)
         j = int(err[r, b].argmax())
         raise AssertionError(
             f"row {r}, block {b}: d = max|x| / 127 = {d[r, b]:.6g} (stored {d16[r, b]:.6g}), so "
@@ -340,8 +340,9 @@ def test_matmul_is_the_float64_product(impl, case, num_tokens, seed):
     want = xs @ w.T
     bound = n * 2.0**-23 * (np.abs(xs) @ np.abs(w).T) + 1e-37
     err = np.abs(y.double().numpy() - want)
-    if (err > bound).any():
-        t, o = (int(v) for v in np.argwhere(err > bound)[0])
+    bad = ~(err <= bound)  # (a NaN is bad too)
+    if bad.any():
+        t, o = (int(v) for v in np.argwhere(bad)[0])
         d, _ = _scales_and_q(raw)
         raise AssertionError(
             f"y[{t}, {o}]: x's row {t} dotted with W's row {o} (its blocks' scales "
