@@ -193,6 +193,11 @@ TARGETS: dict[str, tuple[Target, ...]] = {
     "17_mixture_of_experts": (
         Target("nanovllm.models.moe", ("select_experts", "sort_by_expert", "fused_experts")),
     ),
+    "18_memory_bound_decode": (
+        REF,
+        Target("nanovllm.models.gguf_quants", ("dequantize", "_half")),
+        Target("nanovllm.models.quantized_linear", ("dequantize_linear",)),
+    ),
 }
 
 

@@ -509,3 +509,37 @@ SOLUTIONS["17_mixture_of_experts"] = {
         return out
     """,
 }
+
+SOLUTIONS["18_memory_bound_decode"] = {
+    'raise NotImplementedError("write quantize_q8_0': """
+        rows, n = x.shape
+        if n % 32:
+            raise ValueError(f"x has shape {tuple(x.shape)}: rows must be whole blocks of 32")
+        blocks = x.reshape(rows, n // 32, 32)
+        d = blocks.abs().max(dim=2, keepdim=True).values / 127
+        inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+        v = blocks * inv
+        a = v.abs()
+        q = torch.sign(v) * (a.floor() + (2 * (a - a.floor())).floor())
+        out = torch.empty(rows, n // 32, 34, dtype=torch.uint8)
+        out[:, :, :2] = d.half().view(torch.uint8)
+        out[:, :, 2:] = q.to(torch.int8).view(torch.uint8)
+        return out.reshape(rows, -1)
+    """,
+    'raise NotImplementedError("write dequantize_q8_0': """
+        blocks = raw.reshape(raw.shape[0], -1, 34)
+        d = blocks[:, :, :2].contiguous().view(torch.float16).float()
+        q = blocks[:, :, 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(raw.shape[0], -1)
+    """,
+    'raise NotImplementedError("write matmul_q8_0': """
+        blocks = raw.reshape(raw.shape[0], -1, 34)
+        d = blocks[:, :, :2].contiguous().view(torch.float16).float()[:, :, 0]  # [out, nb]
+        q = blocks[:, :, 2:].contiguous().view(torch.int8).float()  # [out, nb, 32]
+        y = torch.zeros(x.shape[0], raw.shape[0])
+        for b in range(q.shape[1]):
+            xb = x[:, 32 * b : 32 * (b + 1)]  # [t, 32]
+            y += (xb @ q[:, b, :].T) * d[:, b]
+        return y
+    """,
+}

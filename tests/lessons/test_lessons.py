@@ -41,8 +41,8 @@ def _failed(results) -> list[str]:
 # --- the lessons --------------------------------------------------------------------------------
 
 
-def test_there_are_seventeen_lessons_in_order():
-    assert [lesson.number for lesson in LESSONS] == list(range(1, 18))
+def test_there_are_eighteen_lessons_in_order():
+    assert [lesson.number for lesson in LESSONS] == list(range(1, 19))
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=LESSON_IDS)

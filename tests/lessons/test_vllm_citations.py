@@ -40,8 +40,8 @@ def texts(lesson: Path) -> dict[str, str]:
     }
 
 
-def test_there_are_seventeen_lessons():
-    assert len(LESSONS) == 17, [lesson.name for lesson in LESSONS]
+def test_there_are_eighteen_lessons():
+    assert len(LESSONS) == 18, [lesson.name for lesson in LESSONS]
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.name)
