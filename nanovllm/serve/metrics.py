@@ -283,10 +283,12 @@ class ServerMetrics:
             )
             self.prompt_tokens.observe(finished.num_prompt_tokens)
             self.generation_tokens.observe(finished.num_generation_tokens)
-            self.max_generation_tokens.observe(finished.max_num_generation_tokens)
-            self.params_n.observe(finished.n)
             if finished.max_tokens is not None:
                 self.params_max_tokens.observe(finished.max_tokens)
+        # Once per request, not per completion, as vLLM observes its parent request.
+        for n, most in zip(stats.n_params, stats.max_num_generation_tokens, strict=True):
+            self.params_n.observe(n)
+            self.max_generation_tokens.observe(most)
 
     def _count_prompt_sources(self, admitted: list[tuple[int, int]], external: int) -> None:
         """The prompts of the requests first scheduled in this step, by where their tokens came

@@ -84,6 +84,12 @@ from nanovllm.serve.tools import (
     tool_call,
 )
 
+# Keys vLLM's stream chunks carry, null here: a chat stream's first chunk of each choice has the
+# prompt's (`prompt_token_ids`, `prompt_text`); the chunk that finishes a choice, or the usage
+# chunk when there is one, has `system_fingerprint`.
+FIRST_CHAT_CHUNK_KEYS: dict[str, Any] = {"prompt_token_ids": None, "prompt_text": None}
+FINAL_CHUNK_KEYS: dict[str, Any] = {"system_fingerprint": None}
+
 
 class OpenAIServing:
     def __init__(
@@ -190,8 +196,9 @@ class OpenAIServing:
         created: int,
         echoes: list[Echo] | None,
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            return self._chunk("text_completion", stream.request_id, created, choices, usage)
+        def chunk(choices: list[dict], usage: dict | None = None, final: bool = False) -> str:
+            extra = FINAL_CHUNK_KEYS if final else None
+            return self._chunk("text_completion", stream.request_id, created, choices, usage, extra)
 
         num_prompts = len(stream.streams)
         offsets = [0] * (body.n * num_prompts)  # where each choice's next logprob token starts
@@ -227,9 +234,9 @@ class OpenAIServing:
                             choice = _text_choice(index, text, logprobs, finish, stop)
                             choice["prompt_token_ids"] = prompt_token_ids
                             choice["token_ids"] = None
-                            yield chunk([choice])
+                            yield chunk([choice], final=bool(finish) and not body.include_usage)
                 if body.include_usage and all(f is not None and f.finished for f in finals):
-                    yield chunk([], _usage(finals))  # type: ignore[arg-type]
+                    yield chunk([], _usage(finals), final=True)  # type: ignore[arg-type]
         except EngineError as exc:
             yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
@@ -318,7 +325,7 @@ class OpenAIServing:
             try:
                 calls = required_tool_calls(text)
             except (ValueError, KeyError, TypeError):  # cut short by max_tokens: not JSON yet
-                return _assistant_message(text), False
+                return _assistant_message(""), False  # vLLM's: no calls, content ""
             return _assistant_message("", calls), finish_reason == "stop"
         content, calls = HermesToolParser().extract_tool_calls(text)
         if not calls:
@@ -374,8 +381,13 @@ class OpenAIServing:
     async def _chat_chunks(
         self, stream: MergedStream, body: ChatCompletionRequest, created: int
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            return self._chunk("chat.completion.chunk", stream.request_id, created, choices, usage)
+        def chunk(
+            choices: list[dict], usage: dict | None = None, first: bool = False, final: bool = False
+        ) -> str:
+            extra = FIRST_CHAT_CHUNK_KEYS if first else FINAL_CHUNK_KEYS if final else None
+            return self._chunk(
+                "chat.completion.chunk", stream.request_id, created, choices, usage, extra
+            )
 
         def choice(index: int, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -386,7 +398,8 @@ class OpenAIServing:
         try:
             role = {"role": "assistant", "content": ""}
             for i in range(body.n):
-                yield chunk([choice(i, role, None, None)])
+                # vLLM's first chunks carry the prompt's keys (null unless asked for).
+                yield chunk([choice(i, role, None, None)], first=True)
             async for item in stream:
                 ((_, last, moved),) = _merge_batch([item, *stream.drain_ready()])
                 for out, text, token_ids in moved:
@@ -405,9 +418,9 @@ class OpenAIServing:
                         if finish:
                             moved_choice["stop_reason"] = out.stop_reason
                         moved_choice["token_ids"] = None
-                        yield chunk([moved_choice])
+                        yield chunk([moved_choice], final=bool(finish) and not body.include_usage)
                 if last.finished and body.include_usage:
-                    yield chunk([], _usage([last]))
+                    yield chunk([], _usage([last]), final=True)
         except EngineError as exc:
             yield sse_data(error_body(str(exc), "server_error", None, _engine_error_code(exc)))
         yield DONE
@@ -415,15 +428,23 @@ class OpenAIServing:
     # --- shared ---------------------------------------------------------------------------------
 
     def _chunk(
-        self, kind: str, request_id: str, created: int, choices: list[dict], usage: dict | None
+        self,
+        kind: str,
+        request_id: str,
+        created: int,
+        choices: list[dict],
+        usage: dict | None,
+        extra: dict | None = None,
     ) -> str:
-        """One SSE chunk; `usage` only on the last one (with `stream_options.include_usage`)."""
+        """One SSE chunk; `usage` only on the last one (with `stream_options.include_usage`);
+        `extra`: keys added after `choices`."""
         payload: dict[str, Any] = {
             "id": request_id,
             "object": kind,
             "created": created,
             "model": self.model_name,
             "choices": choices,
+            **(extra or {}),
         }
         if usage is not None:
             payload["usage"] = usage
@@ -788,8 +809,8 @@ class ToolDeltas:
                 return {}
             try:
                 calls = required_tool_calls(whole)
-            except (ValueError, KeyError, TypeError):  # cut short: not JSON
-                return {"content": whole} if whole else {}
+            except (ValueError, KeyError, TypeError):  # cut short: not JSON, nothing sent
+                return {}
             self.required_calls[index] = True
             return {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
         parser = self.parsers.setdefault(index, HermesToolParser())

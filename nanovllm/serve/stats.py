@@ -28,7 +28,10 @@ the prompt.
 Each step also counts the tokens it processed, as vLLM's `iteration_tokens_total` does: the
 prompt tokens of every request that got its first token in the step (the whole prompt, once),
 plus every token generated in it. And each finished request carries its sampling parameters
-`n` and `max_tokens` (as the engine ran it: the rest of the context when none was given).
+`n` and `max_tokens` (as the engine ran it: the rest of the context when none was given). When
+a request's last completion finishes, the step also lists its `n` and its completions' most
+tokens once (vLLM observes `request_params_n` and `request_max_num_generation_tokens` per parent
+request, not per child).
 A preempted request keeps its first `scheduled` time; the recompute shows up in the gap before
 its next token. Aborted requests (a client that left) are dropped, not summarised.
 
@@ -108,6 +111,10 @@ class IterationStats:
     # (tokens computed, context length after them, is a prefill) of each request the step ran:
     # what perf.py estimates the step's FLOPs and bytes from.
     batch: list[tuple[int, int, bool]] = field(default_factory=list)
+    # Per request whose last completion finished in the step (vLLM's parent request, counted
+    # once however many completions it has): its `n` and its completions' most tokens.
+    n_params: list[int] = field(default_factory=list)
+    max_num_generation_tokens: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -129,6 +136,7 @@ class RequestTimer:
         self._keys: dict[str, list[tuple[str, int]]] = {}  # request id -> its completions' keys
         self._by_engine_id: dict[str, tuple[str, int]] = {}  # the engine's id (a child's) -> key
         self._unscheduled: set[tuple[str, int]] = set()
+        self._most_tokens: dict[str, int] = {}  # request id -> its finished completions' most
 
     def add(
         self,
@@ -153,6 +161,7 @@ class RequestTimer:
         """An aborted or failed request: no statistics."""
         for key in self._keys.pop(request_id, []):
             self._forget_key(key)
+        self._most_tokens.pop(request_id, None)
 
     def _forget_key(self, key: tuple[str, int]) -> None:
         times = self._times.pop(key, None)
@@ -168,6 +177,7 @@ class RequestTimer:
 
     def clear(self) -> None:
         self._times.clear()
+        self._most_tokens.clear()
         self._keys.clear()
         self._by_engine_id.clear()
         self._unscheduled.clear()
@@ -240,9 +250,13 @@ class RequestTimer:
         if finish_reason is not None:
             self._forget_key(key)
             if times.first_token is not None:
-                stats.finished_requests.append(
-                    _finished(times, completion, finish_reason, step_end)
-                )
+                finished = _finished(times, completion, finish_reason, step_end)
+                stats.finished_requests.append(finished)
+                most = max(self._most_tokens.get(key[0], 0), finished.max_num_generation_tokens)
+                self._most_tokens[key[0]] = most
+            if key[0] not in self._keys and key[0] in self._most_tokens:  # its last completion
+                stats.n_params.append(times.n)
+                stats.max_num_generation_tokens.append(self._most_tokens.pop(key[0]))
 
     @staticmethod
     def _progress(stats: IterationStats, times: RequestTimes, request: Request) -> None:

@@ -66,7 +66,8 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 def make_tool_call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+    """vLLM's: `chatcmpl-tool-` and 16 hex digits (64 random bits)."""
+    return f"chatcmpl-tool-{uuid.uuid4().int & (1 << 64) - 1:016x}"
 
 
 def tool_call(name: str, arguments: str) -> dict[str, Any]:
@@ -193,9 +194,8 @@ class HermesToolParser:
                 )
                 self._args_sent[i] = args
         if content or deltas:
-            delta: dict[str, Any] = {}
-            if content:
-                delta["content"] = content
+            # vLLM's delta with calls has `content` null when no text came with them.
+            delta: dict[str, Any] = {"content": content or None} if deltas else {"content": content}
             if deltas:
                 delta["tool_calls"] = deltas
             return delta

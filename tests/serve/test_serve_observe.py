@@ -193,18 +193,21 @@ def test_request_params_and_iteration_tokens_hold_what_was_sent(server, async_en
         return delta(after, before, name)
 
     # A request with n completions is n requests, as vLLM counts its n child requests: each
-    # observes n, its max_tokens, its own tokens and its own time per output token.
+    # observes its max_tokens, its own tokens and its own time per output token. But n and the
+    # most tokens of the n completions are observed once per request (vLLM's parent request;
+    # recorded from vLLM: an n=3 request adds 1 to request_params_n_count, 3 to the others).
     sent_max_tokens = [16 if m is None else m for _, m, _ in shapes]
-    per_completion = [(length, m, n) for (length, _, n), m in zip(shapes, sent_max_tokens)]
-    completions = [(length, m, n) for length, m, n in per_completion for _ in range(n)]
-    assert d("request_params_n_count") == len(completions) == 4
-    assert d("request_params_n_sum") == sum(n for _, _, n in completions)
-    assert d("request_params_n_bucket[1.0]") == 2 and d("request_params_n_bucket[2.0]") == 4
+    per_request = [(length, m, n) for (length, _, n), m in zip(shapes, sent_max_tokens)]
+    completions = [(length, m, n) for length, m, n in per_request for _ in range(n)]
+    assert d("request_params_n_count") == len(per_request) == 3
+    assert d("request_params_n_sum") == sum(n for _, _, n in per_request)
+    assert d("request_params_n_bucket[1.0]") == 2 and d("request_params_n_bucket[2.0]") == 3
     assert d("request_params_max_tokens_count") == 4
     assert d("request_params_max_tokens_sum") == sum(m for _, m, _ in completions)
     assert d("request_params_max_tokens_bucket[5.0]") == 3  # 5, 4 and 4; 16 is above
     assert d("request_generation_tokens_sum") == sum(m for _, m, _ in completions)
-    assert d("request_max_num_generation_tokens_sum") == sum(m for _, m, _ in completions)
+    assert d("request_max_num_generation_tokens_count") == 3
+    assert d("request_max_num_generation_tokens_sum") == sum(m for _, m, _ in per_request)
     assert d("request_success_total[length]") == 4
     # One per completion: its decode time over its tokens after the first (4, 15, 3 and 3
     # here), so the sum lies between the decode times' sum / 15 and / 3.

