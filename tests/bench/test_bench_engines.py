@@ -216,3 +216,24 @@ def test_vllm_is_skipped_with_its_reason(fake_vllm, monkeypatch, tmp_path) -> No
         fake_vllm.vllm_python = python
         with pytest.raises(EngineUnavailable, match=reason):
             make_engine("vllm", "some/model", fake_vllm).load()
+
+
+def test_the_vllm_rows_run_in_the_configurations_of_vllms_cpu_docs(monkeypatch) -> None:
+    """`vllm`: its own binding (auto) with every core computing; `vllm-default`: as installed;
+    `--threads N` below the cores binds cores 0..N-1. Each names its configuration."""
+    from nanovllm.bench import engine_vllm
+
+    monkeypatch.setattr(engine_vllm.os, "cpu_count", lambda: 4)
+    rows = {name: make_engine(name, "unused", EngineLimits()) for name in ENGINES if "vllm" in name}
+    assert rows["vllm"].environment() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert rows["vllm-compiled"].environment() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert rows["vllm-default"].environment() == {}
+    two = make_engine("vllm", "unused", EngineLimits(threads=2)).environment()
+    assert two == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert (
+        make_engine("vllm", "unused", EngineLimits(threads=4)).environment()
+        == rows["vllm"].environment()
+    )
+    said = rows["vllm-default"].configuration(2**31)
+    assert "VLLM_CPU_OMP_THREADS_BIND=auto" in said and "RESERVED_CPU=default" in said
+    assert "KV 2,048 MiB" in said and "enforce_eager" in said
