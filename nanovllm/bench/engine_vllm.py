@@ -13,7 +13,7 @@ variables"), named beside its figures:
     vllm           its own thread binding (`VLLM_CPU_OMP_THREADS_BIND=auto`: one OpenMP thread
                    pinned to each core) with every core computing
                    (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`): the docs' advice for a machine that
-                   serves nothing else, and the fastest here
+                   serves nothing else (the fastest on a quiet machine; on a loaded one see the README)
     vllm-default   vLLM as installed: the same binding, one core kept back for its scheduler
                    process (on x86, one per rank) and the rest computing
     vllm-compiled  `vllm` with vLLM's default torch.compile instead of `enforce_eager`
