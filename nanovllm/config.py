@@ -9,7 +9,8 @@ torch model, for reading and teaching: no numba or Triton kernel anywhere in it)
 The KV cache is sized by `num_kv_blocks` directly, or by `kv_cache_memory_bytes` (a memory
 budget, converted into blocks once the model's shape is known), or else measured: on a GPU, what
 `gpu_memory_utilization` of its memory leaves after the weights and the largest step's
-activations (`executor/memory.py`); on a CPU, 512 MiB.
+activations (`executor/memory.py`); on a CPU, a quarter of the available memory, at most
+4 GiB (`executor/memory.py`, `cpu_kv_cache_budget`).
 
 `enforce_eager` is vLLM's name with vLLM's meaning (True: no torch.compile, no CUDA graphs),
 but the opposite default: True, the model runs eagerly. `enforce_eager=False` compiles each
@@ -90,9 +91,13 @@ class EngineConfig:
             not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
         ):
             raise ValueError(f"num_kv_blocks must be an int >= 1, got {self.num_kv_blocks!r}")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+        if self.kv_cache_memory_bytes is not None and (
+            not isinstance(self.kv_cache_memory_bytes, int)
+            or isinstance(self.kv_cache_memory_bytes, bool)
+            or self.kv_cache_memory_bytes < 1
+        ):
             raise ValueError(
-                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes!r}"
+                f"kv_cache_memory_bytes must be an int >= 1, got {self.kv_cache_memory_bytes!r}"
             )
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 1

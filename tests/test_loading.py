@@ -13,7 +13,7 @@ import torch
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import EngineConfig
-from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, budget_from_profile, kv_bytes_per_block
+from nanovllm.executor.memory import budget_from_profile, cpu_kv_cache_budget, kv_bytes_per_block
 from nanovllm.models import llama
 from nanovllm.models.loader import load_model, resolve_dtype
 from nanovllm.models.model_layers import ModelLayers
@@ -124,15 +124,21 @@ def test_the_profile_step_is_the_largest_step_in_a_cache_just_big_enough(tiny_ll
         assert torch.isfinite(logits).all()
 
 
-def test_a_cpu_engine_gets_the_fixed_budget_and_logs_its_capacity(tiny_llama, caplog) -> None:
+def test_a_cpu_engine_sizes_its_cache_from_available_memory_and_logs_it(
+    tiny_llama, caplog, monkeypatch
+) -> None:
     import logging
 
+    # As if 8 MiB were available: the budget (2 MiB) holds fewer blocks than could be used.
+    monkeypatch.setattr("nanovllm.engine.setup.available_cpu_memory", lambda: 8 * 2**20)
     caplog.set_level(logging.INFO, logger="nanovllm")
     llm = LLM(str(tiny_llama), block_size=16, max_num_seqs=512)
     engine = llm.llm_engine
     per_block = kv_bytes_per_block(engine.model_args, 16, torch.float32)
     useful = 512 * -(-engine.max_model_len // 16)
-    assert engine.num_kv_blocks == min(CPU_KV_CACHE_BYTES // per_block, useful)
+    assert cpu_kv_cache_budget(8 * 2**20) // per_block < useful
+    assert engine.num_kv_blocks == cpu_kv_cache_budget(8 * 2**20) // per_block
+    assert "CPU KV cache budget 2 MiB per rank (25% of 8 MiB available" in caplog.text
     assert f"KV cache size: {engine.num_kv_blocks * 16} tokens" in caplog.text
     assert "maximum concurrency" in caplog.text
 

@@ -71,7 +71,17 @@ class NanovllmEngine(Engine):
         )
         self.engine = engine = LLMEngine(config)
         self._runs = 0
+        import torch
+
+        configuration = (
+            f"{torch.get_num_threads()} torch threads, attention backend "
+            f"{engine.started_event.attention_backend!r}, "
+            f"{'enforce_eager' if self.enforce_eager else 'torch.compile'}, "
+            f"{engine.num_kv_blocks} KV blocks of {config.block_size}, max_num_seqs "
+            f"{config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}"
+        )
         return {
+            "configuration": configuration,
             "num_kv_blocks": engine.num_kv_blocks,
             "block_size": config.block_size,
             "max_model_len": engine.max_model_len,

@@ -40,6 +40,7 @@ ENGINES: dict[str, str | type] = {
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",
     "vllm": "nanovllm.bench.engine_vllm:VLLMEngine",
+    "vllm-default": "nanovllm.bench.engine_vllm:VLLMDefaultEngine",
     "vllm-compiled": "nanovllm.bench.engine_vllm:VLLMCompiledEngine",
 }
 

@@ -118,6 +118,11 @@ def _model(m: dict, repeats: int, console: Console) -> None:
     for name, e in engines.items():
         if "skipped" in e:
             console.print(f"[yellow]{name} skipped[/]: {e['skipped']}")
+    for name, e in engines.items():  # how each engine was configured, and what it preempted
+        if (configuration := e.get("load", {}).get("configuration")) is not None:
+            preempted = e.get("num_preemptions")
+            counted = f"; {preempted} preemptions in the first run" if preempted is not None else ""
+            console.print(f"{name}: {configuration}{counted}")
     for name, e in engines.items():
         if (compile_s := e.get("load", {}).get("compile_s")) is not None:
             console.print(

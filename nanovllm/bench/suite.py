@@ -42,7 +42,14 @@ COMPILED = "nanovllm-compiled"  # nanovllm with enforce_eager=False, when asked 
 class BenchConfig:
     models: list[str] = field(default_factory=lambda: ["embedded"])
     engines: list[str] = field(
-        default_factory=lambda: ["nanovllm", "hf-static", "hf-cb", "one-at-a-time", "vllm"]
+        default_factory=lambda: [
+            "nanovllm",
+            "hf-static",
+            "hf-cb",
+            "one-at-a-time",
+            "vllm",
+            "vllm-default",
+        ]  # fmt: skip
     )
     num_requests: int = 64
     prompt_len: tuple[int, int] = (32, 256)
@@ -178,9 +185,11 @@ def run_model(spec: str, cfg: BenchConfig, threads: int, progress: Progress) -> 
             report[name].update(figures)
         if calibration:
             report["hf-static"].update(batch_size=limits.hf_batch_size, calibration=calibration)
+        for name, engine_runs in runs.items():  # (those that count them: nanovllm, vLLM)
+            if "num_preemptions" in engine_runs[0].extra:
+                report[name]["num_preemptions"] = engine_runs[0].extra["num_preemptions"]
         if REFERENCE in runs:
             ours = runs[REFERENCE]
-            report[REFERENCE]["num_preemptions"] = ours[0].extra["num_preemptions"]
             capacity = limits.num_kv_blocks * limits.block_size
             steps = ours[0].extra["steps"]
             out["memory"] = analysis.memory(
@@ -240,6 +249,9 @@ def load_engines(
             limits.kv_cache_bytes = (
                 limits.num_kv_blocks * limits.block_size * shape.kv_bytes_per_token
             )
+            if "configuration" in info:
+                kv_mib = limits.kv_cache_bytes / 2**20
+                report[name]["load"]["configuration"] += f" ({kv_mib:,.0f} MiB)"
     return engines
 
 

@@ -51,7 +51,8 @@ def load(cmd: dict):
         "enforce_eager": args.enforce_eager,
         "block_size": args.block_size,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+        "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
     }
     return engine, info
 
@@ -81,7 +82,10 @@ def run(engine, workload: dict) -> dict:
         return [(int(o.request_id), list(o.outputs[0].token_ids)) for o in engine.step()]
 
     arrivals = [r["arrival_s"] for r in requests]
+    preempted = num_preemptions(engine)
     _, wall, tokens, times = drive(arrivals, add, step, engine.has_unfinished_requests)
+    if preempted is not None:
+        preempted = num_preemptions(engine) - preempted
     records = [
         {
             "token_ids": tokens[i][: r["max_tokens"]],
@@ -90,7 +94,16 @@ def run(engine, workload: dict) -> dict:
         }
         for i, r in enumerate(requests)
     ]
-    return {"engine": "vllm", "wall_s": wall, "records": records, "extra": {}}
+    extra = {"num_preemptions": preempted}
+    return {"engine": "vllm", "wall_s": wall, "records": records, "extra": extra}
+
+
+def num_preemptions(engine) -> int | None:
+    """The preemptions vLLM has counted so far (its `vllm:num_preemptions` counter); None from
+    a vLLM without the counter."""
+    if not hasattr(engine, "get_metrics"):
+        return None
+    return int(sum(m.value for m in engine.get_metrics() if m.name == "vllm:num_preemptions"))
 
 
 def main() -> None:

@@ -22,6 +22,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="the KV cache's bytes (vLLM's flag; default: on a GPU what gpu_memory_utilization "
+        "leaves, on a CPU a quarter of the available memory, at most 4 GiB)",
+    )
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-model-len", type=int, default=None)
@@ -94,6 +101,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         tokenizer=args.tokenizer,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

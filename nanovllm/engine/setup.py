@@ -67,7 +67,13 @@ from nanovllm.engine.tensor_parallel import (
     start_runners,
 )
 from nanovllm.events import EngineStarted, EventBus, KVCacheGroupInfo
-from nanovllm.executor.memory import CPU_KV_CACHE_BYTES, kv_bytes_per_block
+from nanovllm.executor.memory import (
+    CPU_KV_CACHE_CAP,
+    CPU_KV_CACHE_FRACTION,
+    available_cpu_memory,
+    cpu_kv_cache_budget,
+    kv_bytes_per_block,
+)
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_events import ObservedExecutor
 from nanovllm.kv_transfer.base import KVConnectorBase, KVConnectorRole
@@ -453,7 +459,7 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
         if setup.device.type == "cuda":  # measured (each rank holds its heads' share)
             budget = measure_kv_budget(config, setup, graphs)
         else:
-            budget = CPU_KV_CACHE_BYTES
+            budget = cpu_kv_budget(config)
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(
@@ -466,6 +472,19 @@ def num_kv_blocks(config: EngineConfig, setup: EngineSetup, graphs: bool) -> int
     kv_cache_config = setup.kv_cache_config
     useful = config.max_num_seqs * -(-max_len // config.block_size) * kv_cache_config.num_groups
     return int(min(blocks, useful + kv_cache_config.has_sliding_window))
+
+
+def cpu_kv_budget(config: EngineConfig) -> int:
+    """Each rank's KV budget on a CPU (`executor/memory.py`), logged: the ranks of one machine
+    share its available memory."""
+    available = available_cpu_memory()
+    budget = cpu_kv_cache_budget(available // config.tensor_parallel_size)
+    logger.info(
+        "nanovllm: CPU KV cache budget %d MiB per rank (%.0f%% of %d MiB available, at most "
+        "%d MiB; kv_cache_memory_bytes overrides it)",
+        budget >> 20, CPU_KV_CACHE_FRACTION * 100, available >> 20, CPU_KV_CACHE_CAP >> 20,
+    )  # fmt: skip
+    return budget
 
 
 def kv_cache_config_for(config: EngineConfig, args: ModelArgs, has_draft: bool) -> KVCacheConfig:

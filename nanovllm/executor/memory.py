@@ -16,13 +16,21 @@ and their pool is memory of its own: the intermediates of a captured forward pas
 graph, and eager steps cannot use them. So it must be set aside before the cache takes the rest.
 
 The measuring is the GPU runner's (`nanovllm/backends/cuda_runner.py`, `peak_memory_of_step`);
-this file holds the arithmetic. On a CPU there is nothing to profile against (the KV cache is ordinary RAM, shared with
-everything else), so the budget is a fixed `CPU_KV_CACHE_BYTES` unless `kv_cache_memory_bytes`
-says otherwise (vLLM's CPU build likewise takes it from `VLLM_CPU_KVCACHE_SPACE`).
+this file holds the arithmetic. On a CPU there is nothing to profile against (the KV cache is
+ordinary RAM, shared with everything else), so the budget is a share of the memory the system
+says is available when the engine starts, with a ceiling:
+
+    budget = min(available RAM x CPU_KV_CACHE_FRACTION, CPU_KV_CACHE_CAP)
+
+A quarter leaves the rest to the weights, the activations and the other processes on the
+machine; the 4 GiB ceiling is the size vLLM's CPU build long took by default, and keeps a large
+machine from zeroing tens of GiB that a small model never fills. `kv_cache_memory_bytes`
+overrides it, as in vLLM (whose CPU build also reads `VLLM_CPU_KVCACHE_SPACE`, in GiB).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,7 +38,39 @@ import torch
 if TYPE_CHECKING:
     from nanovllm.config import EngineConfig
 
-CPU_KV_CACHE_BYTES = 512 * 2**20
+CPU_KV_CACHE_FRACTION = 0.25
+CPU_KV_CACHE_CAP = 4 * 2**30
+
+
+def cpu_kv_cache_budget(available: int, kv_cache_memory_bytes: int | None = None) -> int:
+    """The KV budget on a CPU: `kv_cache_memory_bytes` when given, else CPU_KV_CACHE_FRACTION of
+    the `available` bytes, at most CPU_KV_CACHE_CAP. A ValueError names a bad value."""
+    if kv_cache_memory_bytes is not None:
+        if not _is_count(kv_cache_memory_bytes) or kv_cache_memory_bytes < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be an int >= 1, got {kv_cache_memory_bytes!r}"
+            )
+        return kv_cache_memory_bytes
+    if not _is_count(available) or available < 0:
+        raise ValueError(f"available memory must be an int >= 0 bytes, got {available!r}")
+    return min(int(available * CPU_KV_CACHE_FRACTION), CPU_KV_CACHE_CAP)
+
+
+def available_cpu_memory() -> int:
+    """Bytes of RAM the system can give without swapping: Linux's MemAvailable (free memory plus
+    the page cache it can drop), else the machine's physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # (kB)
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def budget_from_profile(

@@ -139,6 +139,10 @@ class _Output:
     def __init__(self, request_id, ids):
         self.request_id, self.outputs = request_id, [_Completion(ids)]
 
+class _Counter:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
 class LLMEngine:
     """One token per request per step: the next is (last * 7 + 1) % 1000."""
 
@@ -150,13 +154,19 @@ class LLMEngine:
             raise RuntimeError("started in a folder whose kernels/ shadows HF's kernels")
         engine = cls()
         engine.live = {}
+        engine.preempted = 100  # (a counter kept since start-up, as vLLM's)
         return engine
+
+    def get_metrics(self):
+        """vLLM's counter, here one "preemption" per request added."""
+        return [_Counter("vllm:num_preemptions", self.preempted), _Counter("other", 7)]
 
     def reset_prefix_cache(self):
         pass
 
     def add_request(self, request_id, prompt, params):
         self.live[request_id] = [prompt["prompt_token_ids"][-1], params.max_tokens]
+        self.preempted += 1
 
     def has_unfinished_requests(self):
         return bool(self.live)
@@ -191,11 +201,15 @@ def test_vllm_plugin_through_its_worker(fake_vllm, tmp_path, monkeypatch) -> Non
     try:
         info = engine.load()
         assert (info["version"], info["block_size"], info["enforce_eager"]) == ("fake", 32, True)
+        assert info["reserved_cpus"] == "0"  # (the row's environment reached the worker)
         workload = with_poisson_arrivals(random_workload(5, (3, 6), (1, 5), 1000), rate=500.0)
         run = engine.run(workload)
+        again = engine.run(workload)
     finally:
         engine.close()
     assert run.engine == "vllm"
+    # The counter's growth within each run: one per request, not the count since start-up.
+    assert run.extra["num_preemptions"] == again.extra["num_preemptions"] == 5
     for r, rec in zip(workload.requests, run.records):
         expected, last = [], r.prompt_token_ids[-1]
         for _ in range(r.max_tokens):
@@ -216,3 +230,24 @@ def test_vllm_is_skipped_with_its_reason(fake_vllm, monkeypatch, tmp_path) -> No
         fake_vllm.vllm_python = python
         with pytest.raises(EngineUnavailable, match=reason):
             make_engine("vllm", "some/model", fake_vllm).load()
+
+
+def test_the_vllm_rows_run_in_the_configurations_of_vllms_cpu_docs(monkeypatch) -> None:
+    """`vllm`: its own binding (auto) with every core computing; `vllm-default`: as installed;
+    `--threads N` below the cores binds cores 0..N-1. Each names its configuration."""
+    from nanovllm.bench import engine_vllm
+
+    monkeypatch.setattr(engine_vllm.os, "cpu_count", lambda: 4)
+    rows = {name: make_engine(name, "unused", EngineLimits()) for name in ENGINES if "vllm" in name}
+    assert rows["vllm"].environment() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert rows["vllm-compiled"].environment() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert rows["vllm-default"].environment() == {}
+    two = make_engine("vllm", "unused", EngineLimits(threads=2)).environment()
+    assert two == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert (
+        make_engine("vllm", "unused", EngineLimits(threads=4)).environment()
+        == rows["vllm"].environment()
+    )
+    said = rows["vllm-default"].configuration(2**31)
+    assert "VLLM_CPU_OMP_THREADS_BIND=auto" in said and "RESERVED_CPU=default" in said
+    assert "KV 2,048 MiB" in said and "enforce_eager" in said
