@@ -53,6 +53,7 @@ def load(cmd: dict):
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # (None: OpenMP's default)
     }
     return engine, info
 

@@ -202,6 +202,7 @@ def test_vllm_plugin_through_its_worker(fake_vllm, tmp_path, monkeypatch) -> Non
         info = engine.load()
         assert (info["version"], info["block_size"], info["enforce_eager"]) == ("fake", 32, True)
         assert info["reserved_cpus"] == "0"  # (the row's environment reached the worker)
+        assert info["omp_wait_policy"] is None  # (not the one `import nanovllm` set here)
         workload = with_poisson_arrivals(random_workload(5, (3, 6), (1, 5), 1000), rate=500.0)
         run = engine.run(workload)
         again = engine.run(workload)
