@@ -17,17 +17,13 @@ from budget import examples
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from rich.text import Text
-from test_viz_polish import rendered
+from test_viz_polish import rendered, running_requests
 
 from nanovllm.events import (
-    BlockAllocated,
     EngineStarted,
     KVCacheGroupInfo,
-    RequestAdded,
-    RequestScheduled,
-    StepSummary,
 )
-from nanovllm.viz.state import VizState, reduce_all, table_holders
+from nanovllm.viz.state import VizState, table_holders
 from nanovllm.viz.widgets.block_tables import NULL, BlockTablesView, short_table
 
 # The panel's content area (columns, rows) at the sizes the issue names (screenshots).
@@ -47,26 +43,7 @@ def running(n: int, blocks_each: int, hybrid: bool, window_blocks: int = 2) -> V
         "m", num_blocks, 4, 64, 512, 4096, True, True, "torch",
         kv_cache_groups=GROUPS if hybrid else (), null_block=0 if hybrid else None,
     )  # fmt: skip
-    events: list = [started]
-    block = 1
-    for i in range(n):
-        rid = f"r{i}"
-        events.append(RequestAdded(rid, "abc", 3, 4, ("a", "b", "c")))
-        for logical in range(blocks_each):
-            events.append(BlockAllocated(rid, block, logical))
-            block += 1
-        if hybrid:
-            for logical in range(max(blocks_each - window_blocks, 0), blocks_each):
-                events.append(BlockAllocated(rid, block, logical, True, 1))
-                block += 1
-    for step in (1, 2):
-        events += [RequestScheduled(step, f"r{i}", 1, 0, step == 1, False) for i in range(n)]
-        used = block - 1
-        events.append(
-            StepSummary(step, {f"r{i}": 1 for i in range(n)}, 0, n, n, 0, used, 0,
-                        num_blocks - used - 1, 0, 0, 1e-4, 1e-3, token_budget=512)
-        )  # fmt: skip
-    return reduce_all(VizState(), events)
+    return running_requests(n, blocks_each, num_blocks, started, window_blocks * hybrid)
 
 
 def strip(cell: str) -> str:

@@ -67,20 +67,27 @@ def rendered(cls: type[StateView], state: VizState, width: int, height: int, sel
     return captured.get().splitlines()
 
 
-def running_requests(n: int, blocks_each: int = 1, num_blocks: int = 64) -> VizState:
-    """`n` requests admitted in step 1, each with `blocks_each` blocks, decoding in step 2."""
-    events: list = [engine_started(num_blocks)]
-    block = 0
+def running_requests(
+    n: int, blocks_each: int = 1, num_blocks: int = 64, started=None, window_blocks: int = 0
+) -> VizState:
+    """`n` requests admitted in step 1, each with `blocks_each` blocks, decoding in step 2
+    (`started`: the engine's description; `window_blocks`: each request's last blocks in KV
+    cache group 1 too, a sliding one, the null block before them)."""
+    events: list = [started or engine_started(num_blocks)]
+    block = 0 if events[0].null_block is None else 1
     for i in range(n):
         rid = f"r{i}"
         events.append(RequestAdded(rid, "abc", 3, 4, ("a", "b", "c")))
         for logical in range(blocks_each):
             events.append(BlockAllocated(rid, block, logical))
             block += 1
+        for logical in range(max(blocks_each - window_blocks, 0), blocks_each):
+            events.append(BlockAllocated(rid, block, logical, True, 1))
+            block += 1
     for step, prefill in ((1, True), (2, False)):
         for i in range(n):
             events.append(RequestScheduled(step, f"r{i}", 3 if prefill else 1, 0, prefill, False))
-        used = n * blocks_each
+        used = block - (events[0].null_block is not None)
         tokens = 3 * n if prefill else n
         events.append(
             StepSummary(step, {f"r{i}": 1 for i in range(n)}, tokens if prefill else 0,
