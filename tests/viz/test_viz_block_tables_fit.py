@@ -28,7 +28,7 @@ from nanovllm.viz.widgets.block_tables import NULL, BlockTablesView, short_table
 
 # The panel's content area (columns, rows) at the sizes the issue names (screenshots).
 PANEL_100x30 = (30, 4)
-PANEL_80x24 = (24, 5)  # under the queues (app.tcss `#tables-left`, `AUTO_ROWS`)
+PANEL_80x24 = (24, 5)  # under the queues (app.tcss `#tables-left`: at most 7 rows, borders in)
 GROUPS = (
     KVCacheGroupInfo("full", None, (1, 3)),
     KVCacheGroupInfo("sliding", 8, (0, 2)),

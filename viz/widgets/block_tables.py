@@ -41,7 +41,6 @@ from nanovllm.viz.widgets.base import StateView
 
 LABEL = 9
 NULL = "∅"  # the null block in a sliding group's table
-AUTO_ROWS = 5  # the most rows the panel asks for where it sizes itself (app.tcss)
 
 
 def group_tag(group: KVCacheGroupInfo) -> str:
@@ -209,9 +208,9 @@ class BlockTablesView(StateView):
         holders = table_holders(self.state)
         if width < 1 or not holders:
             return 1
-        # (Asked only where the panel's height is `auto`, under the narrow layout's queues:
-        # the rows its tables take drawn in at most `AUTO_ROWS`.)
-        return len(self._all_lines(list(holders), width, AUTO_ROWS))
+        # The full tables' rows: where the panel sizes itself, its max-height cuts them.
+        changed = latest_changes(self.state).blocks
+        return sum(len(self._request_lines(r, width, changed)) for r in holders)
 
     def render(self) -> Text:
         state = self.state
