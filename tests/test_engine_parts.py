@@ -82,7 +82,7 @@ def test_every_part_given_is_the_one_the_engine_uses_and_the_tokens_are_the_same
     want = {rid: out.outputs[0].token_ids for rid, out in serve(stock, arrivals).items()}
     engine = make_engine(parts=parts)
     assert type(engine.kv_cache_manager) is MyKV
-    assert type(engine.kv_cache_manager.block_pool.free_block_queue) is MyQueue
+    assert type(engine.kv_cache_manager.free_block_queue) is MyQueue
     assert type(engine.scheduler) is CountingScheduler
     assert type(engine.output_processor.detokenizer) is MyDetokenizer
     for layer in engine.runner.model.model.layers:

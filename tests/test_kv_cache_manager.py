@@ -122,7 +122,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         if not hasattr(self, "kv"):
             return
         kv = self.kv
-        free = kv.block_pool.free_block_queue.get_all_free_blocks()
+        free = kv.free_block_queue.get_all_free_blocks()
         free_ids = [b.block_id for b in free]
         assert len(free_ids) == len(set(free_ids)), "a block is in the free queue twice"
         assert len(free_ids) == kv.num_free_blocks
@@ -192,7 +192,7 @@ def test_freed_request_is_evicted_tail_first() -> None:
     table = kv.get_block_table("a")
     kv.free(req)
     # The last block of the request is returned first, so it is evicted before its prefix.
-    free_order = [b.block_id for b in kv.block_pool.free_block_queue.get_all_free_blocks()]
+    free_order = [b.block_id for b in kv.free_block_queue.get_all_free_blocks()]
     assert free_order[-3:] == list(reversed(table))
 
 

@@ -103,6 +103,10 @@ class KVCacheManager:
         return self.coordinator.single_type_managers[0].req_to_blocks
 
     @property
+    def free_block_queue(self) -> FreeBlockQueue:
+        return self.block_pool.free_block_queue
+
+    @property
     def num_free_blocks(self) -> int:
         return self.block_pool.num_free_blocks
 

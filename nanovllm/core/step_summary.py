@@ -47,7 +47,7 @@ def step_summary(
         forward_time=forward_time,
         num_preempted=len(sched.preempted),
         token_budget=scheduler.max_num_batched_tokens,
-        free_queue_head=tuple(kv.block_pool.free_block_queue.peek(8)),
+        free_queue_head=tuple(kv.free_block_queue.peek(8)),
         rank_forward_times=tuple(rank_forward_times),
         waiting_reason=reason,
         waiting_head=head,

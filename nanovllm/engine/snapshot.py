@@ -65,7 +65,7 @@ def engine_snapshot(
         BlockSnapshot(b.block_id, b.ref_cnt, short(b.block_hash) if b.block_hash else None)
         for b in kv.blocks
     )
-    free_queue = tuple(b.block_id for b in kv.block_pool.free_block_queue.get_all_free_blocks())
+    free_queue = tuple(b.block_id for b in kv.free_block_queue.get_all_free_blocks())
     # Aborted requests stay in `waiting` until they reach its head: skip them.
     waiting = tuple(r.request_id for r in scheduler.waiting if r.status != RequestStatus.FINISHED)
     running = tuple(r.request_id for r in scheduler.running)
