@@ -102,11 +102,3 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-
-    def drop_output_tokens_after(self, num_output_tokens: int) -> None:
-        """Forget output tokens past the first `num_output_tokens` (a stop condition met by a
-        token in the middle of several accepted at once)."""
-        extra = self.num_output_tokens - num_output_tokens
-        if extra > 0:
-            del self.output_token_ids[-extra:]
-            del self.all_token_ids[-extra:]

@@ -669,12 +669,12 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "rejected-proposals-free-the-lookahead-slots",
-        "nanovllm/core/scheduler.py",
-        "Scheduler.update_from_output",
+        "nanovllm/core/extra_tokens.py",
+        "ExtraTokens.tokens_rejected",
         (
             (
-                "                self.kv.free_slots_from(request, num_computed, slots_after)\n",
-                "                self.kv.free_slots_from(request, num_computed)\n",
+                "    free_slots_from(kv, request, num_computed, self.num_slots_after)\n",
+                "    free_slots_from(kv, request, num_computed)\n",
             ),
         ),
         ("tests/test_scheduler.py", "-k", "lookahead"),
@@ -765,12 +765,12 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "block-ids-kept-after-proposals-are-rejected",
-        "nanovllm/core/kv_cache_manager.py",
-        "KVCacheManager.free_slots_from",
+        "nanovllm/core/extra_tokens.py",
+        "free_slots_from",
         (
             (
-                "        self.req_to_block_ids.pop(req_id, None)\n",
-                "        pass\n",
+                "            kv.req_to_block_ids.pop(req_id, None)\n",
+                "            pass\n",
             ),
         ),
         ("tests/test_scheduler.py", "-k", "rejection_keeps or TestScheduler"),

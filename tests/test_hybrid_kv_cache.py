@@ -27,6 +27,7 @@ from nanovllm.core.kv_cache_interface import (
     layer_specs,
 )
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_cache_usage import num_filled_slots
 from nanovllm.core.single_type_kv_cache_manager import FullAttentionManager
 from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.events import EventBus
@@ -274,7 +275,7 @@ class HybridKVCacheMachine(RuleBasedStateMachine):
         pool = self.kv.block_pool
         assert pool.num_free_blocks == self.kv.num_blocks - 1  # all but the null block
         assert all(not m.req_to_blocks for m in self.managers())
-        assert self.kv.num_filled_slots() == 0
+        assert num_filled_slots(self.kv) == 0
 
 
 HybridKVCacheMachine.TestCase.settings = settings(

@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nanovllm.core.block_hash import hash_block_tokens
+from nanovllm.core.extra_tokens import free_slots_from
 from nanovllm.core.free_block_queue import FreeBlockQueue, KVCacheBlock
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_cache_usage import num_filled_slots
 from nanovllm.events import BlockAllocated, BlockEvicted, BlockFreed, CacheHit, EventBus
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
@@ -152,7 +154,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             for rid, r in self.live.items()
         )
         shared = sum(max(b.ref_cnt - 1, 0) for b in kv.blocks)
-        assert kv.num_filled_slots() == filled - shared * kv.block_size
+        assert num_filled_slots(kv) == filled - shared * kv.block_size
         self._consume_events()
         assert self.queue_from_events == free_ids, "events must rebuild the free queue order"
 
@@ -225,7 +227,7 @@ def test_block_tables_are_one_tuple_until_the_table_changes() -> None:
     kv.allocate_slots(req, 1, num_lookahead_tokens=1)  # a third block (for a proposal)
     grown = kv.block_tables("a")[0]
     assert len(grown) == 3 and grown[:2] == first
-    kv.free_slots_from(req, 4)  # proposals rejected: the third block goes back
+    free_slots_from(kv, req, 4)  # proposals rejected: the third block goes back
     assert kv.block_tables("a")[0] == first
     assert kv.get_block_table("a") == list(first)
     kv.free(req)

@@ -39,6 +39,7 @@ from nanovllm.config import EngineConfig
 from nanovllm.core.extra_tokens import ExtraTokens
 from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.scheduler import Scheduler, SchedulerOutput
+from nanovllm.engine.output_processor import drop_output_tokens_after
 from nanovllm.events import EventBus
 from nanovllm.request import FinishReason, Request, RequestStatus
 from nanovllm.sampling_params import SamplingParams
@@ -236,7 +237,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.proposals = {}  # (the speculator's next ones replace them: here, none)
         for req, _ in self.scheduler.update_from_output(out, sampled):
             if req.num_output_tokens >= req.max_tokens:
-                req.drop_output_tokens_after(req.max_tokens)
+                drop_output_tokens_after(req, req.max_tokens)
                 self.scheduler.finish_request(req, FinishReason.LENGTH)
                 self.finished[req.request_id] = req
             else:

@@ -31,6 +31,7 @@ from textual.events import Resize
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
+from nanovllm.viz.attention_heat import next_layer
 from nanovllm.viz.disagg import DisaggState
 from nanovllm.viz.driver import (
     SPEEDS,
@@ -122,6 +123,7 @@ class VizApp(App[object]):
         Binding("left_square_bracket", "page_batch(-1)", "page", key_display="[ ]"),
         Binding("right_square_bracket", "page_batch(1)", "page", show=False),
         Binding("h", "next_head", "head"),  # the heat row's head (also only with the panel)
+        Binding("l", "next_layer", "layer"),  # the layer the engine probes (the same)
         Binding("left", "back", "back", key_display="←"),
         Binding("right", "forward", "fwd", key_display="→"),
         Binding("end", "latest", "latest", show=False),
@@ -172,7 +174,9 @@ class VizApp(App[object]):
         self._measure_start: tuple[float, float, int, int] | None = None
         self.engine_thread: threading.Thread | None = None
         self.speed = self.driver.status.speed  # the pace; `+`/`-` change it (`_change_speed`)
-        self._probe_target: str | None = None  # the request the engine's probe follows
+        # The request the engine's probe follows, and its layer (`l` picks it).
+        self._probe_target: tuple[str | None, int] = (None, 0)
+        self.probe_layer = 0
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -182,6 +186,7 @@ class VizApp(App[object]):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield QueuesView(id="queues")
+                yield BlockTablesView(id="tables-left", classes="tables")  # (narrow only)
                 yield MetricsView(id="metrics")
                 yield NarrativeView(id="story-left", classes="story")
                 yield RequestTextView(id="text")
@@ -403,7 +408,7 @@ class VizApp(App[object]):
             return mode != "replay"
         if action in ("scenario", "next_scenario"):
             return mode == "live"
-        if action in ("page_batch", "next_head"):
+        if action in ("page_batch", "next_head", "next_layer"):
             return self.show_executor and self.pair is None
         return True
 
@@ -451,9 +456,16 @@ class VizApp(App[object]):
         request (the panel's heat row, `widgets/attention_heat.py`); closed, the probe is off
         and the forward pass runs untouched. Told to the driver only when it changes."""
         want = self.selected if self.show_executor and self.pair is None else None
-        if want != self._probe_target:
-            self._probe_target = want
-            self.driver.send(ProbeAttention(want))
+        layer = self.probe_layer if want is not None else 0
+        if (want, layer) != self._probe_target:
+            self._probe_target = (want, layer)
+            self.driver.send(ProbeAttention(want, layer))
+
+    def action_next_layer(self) -> None:
+        """The heat row's layer: the next one, from the next step on (`next_layer`)."""
+        executor = self.state.executor
+        self.probe_layer = next_layer(self.probe_layer, executor.num_layers if executor else 0)
+        self._sync_probe()
 
     def action_next_head(self) -> None:
         view = self.query_one(ExecutorView)

@@ -81,6 +81,12 @@ def short_number(x: float) -> str:
     return f"{x:.2f}"
 
 
+def next_layer(layer: int, num_layers: int) -> int:
+    """The layer after `layer` for the probe, numbered as vLLM numbers them (0 to
+    num_layers - 1, then 0 again; 0 while the number of layers is not known)."""
+    return (layer + 1) % num_layers if num_layers > 0 else 0
+
+
 def probe_for(probe: AttentionProbed | None, request_id: str, step: int) -> AttentionProbed | None:
     """The probe's catch for this request at this step, if the latest one is that."""
     if probe is not None and probe.request_id == request_id and probe.step == step:

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.kv_cache_usage import num_allocated_slots
 from nanovllm.request import Request
 from nanovllm.sampling_params import SamplingParams
 
@@ -107,7 +108,7 @@ def run(console: Console) -> None:
     for i, n in enumerate(lengths):
         request = Request(str(i), list(range(n)), SamplingParams(), arrival_index=i)
         pool.allocate_slots(request, n)
-    paged = pool.num_allocated_slots()
+    paged = num_allocated_slots(pool)
 
     table = Table(
         title=f"\n64 requests of 50-1200 tokens (mean {used / 64:.0f}), max_model_len {max_model_len}"

@@ -71,11 +71,6 @@ class KVCacheCoordinator:
         for manager in self.single_type_managers:
             manager.free(request_id)
 
-    def free_blocks_from(self, request_id: str, num_blocks: int) -> bool:
-        """Every group keeps only the request's first `num_blocks` blocks."""
-        freed = [m.free_blocks_from(request_id, num_blocks) for m in self.single_type_managers]
-        return any(freed)
-
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
         """Every sliding group frees the blocks its attention will not read again (a full
         group never has any)."""

@@ -128,17 +128,6 @@ class KVCacheManager:
             ids = self.req_to_block_ids[request_id] = self.coordinator.get_block_ids(request_id)
         return ids
 
-    def num_filled_slots(self) -> int:
-        """Slots in used blocks that hold a token's KV (a shared block counts once)."""
-        tokens = sum(self.req_num_filled_slots.values())
-        return sum(
-            tokens - (m.num_extra_refs + m.num_null_blocks) * self.block_size
-            for m in self.coordinator.single_type_managers
-        )
-
-    def num_allocated_slots(self) -> int:
-        return self.num_used_blocks * self.block_size
-
     # --- prefix cache lookup ----------------------------------------------------------------
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
@@ -223,18 +212,6 @@ class KVCacheManager:
         self.req_to_block_hashes.pop(req_id, None)
         self.req_num_cached_blocks.pop(req_id, None)
         self.req_num_filled_slots.pop(req_id, None)
-
-    def free_slots_from(
-        self, request: Request, num_tokens: int, num_lookahead_tokens: int = 0
-    ) -> None:
-        """Keep only the slots of the request's first `num_tokens` tokens (and the
-        `num_lookahead_tokens` reserved after them, see `allocate_slots`): the blocks past them
-        (which held rejected proposals) go back to the free queue, tail first."""
-        req_id = request.request_id
-        keep = -(-(num_tokens + num_lookahead_tokens) // self.block_size)
-        if self.coordinator.free_blocks_from(req_id, keep):
-            self.req_to_block_ids.pop(req_id, None)  # the table shrinks
-        self.req_num_filled_slots[req_id] = num_tokens
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while any block is in use

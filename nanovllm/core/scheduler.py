@@ -239,9 +239,8 @@ class Scheduler:
                 tokens = sampled[request.request_id]
                 num_rejected = s.num_logits_rows - len(tokens)  # computed, then not kept
                 num_computed -= num_rejected
-                if num_rejected:
-                    slots_after = self.extra_tokens.num_slots_after
-                    self.kv.free_slots_from(request, num_computed, slots_after)
+                if num_rejected:  # (their blocks back: `extra_tokens.py`)
+                    self.extra_tokens.tokens_rejected(self.kv, request, num_computed)
                 for token in tokens:
                     request.append_output_token(token)
                 got_tokens.append((request, len(tokens)))

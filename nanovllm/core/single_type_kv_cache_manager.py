@@ -39,10 +39,7 @@ class SingleTypeKVCacheManager:
         self.events = events
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # each request's block table
         self.num_cached_block: dict[str, int] = {}  # its first blocks registered in the cache
-        # Sum over held blocks of max(ref_cnt - 1, 0), and null blocks in tables: so that
-        # `KVCacheManager.num_filled_slots` costs O(1) per request.
-        self.num_extra_refs = 0
-        self.num_null_blocks = 0
+        self.num_null_blocks = 0  # null blocks in the tables, all requests together
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
@@ -67,7 +64,6 @@ class SingleTypeKVCacheManager:
                 self.num_null_blocks += 1
             else:
                 was_free = self.block_pool.touch(block)
-                self.num_extra_refs += not was_free
                 if self.events.active:
                     self.events.emit(CacheHit(request_id, block.block_id, len(blocks), was_free,
                                               block.ref_cnt, self.kv_cache_group_id))  # fmt: skip
@@ -115,24 +111,12 @@ class SingleTypeKVCacheManager:
         for block in reversed(blocks):
             self.free_block(request_id, block)
 
-    def free_blocks_from(self, request_id: str, num_blocks: int) -> bool:
-        """Keep only the request's first `num_blocks` blocks; those past them (which held
-        rejected proposals, never cached) go back, tail first. Returns whether any did."""
-        blocks = self.req_to_blocks.get(request_id, [])
-        freed = len(blocks) > num_blocks
-        while len(blocks) > num_blocks:
-            block = blocks.pop()
-            assert block.ref_cnt == 1 and block.block_hash is None, "a block past them is private"
-            self.free_block(request_id, block)
-        return freed
-
     def free_block(self, request_id: str, block: KVCacheBlock) -> None:
         """One of the request's blocks goes back to the pool (a null block: nothing to do)."""
         if block is self.block_pool.null_block:
             self.num_null_blocks -= 1
             return
         self.block_pool.free_block(block)
-        self.num_extra_refs -= block.ref_cnt > 0
         if self.events.active:
             self.events.emit(BlockFreed(request_id, block.block_id, block.ref_cnt,
                                         block.block_hash is not None, self.kv_cache_group_id))  # fmt: skip

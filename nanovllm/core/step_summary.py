@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from nanovllm.core.kv_cache_usage import num_allocated_slots, num_filled_slots
 from nanovllm.core.waiting_reasons import budget_cut, waiting_reason
 from nanovllm.events import StepSummary
 
@@ -40,8 +41,8 @@ def step_summary(
         num_used_blocks=kv.num_used_blocks,
         num_cached_free_blocks=kv.block_pool.num_cached_free_blocks,
         num_free_blocks=kv.num_free_blocks,
-        num_allocated_slots=kv.num_allocated_slots(),
-        num_filled_slots=kv.num_filled_slots(),
+        num_allocated_slots=num_allocated_slots(kv),
+        num_filled_slots=num_filled_slots(kv),
         schedule_time=sched.schedule_time,
         forward_time=forward_time,
         num_preempted=len(sched.preempted),

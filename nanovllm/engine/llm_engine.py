@@ -45,6 +45,7 @@ from nanovllm.engine.output_processor import Progress
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.engine.setup import build_engine
 from nanovllm.engine.snapshot import engine_snapshot, request_added
+from nanovllm.engine.tensor_parallel import forward_times
 from nanovllm.events import Event
 from nanovllm.executor.model_runner import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVLoadError
@@ -219,7 +220,7 @@ class LLMEngine:
             sched, self.scheduler, self.runner, seconds, started, forward_time
         )
         if self.events.active:
-            times = stats.forward_time + stats.sample_time, self._forward_times()
+            times = stats.forward_time + stats.sample_time, forward_times(self.runner, self.workers)
             self.events.emit(step_summary(self.scheduler, self.kv_cache_manager, sched, *times))
         return outputs
 
@@ -243,12 +244,6 @@ class LLMEngine:
             core.step, core.updated, core.logprobs, self.scheduler.finish_request
         )
         return self.output_processor.make_request_outputs(progress)
-
-    def _forward_times(self) -> list[float]:
-        """Each worker's last forward pass (a round trip to each: asked only for the events)."""
-        if self.workers is None:
-            return [self.runner.forward_logits_time()]
-        return self.workers.run_all("forward_logits_time")
 
     def _end_with_error(self, request_id: str, error: str) -> Request:
         """This request alone could not be run: end it with the reason, not the batch."""

@@ -123,7 +123,7 @@ class OutputProcessor:
                         TokenEmitted(step, request.request_id, token, delta, num_output)
                     )
                 if finished is not None:
-                    request.drop_output_tokens_after(num_output)
+                    drop_output_tokens_after(request, num_output)
                     break
             if finished is not None:
                 finish_request(request, finished)
@@ -274,3 +274,12 @@ class OutputProcessor:
         if text is None:  # (logprobs=-1 asks for every token's text, every step: decode once)
             text = self._token_texts[token] = self.tokenizer.decode([token])
         return text
+
+
+def drop_output_tokens_after(request: Request, num_output_tokens: int) -> None:
+    """Forget the request's output tokens past its first `num_output_tokens` (a stop condition
+    met by a token in the middle of several accepted at once)."""
+    extra = request.num_output_tokens - num_output_tokens
+    if extra > 0:
+        del request.output_token_ids[-extra:]
+        del request.all_token_ids[-extra:]

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nanovllm.core.kv_cache_usage import num_allocated_slots, num_filled_slots
 from nanovllm.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
@@ -70,12 +71,12 @@ class LiveFigures:
     @property
     def num_allocated_slots(self) -> int:
         """KV slots in used blocks."""
-        return self._kv.num_allocated_slots()
+        return num_allocated_slots(self._kv)
 
     @property
     def num_filled_slots(self) -> int:
         """Of them, slots that hold a token's KV."""
-        return self._kv.num_filled_slots()
+        return num_filled_slots(self._kv)
 
 
 @dataclass

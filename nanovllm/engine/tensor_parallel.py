@@ -121,6 +121,14 @@ class TensorParallelExecutor:
         return self.runner.sample(out, logits)
 
 
+def forward_times(runner: ModelRunner, workers: WorkerGroup | None) -> list[float]:
+    """Each rank's last forward pass (with workers, a round trip to each: asked only for the
+    step's events)."""
+    if workers is None:
+        return [runner.forward_logits_time()]
+    return workers.run_all("forward_logits_time")
+
+
 def _check_main_is_importable() -> None:
     """Spawned workers import the caller's main script again: it must be a file."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)

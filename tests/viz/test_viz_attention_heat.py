@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from nanovllm.events import AttentionComputed, AttentionProbed, StepInputsPrepared
 from nanovllm.executor.online_softmax import online_softmax_walk
-from nanovllm.viz.attention_heat import SCORE_BARS, WEIGHT_SHADES, why_none
+from nanovllm.viz.attention_heat import SCORE_BARS, WEIGHT_SHADES, next_layer, why_none
 from nanovllm.viz.state import VizState, reduce
 from nanovllm.viz.widgets.attention_heat import LABEL, attention_heat, heat_lines
 
@@ -52,7 +52,9 @@ def cells(line: str) -> list[str]:
     """A heat line's block columns: what stands between its `│`s (the label and markers off)."""
     parts = line[LABEL:].split("│")[1:]
     if parts:
-        parts[-1] = re.sub(r" +\d+ more▸.*$|  top .*$", "", parts[-1])
+        parts[-1] = re.sub(
+            r" +\d+ more▸.*$|  (layers\.\d+ ·  )?top .*$|  layers\.\d+$", "", parts[-1]
+        )
     return [p.rstrip() for p in parts]
 
 
@@ -208,15 +210,39 @@ def test_the_panel_asks_for_the_probe_and_h_cycles_heads(trace_events):
             await pilot.press("h")
             await pilot.pause(0.1)
             second = screen_text(app)
+            footer = screen_text(app).splitlines()[-1]
+            await pilot.press("l")  # the next layer: asked of the engine
+            await pilot.pause(0.1)
             await pilot.press("x")  # the panel closes: the probe is off
             await pilot.pause(0.1)
-            return first, second, app.check_action("next_head", ())
+            keys = app.check_action("next_head", ()), app.check_action("next_layer", ())
+            return first, second, footer, keys
 
-    first, second, head_key = asyncio.run(drive())
+    first, second, footer, keys = asyncio.run(drive())
     assert "h0/4 q·k" in first and "h1/4 q·k" in second
+    assert " l layer " in footer + " "
     probes = [c for c in sent if isinstance(c, ProbeAttention)]
-    assert probes[-2:] == [ProbeAttention(probe.request_id), ProbeAttention(None)]
-    assert head_key is False  # the head key leaves the footer with the panel
+    assert probes[-3:] == [
+        ProbeAttention(probe.request_id), ProbeAttention(probe.request_id, 1), ProbeAttention(None)
+    ]  # fmt: skip
+    assert keys == (False, False)  # the head and layer keys leave the footer with the panel
+
+
+def test_the_layer_key_cycles_the_layers_as_vllm_numbers_them():
+    assert [next_layer(i, 3) for i in range(3)] == [1, 2, 0]
+    assert next_layer(0, 0) == 0  # before the first step says how many layers there are
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(layer=st.integers(0, 40), room=st.integers(1, 6))
+def test_the_heat_row_names_the_probed_layer(layer: int, room: int):
+    """Whatever its room, the heat row says which layer its numbers are from: the title and the
+    ids row (`layer N`), or else the weights' line after them (`layers.N`, vLLM's name)."""
+    lines = [
+        line.plain for line in heat_lines(replace(probe_event(20, 4), layer=layer), 0, 120, room)
+    ]
+    named = [line for line in lines if f"layer {layer}" in line or f"layers.{layer}" in line]
+    assert named, lines
 
 
 def test_a_trace_without_the_probe_says_so(trace_events):
@@ -267,8 +293,8 @@ def test_the_engine_driver_keeps_the_probe_across_engines():
 
 def test_a_live_engine_probes_the_request_the_panel_asks_for(tiny_llama: Path):
     """Through the driver to a real engine and back as events: while asked, each step that runs
-    the request carries its probe, shaped like its context in the executor's own inputs; once
-    stopped, none."""
+    the request carries its probe, shaped like its context in the executor's own inputs, from
+    the layer asked; once stopped, none."""
     from nanovllm.viz.driver import EngineDriver, ProbeAttention
     from nanovllm.viz.executor import request_spans
 
@@ -287,9 +313,14 @@ def test_a_live_engine_probes_the_request_the_panel_asks_for(tiny_llama: Path):
         assert (span.request_id, span.seq_len, span.block_table) == (
             "r1", probe.seq_len, probe.block_table
         )  # fmt: skip
+        driver._handle_common(ProbeAttention("r1", 1))  # the `l` key: the next layer
+        driver.pull()
+        driver.tape.to_end()
+        second = driver.tape.state.attention_probe
+        assert (second.layer, second.request_id, second.step) == (1, "r1", probe.step + 1)
         driver._handle_common(ProbeAttention(None))
         driver.pull()
         driver.tape.to_end()
-        assert driver.tape.state.attention_probe is probe  # no new one
+        assert driver.tape.state.attention_probe is second  # no new one
     finally:
         driver.close()

@@ -19,6 +19,7 @@ from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanovllm.core.kv_cache_usage import num_allocated_slots, num_filled_slots
 from nanovllm.core.sliding_window_manager import SlidingWindowManager
 from nanovllm.events import (
     EngineStarted,
@@ -57,8 +58,8 @@ def check_tables(state: VizState, engine) -> None:
         assert mine + ((),) * (kv.num_groups - len(mine)) == kv.block_tables(rid), rid
     fig = kv_figures(state)
     assert (fig.num_used_blocks, fig.num_free_blocks) == (kv.num_used_blocks, kv.num_free_blocks)
-    assert fig.num_allocated_slots == kv.num_allocated_slots()
-    assert fig.num_filled_slots == kv.num_filled_slots()
+    assert fig.num_allocated_slots == num_allocated_slots(kv)
+    assert fig.num_filled_slots == num_filled_slots(kv)
 
 
 def check_window_notes(state: VizState, passed: set) -> None:

@@ -67,20 +67,27 @@ def rendered(cls: type[StateView], state: VizState, width: int, height: int, sel
     return captured.get().splitlines()
 
 
-def running_requests(n: int, blocks_each: int = 1, num_blocks: int = 64) -> VizState:
-    """`n` requests admitted in step 1, each with `blocks_each` blocks, decoding in step 2."""
-    events: list = [engine_started(num_blocks)]
-    block = 0
+def running_requests(
+    n: int, blocks_each: int = 1, num_blocks: int = 64, started=None, window_blocks: int = 0
+) -> VizState:
+    """`n` requests admitted in step 1, each with `blocks_each` blocks, decoding in step 2
+    (`started`: the engine's description; `window_blocks`: each request's last blocks in KV
+    cache group 1 too, a sliding one, the null block before them)."""
+    events: list = [started or engine_started(num_blocks)]
+    block = 0 if events[0].null_block is None else 1
     for i in range(n):
         rid = f"r{i}"
         events.append(RequestAdded(rid, "abc", 3, 4, ("a", "b", "c")))
         for logical in range(blocks_each):
             events.append(BlockAllocated(rid, block, logical))
             block += 1
+        for logical in range(max(blocks_each - window_blocks, 0), blocks_each):
+            events.append(BlockAllocated(rid, block, logical, True, 1))
+            block += 1
     for step, prefill in ((1, True), (2, False)):
         for i in range(n):
             events.append(RequestScheduled(step, f"r{i}", 3 if prefill else 1, 0, prefill, False))
-        used = n * blocks_each
+        used = block - (events[0].null_block is not None)
         tokens = 3 * n if prefill else n
         events.append(
             StepSummary(step, {f"r{i}": 1 for i in range(n)}, tokens if prefill else 0,
@@ -98,12 +105,14 @@ def running_requests(n: int, blocks_each: int = 1, num_blocks: int = 64) -> VizS
 @given(n=st.integers(2, 14), blocks_each=st.integers(1, 12), width=st.integers(24, 80),
        height=st.integers(1, 14))  # fmt: skip
 def test_block_tables_count_every_request_not_shown(n, blocks_each, width, height):
-    """Requests drawn (a line that starts with the request's letter) plus `… N more` are all
-    the holders: at 100x30 with 12 running, four rows used to say `… 7 more`."""
+    """Requests drawn (each one's letter opening its tables) plus `… N more` are all the
+    holders: at 100x30 with 12 running, four rows used to say `… 7 more`."""
     state = running_requests(n, blocks_each, num_blocks=n * blocks_each + 4)
     lines = rendered(BlockTablesView, state, width, height)
     assert len(lines) <= height
-    shown = sum(1 for line in lines if line and not line.startswith((" ", "…")))
+    # A request drawn: its letter opening a line (`A r0 [...]`) or a table (`A[...]`, side by
+    # side when the panel is short).
+    shown = sum(len(re.findall(r"(?:^|(?<= ))[A-Z](?= r\d|\[)", line)) for line in lines)
     more = [int(m) for line in lines for m in re.findall(r"^… (\d+) more", line)]
     assert shown + sum(more) == len(table_holders(state)), lines
 

@@ -19,6 +19,7 @@ from hypothesis import event as note
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanovllm.core.kv_cache_usage import num_allocated_slots, num_filled_slots
 from nanovllm.events import (
     EVENT_TYPES,
     BlockAllocated,
@@ -647,8 +648,8 @@ def check_against_engine(state: VizState, engine, since_start: bool = True) -> N
     assert fig.num_used_blocks == kv.num_used_blocks
     assert fig.num_free_blocks == kv.num_free_blocks
     assert fig.num_cached_free_blocks == kv.block_pool.num_cached_free_blocks
-    assert fig.num_allocated_slots == kv.num_allocated_slots()
-    assert fig.num_filled_slots == kv.num_filled_slots()
+    assert fig.num_allocated_slots == num_allocated_slots(kv)
+    assert fig.num_filled_slots == num_filled_slots(kv)
     assert state.metrics.num_preemptions == scheduler.num_preemptions
     assert state.metrics.prefix_hits == scheduler.prefix_cache_hits
     assert state.metrics.prefix_queries == scheduler.prefix_cache_queries

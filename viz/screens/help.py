@@ -28,6 +28,7 @@ The engine runs in the background; every view is rebuilt from the events it emit
 | `x` | the executor panel (the step's flat batch) in place of the timeline and the step |
 | `[` / `]` | the executor panel's flat batch: previous / next page of tokens |
 | `h` | with the executor panel: the next attention head in the heat row |
+| `l` | with the executor panel: the next layer the heat row probes (vLLM's `layers.N`, from 0), from the next step on |
 | `?` | this help (`escape` closes it) |
 | `q` | quit |
 

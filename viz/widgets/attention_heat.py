@@ -16,7 +16,9 @@ position, the scale). Blocks that do not fit are counted, at the line's end (`2 
 its start (`◂3`): the window keeps the block being read on screen, or else the block with the
 largest weight. While the panel plays the attention stage, the walk is replayed: the block
 being read is marked and the blocks after it are still blank; the weights appear once the last
-block is read. `h` cycles the heads.
+block is read. `h` cycles the heads, `l` the layers (numbered as vLLM numbers them, from 0;
+with fewer than five lines the weights' line names it after them, `layers.2`, where it fits): the
+app asks the engine to probe that layer from the next step on (`ProbeAttention`).
 
 Every number is the engine's (`AttentionProbed`, from the forward pass's own query and keys).
 """
@@ -136,7 +138,7 @@ def heat_lines(
             text = (
                 f"inside layer {probe.layer}'s attention: head {h} of {len(probe.scores)} "
                 f"(KV head {h // group}) · query at position {probe.seq_len - 1} · "
-                f"q·k × {probe.scale:.3g} · h: next head"
+                f"q·k × {probe.scale:.3g} · h: next head · l: next layer"
             )
             lines.append(fit(Text(text, HEADING), width))
             continue
@@ -166,10 +168,13 @@ def heat_lines(
         line.rstrip()
         if first_row:
             line.append(right, DIM)
-        if row == "weights":  # the largest weight, where it fits
-            words = f"  top {probe.weights[h][top]:.2f} at position {top}"
-            if line.cell_len + len(words) <= width:
-                line.append(words, DIM)
+        if row == "weights":  # the largest weight, where it fits (and the layer, unnamed above)
+            named = "" if {"title", "ids"} & set(rows) else f"  layers.{probe.layer} ·"
+            words = f"{named}  top {probe.weights[h][top]:.2f} at position {top}"
+            for text in (words, named.removesuffix(" ·")):
+                if line.cell_len + len(text) <= width:
+                    line.append(text, DIM)
+                    break
         lines.append(line)
     return lines
 

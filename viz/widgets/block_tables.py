@@ -15,6 +15,15 @@ A model with several KV cache groups (`EngineStarted.kv_cache_groups`: sliding-w
 beside full ones) gives each request one table per group, one under the other, tagged `full` or
 `win32` (a 32-token window). In a sliding group's table the blocks the window passed read `∅`,
 the null block: they went back to the free queue while the request ran.
+
+When the tables do not all fit the panel (100x30 gives it four rows, 80x24 five), they are drawn
+shorter, so that every running request keeps its tables in view, every group's: first one line
+a table, its middle blocks counted (`0 …5 29 33 41`: five left out) and a run of null blocks as
+one (`∅×6`); then, tighter, every request on a line of its own, its groups side by side
+(`full` first, `|` between); then requests side by side (`A[0 …5 41|∅×6 41]`), keeping
+fewer blocks of each table, the newest last, until they fit (at the last, the counts
+left out too: `A[…41|…41]`). Only when not even one block of
+each fits are requests left out (`… N more`), the selected one always shown.
 """
 
 from __future__ import annotations
@@ -112,10 +121,94 @@ class BlockTablesView(StateView):
         line.append("]")
         return line
 
+    def _short_lines(
+        self, rid: str, keep: int, side_by_side: bool, changed: frozenset[int]
+    ) -> list[Text]:
+        """The request's tables, each cut to `keep` blocks (`short_table`): one line a group,
+        or (`side_by_side`) one line with its groups side by side."""
+        info = self.state.requests.get(rid)
+        if info is None:
+            return []
+        groups = self.state.engine.kv_cache_groups if self.state.engine is not None else ()
+        tags = [group_tag(g) for g in groups] if len(groups) > 1 else [""]
+        tables = info.block_tables + ((),) * (len(tags) - len(info.block_tables))
+        shown = [short_table(self._cells(info, t, changed), t, self.state.null_block, keep)
+                 for t in tables]  # fmt: skip
+        label = request_label(info, rid, width=LABEL)
+        if rid == self.selected:
+            label.stylize(SELECTED, 0, LABEL)
+        if side_by_side:
+            return [bracketed(label, join_groups(shown))]
+        lines = []
+        for group, (tag, cells) in enumerate(zip(tags, shown)):
+            line = label if group == 0 else Text(" " * LABEL)
+            if tag:
+                line.append(tag + " ", DIM)
+            lines.append(bracketed(line, cells))
+        return lines
+
+    def _dense_lines(
+        self, holders: list[str], width: int, keep: int, counted: bool, changed: frozenset[int]
+    ) -> list[Text]:
+        """Requests side by side, `A[tables]`, as many a line as fit (`counted`: with the
+        number of blocks each table leaves out)."""
+        lines, line = [], Text()
+        for rid in holders:
+            info = self.state.requests.get(rid)
+            if info is None:
+                continue
+            tables = info.block_tables or ((),)
+            null = self.state.null_block
+            shown = [short_table(self._cells(info, t, changed), t, null, keep, counted)
+                     for t in tables]  # fmt: skip
+            glyph = request_label(info, rid)[:1]
+            if rid == self.selected:
+                glyph.stylize(SELECTED)
+            token = bracketed(glyph, join_groups(shown))
+            if len(line) and len(line) + 1 + len(token) > width:
+                lines.append(line)
+                line = Text()
+            if len(line):
+                line.append(" ")
+            line.append(token)
+        if len(line):
+            lines.append(line)
+        return lines
+
+    def _all_lines(self, holders: list[str], width: int, height: int) -> list[Text]:
+        """Every holder's tables, as long as fits `height` (see the module docstring)."""
+        changed = latest_changes(self.state).blocks
+        per_request = {rid: self._request_lines(rid, width, changed) for rid in holders}
+        if sum(len(v) for v in per_request.values()) <= height:
+            return [line for rid in holders for line in per_request[rid]]
+        longest = max((len(t) for r in holders for t in self._tables(r)), default=1)
+        keeps = sorted({k for k in (longest, 8, 6, 4, 3, 2, 1) if k <= longest}, reverse=True)
+        for side_by_side in (False, True):
+            for keep in keeps:
+                short = [line for r in holders
+                         for line in self._short_lines(r, keep, side_by_side, changed)]  # fmt: skip
+                if len(short) <= height and all(len(line) <= width for line in short):
+                    return short
+        for keep, counted in ((4, True), (3, True), (2, True), (1, True), (1, False)):
+            dense = self._dense_lines(holders, width, keep, counted, changed)
+            if len(dense) <= height and all(len(line) <= width for line in dense):
+                return dense
+        # Not even one block of each fits: whole requests, the selected one first, counted.
+        order = list(holders)
+        if self.selected in per_request:
+            order.remove(self.selected)
+            order.insert(0, self.selected)
+        return fit_requests([per_request[rid] for rid in order], height)
+
+    def _tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
+        info = self.state.requests.get(rid)
+        return info.block_tables if info is not None else ()
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         holders = table_holders(self.state)
         if width < 1 or not holders:
             return 1
+        # The full tables' rows: where the panel sizes itself, its max-height cuts them.
         changed = latest_changes(self.state).blocks
         return sum(len(self._request_lines(r, width, changed)) for r in holders)
 
@@ -127,16 +220,7 @@ class BlockTablesView(StateView):
         holders = table_holders(state)
         if not holders:
             return Text("no running request", DIM)
-        changed = latest_changes(state).blocks
-        per_request = {rid: self._request_lines(rid, width, changed) for rid in holders}
-        order = list(holders)
-        # When they do not all fit, the selected request goes first so it is never cut off.
-        total = sum(len(v) for v in per_request.values())
-        if total > height and self.selected in per_request:
-            order.remove(self.selected)
-            order.insert(0, self.selected)
-        lines = fit_requests([per_request[rid] for rid in order], height)
-        return Text("\n").join(lines[:height])
+        return Text("\n").join(self._all_lines(list(holders), width, height)[:height])
 
 
 def fit_requests(per_request: list[list[Text]], height: int) -> list[Text]:
@@ -161,3 +245,51 @@ def fit_requests(per_request: list[list[Text]], height: int) -> list[Text]:
         shown = 1 if out else 0
     out.append(Text(f"… {len(per_request) - shown} more", DIM))
     return out[:height]
+
+
+def short_table(
+    cells: list[Text], table: tuple[int, ...], null: int | None, keep: int, counted: bool = True
+) -> list[Text]:
+    """`cells` (one a block of `table`) with each run of null blocks as one `∅×n`, then cut to
+    `keep` of those: the first, `…n` for the n blocks left out (`…` alone, not `counted`), and
+    the newest."""
+    runs: list[tuple[Text, int]] = []  # (its cell, the blocks it stands for)
+    i = 0
+    while i < len(table):
+        j = i
+        while j < len(table) and null is not None and table[j] == null:
+            j += 1
+        if j - i > 1:
+            runs.append((Text(f"{NULL}×{j - i}", DIM), j - i))
+            i = j
+        else:
+            runs.append((cells[i], 1))
+            i += 1
+    if len(runs) <= keep + counted:  # (a count in place of one block saves nothing)
+        return [cell for cell, _ in runs]
+    head = 1 if keep > 1 else 0
+    tail = keep - head
+    left_out = sum(n for _, n in runs[head : len(runs) - tail])
+    mark = Text(f"…{left_out}" if counted else "…", DIM)
+    return [*(c for c, _ in runs[:head]), mark, *(c for c, _ in runs[len(runs) - tail :])]
+
+
+def join_groups(groups: list[list[Text]]) -> list[Text]:
+    """Every group's cells in one list, `|` between groups."""
+    out: list[Text] = []
+    for i, cells in enumerate(groups):
+        if i:
+            out.append(Text("|", DIM))
+        out.extend(cells)
+    return out
+
+
+def bracketed(line: Text, cells: list[Text]) -> Text:
+    """`line[cell cell ...]` (no space around a group's `|`, nor after a bare `…`)."""
+    line.append("[")
+    for i, cell in enumerate(cells):
+        if i and cell.plain != "|" and cells[i - 1].plain not in ("|", "…"):
+            line.append(" ")
+        line.append(cell)
+    line.append("]")
+    return line
