@@ -143,12 +143,13 @@ static void decode_row(const uint8_t *row, int qtype, int64_t nb, int8_t *q, flo
             const uint8_t *blk = row + sb * 210, *ql = blk, *qh = blk + 128;
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = half_to_float(blk + 208);
-            for (int i = 0; i < 256; i++) { /* weight i: half h, its low / high bits' places */
-                int h = i / 128, r = i % 128, part = r / 32, k = r % 32;
-                int low = (ql[h * 64 + (part % 2) * 32 + k] >> (4 * (part / 2))) & 0x0F;
-                int high = (qh[h * 32 + k] >> (2 * part)) & 0x03;
-                q[sb * 256 + i] = (int8_t)((low | (high << 4)) - 32);
-            }
+            for (int h = 0; h < 2; h++)          /* each half of 128 weights: */
+                for (int part = 0; part < 4; part++) /* its four runs of 32 */
+                    for (int k = 0; k < 32; k++) {
+                        int low = (ql[h * 64 + (part % 2) * 32 + k] >> (4 * (part / 2))) & 0x0F;
+                        int high = (qh[h * 32 + k] >> (2 * part)) & 0x03;
+                        q[sb * 256 + h * 128 + part * 32 + k] = (int8_t)((low | (high << 4)) - 32);
+                    }
             for (int s16 = 0; s16 < 16; s16++)
                 for (int l = 0; l < LANES / 2; l++) dw[(sb * 8 + s16 / 2) * LANES + (s16 % 2) * 4 + l] = d * (float)sc[s16];
             for (int j = 0; j < 8; j++) mw[sb * 8 + j] = 0.0f;
@@ -237,8 +238,11 @@ void quantized_matmul_int8(float *out, const uint8_t *xu, const float *dx, const
                 else dot_rows(sums, 1, x0, d0, K, q, dw, bias, nb);
                 for (int64_t r = 0; r < rows; r++) {
                     float y = sums[r];
-                    if (qtype == 2 || qtype == 3 || qtype == 4) /* + sum_b mw[b] * dx[b] sum(qx[b]) */
-                        for (int64_t b = 0; b < nb; b++) y += mw[b] * sx[(m0 + r) * nb + b];
+                    if (qtype == 2 || qtype == 3 || qtype == 4) { /* + sum_b mw[b] * dx[b] sum(qx[b]) */
+                        const float *s = sx + (m0 + r) * nb;
+#pragma omp simd reduction(+ : y)
+                        for (int64_t b = 0; b < nb; b++) y += mw[b] * s[b];
+                    }
                     out[(m0 + r) * N + n] = y;
                 }
             }
