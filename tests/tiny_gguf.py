@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nanovllm.bench.tools.quantized_matmul import random_blocks  # noqa: F401 (for the tests)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
@@ -136,29 +138,3 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return out
-
-
-# Where each block type keeps its float16 scales (byte offsets in a block): the rest of a
-# block's bytes may be anything.
-HALF_OFFSETS = {
-    "Q8_0": [0],
-    "Q4_0": [0],
-    "Q4_1": [0, 2],
-    "Q4_K": [0, 2],
-    "Q5_K": [0, 2],
-    "Q6_K": [208],
-}
-
-
-def random_blocks(rows: int, blocks: int, qtype: str, seed: int) -> np.ndarray:
-    """uint8 [rows, blocks * block_bytes]: random quants and scales of `qtype` (finite float16
-    scales of about 0.01), for the types `gguf` cannot quantize to (the K-quants)."""
-    from nanovllm.models.gguf_quants import FORMATS
-
-    size = FORMATS[qtype].block_bytes
-    generator = np.random.default_rng(seed)
-    raw = generator.integers(0, 256, (rows, blocks, size), dtype=np.uint8)
-    for offset in HALF_OFFSETS[qtype]:
-        scales = (generator.standard_normal((rows, blocks, 1)) * 0.01).astype(np.float16)
-        raw[..., offset : offset + 2] = scales.view(np.uint8)
-    return raw.reshape(rows, blocks * size)
