@@ -27,6 +27,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -48,12 +49,22 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("NANOVLLM_CACHE_DIR", Path.home() / ".cache" / "nanovllm"))
 
 
+def _cpu_flags() -> str:
+    """The CPU's model and feature flags (Linux), else the machine's name."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return " ".join([line for line in lines if line.startswith(("model name", "flags"))][:2])
+
+
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None (with one notice) when it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + str(compiler).encode()).hexdigest()[:16]
+    # (-march=native: a library built for one CPU may not run on another sharing the cache)
+    key = hashlib.sha256(source + f"{compiler} {_cpu_flags()}".encode()).hexdigest()[:16]
     library = _cache_dir() / f"cpu_quantized_matmul_int8-{key}.so"
     try:
         if not library.exists():
