@@ -12,8 +12,8 @@ on a GPU, no TF32). Rows and columns past M and N are masked.
 Why: a decode step's matmul on a GPU is bound by reading W, so reading 8.5 (Q8_0) or 4.5
 (Q4_0) bits a weight instead of 16 makes it up to 2x or 3.5x less memory traffic. Unlike
 llama.cpp's CUDA kernels it keeps x in float (no int8 dot products) and it is not tuned; it is
-checked on a CPU through Triton's interpreter (tests/kernels/test_kernel_quantized_matmul_triton.py)
-and not yet wired into the engine's Triton backend.
+checked on a CPU through Triton's interpreter (tests/kernels/test_kernel_quantized_matmul_triton.py).
+The Triton backend's quantized layers call it (`nanovllm/backends/triton_quantized.py`).
 """
 
 from __future__ import annotations

@@ -14,13 +14,18 @@ from hypothesis import strategies as st
 
 gguf = pytest.importorskip("gguf")
 
-from nanovllm.models.gguf_quants import KEPT_TYPES, QuantizedTensor, dequantize  # noqa: E402
+from tiny_gguf import random_blocks  # noqa: E402
+
+from nanovllm.models.gguf_quants import FORMATS, KEPT_TYPES, QuantizedTensor, dequantize  # noqa: E402
 from nanovllm.models.linear import QKVParallelLinear  # noqa: E402
 from nanovllm.models.quantized_linear import QuantizedQKVParallelLinear  # noqa: E402
 
 
 def quantized(rows: int, columns: int, qtype: str, seed: int) -> np.ndarray:
-    """A random float32 [rows, columns] through `gguf.quants.quantize`: uint8 blocks."""
+    """A random float32 [rows, columns] through `gguf.quants.quantize`: uint8 blocks (random
+    blocks for the K-quants, which `gguf` does not quantize to)."""
+    if qtype.endswith("_K"):
+        return random_blocks(rows, columns // FORMATS[qtype].block_size, qtype, seed)
     weight = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
     return gguf.quants.quantize(weight, gguf.GGMLQuantizationType[qtype])
 
@@ -37,10 +42,11 @@ def bits(x) -> np.ndarray:
     seed=st.integers(0, 2**16),
 )
 def test_dequantize_is_gguf_bit_for_bit(qtype, rows, blocks, seed):
-    raw = quantized(rows, 32 * blocks, qtype, seed)
+    columns = FORMATS[qtype].block_size * blocks
+    raw = quantized(rows, columns, qtype, seed)
     ours = dequantize(torch.from_numpy(raw), qtype)
     theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
-    assert ours.shape == (rows, 32 * blocks)
+    assert ours.shape == (rows, columns)
     assert np.array_equal(bits(ours.numpy()), bits(theirs))
 
 
@@ -52,16 +58,17 @@ def test_dequantize_is_gguf_bit_for_bit(qtype, rows, blocks, seed):
     data=st.data(),
 )
 def test_narrow_and_copy_act_on_the_dequantized_values(qtype, rows, blocks, data):
-    raw = quantized(rows, 32 * blocks, qtype, seed=rows * blocks)
-    source = QuantizedTensor(raw, qtype, 32 * blocks)  # (a numpy view, as the file's)
+    size = FORMATS[qtype].block_size  # (32, or a K-quant's 256)
+    raw = quantized(rows, size * blocks, qtype, seed=rows * blocks)
+    source = QuantizedTensor(raw, qtype, size * blocks)  # (a numpy view, as the file's)
     dense = source.dequantize()
     r0 = data.draw(st.integers(0, rows - 1))
     n = data.draw(st.integers(1, rows - r0))
     b0 = data.draw(st.integers(0, blocks - 1))
     nb = data.draw(st.integers(1, blocks - b0))
-    piece = source.narrow(0, r0, n).narrow(1, 32 * b0, 32 * nb)
-    assert torch.equal(piece.dequantize(), dense[r0 : r0 + n, 32 * b0 : 32 * (b0 + nb)])
-    target = QuantizedTensor.empty((rows, 32 * blocks), qtype).zero_()
+    piece = source.narrow(0, r0, n).narrow(1, size * b0, size * nb)
+    assert torch.equal(piece.dequantize(), dense[r0 : r0 + n, size * b0 : size * (b0 + nb)])
+    target = QuantizedTensor.empty((rows, size * blocks), qtype).zero_()
     target[r0 : r0 + n].copy_(source.narrow(0, r0, n))
     expected = torch.zeros_like(dense)
     expected[r0 : r0 + n] = dense[r0 : r0 + n]
@@ -78,8 +85,10 @@ def test_bad_cuts_and_types_are_clear_errors():
         )
     with pytest.raises(ValueError, match="blocks of 32 weights: 40 columns"):
         QuantizedTensor.empty((2, 40), "Q8_0")
-    with pytest.raises(ValueError, match="unknown type 'Q5_K'"):
-        QuantizedTensor(np.zeros((1, 4), np.uint8), "Q5_K", 1)
+    with pytest.raises(ValueError, match="unknown type 'Q2_K'"):
+        QuantizedTensor(np.zeros((1, 4), np.uint8), "Q2_K", 1)
+    with pytest.raises(ValueError, match="blocks of 256 weights: 96 columns"):
+        QuantizedTensor.empty((2, 96), "Q4_K")
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ ROOTS = {
     "viz": "nanovllm/viz",
     "lessons": "nanovllm/lessons",
 }
-PACKAGE_DATA = {".py", ".json", ".safetensors", ".md", ".tcss", ".txt", ".jsonl", ".html"}
+PACKAGE_DATA = {".py", ".json", ".safetensors", ".md", ".tcss", ".txt", ".jsonl", ".html", ".c"}
 BUILD_FILES = ["pyproject.toml", "setup.py", "README.md"]
 
 # Run before anything else in a child process: drop the editable install's finders, which would

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nanovllm.bench.tools.quantized_matmul import random_blocks  # noqa: F401 (for the tests)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"

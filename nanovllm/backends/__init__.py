@@ -11,8 +11,9 @@ thing, at five points, and nowhere else:
   faster forward (numba RMSNorm and RoPE, packed matmuls, decoder layers compiled in two
   regions with `enforce_eager=False`);
 - `quantized_layers(layers, ...)`: for a model whose weights stay quantized (a GGUF file's
-  Q8_0, Q4_0, Q4_1), the quantized versions of its linear layers, embedding and LM head
-  (`models/quantized_linear.py`'s reference, or on a CPU numba kernels: `cpu_quantized.py`);
+  Q8_0, Q4_0, Q4_1 and the K-quants), the quantized versions of its linear layers, embedding
+  and LM head (`models/quantized_linear.py`'s reference; on a CPU an int8 C kernel or numba:
+  `cpu_quantized.py`; on Triton a Triton kernel: `triton_quantized.py`);
 - `prepare_model(model)`: once, after the weights are loaded (vLLM's
   `process_weights_after_loading`): the packed layers pack their weights, and with
   `enforce_eager=False` the compiled layers are compiled;

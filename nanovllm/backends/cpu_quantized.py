@@ -1,5 +1,9 @@
 """Quantized weights on a CPU: the linear layers multiply by the GGUF blocks directly (numba).
 
+Which layers a model gets is chosen once, when it is built (`cpu_quantized_layers`): the int8
+C kernel's (`cpu_quantized_int8.py`, x rounded to int8 blocks as llama.cpp does: the fastest
+measured, kernels/README.md) where the system's C compiler built it, else these numba ones.
+
 The plain quantized layers (`models/quantized_linear.py`) dequantize the whole weight to
 float32 for each matmul, then call `F.linear`: right, and slow, since they read the weight at 4
 bytes a weight again and write it too. Here each linear layer and the LM head multiply through
@@ -28,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.kernels import cpu_quantized_matmul
+from nanovllm.backends.cpu_quantized_int8 import INT8_QUANTIZED_CLASSES
+from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import (
     QuantizedMergedColumnParallelLinear,
@@ -88,6 +93,10 @@ NUMBA_QUANTIZED_CLASSES = {
 
 
 def cpu_quantized_layers(layers: ModelLayers, enforce_eager: bool) -> ModelLayers:
-    """`layers` with the quantized classes: the numba ones for an eager model, else the
-    reference (a compiled graph cannot call numba; it traces the reference's torch code)."""
-    return quantized_layers(layers, NUMBA_QUANTIZED_CLASSES if enforce_eager else None)
+    """`layers` with the quantized classes, chosen once: for an eager model the int8 C kernel's
+    (`cpu_quantized_int8.py`) where it could be built, else the numba ones; for a compiled
+    model the reference (a compiled graph cannot call C or numba; it traces torch code)."""
+    if not enforce_eager:
+        return quantized_layers(layers)
+    fast = cpu_quantized_matmul_int8.load() is not None
+    return quantized_layers(layers, INT8_QUANTIZED_CLASSES if fast else NUMBA_QUANTIZED_CLASSES)

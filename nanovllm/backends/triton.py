@@ -9,7 +9,8 @@ torch reference): `store_kvcache` writes the step's K/V through the slot mapping
 On a GPU the runner is `CudaModelRunner` (`cuda_runner.py`): inputs staged in one copy, the
 forward pass timed with events, and with `enforce_eager=False` decode steps replayed from CUDA
 graphs, which only this backend can serve (the torch backend plans its decode gathers from
-Python lists, which a graph would freeze). On a CPU the kernels run through Triton's
+Python lists, which a graph would freeze). A GGUF file's Q8_0 and Q4_0 weights stay quantized
+and are multiplied by a Triton dequantizing matmul (`triton_quantized.py`). On a CPU the kernels run through Triton's
 interpreter, thousands of times slower: a teaching and correctness path.
 """
 
@@ -20,6 +21,7 @@ import torch
 from nanovllm.backends import Backend
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.models.attention import AttentionMetadata
+from nanovllm.models.model_layers import ModelLayers
 
 
 class TritonAttention:
@@ -78,3 +80,11 @@ class TritonBackend(Backend):
 
     def captures_cuda_graphs(self) -> bool:
         return True
+
+    def quantized_layers(
+        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+    ) -> ModelLayers:
+        """Q8_0 and Q4_0 layers through the Triton dequantizing matmul (`triton_quantized.py`)."""
+        from nanovllm.backends.triton_quantized import triton_quantized_layers
+
+        return triton_quantized_layers(layers)

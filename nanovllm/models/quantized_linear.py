@@ -20,7 +20,7 @@ file stores in different types.
 float32, then `F.linear`. It computes exactly what a model dequantized at load computes (the same
 floats through the same `F.linear`), and it reads 4 bytes a weight again (and writes them), so it
 is for reading and checking, not speed. A backend gives the fast versions, chosen once before
-the model is built (`Backend.quantized_layers`; on a CPU, numba kernels on the blocks:
+the model is built (`Backend.quantized_layers`; on a CPU, C or numba kernels on the blocks:
 `backends/cpu_quantized.py`). The token embedding dequantizes only the rows it looks up.
 """
 

@@ -57,3 +57,38 @@ def test_bad_arguments_are_clear_errors():
         quantized_matmul(torch.zeros(1, 64), raw, "Q4_1")
     with pytest.raises(ValueError, match="x has 96 features"):
         quantized_matmul(torch.zeros(1, 96), raw, "Q8_0")
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_the_triton_backend_layers_call_the_kernel(qtype, monkeypatch):
+    """The Triton backend's quantized layers (backends/triton_quantized.py): a Q8_0 or Q4_0
+    weight goes through the kernel (to rounding of the reference, `dequantize_linear`), any
+    other type through the reference itself, bit for bit."""
+    from nanovllm.backends import get_backend
+    from nanovllm.backends.triton_quantized import TritonQuantizedMatmul
+    from nanovllm.kernels import quantized_matmul as kernel_module
+    from nanovllm.models.gguf_quants import QuantizedTensor
+    from nanovllm.models.model_layers import ModelLayers
+    from nanovllm.models.quantized_linear import dequantize_linear
+
+    cpu = torch.device("cpu")
+    layers = get_backend("triton").quantized_layers(ModelLayers(), torch.float32, cpu, True)
+    layer = layers.row(64, 24, bias=True)
+    assert isinstance(layer, TritonQuantizedMatmul)
+    weight = QuantizedTensor(blocks(24, 64, qtype, seed=3).numpy(), qtype, 64)
+    layer.weight.weight_loader(layer.weight, weight)
+    layer.bias.data.normal_()
+    calls = []
+    monkeypatch.setattr(
+        kernel_module,
+        "quantized_matmul",
+        lambda *a: calls.append(a[2]) or quantized_matmul(*a),
+    )
+    x = torch.randn(2, 3, 64)  # (leading dimensions, as a model's hidden states)
+    y = layer(x)
+    reference = dequantize_linear(x, layer.qweight, layer.bias)
+    if qtype == "Q4_1":
+        assert calls == [] and torch.equal(y, reference)
+    else:
+        assert calls == [qtype]
+        torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)

@@ -6,8 +6,8 @@
 For each way of holding the weights, on the same file, in one run (the CPU backend):
 
 - "fp32": `dequantize_gguf=True`, every weight dequantized to float32 at load (the old way);
-- "quantized": Q8_0, Q4_0 and Q4_1 weights kept as the file's blocks, multiplied by the numba
-  kernels (`backends/cpu_quantized.py`);
+- "quantized": Q8_0, Q4_0, Q4_1 and K-quant weights kept as the file's blocks, multiplied by the
+  CPU backend's kernels (the int8 C kernel, or numba without a compiler: `backends/cpu_quantized.py`);
 
 each in a fresh process of its own, it first builds the CPU backend's model alone, as the
 engine does, and prints the seconds its weights took to load (the file's metadata already

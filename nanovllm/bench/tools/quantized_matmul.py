@@ -1,0 +1,101 @@
+"""`python -m nanovllm.bench.tools.quantized_matmul`: x W^T with W in GGUF blocks, float32 against the CPU kernels.
+
+For each block type and row count, the same product runs as `F.linear` on W dequantized to
+float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1) and through the
+int8 C kernel (`cpu_quantized_matmul_int8`), called in turn, and prints each one's fastest
+and median milliseconds, wall clock and the process's CPU time (all threads; on a loaded
+machine the steadier of the two), with `uptime` before and after. W is random blocks of the
+LM head's shape of SmolLM2-135M by default (`--out`, `--in`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
+from nanovllm.models.gguf_quants import FORMATS, dequantize
+
+# Where each block type keeps its float16 scales (byte offsets in a block); the rest of a
+# block's bytes may be anything.
+HALF_OFFSETS = {
+    "Q8_0": [0],
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
+
+
+def random_blocks(rows: int, blocks: int, qtype: str, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, blocks * block_bytes]: random quants of `qtype` with finite float16 scales
+    of about 0.01 (also for the types `gguf` cannot quantize to, the K-quants)."""
+    size = FORMATS[qtype].block_bytes
+    generator = np.random.default_rng(seed)
+    raw = generator.integers(0, 256, (rows, blocks, size), dtype=np.uint8)
+    for offset in HALF_OFFSETS[qtype]:
+        scales = (generator.standard_normal((rows, blocks, 1)) * 0.01).astype(np.float16)
+        raw[..., offset : offset + 2] = scales.view(np.uint8)
+    return raw.reshape(rows, blocks * size)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q4_K,Q5_K,Q6_K")
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--out", type=int, default=49152)
+    parser.add_argument("--in", dest="in_features", type=int, default=576)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(uptime(), f"| {args.threads} threads, W {args.out} x {args.in_features}")
+    print("type  rows  way      wall ms fastest/median   CPU ms fastest/median")
+    for qtype in args.types.split(","):
+        blocks = args.in_features // FORMATS[qtype].block_size
+        raw = torch.from_numpy(random_blocks(args.out, blocks, qtype))
+        in_features = blocks * FORMATS[qtype].block_size
+        weight = dequantize(raw, qtype)
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, in_features)
+            ways = {"fp32": functools.partial(F.linear, x, weight)}
+            for name, kernel in (
+                ("numba", cpu_quantized_matmul),
+                ("int8", cpu_quantized_matmul_int8),
+            ):
+                if kernel.applies(x, qtype):
+                    ways[name] = functools.partial(kernel.quantized_matmul, x, raw, qtype)
+            wall: dict[str, list[float]] = {name: [] for name in ways}
+            cpu: dict[str, list[float]] = {name: [] for name in ways}
+            for fn in ways.values():
+                fn()  # (compilation, first touch)
+            for _ in range(args.repeats):
+                for name, fn in ways.items():
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    fn()
+                    wall[name].append((time.perf_counter() - w0) * 1e3)
+                    cpu[name].append((time.process_time() - c0) * 1e3)
+            for name in ways:
+                print(
+                    f"{qtype:5} {rows:4}  {name:6} {min(wall[name]):9.2f} / "
+                    f"{statistics.median(wall[name]):<9.2f} {min(cpu[name]):9.2f} / "
+                    f"{statistics.median(cpu[name]):.2f}",
+                    flush=True,
+                )
+    print(uptime())
+
+
+if __name__ == "__main__":
+    main()
