@@ -76,6 +76,10 @@ class EngineConfig:
     # A GGUF file's Q8_0, Q4_0 and Q4_1 weights are kept quantized in memory (False, the
     # default: `models/quantized_linear.py`), or dequantized to `dtype` at load (True)
     dequantize_gguf: bool = False
+    # With weights kept quantized, on a CPU: round x to int8 blocks too and multiply in integers,
+    # as llama.cpp does (`backends/cpu_quantized_int8.py`: faster, and no longer the reference's
+    # arithmetic, so greedy tokens may part from it); False: the exact numba layers
+    gguf_int8_activations: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -69,7 +69,12 @@ class Backend:
         return dataclasses.replace(layers, decoder_layer=CompiledDecoderLayer)
 
     def quantized_layers(
-        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+        self,
+        layers: ModelLayers,
+        dtype: torch.dtype,
+        device: torch.device,
+        enforce_eager: bool,
+        int8_activations: bool = False,
     ) -> ModelLayers:
         """The classes for a model whose weights stay quantized (a GGUF file's), given the
         ones `model_layers` chose. Here: the reference layers, dequantize then `F.linear`

@@ -183,9 +183,14 @@ class CpuBackend(Backend):
         return moe_layers(numba_layers(layers, dtype, device)) if enforce_eager else layers
 
     def quantized_layers(
-        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+        self,
+        layers: ModelLayers,
+        dtype: torch.dtype,
+        device: torch.device,
+        enforce_eager: bool,
+        int8_activations: bool = False,
     ) -> ModelLayers:
-        return cpu_quantized_layers(layers, enforce_eager)
+        return cpu_quantized_layers(layers, enforce_eager, int8_activations)
 
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         keep_freed_memory()

@@ -1,8 +1,10 @@
 """Quantized weights on a CPU: the linear layers multiply by the GGUF blocks directly (numba).
 
-Which layers a model gets is chosen once, when it is built (`cpu_quantized_layers`): the int8
-C kernel's (`cpu_quantized_int8.py`, x rounded to int8 blocks as llama.cpp does: the fastest
-measured, kernels/README.md) where the system's C compiler built it, else these numba ones.
+Which layers a model gets is chosen once, when it is built (`cpu_quantized_layers`): these
+numba ones, which compute the reference's arithmetic (to rounding), or, with
+`gguf_int8_activations=True`, the int8 C kernel's (`cpu_quantized_int8.py`, x rounded to int8
+blocks as llama.cpp does: the fastest measured per matmul, kernels/README.md, and not the
+reference's arithmetic any more) where the system's C compiler built it.
 
 The plain quantized layers (`models/quantized_linear.py`) dequantize the whole weight to
 float32 for each matmul, then call `F.linear`: right, and slow, since they read the weight at 4
@@ -92,11 +94,14 @@ NUMBA_QUANTIZED_CLASSES = {
 }
 
 
-def cpu_quantized_layers(layers: ModelLayers, enforce_eager: bool) -> ModelLayers:
-    """`layers` with the quantized classes, chosen once: for an eager model the int8 C kernel's
-    (`cpu_quantized_int8.py`) where it could be built, else the numba ones; for a compiled
-    model the reference (a compiled graph cannot call C or numba; it traces torch code)."""
+def cpu_quantized_layers(
+    layers: ModelLayers, enforce_eager: bool, int8_activations: bool = False
+) -> ModelLayers:
+    """`layers` with the quantized classes, chosen once: for an eager model the numba ones, or,
+    asked for (`int8_activations`), the int8 C kernel's (`cpu_quantized_int8.py`) where it could
+    be built; for a compiled model the reference (a compiled graph cannot call C or numba; it
+    traces torch code)."""
     if not enforce_eager:
         return quantized_layers(layers)
-    fast = cpu_quantized_matmul_int8.load() is not None
+    fast = int8_activations and cpu_quantized_matmul_int8.load() is not None
     return quantized_layers(layers, INT8_QUANTIZED_CLASSES if fast else NUMBA_QUANTIZED_CLASSES)

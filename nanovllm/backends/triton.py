@@ -82,7 +82,12 @@ class TritonBackend(Backend):
         return True
 
     def quantized_layers(
-        self, layers: ModelLayers, dtype: torch.dtype, device: torch.device, enforce_eager: bool
+        self,
+        layers: ModelLayers,
+        dtype: torch.dtype,
+        device: torch.device,
+        enforce_eager: bool,
+        int8_activations: bool = False,
     ) -> ModelLayers:
         """Q8_0 and Q4_0 layers through the Triton dequantizing matmul (`triton_quantized.py`)."""
         from nanovllm.backends.triton_quantized import triton_quantized_layers

@@ -363,7 +363,7 @@ def set_up_engine(config: EngineConfig, events: EventBus | None = None) -> Engin
     spec = RunnerSpec(
         path, dtype, device.type, backend_name, max_model_len, config.block_size, threads,
         config.enforce_eager, parts.attention_cls, parts.step_inputs, parts.sampler,
-        parts.model_layers, config.dequantize_gguf,
+        parts.model_layers, config.dequantize_gguf, config.gguf_int8_activations,
     )  # fmt: skip
     speculative_config = proposer = draft = None
     if config.speculative_config is not None:

@@ -70,6 +70,7 @@ class RunnerSpec:
     # (attention class) -> the model's layers (`models/model_layers.py`; lesson 14's own)
     model_layers: Callable[[type], ModelLayers] = ModelLayers
     dequantize_gguf: bool = False  # True: a GGUF file's quantized weights become `dtype` at load
+    gguf_int8_activations: bool = False  # (EngineConfig's)
 
 
 def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
@@ -85,7 +86,9 @@ def build_runner(rank: int, spec: RunnerSpec) -> ModelRunner:
     layers = spec.model_layers(spec.attention_cls or backend.attention_class)
     layers = backend.model_layers(layers, spec.dtype, device, spec.enforce_eager)
     if not spec.dequantize_gguf and is_gguf(spec.model_path):
-        layers = backend.quantized_layers(layers, spec.dtype, device, spec.enforce_eager)
+        layers = backend.quantized_layers(
+            layers, spec.dtype, device, spec.enforce_eager, spec.gguf_int8_activations
+        )
     model = load_model(spec.model_path, spec.dtype, device, layers, spec.max_model_len)
     backend.prepare_model(model, spec.enforce_eager)
     runner_class = backend.runner_class(device)

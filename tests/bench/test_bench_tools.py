@@ -65,6 +65,7 @@ def test_gguf_quantized_bench_prints_both_ways(tmp_path, capsys) -> None:
     source = write_gguf(folder, tmp_path / "f32.gguf")
     out = tmp_path / "q8.gguf"
     argv = ["--model", str(source), "--requantize", "Q8_0", "--out", str(out)]
+    argv += ["--ways", "fp32,quantized"]
     gguf_quantized.main([*argv, "--batch", "2", "--prompt", "4", "--steps", "2", "--threads", "1"])
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
     fp32, quantized = float(rows["fp32"][2]), float(rows["quantized"][2])  # weight MiB

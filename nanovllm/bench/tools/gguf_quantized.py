@@ -1,13 +1,15 @@
 """A GGUF file's weights dequantized to float32 at load against kept quantized, side by side.
 
     python -m nanovllm.bench.tools.gguf_quantized [--model smollm2] [--batch 32] [--steps 16]
-        [--threads 2] [--requantize Q8_0 --out smollm2-q8_0.gguf]
+        [--threads 2] [--ways fp32,quantized,int8] [--requantize Q8_0 --out smollm2-q8_0.gguf]
 
 For each way of holding the weights, on the same file, in one run (the CPU backend):
 
 - "fp32": `dequantize_gguf=True`, every weight dequantized to float32 at load (the old way);
 - "quantized": Q8_0, Q4_0, Q4_1 and K-quant weights kept as the file's blocks, multiplied by the
-  CPU backend's kernels (the int8 C kernel, or numba without a compiler: `backends/cpu_quantized.py`);
+  CPU backend's default kernels (numba: `backends/cpu_quantized.py`);
+- "int8": kept as blocks, with `gguf_int8_activations=True`: x rounded to int8 blocks and
+  multiplied in integers by the C kernel, as llama.cpp does (`backends/cpu_quantized_int8.py`);
 
 each in a fresh process of its own, it first builds the CPU backend's model alone, as the
 engine does, and prints the seconds its weights took to load (the file's metadata already
@@ -96,15 +98,23 @@ def requantize(src: Path, dst: Path, qtype: str) -> Path:
     return dst
 
 
-def load_weights_alone(path: Path, dequantize: bool) -> dict:
+# Each way of holding the weights: the engine options that give it.
+WAYS = {
+    "fp32": dict(dequantize_gguf=True),
+    "quantized": {},
+    "int8": dict(gguf_int8_activations=True),
+}
+
+
+def load_weights_alone(path: Path, way: str) -> dict:
     """Build the CPU backend's model from the file, as the engine does, and measure it: seconds
     to load the weights (the metadata already parsed), their bytes, and the growth of resident
     memory (the model alone, packed copies included)."""
     backend = get_backend("cpu")
     cpu, dtype = torch.device("cpu"), torch.float32
     layers = backend.model_layers(ModelLayers(backend.attention_class), dtype, cpu, True)
-    if not dequantize:
-        layers = backend.quantized_layers(layers, dtype, cpu, True)
+    if way != "fp32":
+        layers = backend.quantized_layers(layers, dtype, cpu, True, way == "int8")
     open_gguf(path)  # (the metadata, parsed once per process: not the weights' time)
     gc.collect()
     rss = resident_bytes()
@@ -117,14 +127,14 @@ def load_weights_alone(path: Path, dequantize: bool) -> dict:
     return loaded
 
 
-def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
+def measure(path: Path, way: str, args: argparse.Namespace) -> dict:
     """Load the weights one way and measure them, then build the engine that way and time
     its decode steps."""
-    loaded = load_weights_alone(path, dequantize)
+    loaded = load_weights_alone(path, way)
     start = time.perf_counter()
     llm = LLM(
         str(path),
-        dequantize_gguf=dequantize,
+        **WAYS[way],
         num_kv_blocks=args.batch * ((args.prompt + args.steps + 2) // 16 + 2),
         block_size=16,
         max_num_seqs=args.batch,
@@ -148,17 +158,17 @@ def measure(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
     return loaded
 
 
-def measure_in_subprocess(path: Path, dequantize: bool, args: argparse.Namespace) -> dict:
+def measure_in_subprocess(path: Path, way: str, args: argparse.Namespace) -> dict:
     """`measure` in a fresh Python process (so that one way's memory is not the other's)."""
     options = vars(args) | {"model": str(path), "requantize": None, "out": None}
     code = (
         "import argparse, json, sys; from pathlib import Path; "
         "from nanovllm.bench.tools.gguf_quantized import measure; "
         "args = argparse.Namespace(**json.loads(sys.argv[1])); "
-        "print('RESULT', json.dumps(measure(Path(args.model), sys.argv[2] == '1', args)))"
+        "print('RESULT', json.dumps(measure(Path(args.model), sys.argv[2], args)))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(options), "1" if dequantize else "0"],
+        [sys.executable, "-c", code, json.dumps(options), way],
         capture_output=True,
         text=True,
         check=False,
@@ -176,9 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ways", default=",".join(WAYS), help="of: " + ", ".join(WAYS))
     parser.add_argument("--requantize", choices=("Q8_0", "Q4_0", "Q4_1"), default=None)
     parser.add_argument("--out", type=Path, help="the re-quantized file (with --requantize)")
     args = parser.parse_args(argv)
+    ways = args.ways.split(",")
+    if "fp32" not in ways or any(way not in WAYS for way in ways):
+        parser.error(f"--ways {args.ways!r}: fp32 and any of {', '.join(WAYS)}")
     path = resolve_packaged(args.model) or Path(args.model)
     if args.requantize:
         if args.out is None:
@@ -191,15 +205,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'weights':<10} {'weights s':>9} {'weight MiB':>11} {'x file':>7} {'RSS +MiB':>9} "
           f"{'engine s':>9} {'decode step ms':>15}")  # fmt: skip
     rows = {}
-    for label, dequantize in (("fp32", True), ("quantized", False)):
-        row = rows[label] = measure_in_subprocess(path, dequantize, args)
+    for label in ways:
+        row = rows[label] = measure_in_subprocess(path, label, args)
         print(
             f"{label:<10} {row['weights_s']:>9.2f} {row['weights'] / 2**20:>11.1f} "
             f"{row['weights'] / size:>7.2f} {row['rss'] / 2**20:>9.1f} {row['load_s']:>9.2f} "
             f"{row['step_ms']:>15.1f}"
         )
-    speedup = rows["fp32"]["step_ms"] / rows["quantized"]["step_ms"]
-    print(f"decode step: quantized is {speedup:.2f}x the speed of fp32")
+    for label in ways[1:]:
+        speedup = rows["fp32"]["step_ms"] / rows[label]["step_ms"]
+        print(f"decode step: {label} is {speedup:.2f}x the speed of fp32")
 
 
 if __name__ == "__main__":
