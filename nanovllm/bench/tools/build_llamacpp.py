@@ -79,8 +79,10 @@ def vendored_llamacpp(sdist: Path, into: Path) -> Path:
     name = sdist.name.removesuffix(".tar.gz")
     source = into / name / "vendor" / "llama.cpp"
     if not (source / "CMakeLists.txt").exists():
+        # The "data" filter refuses links and paths out of `into` (Python >= 3.10.12).
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         with tarfile.open(sdist) as tar:
-            tar.extractall(into, filter="data")
+            tar.extractall(into, **safe)
     if not (source / "CMakeLists.txt").exists():
         raise FileNotFoundError(f"{sdist} has no vendor/llama.cpp/CMakeLists.txt")
     return source
