@@ -41,6 +41,8 @@ ENGINES: dict[str, str | type] = {
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",
     "vllm": "nanovllm.bench.engine_vllm:VLLMEngine",
     "vllm-compiled": "nanovllm.bench.engine_vllm:VLLMCompiledEngine",
+    # llama.cpp's llama-server on the same GGUF file, in its own CPU configuration
+    "llamacpp": "nanovllm.bench.engine_llamacpp:LlamaCppEngine",
 }
 
 
