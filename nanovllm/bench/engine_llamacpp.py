@@ -224,8 +224,7 @@ class LlamaCppEngine(Engine):
             for r, (tokens, times, _) in zip(workload.requests, results)
         ]
         wall = max((rec.token_times[-1] for rec in records if rec.token_times), default=0.0)
-        timings = [final.get("timings", {}) for _, _, final in results]
-        return EngineRun(self.name, wall, records, extra={"llamacpp_timings": timings})
+        return EngineRun(self.name, wall, records)
 
     def close(self) -> None:
         if self.proc is None:

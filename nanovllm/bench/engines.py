@@ -43,6 +43,7 @@ ENGINES: dict[str, str | type] = {
     "vllm-compiled": "nanovllm.bench.engine_vllm:VLLMCompiledEngine",
     # llama.cpp's llama-server on the same GGUF file, in its own CPU configuration
     "llamacpp": "nanovllm.bench.engine_llamacpp:LlamaCppEngine",
+    "llamacpp-batched": "nanovllm.bench.engine_llamacpp_batched:LlamaCppBatchedEngine",
 }
 
 

@@ -12,7 +12,13 @@ Only the targets the bench runs are built (a full build is several times longer 
     llama-server         the engine: an HTTP server with continuous batching (`--parallel N`)
     llama-batched-bench  llama.cpp's own throughput tool, for uniform prompt/output lengths
 
-The binaries land in `<build-dir>/build/bin/`; the bench finds them there (`--llamacpp-bin`).
+`--no-amx` builds for this CPU's instruction sets but without AMX: `GGML_NATIVE` off and each
+x86 extension /proc/cpuinfo lists turned on by its own GGML option. On the team's 2-core VM
+(Xeon, `amx_tile`/`amx_int8` listed), a native build crashed in `ggml_backend_amx_mul_mat` on
+the first `llama_decode` of SmolLM2's Q4_1 file.
+
+The binaries and libraries land in `<build-dir>/build/bin/`; the bench finds them there
+(`$LLAMACPP_BIN_DIR` overrides).
 """
 
 from __future__ import annotations
@@ -39,10 +45,38 @@ CMAKE_OPTIONS = (
 )
 
 
-def cmake_configure_command(source: Path, build: Path) -> list[str]:
+# /proc/cpuinfo flag -> the GGML option that compiles for it (x86), for --no-amx
+X86_OPTIONS = {
+    "sse4_2": "GGML_SSE42", "f16c": "GGML_F16C", "fma": "GGML_FMA", "bmi2": "GGML_BMI2",
+    "avx": "GGML_AVX", "avx2": "GGML_AVX2", "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16",
+}  # fmt: skip
+
+
+def without_amx(cpu_flags: set[str]) -> list[str]:
+    """CMake options for these CPU flags' instruction sets, AMX off, instead of GGML_NATIVE."""
+    options = [f"-D{X86_OPTIONS[f]}=ON" for f in X86_OPTIONS if f in cpu_flags]
+    amx = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return ["-DGGML_NATIVE=OFF", *options, *amx]
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    raise RuntimeError("no flags line in /proc/cpuinfo")
+
+
+def cmake_configure_command(source: Path, build: Path, no_amx: bool = False) -> list[str]:
     """The `cmake` configure command line (Ninja when installed, else CMake's default)."""
     generator = ["-G", "Ninja"] if _have("ninja") else []
-    return ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_OPTIONS]
+    options = list(CMAKE_OPTIONS)
+    if no_amx:
+        options = [o for o in options if not o.startswith("-DGGML_NATIVE")] + without_amx(
+            cpu_flags()
+        )
+    return ["cmake", "-S", str(source), "-B", str(build), *generator, *options]
 
 
 def cmake_build_command(build: Path, jobs: int, targets: tuple[str, ...] = TARGETS) -> list[str]:
@@ -94,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sdist", type=Path, help="a downloaded llama_cpp_python-*.tar.gz")
     parser.add_argument("--version", help="llama-cpp-python version to download (default newest)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-amx", action="store_true", help="this CPU's x86 extensions, no AMX")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
@@ -103,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     source = vendored_llamacpp(sdist, root)
     build = root / "build"
     start = time.perf_counter()
-    subprocess.run(cmake_configure_command(source, build), check=True)
+    subprocess.run(cmake_configure_command(source, build, args.no_amx), check=True)
     subprocess.run(cmake_build_command(build, args.jobs), check=True)
     print(f"built {', '.join(TARGETS)} from {sdist.name} in {time.perf_counter() - start:.0f} s")
     for target in TARGETS:
