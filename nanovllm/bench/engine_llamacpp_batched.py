@@ -34,6 +34,8 @@ from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
 
+_silent_log = None  # the C callback that drops llama.cpp's log lines; kept alive here
+
 
 def bindings():
     """`llama_cpp.llama_cpp` from the unpacked sdist beside the build, on `bin_dir()`'s library."""
@@ -50,7 +52,13 @@ def bindings():
     package = types.ModuleType("llama_cpp")  # the package without its __init__
     package.__path__ = [str(found[-1].parent)]
     sys.modules["llama_cpp"] = package
-    return importlib.import_module("llama_cpp.llama_cpp")
+    module = importlib.import_module("llama_cpp.llama_cpp")
+    # llama.cpp logs every tensor and graph it loads (hundreds of lines a model) to stderr,
+    # through the bench's progress bars; the engine raises on the failures that matter.
+    global _silent_log
+    _silent_log = module.llama_log_callback(lambda level, text, user_data: None)
+    module.llama_log_set(_silent_log, None)
+    return module
 
 
 class LlamaCppBatchedEngine(Engine):
