@@ -5,9 +5,11 @@ CMake options. None of them needs a build of llama.cpp.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import tarfile
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,69 @@ def test_no_amx_turns_on_this_cpus_extensions_and_amx_off() -> None:
     assert {"-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF"} <= set(options)
     assert not any(o.endswith("=ON") and "AMX" in o for o in options)
     assert "-DGGML_AVX512_VNNI=ON" not in options  # not in the flags given
+
+
+class FakeLlama:
+    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache that checks each sequence's
+    positions arrive in order, and logits whose argmax is (token + position) % vocab."""
+
+    vocab = 50
+
+    def __init__(self, batch_size: int, max_seqs: int) -> None:
+        self.batch_size, self.max_seqs = batch_size, max_seqs
+        self.next_pos: dict[int, int] = {}
+        self.out = None
+
+    def batch(self):
+        n = self.batch_size
+        return types.SimpleNamespace(
+            token=[0] * n, pos=[0] * n, logits=[0] * n, n_seq_id=[0] * n,
+            seq_id=[[0] for _ in range(n)], n_tokens=0,
+        )  # fmt: skip
+
+    def llama_get_memory(self, ctx):
+        return "memory"
+
+    def llama_memory_clear(self, memory, data):
+        self.next_pos.clear()
+
+    def llama_memory_seq_rm(self, memory, seq, p0, p1):
+        del self.next_pos[seq]
+
+    def llama_decode(self, ctx, b):
+        assert 0 < b.n_tokens <= self.batch_size
+        rows = []
+        for n in range(b.n_tokens):
+            seq, pos = b.seq_id[n][0], b.pos[n]
+            assert b.n_seq_id[n] == 1 and 0 <= seq < self.max_seqs
+            assert pos == self.next_pos.get(seq, 0), (seq, pos)  # no gap, no repeat
+            self.next_pos[seq] = pos + 1
+            if b.logits[n]:
+                rows.append((b.token[n] + pos) % self.vocab)
+        self.out = (ctypes.c_float * (len(rows) * self.vocab))()
+        for r, best in enumerate(rows):
+            self.out[r * self.vocab + best] = 1.0
+        return 0
+
+    def llama_get_logits(self, ctx):
+        return ctypes.cast(self.out, ctypes.POINTER(ctypes.c_float))
+
+
+def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
+    from nanovllm.bench.engine_llamacpp_batched import LlamaCppBatchedEngine
+
+    engine = LlamaCppBatchedEngine("unused.gguf", EngineLimits())
+    fake = engine.L = FakeLlama(batch_size=16, max_seqs=3)  # prompts chunked, requests queued
+    engine.ctx, engine.batch, engine.n_vocab = "ctx", fake.batch(), fake.vocab
+    engine.settings = {"batch_size": 16, "parallel": 3}
+    workload = random_workload(7, (3, 20), (1, 6), fake.vocab)
+    for _ in range(2):  # a second run starts from an empty cache
+        run = engine.run(workload)
+        for r, rec in zip(workload.requests, run.records):
+            token, pos, expected = r.prompt_token_ids[-1], r.num_prompt_tokens - 1, []
+            for _ in range(r.max_tokens):
+                token = (token + pos) % fake.vocab
+                expected.append(token)
+                pos += 1
+            assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
+        assert fake.next_pos == {}  # every finished sequence's cells were freed
