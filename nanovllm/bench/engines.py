@@ -42,6 +42,9 @@ ENGINES: dict[str, str | type] = {
     "vllm": "nanovllm.bench.engine_vllm:VLLMEngine",
     "vllm-default": "nanovllm.bench.engine_vllm:VLLMDefaultEngine",
     "vllm-compiled": "nanovllm.bench.engine_vllm:VLLMCompiledEngine",
+    # llama.cpp's llama-server on the same GGUF file, in its own CPU configuration
+    "llamacpp": "nanovllm.bench.engine_llamacpp:LlamaCppEngine",
+    "llamacpp-batched": "nanovllm.bench.engine_llamacpp_batched:LlamaCppBatchedEngine",
 }
 
 

@@ -130,6 +130,9 @@ def _model(m: dict, repeats: int, console: Console) -> None:
                 f"{e['load']['load_s']:.1f} s in all; nanovllm's load "
                 f"{engines['nanovllm']['load']['load_s']:.1f} s)"
             )
+    for name, e in engines.items():  # a peer run in its own configuration says which
+        if (configuration := e.get("load", {}).get("configuration")) is not None:
+            console.print(f"{name}: {configuration}")
     if "calibration" in engines.get("hf-static", {}):
         rates = engines["hf-static"]["calibration"].items()
         console.print(

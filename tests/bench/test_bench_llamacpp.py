@@ -1,0 +1,228 @@
+"""The llama.cpp engines and build script without llama.cpp: the server's command line and
+requests, its event stream, the whole server plug-in against a fake server, and the build's
+CMake options. None of them needs a build of llama.cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import tarfile
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from nanovllm.bench import engine_llamacpp as lc
+from nanovllm.bench.engines import EngineLimits, EngineUnavailable, make_engine
+from nanovllm.bench.workload import BenchRequest, random_workload, with_poisson_arrivals
+
+
+def test_server_command_follows_the_limits() -> None:
+    limits = EngineLimits(max_num_seqs=32, max_num_batched_tokens=512, threads=2)
+    settings = lc.server_settings(limits)
+    # No KV capacity known yet: every slot may reach max_model_len.
+    assert settings == {"threads": 2, "parallel": 32, "ctx_size": 32 * 1024, "batch_size": 512}
+    limits.num_kv_blocks = 100  # nanovllm's cache, once it has loaded: 100 blocks of 16
+    settings = lc.server_settings(limits)
+    assert settings["ctx_size"] == 1600
+    command = lc.server_command(Path("/b/llama-server"), Path("/m.gguf"), 8080, settings)
+    flags = dict(zip(command[1::2], command[2::2]))
+    assert command[0] == "/b/llama-server" and flags["--model"] == "/m.gguf"
+    assert (flags["--threads"], flags["--threads-batch"], flags["--parallel"]) == ("2", "2", "32")
+    assert (flags["--ctx-size"], flags["--batch-size"], flags["--port"]) == ("1600", "512", "8080")
+    assert {"--kv-unified", "--cont-batching", "--no-webui"} <= set(command)
+
+
+def test_completion_request_is_the_bench_request() -> None:
+    request = BenchRequest([5, 6, 7], max_tokens=9, seed=3)
+    greedy = lc.completion_request(request, 0.0)
+    assert greedy["prompt"] == [5, 6, 7] and greedy["n_predict"] == 9
+    assert greedy["ignore_eos"] and greedy["stream"] and not greedy["cache_prompt"]
+    assert (greedy["samplers"], greedy["top_k"]) == (["top_k"], 1)
+    sampled = lc.completion_request(request, 0.7)
+    assert sampled["samplers"] == ["temperature"]
+    assert (sampled["temperature"], sampled["seed"]) == (0.7, 3)
+
+
+def test_a_stream_error_or_a_cut_stream_is_reported() -> None:
+    with pytest.raises(EngineUnavailable, match="context size"):
+        lc.parse_event(b'error: {"message": "context size exceeded"}\n')
+    with pytest.raises(EngineUnavailable, match="overloaded"):
+        lc.parse_event(b'data: {"error": "overloaded"}\n')
+    with pytest.raises(EngineUnavailable, match="ended before its last event .2 tokens"):
+        lc.stream_tokens(iter([b'data: {"tokens": [1, 2], "stop": false}\n']), lambda: 0.0)
+
+
+# A stand-in for llama-server: /health, and /completion streaming token ids that follow from the
+# prompt (the k-th is (sum of the prompt + k) % 1000), one event per token, one token past
+# n_predict as the real server may send when a token ends mid-character.
+FAKE_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["ignore_eos"] and body["stream"] and body["top_k"] == 1, body
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for k in range(1, body["n_predict"] + 2):
+            event = {"tokens": [(sum(body["prompt"]) + k) % 1000], "stop": False}
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")
+            self.wfile.flush()
+        final = {"tokens": [], "stop": True, "timings": {"predicted_n": body["n_predict"]}}
+        self.wfile.write(b"data: " + json.dumps(final).encode() + b"\\n\\n")
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_the_plugin_against_a_fake_server(tmp_path, monkeypatch) -> None:
+    server = tmp_path / "llama-server"
+    server.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
+    server.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("LLAMACPP_BIN_DIR", str(tmp_path))
+    engine = make_engine("llamacpp", str(model), EngineLimits(threads=2))
+    try:
+        info = engine.load()
+        workload = with_poisson_arrivals(random_workload(5, (3, 6), (1, 5), 1000), rate=500.0)
+        run = engine.run(workload)
+    finally:
+        engine.close()
+    assert "--parallel 64" in info["command"] and "2 threads" in info["configuration"]
+    assert run.engine == "llamacpp" and run.wall_s > 0
+    for r, rec in zip(workload.requests, run.records):
+        expected = [(sum(r.prompt_token_ids) + k) % 1000 for k in range(1, r.max_tokens + 1)]
+        assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
+        assert rec.arrival_s == r.arrival_s <= rec.token_times[0] <= run.wall_s
+
+
+def test_it_is_skipped_with_its_reason(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LLAMACPP_BIN_DIR", str(tmp_path))
+    with pytest.raises(EngineUnavailable, match="GGUF files only"):
+        make_engine("llamacpp", str(tmp_path), EngineLimits()).load()
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(EngineUnavailable, match=f"no {tmp_path}/llama-server; build it"):
+        make_engine("llamacpp", str(model), EngineLimits()).load()
+
+
+def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path) -> None:
+    from nanovllm.bench.tools import build_llamacpp as build
+
+    source = tmp_path / "src" / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
+    source.mkdir(parents=True)
+    (source / "CMakeLists.txt").write_text("project(x)\n")
+    sdist = tmp_path / "llama_cpp_python-9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "llama_cpp_python-9.9", "llama_cpp_python-9.9")
+    assert build.vendored_llamacpp(sdist, tmp_path / "out") == (
+        tmp_path / "out" / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
+    )
+    configure = build.cmake_configure_command(source, tmp_path / "b")
+    assert {"-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF", "-DCMAKE_BUILD_TYPE=Release"} <= set(
+        configure
+    )
+    command = build.cmake_build_command(tmp_path / "b", 2)
+    targets = {command[i + 1] for i, flag in enumerate(command) if flag == "--target"}
+    assert (
+        targets == {"llama-server", "llama-batched-bench"}
+        and command[command.index("-j") + 1] == "2"
+    )
+
+    empty = tmp_path / "empty.tar.gz"
+    with tarfile.open(empty, "w:gz") as tar:
+        tar.add(sdist, "llama_cpp_python-0/README")
+    with pytest.raises(FileNotFoundError, match="no vendor/llama.cpp"):
+        build.vendored_llamacpp(empty, tmp_path / "out2")
+
+
+def test_no_amx_turns_on_this_cpus_extensions_and_amx_off() -> None:
+    from nanovllm.bench.tools.build_llamacpp import without_amx
+
+    options = without_amx({"fma", "avx2", "avx512f", "amx_tile", "amx_int8", "sse"})
+    assert {"-DGGML_FMA=ON", "-DGGML_AVX2=ON", "-DGGML_AVX512=ON"} <= set(options)
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF"} <= set(options)
+    assert not any(o.endswith("=ON") and "AMX" in o for o in options)
+    assert "-DGGML_AVX512_VNNI=ON" not in options  # not in the flags given
+
+
+class FakeLlama:
+    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache that checks each sequence's
+    positions arrive in order, and logits whose argmax is (token + position) % vocab."""
+
+    vocab = 50
+
+    def __init__(self, batch_size: int, max_seqs: int) -> None:
+        self.batch_size, self.max_seqs = batch_size, max_seqs
+        self.next_pos: dict[int, int] = {}
+        self.out = None
+
+    def batch(self):
+        n = self.batch_size
+        return types.SimpleNamespace(
+            token=[0] * n, pos=[0] * n, logits=[0] * n, n_seq_id=[0] * n,
+            seq_id=[[0] for _ in range(n)], n_tokens=0,
+        )  # fmt: skip
+
+    def llama_get_memory(self, ctx):
+        return "memory"
+
+    def llama_memory_clear(self, memory, data):
+        self.next_pos.clear()
+
+    def llama_memory_seq_rm(self, memory, seq, p0, p1):
+        del self.next_pos[seq]
+
+    def llama_decode(self, ctx, b):
+        assert 0 < b.n_tokens <= self.batch_size
+        rows = []
+        for n in range(b.n_tokens):
+            seq, pos = b.seq_id[n][0], b.pos[n]
+            assert b.n_seq_id[n] == 1 and 0 <= seq < self.max_seqs
+            assert pos == self.next_pos.get(seq, 0), (seq, pos)  # no gap, no repeat
+            self.next_pos[seq] = pos + 1
+            if b.logits[n]:
+                rows.append((b.token[n] + pos) % self.vocab)
+        self.out = (ctypes.c_float * (len(rows) * self.vocab))()
+        for r, best in enumerate(rows):
+            self.out[r * self.vocab + best] = 1.0
+        return 0
+
+    def llama_get_logits(self, ctx):
+        return ctypes.cast(self.out, ctypes.POINTER(ctypes.c_float))
+
+
+def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
+    from nanovllm.bench.engine_llamacpp_batched import LlamaCppBatchedEngine
+
+    engine = LlamaCppBatchedEngine("unused.gguf", EngineLimits())
+    fake = engine.L = FakeLlama(batch_size=16, max_seqs=3)  # prompts chunked, requests queued
+    engine.ctx, engine.batch, engine.n_vocab = "ctx", fake.batch(), fake.vocab
+    engine.settings = {"batch_size": 16, "parallel": 3}
+    workload = random_workload(7, (3, 20), (1, 6), fake.vocab)
+    for _ in range(2):  # a second run starts from an empty cache
+        run = engine.run(workload)
+        for r, rec in zip(workload.requests, run.records):
+            token, pos, expected = r.prompt_token_ids[-1], r.num_prompt_tokens - 1, []
+            for _ in range(r.max_tokens):
+                token = (token + pos) % fake.vocab
+                expected.append(token)
+                pos += 1
+            assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
+        assert fake.next_pos == {}  # every finished sequence's cells were freed
