@@ -11,13 +11,40 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from serve_support import allowed_gap, worst_gap_while
+from serve_support import CHAT_TEMPLATE, allowed_gap, worst_gap_while
+
+from nanovllm import EngineConfig, LLMEngine
+from nanovllm.serve.api_server import build_app
+from nanovllm.serve.async_engine import AsyncLLMEngine
+from nanovllm.serve.server import ServerThread
 
 BIG_TEXT = "hello world, " * 76_924  # 1,000,012 characters
 BIG_IDS = [5] * 400_000
+
+
+# An engine and servers of this module's own, not the session's: the gaps measured are this
+# module's stream's alone, whatever requests other tests left running on the shared engine.
+@pytest.fixture(scope="module")
+def async_engine(model_path) -> Iterator[AsyncLLMEngine]:
+    engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=str(model_path))))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(async_engine) -> Iterator[ServerThread]:
+    with ServerThread(build_app(async_engine)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def chat_server(async_engine) -> Iterator[ServerThread]:
+    with ServerThread(build_app(async_engine, chat_template=CHAT_TEMPLATE)) as running:
+        yield running
 
 
 def stall_while_big_requests_run(server, chat_server) -> tuple[float, dict[str, httpx.Response]]:

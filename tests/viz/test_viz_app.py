@@ -295,8 +295,10 @@ def test_resize_mid_run_never_crashes(trace_path: Path):
                 assert len(text.splitlines()) == height
                 assert "Batch timeline" in text and "Physical KV cache" in text
                 assert ("Free block queue" in text) == (height >= 24), (width, height)
-                # Block tables from 100 columns on; the paging diagram with them.
-                assert ("Block tables" in text) == (width >= 100), (width, height)
+                # Block tables at every width with room for them: in the middle from 100 columns
+                # on, under the queues below that.
+                if height >= 24:
+                    assert "Block tables" in text, (width, height)
             assert app.is_running
         assert app.return_code in (None, 0)
 
