@@ -38,6 +38,7 @@ from nanovllm.backends.cpu_quantized_int8 import INT8_QUANTIZED_CLASSES
 from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import (
+    KERNEL_MAX_ROWS,
     QuantizedMergedColumnParallelLinear,
     QuantizedParallelLMHead,
     QuantizedQKVParallelLinear,
@@ -46,9 +47,6 @@ from nanovllm.models.quantized_linear import (
     dequantize_linear,
     quantized_layers,
 )
-
-# Rows of x above which a matmul is bound by arithmetic: dequantize once, then F.linear.
-KERNEL_MAX_ROWS = 64
 
 
 def cpu_quantized_linear(

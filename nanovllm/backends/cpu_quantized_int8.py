@@ -20,6 +20,7 @@ import torch
 
 from nanovllm.kernels import cpu_quantized_matmul_int8
 from nanovllm.models.quantized_linear import (
+    KERNEL_MAX_ROWS,
     QuantizedMergedColumnParallelLinear,
     QuantizedParallelLMHead,
     QuantizedQKVParallelLinear,
@@ -27,10 +28,6 @@ from nanovllm.models.quantized_linear import (
     QuantizedVocabParallelEmbedding,
     dequantize_linear,
 )
-
-# Rows of x above which the reference (dequantize once, MKL's float32 F.linear) is used: a
-# prefill, bound by arithmetic. (The numba layers' threshold too; not re-measured for this kernel.)
-KERNEL_MAX_ROWS = 64
 
 
 def int8_quantized_linear(

@@ -18,6 +18,7 @@ import torch
 
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import (
+    KERNEL_MAX_ROWS,
     QuantizedMergedColumnParallelLinear,
     QuantizedParallelLMHead,
     QuantizedQKVParallelLinear,
@@ -27,7 +28,6 @@ from nanovllm.models.quantized_linear import (
     quantized_layers,
 )
 
-KERNEL_MAX_ROWS = 64  # rows of x above which the reference runs (a prefill)
 KERNEL_TYPES = ("Q8_0", "Q4_0")  # the types the Triton kernel decodes
 
 

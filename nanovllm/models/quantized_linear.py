@@ -44,6 +44,10 @@ from nanovllm.models.linear import (
 )
 from nanovllm.models.model_layers import ModelLayers
 
+# Rows of x above which a fast path's matmul gives way to `dequantize_linear`: a prefill, bound by
+# arithmetic, where dequantizing W once for the call and MKL's (or cuBLAS's) float matmul win.
+KERNEL_MAX_ROWS = 64
+
 
 def dequantize_linear(
     x: torch.Tensor,  # [num_tokens, in]
