@@ -24,6 +24,11 @@ With `--kv-transfer-config` the engine runs a KV connector (`EngineLimits.kv_tra
 `run_conversations` serves the multi-turn workload (multi_turn.py), whose prompts are built from
 the answers as they come.
 
+A GGUF file's weights: `nanovllm` dequantizes them to float32 at load (`dequantize_gguf=True`),
+the weights the peers given a folder (vLLM, transformers) read, so their rows compare engines, not
+weight formats; `nanovllm-gguf` keeps them quantized as stored (the engine's own default for a
+GGUF file, `backends/cpu_quantized.py`), the row to set beside llama.cpp's on the same file.
+
 `nanovllm-compiled` is the engine with `enforce_eager=False` (its layers compiled by
 torch.compile at load, `backends/compilation.py`); its load info keeps the compile time, and the
 report prints it with its step-time breakdown beside nanovllm's.
@@ -48,10 +53,12 @@ class NanovllmEngine(Engine):
     parallel = True  # with the limits' tensor_parallel_size
     enforce_eager = True  # False: compile the model's layers at load
     kv_transfer = True  # with the limits' kv_transfer_config, if one is given
+    dequantize_gguf = True  # a GGUF file's weights as float32, as the folder the peers read
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
         from nanovllm.engine.llm_engine import LLMEngine
+        from nanovllm.models.gguf_loader import is_gguf
 
         tp = self.limits.tensor_parallel_size if self.parallel else 1
         threads = self.limits.threads
@@ -65,6 +72,7 @@ class NanovllmEngine(Engine):
             tensor_parallel_size=tp,
             enforce_eager=self.enforce_eager,
             dtype="float32",
+            dequantize_gguf=self.dequantize_gguf,
             # The ranks share the bench's threads (unset: the engine divides the machine's).
             num_threads=max(threads // tp, 1) if threads else None,
             **self.limits.shared(),
@@ -73,8 +81,12 @@ class NanovllmEngine(Engine):
         self._runs = 0
         import torch
 
+        weights = ""
+        if is_gguf(self.model_path):
+            kept = "kept quantized as stored" if not self.dequantize_gguf else "float32"
+            weights = f"GGUF weights {kept}, "
         configuration = (
-            f"{torch.get_num_threads()} torch threads, attention backend "
+            f"{weights}{torch.get_num_threads()} torch threads, attention backend "
             f"{engine.started_event.attention_backend!r}, "
             f"{'enforce_eager' if self.enforce_eager else 'torch.compile'}, "
             f"{engine.num_kv_blocks} KV blocks of {config.block_size}, max_num_seqs "
@@ -269,3 +281,10 @@ class NanovllmCompiledEngine(NanovllmEngine):
 
     name = "nanovllm-compiled"
     enforce_eager = False
+
+
+class NanovllmGGUFEngine(NanovllmEngine):
+    """nanovllm with a GGUF file's weights kept quantized as stored: beside llama.cpp's rows."""
+
+    name = "nanovllm-gguf"
+    dequantize_gguf = False

@@ -36,6 +36,7 @@ ENGINES: dict[str, str | type] = {
     "nanovllm-no-kv-transfer": "nanovllm.bench.engine_nanovllm:NanovllmNoKVTransferEngine",
     "nanovllm-tp1": "nanovllm.bench.engine_nanovllm:NanovllmOneRankEngine",
     "nanovllm-compiled": "nanovllm.bench.engine_nanovllm:NanovllmCompiledEngine",
+    "nanovllm-gguf": "nanovllm.bench.engine_nanovllm:NanovllmGGUFEngine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",
