@@ -5,7 +5,7 @@ importable, outside torch.compile (inductor fuses these operators itself and can
 numba call). The CPU backend asks it once, when it builds the model, and then gives the norms
 and the rotary embedding their numba classes (`nanovllm/backends/cpu.py`). Everywhere else the
 model runs its own torch code, which is the reference these kernels are tested against
-(`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in models/llama.py,
+(`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in models/layernorm.py,
 `RotaryEmbedding.forward` in models/rotary.py.
 """
 

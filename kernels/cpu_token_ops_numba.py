@@ -1,7 +1,7 @@
 """Per-token CPU kernels, compiled by numba: RMSNorm and rotary embeddings (RoPE).
 
 What they compute is the torch code they replace, which stays in the model as the reference:
-`RMSNorm.forward` (models/llama.py) and `RotaryEmbedding.forward` (models/rotary.py).
+`RMSNorm.forward` (models/layernorm.py) and `RotaryEmbedding.forward` (models/rotary.py).
 
     rms_norm:  out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps)
     rotary:    for each head's feature pair (i, i + d/2) of token t, at position p = positions[t]:

@@ -48,7 +48,8 @@ from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import checks, cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
-from nanovllm.models.llama import Attention, CausalLM, RMSNorm
+from nanovllm.models.layernorm import RMSNorm
+from nanovllm.models.llama import Attention, CausalLM
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 

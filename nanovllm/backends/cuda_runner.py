@@ -32,7 +32,8 @@ from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.backends.staging import InputStaging
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.models.attention import AttentionMetadata
 

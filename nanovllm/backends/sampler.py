@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
-from nanovllm.executor.sampler import Sampler, SamplerOutput, greedy_tokens
+from nanovllm.executor.outputs import SamplerOutput
+from nanovllm.executor.sampler import Sampler, greedy_tokens
 from nanovllm.request import Request
 
 

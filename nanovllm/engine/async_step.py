@@ -54,7 +54,8 @@ from nanovllm.events import (
     RequestScheduled,
 )
 from nanovllm.executor.expert_load_events import ExpertLoadReader
-from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_events import executor_events
 from nanovllm.executor.step_inputs import step_inputs

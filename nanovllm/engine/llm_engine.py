@@ -47,7 +47,7 @@ from nanovllm.engine.setup import build_engine
 from nanovllm.engine.snapshot import engine_snapshot, request_added
 from nanovllm.engine.tensor_parallel import forward_times
 from nanovllm.events import Event
-from nanovllm.executor.model_runner import ModelRunnerOutput
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVLoadError
 from nanovllm.request import FinishReason, Request
 from nanovllm.sampling_params import SamplingParams
@@ -136,14 +136,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Abort a request in any state (with n > 1, every child); its blocks are freed at once."""
-        request_id = str(request_id)
-        parent = self.output_processor.parent_requests.get(request_id)
-        requests = [c for c in parent.children if not c.is_finished] if parent else []
-        if parent is None:
-            request = self.scheduler.requests.get(request_id)
-            if request is None:
-                raise ValueError(f"cannot abort unknown request id {request_id!r}")
-            requests = [request]
+        requests = self.output_processor.requests_to_abort(str(request_id), self.scheduler.requests)
         for request in requests:  # (their blocks freed at once)
             self.scheduler.finish_request(request, FinishReason.ABORT)
         outputs = self.output_processor.make_request_outputs([(r, "", []) for r in requests])
@@ -263,9 +256,5 @@ class LLMEngine:
             yield from self.step()
 
     def run_until_done(self) -> dict[str, RequestOutput]:
-        final: dict[str, RequestOutput] = {}
-        while self.has_unfinished_requests() or self.outbox:
-            for output in self.step():
-                if output.finished:
-                    final[output.request_id] = output
-        return final
+        """Step until every request is done: each request's finished output, by id."""
+        return {output.request_id: output for output in self.stream() if output.finished}

@@ -77,6 +77,16 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self._detok)
 
+    def requests_to_abort(self, request_id: str, requests: dict[str, Request]) -> list[Request]:
+        """The requests that aborting `request_id` ends, as vLLM's `abort_requests` finds them:
+        a parent's unfinished children (n > 1), or else the request of that id in `requests`."""
+        parent = self.parent_requests.get(request_id)
+        if parent is not None:
+            return [child for child in parent.children if not child.is_finished]
+        if request_id not in requests:
+            raise ValueError(f"cannot abort unknown request id {request_id!r}")
+        return [requests[request_id]]
+
     def output_text(self, request_id: str) -> str:
         """A request's output text so far ("" when it is not detokenized or not followed)."""
         state = self._detok.get(request_id)

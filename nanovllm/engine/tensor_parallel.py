@@ -42,7 +42,8 @@ from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.distributed.parallel_state import as_tp_rank
 from nanovllm.distributed.validation import check_device_count, check_tensor_parallel_size
 from nanovllm.distributed.worker_group import WorkerDiedError, WorkerGroup
-from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.prompt_logprobs import with_prompt_rows
 from nanovllm.executor.step_inputs import step_inputs
 from nanovllm.models.gguf_loader import is_gguf

@@ -21,33 +21,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from nanovllm.core.kv_cache_interface import KVCacheConfig, single_group_config
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.kv_cache_groups import with_layer_groups
-from nanovllm.executor.prompt_logprobs import (
-    PromptLogprobs,
-    split_prompt_logprobs,
-    with_prompt_rows,
-)
+from nanovllm.executor.outputs import ModelRunnerOutput
+from nanovllm.executor.prompt_logprobs import split_prompt_logprobs, with_prompt_rows
 from nanovllm.executor.random_draw import draw_for
 from nanovllm.executor.sampler import Sampler
 from nanovllm.executor.step_inputs import StepInputs, step_inputs
 from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.llama import CausalLM
-
-
-@dataclass
-class ModelRunnerOutput:
-    """One step's results, by request id."""
-
-    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # 1 to k + 1 each
-    logprobs: dict[str, list[dict[int, tuple[float, int]]]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # requests that could not be sampled
-    prompt_logprobs: PromptLogprobs = field(default_factory=dict)  # `prompt_logprobs.py`
 
 
 class ModelRunner:
@@ -167,13 +153,6 @@ class ModelRunner:
             sampled = self.sampler(
                 logits, [s.request for s in sampling], [s.to_verify for s in sampling]
             )
-            for i, s in enumerate(sampling):
-                rid = s.request.request_id
-                if i in sampled.errors:
-                    result.errors[rid] = sampled.errors[i]
-                    continue
-                result.sampled_token_ids[rid] = sampled.token_ids[i]
-                if sampled.logprobs[i] is not None:
-                    result.logprobs[rid] = sampled.logprobs[i]
+            result.add_sampled([s.request.request_id for s in sampling], sampled)
         self.last_sample_time = time.perf_counter() - start
         return result

@@ -31,22 +31,15 @@ A request with k extra tokens (computed after its own: speculative decoding's pr
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import torch
 
 from nanovllm.executor.logits_processors import apply_logits_processors
-from nanovllm.executor.logprobs import SampleLogprobs, sampled_logprobs
+from nanovllm.executor.logprobs import sampled_logprobs
+from nanovllm.executor.outputs import SamplerOutput
 from nanovllm.executor.random_draw import Draw, exponential_race, generator_for
 from nanovllm.executor.rejection_sampler import RejectionVerifier
 from nanovllm.request import Request
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[list[int]]  # per request: its new tokens (1, or 1 to k + 1 when verifying)
-    logprobs: SampleLogprobs  # per request and new token, when asked for
-    errors: dict[int, str] = field(default_factory=dict)  # request -> why it could not sample
 
 
 def apply_filters(

@@ -32,7 +32,8 @@ from nanovllm.events import (
 )
 from nanovllm.executor.attention_probe import AttentionProbe
 from nanovllm.executor.expert_load_events import ExpertLoadReader
-from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 
 

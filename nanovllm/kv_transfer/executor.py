@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import nn
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.model_runner import ModelRunnerOutput
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.kv_transfer.base import KVConnectorBase
 
 

@@ -15,7 +15,7 @@ Unlike a training model, the forward pass takes a *flat* batch: `input_ids` and 
 per-token (projections, norms, MLP) does not care which request a token belongs to; only
 attention does, and it learns the layout from `AttentionMetadata`.
 
-The linear layers are vLLM's (`linear.py`, `embedding.py`): q, k and v are ONE matmul
+The layers are vLLM's (`linear.py`, `embedding.py`, `layernorm.py`): q, k and v are ONE matmul
 (`qkv_proj`), gate and up another (`gate_up_proj`), and with tensor parallelism every layer
 holds only its rank's heads, features or vocabulary rows. Parameter names are Hugging Face's
 where nothing is fused (`model.layers.0.self_attn.o_proj.weight`, ...); the loader maps the
@@ -33,21 +33,6 @@ from nanovllm.models.attention import AttentionMetadata
 from nanovllm.models.layer_classes import LayerClasses
 from nanovllm.models.model_args import ModelArgs
 from nanovllm.models.rotary import RotaryEmbedding
-
-
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 for stability."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class Attention(nn.Module):

@@ -15,7 +15,7 @@ nothing is swapped in a built model or in a module.
     embedding      the token embedding, cut by vocabulary rows (`embedding.py`)
     lm_head        the LM head, cut by vocabulary rows, its ranks' logits gathered
     self_attn      each layer's attention: projections, RoPE, paged attention (`llama.py`)
-    rms_norm       every RMSNorm (`llama.py`)
+    rms_norm       every RMSNorm (`layernorm.py`)
     rotary         the rotary position embedding (`rotary.py`)
     decoder_layer  each pre-norm residual block (`llama.py`)
     moe            a sparse layer's mixture of experts: router and experts (`moe.py`)
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 from nanovllm.models.attention import TorchAttention
 from nanovllm.models.embedding import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.models.layernorm import RMSNorm
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.models.llama import Attention, DecoderLayer, RMSNorm
+from nanovllm.models.llama import Attention, DecoderLayer
 from nanovllm.models.moe import SparseMoeBlock
 from nanovllm.models.rotary import RotaryEmbedding
 

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from nanovllm.core.scheduler import SchedulerOutput
-from nanovllm.executor.model_runner import ModelRunner, ModelRunnerOutput
+from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 
 
 class DraftKVExecutor:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from nanovllm.backends.cpu import NumbaRMSNorm, NumbaRotaryEmbedding
 from nanovllm.kernels import cpu_token_ops
-from nanovllm.models.llama import RMSNorm
+from nanovllm.models.layernorm import RMSNorm
 from nanovllm.models.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(

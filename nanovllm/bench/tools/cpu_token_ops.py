@@ -30,7 +30,7 @@ def _median_us(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from nanovllm.models.llama import RMSNorm
+    from nanovllm.models.layernorm import RMSNorm
     from nanovllm.models.rotary import RotaryEmbedding
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
