@@ -14,6 +14,7 @@ prompt or past max_model_len, 0, `SamplingParams(truncate_prompt_tokens=k)`, an 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ import pytest
 from nanovllm import LLM, SamplingParams
 
 REFERENCE = Path(__file__).parent / "vllm_reference"
+sys.path.insert(0, str(REFERENCE))
+from record_offline import answer  # noqa: E402  (what the recorder asks vLLM, asked of nanovllm)
+
 CASES = json.loads((REFERENCE / "seeded_embedded.json").read_text())
 OFFLINE = json.loads((REFERENCE / "offline_issue60.json").read_text())
 
@@ -52,28 +56,6 @@ def test_the_same_seed_gives_the_same_tokens_alone_as_in_the_batch(llm: LLM) -> 
     assert [list(o.token_ids) for o in alone[0].outputs] == case["vllm_token_ids"]
 
 
-def offline_answer(llm: LLM, case: dict) -> dict:
-    """What record_offline.py records, from nanovllm: the prompt and output token ids and the
-    prompt's text, or the error's class (and whether it is a ValueError)."""
-    try:
-        params = SamplingParams(**case["params"])
-        if case.get("sampling_params"):
-            return {"ok": True}
-        (out,) = llm.generate(
-            case["prompt"],
-            params,
-            use_tqdm=False,
-            tokenization_kwargs=case.get("tokenization_kwargs"),
-        )
-    except (TypeError, ValueError) as exc:
-        return {"error": type(exc).__name__, "value_error": isinstance(exc, ValueError)}
-    return {
-        "prompt_token_ids": list(out.prompt_token_ids),
-        "prompt": out.prompt,
-        "token_ids": [list(o.token_ids) for o in out.outputs],
-    }
-
-
 # vLLM raises its VLLMValidationError (not a ValueError) where nanovllm raises a ValueError
 # naming the value, as every bad value offline is: an error both, the class the project's.
 VLLM_ERRORS_AS_VALUE_ERRORS = {"VLLMValidationError"}
@@ -81,9 +63,9 @@ VLLM_ERRORS_AS_VALUE_ERRORS = {"VLLMValidationError"}
 
 @pytest.mark.parametrize("case", OFFLINE["cases"], ids=lambda case: case["name"])
 def test_offline_cases_answer_as_vllms_llm(llm: LLM, case: dict) -> None:
-    ours, theirs = offline_answer(llm, case), case["vllm"]
+    ours, theirs = answer(llm, case, SamplingParams), case["vllm"]
     if "error" in theirs:
         want = "ValueError" if theirs["error"] in VLLM_ERRORS_AS_VALUE_ERRORS else theirs["error"]
-        assert ours.get("error") == want, ours
+        assert ours.get("error") == want, ours  # (the messages are each project's own)
     else:
         assert ours == theirs

@@ -42,9 +42,9 @@ def hide_torchvision() -> None:
         sys.modules[name] = None  # type: ignore[assignment]
 
 
-def answer(llm: Any, case: dict[str, Any]) -> dict[str, Any]:
-    from vllm import SamplingParams
-
+def answer(llm: Any, case: dict[str, Any], SamplingParams: type) -> dict[str, Any]:
+    """The case's answer from `llm` (vLLM's `LLM`, or nanovllm's with its `SamplingParams`:
+    tests/test_seeded_like_vllm.py records nanovllm's the same way)."""
     try:
         params = SamplingParams(**case["params"])
         if case.get("sampling_params"):
@@ -72,7 +72,7 @@ def main() -> None:
     if os.environ.get("VLLM_HIDE_TORCHVISION"):
         hide_torchvision()
     import vllm
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
     model, path = str(Path(sys.argv[1]).resolve()), sys.argv[2]
     doc = json.loads(Path(path).read_text())
@@ -86,7 +86,7 @@ def main() -> None:
         max_model_len=512,
     )
     for case in doc["cases"]:
-        case["vllm"] = answer(llm, case)
+        case["vllm"] = answer(llm, case, SamplingParams)
         print(case["name"], case["vllm"], file=sys.stderr)
     doc["vllm_version"] = f"vllm {vllm.__version__}"
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
