@@ -33,9 +33,10 @@ The names and meanings are vLLM's, so code written against nanovllm carries over
   it, plus the top `prompt_logprobs` (-1: all); such a request reads nothing from the prefix
   cache (as in vLLM), so every prompt token is computed.
 - `truncate_prompt_tokens` is not a sampling parameter (vLLM 0.32's `SamplingParams` has no
-  such field, so code written for it does not pass one): giving it is a ValueError naming the
-  value and where it goes instead, `LLM.generate(..., tokenization_kwargs=
-  {"truncate_prompt_tokens": k})` (or the server's request field). `truncate_prompt` below cuts.
+  such field, so code written for it does not pass one): giving it is a TypeError, as vLLM's
+  unexpected keyword is, naming the value and where it goes instead, `LLM.generate(...,
+  tokenization_kwargs={"truncate_prompt_tokens": k})` (or the server's request field).
+  `truncate_prompt` and `encode_truncated` below cut.
 - `detokenize=False` skips turning tokens into text: outputs carry token ids and empty text
   (stop strings need the text, so they are refused then).
 - `output_kind` (a `RequestOutputKind`) says what each step's output holds: `CUMULATIVE` (the
@@ -212,7 +213,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be an int >= 0, -1 (all) or None, got {value!r}")
         k = self.truncate_prompt_tokens
         if k is not None:
-            raise ValueError(
+            raise TypeError(
                 f"truncate_prompt_tokens={k!r} is not a SamplingParams field (as in vLLM 0.32): "
                 f'pass LLM.generate(..., tokenization_kwargs={{"truncate_prompt_tokens": {k!r}}})'
             )
@@ -342,15 +343,33 @@ def truncate_prompt(
     """(text, token ids) of a prompt cut to its last `k` tokens (vLLM's
     `truncate_prompt_tokens`; -1: max_model_len - 1, vLLM's "as many as fit"; None: uncut). A
     cut prompt has no text: the text of its first tokens is no longer what the tokens say."""
-    if k is not None and (not _is_int(k) or k < -1 or k == 0):
-        raise ValueError(f"truncate_prompt_tokens must be an int >= 1, -1 or None, got {k!r}")
     text, token_ids = prompt
     if k is None:
         return text, token_ids
-    k = max_model_len - 1 if k == -1 else k
+    k = _tokens_kept(k, max_model_len)
     if k >= len(token_ids):
         return text, token_ids
     return None, token_ids[len(token_ids) - k :]
+
+
+def encode_truncated(tokenizer: Any, text: str, k: int, max_model_len: int) -> list[int]:
+    """The token ids of a text prompt cut to its last `k` (-1: max_model_len - 1) by the
+    tokenizer, as vLLM has its tokenizer cut one: from the left, keeping the special tokens it
+    adds (a BOS stays first, and counts in the k)."""
+    max_length = _tokens_kept(k, max_model_len)
+    tokenizer.truncation_side = "left"  # vLLM's for a generating model (nanovllm cuts only here)
+    return list(tokenizer.encode(text, truncation=True, max_length=max_length))
+
+
+def _tokens_kept(k: Any, max_model_len: int) -> int:
+    """How many tokens `truncate_prompt_tokens=k` keeps; a ValueError naming a bad k."""
+    if not _is_int(k) or k < -1 or k == 0:
+        raise ValueError(f"truncate_prompt_tokens must be an int >= 1, -1 or None, got {k!r}")
+    if k > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens={k} cannot be greater than max_model_len={max_model_len}"
+        )
+    return max_model_len - 1 if k == -1 else k
 
 
 def token_id_key(key: object) -> int | None:

@@ -26,6 +26,7 @@ collector runs, so a notebook cell that builds a new `LLM` can run again at once
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,14 @@ from nanovllm.engine.input_processor import tokenize_prompt
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.outputs import RequestOutput
 from nanovllm.inputs import check_prompt_dict
-from nanovllm.sampling_params import RequestOutputKind, SamplingParams, truncate_prompt
+from nanovllm.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    encode_truncated,
+    truncate_prompt,
+)
+
+logger = logging.getLogger("nanovllm")
 
 
 class LLM:
@@ -74,7 +82,9 @@ class LLM:
         tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """`tokenization_kwargs`: vLLM's, `{"truncate_prompt_tokens": k}` keeps each prompt's
-        last k tokens (-1: as many as fit, max_model_len - 1), its text then dropped."""
+        last k tokens (-1: as many as fit, max_model_len - 1; more than max_model_len is a
+        ValueError), a text prompt cut by the tokenizer (the special tokens it adds kept: a BOS
+        stays first and counts in the k) and its output keeping the text given, as vLLM's."""
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -86,10 +96,7 @@ class LLM:
         k = _truncate_prompt_tokens(tokenization_kwargs)
         if k is not None:
             tokenizer, max_model_len = self.llm_engine.tokenizer, self.llm_engine.max_model_len
-            prompts = [
-                _tokens_prompt(truncate_prompt(tokenize_prompt(tokenizer, p), k, max_model_len))
-                for p in prompts
-            ]
+            prompts = [_truncated(tokenizer, p, k, max_model_len) for p in prompts]
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -184,17 +191,45 @@ def _progress(total: int):
     return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
 
 
+# The tokenization options vLLM 0.32's renderer honours besides truncate_prompt_tokens
+# (`TokenizeParams.with_kwargs`): each would change the prompt, so one is refused, not ignored.
+VLLM_TOKENIZATION_KWARGS = (
+    "add_special_tokens",
+    "do_lower_case",
+    "max_length",
+    "needs_detokenization",
+    "pad_prompt_tokens",
+    "padding",
+    "truncation",
+    "truncation_side",
+)
+
+
 def _truncate_prompt_tokens(tokenization_kwargs: Mapping[str, Any] | None) -> int | None:
-    """The one tokenization option `generate` takes (vLLM's), checked."""
+    """The one tokenization option `generate` takes (vLLM's); vLLM's others are a ValueError
+    naming them, and keys vLLM does not know either are ignored with its warning."""
     kwargs = dict(tokenization_kwargs or {})
-    unknown = sorted(set(kwargs) - {"truncate_prompt_tokens"})
-    if unknown:
+    k = kwargs.pop("truncate_prompt_tokens", None)
+    if refused := sorted(set(kwargs) & set(VLLM_TOKENIZATION_KWARGS)):
         raise ValueError(
-            f"tokenization_kwargs: {unknown} not supported (only 'truncate_prompt_tokens')"
+            f"tokenization_kwargs: {refused} not supported (only 'truncate_prompt_tokens')"
         )
-    return kwargs.get("truncate_prompt_tokens")
+    if kwargs:
+        logger.warning(
+            "The following tokenization arguments are not supported and will be ignored: %s",
+            kwargs,
+        )
+    return k
 
 
-def _tokens_prompt(prompt: tuple[str | None, list[int]]) -> dict[str, Any]:
-    text, token_ids = prompt
+def _truncated(tokenizer: Any, prompt: Prompt, k: int, max_model_len: int) -> dict[str, Any]:
+    """`prompt` as token ids cut to its last k, with the text it was given (vLLM's output
+    reports that text)."""
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        prompt = prompt.get("prompt", prompt)  # (a dict without either: tokenize_prompt says so)
+    if isinstance(prompt, str):  # the tokenizer cuts it
+        text, token_ids = prompt, encode_truncated(tokenizer, prompt, k, max_model_len)
+    else:
+        text, token_ids = tokenize_prompt(tokenizer, prompt)
+        _, token_ids = truncate_prompt((None, token_ids), k, max_model_len)
     return {"prompt_token_ids": token_ids, **({"prompt": text} if text is not None else {})}

@@ -42,7 +42,7 @@ from nanovllm.serve.guard import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     guarded_app,
 )
-from nanovllm.serve.metrics import ServerMetrics
+from nanovllm.serve.metrics import ServerMetrics, ToolParserInvocations
 from nanovllm.serve.openapi import describe_server
 from nanovllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from nanovllm.serve.serving import OpenAIServing
@@ -96,6 +96,7 @@ def build_app(
     max_prompt_chars: int | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
     tool_call_parser: str | None = None,
+    enable_auto_tool_choice: bool = True,
 ) -> FastAPI:
     """The server's app. `chat_template` (Jinja text) overrides the tokenizer's own; `api_key`,
     `max_request_body_bytes`, `max_concurrent_requests` (None: no limit) and `body_timeout`
@@ -105,8 +106,10 @@ def build_app(
     `--served-model-name`): requests may name any, responses and metrics name the first;
     None: the engine's model name. `model_root` is the model's path as the operator gave it
     (the cards' `root`; default: the folder it was loaded from). `tool_call_parser` (vLLM's
-    `--enable-auto-tool-choice --tool-call-parser NAME`): how "auto" tool calls are read from
-    the output; None: "auto" tool choice is refused (tools.py)."""
+    `--tool-call-parser NAME`): how "auto" tool calls are read from the output, when
+    `enable_auto_tool_choice` (vLLM's `--enable-auto-tool-choice`); otherwise "auto" tool choice
+    is refused (tools.py). A parser named, enabled or not, puts vLLM's
+    `vllm:tool_call_parser_invocations` on /metrics (metrics.py)."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(
             f"tool_call_parser must be one of {list(TOOL_CALL_PARSERS)}, got {tool_call_parser!r}"
@@ -122,11 +125,20 @@ def build_app(
     model_names = list(served_model_name or [engine.model_name])
     model_name = model_names[0]
     root = model_root or str(engine.engine.model_path)
+    metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
+    tool_parse = None
+    if tool_call_parser is not None:
+        tool_parse = ToolParserInvocations(metrics.registry, model_name).record
     serving = OpenAIServing(
-        engine, tokenizer, model_names, chat_template, max_prompt_chars, tool_call_parser
+        engine,
+        tokenizer,
+        model_names,
+        chat_template,
+        max_prompt_chars,
+        tool_call_parser if enable_auto_tool_choice else None,
+        tool_parse,
     )
     tokenization = ServingTokenization(serving)
-    metrics = ServerMetrics(engine, model_name, engine.engine.max_model_len)
     created = int(time.time())
 
     @asynccontextmanager

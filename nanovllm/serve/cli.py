@@ -387,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
             model_root=args.model_tag or args.model,
             chat_template=chat_template,
             max_prompt_chars=args.max_prompt_chars,
-            tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+            tool_call_parser=args.tool_call_parser,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
             **guard,
         )
         print(

@@ -78,6 +78,13 @@ exactly what each interval is; requests that finish with "stop" or "length", not
                                               prompts of requests that got their first token
                                               in it, plus the tokens it generated
 
+Counted by the chat route when the server has a tool-call parser (`--tool-call-parser`), as
+vLLM's `vllm/parser/metrics.py` counts (`ToolParserInvocations`):
+
+    vllm:tool_call_parser_invocations_total   counter   {mode, outcome, request_type}: each
+                                                        call of the parser on a choice's whole
+                                                        output, or on a streamed delta
+
 Ours (`nanovllm:`): kv_cache_used_blocks, kv_cache_total_blocks, kv_cache_cached_free_blocks,
 generation_tokens_per_second (last 10 s), engine_steps_total, engine_errors_total,
 event_subscribers.
@@ -508,3 +515,38 @@ class _CacheConfigCollector:
         )
         info.add_metric(list(self._labels.values()), 1)
         yield info
+
+
+class ToolParserInvocations:
+    """vLLM's `vllm:tool_call_parser_invocations_total` (vllm/parser/metrics.py, vLLM 0.32):
+    registered when the server has a tool-call parser, its 12 label sets at 0 from the start;
+    counted each time the parser reads "auto" tool calls: once per choice of a whole response,
+    once per delta of a stream (a delta is the tokens a choice gained since the last one sent,
+    so its count depends on how many steps each chunk merged, on vLLM's server too). `outcome`
+    is "tool_call" when that reading found calls (a delta: sent some). Its labels are vLLM's:
+    `model_name` and no `engine` (the API server counts it, not an engine)."""
+
+    MODES = ("streaming", "non_streaming")
+    OUTCOMES = ("tool_call", "no_tool_call")
+    REQUEST_TYPES = ("chat_completions", "responses", "other")  # nanovllm has only the first
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        counter = Counter(
+            PREFIX + "tool_call_parser_invocations",
+            "Total number of ToolParser invocations. Non-streaming increments once per choice; "
+            "streaming increments once per delta.",
+            ["model_name", "mode", "outcome", "request_type"],
+            registry=registry,
+        )
+        self._series = {
+            (mode, outcome, kind): counter.labels(model_name, mode, outcome, kind)
+            for mode in self.MODES
+            for outcome in self.OUTCOMES
+            for kind in self.REQUEST_TYPES
+        }
+
+    def record(self, tool_called: bool, streaming: bool) -> None:
+        """One reading of a chat choice's output by the parser."""
+        mode = "streaming" if streaming else "non_streaming"
+        outcome = "tool_call" if tool_called else "no_tool_call"
+        self._series[mode, outcome, "chat_completions"].inc()

@@ -64,7 +64,7 @@ from fastapi.responses import JSONResponse, Response
 from nanovllm.chat_utils import render_chat_text, resolve_chat_template
 from nanovllm.engine.llm_engine import Prompt
 from nanovllm.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from nanovllm.sampling_params import SamplingParams, truncate_prompt
+from nanovllm.sampling_params import SamplingParams, encode_truncated, truncate_prompt
 from nanovllm.serve.async_engine import (
     AsyncLLMEngine,
     EngineDeadError,
@@ -100,10 +100,14 @@ class OpenAIServing:
         chat_template: str | None = None,
         max_prompt_chars: int | None = None,
         tool_call_parser: str | None = None,
+        count_tool_parse: Callable[[bool, bool], None] | None = None,
     ) -> None:
         self.engine = engine
         # `--enable-auto-tool-choice --tool-call-parser NAME`: "auto" tool choice (tools.py).
         self.tool_parser = tool_call_parser
+        # Told (tool_called, streaming) each time the parser reads a choice's output or a
+        # streamed delta: vLLM's tool_call_parser_invocations (metrics.py).
+        self.count_tool_parse = count_tool_parse or (lambda tool_called, streaming: None)
         self.tokenizer = tokenizer
         # Requests may name any of the served names; responses name the first (vLLM's rule).
         self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
@@ -328,6 +332,7 @@ class OpenAIServing:
                 return _assistant_message(""), False  # vLLM's: no calls, content ""
             return _assistant_message("", calls), finish_reason == "stop"
         content, calls = HermesToolParser().extract_tool_calls(text)
+        self.count_tool_parse(bool(calls), False)
         if not calls:
             return _assistant_message(text), False
         return _assistant_message(content, calls), True
@@ -394,7 +399,7 @@ class OpenAIServing:
 
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         finished: set[int] = set()
-        tool_deltas = ToolDeltas(body) if body.tools else None
+        tool_deltas = ToolDeltas(body, self.count_tool_parse) if body.tools else None
         try:
             role = {"role": "assistant", "content": ""}
             for i in range(body.n):
@@ -410,7 +415,7 @@ class OpenAIServing:
                     finish = _finish_once(out.index, out, finished)
                     delta = {"content": text} if text else {}
                     if tool_deltas is not None:
-                        delta = tool_deltas.delta(out.index, text, finish)
+                        delta = tool_deltas.delta(out.index, text, finish, bool(token_ids))
                         if finish and tool_deltas.called(out.index, finish):
                             finish = "tool_calls"
                     if delta or finish or logprobs:
@@ -568,7 +573,12 @@ class OpenAIServing:
                 # The tokenizer cuts it, as vLLM's server has it do: from the left, keeping the
                 # special tokens it adds (a BOS stays first, and counts in the k).
                 token_ids = await loop.run_in_executor(
-                    self._tokenizer_thread, self._encode_truncated, prompt, k
+                    self._tokenizer_thread,
+                    encode_truncated,
+                    self.tokenizer,
+                    prompt,
+                    k,
+                    self.max_model_len,
                 )
                 return None, list(token_ids)
             return truncate_prompt((prompt, list(token_ids)), k, self.max_model_len)
@@ -583,11 +593,6 @@ class OpenAIServing:
                 code="context_length_exceeded",
             )
         return text, token_ids
-
-    def _encode_truncated(self, text: str, k: int) -> list[int]:
-        max_length = self.max_model_len - 1 if k == -1 else k
-        self.tokenizer.truncation_side = "left"  # (vLLM's for generation; only used here)
-        return self.tokenizer.encode(text, truncation=True, max_length=max_length)
 
     def _check_chars(self, text: str, param: str) -> None:
         if len(text) > self.max_prompt_chars:
@@ -779,15 +784,21 @@ class ToolDeltas:
     """A streamed chat choice's deltas when the request has tools, as vLLM sends them: a named
     tool's arguments as they grow (the first delta with the call's id and name); a required
     call list whole, once the output is complete (it is JSON only then); with "auto", the
-    parser's deltas (`HermesToolParser.extract_streaming`); with "none", the text."""
+    parser's deltas (`HermesToolParser.extract_streaming`); with "none", the text.
+    `count_tool_parse(tool_called, streaming=True)` is told of each delta the parser reads."""
 
-    def __init__(self, body: ChatCompletionRequest) -> None:
+    def __init__(
+        self, body: ChatCompletionRequest, count_tool_parse: Callable[[bool, bool], None]
+    ) -> None:
         self.choice = body.effective_tool_choice
+        self.count_tool_parse = count_tool_parse
         self.texts: dict[int, str] = {}
         self.parsers: dict[int, HermesToolParser] = {}
         self.required_calls: dict[int, bool] = {}
 
-    def delta(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+    def delta(self, index: int, text: str, finish: str | None, moved: bool) -> dict[str, Any]:
+        """Choice `index`'s delta for `text` (`moved`: it carries new tokens; a choice of a
+        request with n > 1 is also handed the steps that moved only its siblings)."""
         before = self.texts.get(index, "")
         self.texts[index] = whole = before + text
         if self.choice == "none":
@@ -814,7 +825,10 @@ class ToolDeltas:
             self.required_calls[index] = True
             return {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
         parser = self.parsers.setdefault(index, HermesToolParser())
-        return parser.extract_streaming(whole) or {}
+        delta = parser.extract_streaming(whole) or {}
+        if moved:  # vLLM reads (and counts) each output that brought a choice tokens
+            self.count_tool_parse(bool(delta.get("tool_calls")), True)
+        return delta
 
     def called(self, index: int, finish: str) -> bool:
         """Whether the finished choice's finish reason is `tool_calls` (vLLM's rule)."""

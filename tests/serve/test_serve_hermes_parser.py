@@ -1,7 +1,10 @@
 """`HermesToolParser` reads outputs as vLLM 0.32's `Hermes2ProToolParser` does.
 
-The expected answers are derived from vLLM's source, not recorded from a running vLLM (its CPU
-build is not installable here): `vllm/tool_parsers/hermes_tool_parser.py`,
+Oracle: vLLM's own parser's answers on the same texts, whole and streamed in fixed pieces
+(every character, every 5, all at once), recorded by `tests/vllm_reference/record_hermes.py`
+into `hermes_parser.json`: the content, the calls, and every step's delta (the call ids' shape).
+The property test's expected answers are derived from vLLM's source:
+`vllm/tool_parsers/hermes_tool_parser.py`,
 `extract_tool_calls` (the regex `<tool_call>(.*?)</tool_call>|<tool_call>(.*)` over the whole
 output, each match `json.loads`ed, arguments re-dumped with `json.dumps(ensure_ascii=False)`,
 content the text before the first tag or None; any failure: no calls, the output as content)
@@ -11,10 +14,44 @@ a first delta with id, type and name, then the raw arguments' text as it grows).
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.serve.tools import HermesToolParser
+
+RECORDED = json.loads(
+    (Path(__file__).parents[1] / "vllm_reference" / "hermes_parser.json").read_text()
+)
+
+
+def _id_shape(delta: dict | None) -> dict | None:
+    """A delta with its call ids as their shape (they are random), as the recording has them."""
+    if delta is None:
+        return None
+    delta = json.loads(json.dumps(delta))
+    for call in delta.get("tool_calls") or []:
+        if "id" in call:
+            call["id"] = re.sub("[0-9a-f]", "0", call["id"].removeprefix("chatcmpl-tool-"))
+            call["id"] = "chatcmpl-tool-" + call["id"]
+    return delta
+
+
+@pytest.mark.parametrize("case", RECORDED["cases"], ids=lambda case: case["text"][:24])
+def test_texts_read_as_vllms_parser_read_them(case: dict) -> None:
+    text, vllm = case["text"], case["vllm"]
+    content, calls = HermesToolParser().extract_tool_calls(text)
+    assert (content, bool(calls)) == (vllm["content"], vllm["tools_called"])
+    assert [[c["function"]["name"], c["function"]["arguments"]] for c in calls] == vllm["calls"]
+    for cuts, deltas in zip(case["cuts"], vllm["streams"], strict=True):
+        parser = HermesToolParser()
+        ours = [_id_shape(parser.extract_streaming(text[:end])) for end in [*cuts, len(text)]]
+        assert ours == deltas, cuts
+
 
 # (output, vLLM's content, vLLM's [(name, arguments)], streamed arguments' raw text per call)
 CASES = [

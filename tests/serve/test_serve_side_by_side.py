@@ -62,6 +62,9 @@ DIFFERENT60 = {
     "chat_tools_required_stream": STRUCTURAL_TAG,
     "chat_tools_named": STRUCTURAL_TAG,
     "chat_tools_named_stream": STRUCTURAL_TAG,
+    "metrics_tool_parser_required": STRUCTURAL_TAG + ": vLLM's hermes parser reads that output, "
+    "and counts it in tool_call_parser_invocations; the JSON Schema's output is not read by it "
+    "(nor counted: metrics_tool_parser_json_required)",
     "completion_max_tokens_string": 'strict types: max_tokens "3" is a 400 (vLLM reads 3)',
     "models_retrieve": "GET /v1/models/{id} answers the card (OpenAI's retrieve); vLLM 404",
     "health": '/health answers {"status": "ok"}; vLLM an empty body',
@@ -124,8 +127,15 @@ def clients60(
 
 
 def send60(clients: dict[str, httpx.Client], name: str, model_path: str) -> dict:
-    case = CASES60[name]
-    return send(clients[case.get("server", next(iter(ISSUE60["servers"])))], case, model_path)
+    """Case `name`'s answer from nanovllm (kept: a test that reads it again does not resend)."""
+    if name not in SENT60:
+        case = CASES60[name]
+        server = case.get("server", next(iter(ISSUE60["servers"])))
+        SENT60[name] = send(clients[server], case, model_path)
+    return SENT60[name]
+
+
+SENT60: dict[str, dict] = {}
 
 
 def test_the_list_covers_the_issue() -> None:
@@ -213,3 +223,36 @@ def test_live_vllm_answers_as_recorded(model_path: str) -> None:
                 if diff := differences(send(client, case, model_path), case["vllm"]):
                     changed[case["name"]] = diff
     assert changed == {}
+
+
+INVOCATIONS = "vllm:tool_call_parser_invocations_total"
+STREAMED = INVOCATIONS + '{mode="streaming",outcome="%s",request_type="chat_completions"}'
+
+
+def _calling_chunks(record: dict) -> int:
+    return sum(
+        any((c.get("delta") or {}).get("tool_calls") for c in chunk["choices"])
+        for chunk in record["chunks"]
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["metrics_tool_parser_auto_call_stream", "metrics_tool_parser_auto_no_call_stream_one_token"],
+)
+def test_a_stream_counts_one_parser_reading_per_delta(
+    clients60: dict, model_path: str, name: str
+) -> None:
+    """A stream's `tool_call_parser_invocations` grow by one per delta, `tool_call` for each
+    delta that sent calls: on vLLM (the recording) and on nanovllm alike, each for its own
+    stream (how many steps a delta merged depends on timing on both, so the counts are checked
+    against each server's own chunks, not against each other)."""
+    max_tokens = CASES60[name]["body"]["max_tokens"]
+    for record in (CASES60[name]["vllm"], send60(clients60, name, model_path)):
+        grown = record["metric_deltas"]
+        calling = _calling_chunks(record)
+        assert grown[STREAMED % "tool_call"] == calling
+        assert grown[INVOCATIONS] == calling + grown[STREAMED % "no_tool_call"]
+        assert 1 <= grown[INVOCATIONS] <= max_tokens  # a delta carries one token or more
+        if max_tokens == 1:
+            assert grown[INVOCATIONS] == 1

@@ -72,22 +72,24 @@ def test_truncate_prompt_tokens_offline_keeps_the_last_tokens(offline_llm: LLM):
     assert cut.prompt_token_ids == prompt[-3:] and cut.prompt is None
     assert cut.outputs[0].token_ids == alone.outputs[0].token_ids
     assert whole.prompt_token_ids == prompt
-    # A text prompt is tokenized, then cut (its text dropped: it no longer says what the ids do).
-    ids = offline_llm.get_tokenizer().encode("The quick brown fox")
+    # A text prompt is cut by the tokenizer (a BOS it adds stays first), its text kept.
+    tokenizer = offline_llm.get_tokenizer()
+    ids = tokenizer.encode("The quick brown fox")
     (text_cut,) = offline_llm.generate(
         "The quick brown fox",
         greedy,
         use_tqdm=False,
         tokenization_kwargs={"truncate_prompt_tokens": 2},
     )
-    assert text_cut.prompt_token_ids == ids[-2:]
+    kept = ids[:1] + ids[-1:] if ids[0] == tokenizer.bos_token_id else ids[-2:]
+    assert text_cut.prompt_token_ids == kept and text_cut.prompt == "The quick brown fox"
 
 
 def test_sampling_params_refuse_truncate_prompt_tokens_as_vllm_does(offline_llm: LLM):
     """vLLM 0.32's SamplingParams has no truncate_prompt_tokens (vllm/sampling_params.py: a
-    msgspec Struct without the field, so the keyword is refused); ours names the value and the
-    keyword that takes it."""
-    with pytest.raises(ValueError, match=r"truncate_prompt_tokens=3 .*tokenization_kwargs"):
+    msgspec Struct without the field, so the keyword is a TypeError); ours names the value and
+    the keyword that takes it. (Recorded from vLLM: tests/test_seeded_like_vllm.py.)"""
+    with pytest.raises(TypeError, match=r"truncate_prompt_tokens=3 .*tokenization_kwargs"):
         SamplingParams(truncate_prompt_tokens=3)
     with pytest.raises(ValueError, match="only 'truncate_prompt_tokens'"):
         offline_llm.generate([[11, 12]], use_tqdm=False, tokenization_kwargs={"max_length": 3})

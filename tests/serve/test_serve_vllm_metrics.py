@@ -54,15 +54,20 @@ def not_served_in_readme() -> set[str]:
     return {m for line in section.splitlines() for m in re.findall(r"^\| `(vllm:\w+)`", line)}
 
 
-def serve(config: EngineConfig, prompts: list[list[int]], concurrent: list[list[int]] = ()):
-    """Serve `prompts` one by one, then `concurrent` at once; return (families by name, the
-    events the engine emitted, the usages, the engine)."""
+def serve(
+    config: EngineConfig,
+    prompts: list[list[int]],
+    concurrent: list[list[int]] = (),
+    **app_options,
+):
+    """Serve `prompts` one by one, then `concurrent` at once (`app_options` to `build_app`);
+    return (families by name, the events the engine emitted, the usages, the engine)."""
     llm_engine = LLMEngine(config)
     events: list[Event] = []
     llm_engine.subscribe(events.append)  # the oracle: the engine's own account
     engine = AsyncLLMEngine(llm_engine)
     try:
-        with ServerThread(build_app(engine)) as server:
+        with ServerThread(build_app(engine, **app_options)) as server:
 
             def send(prompt: list[int]) -> dict:
                 body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
@@ -95,9 +100,10 @@ def run(model_path):
 
 @pytest.fixture(scope="module")
 def spec_run(model_path):
+    """Speculating, and with a tool-call parser (its family is served only then, as vLLM's)."""
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
     config = EngineConfig(model=str(model_path), speculative_config=spec)
-    return serve(config, [[58] * 6])
+    return serve(config, [[58] * 6], tool_call_parser="hermes", enable_auto_tool_choice=False)
 
 
 def value(families, name: str, sample: str | None = None, **labels: str) -> float:
@@ -138,6 +144,21 @@ def test_served_families_are_vllms_and_vllms_are_served_or_named(run, spec_run):
     assert not (not_served & ours), "served, yet listed as not served"
     missing = set(VLLM["families"]) - ours - not_served
     assert not missing, f"vLLM families neither served nor named in the README: {missing}"
+
+
+def test_the_tool_parser_family_is_vllms_and_starts_at_zero(run, spec_run):
+    """`--tool-call-parser` serves vLLM's counter (with or without auto tool choice), its HELP
+    text vLLM's and its 12 label sets at 0 from the start; without a parser it is absent."""
+    name = "vllm:tool_call_parser_invocations"
+    assert name not in run[0]
+    family = spec_run[0][name]
+    assert family.documentation == VLLM["families"][name]["help"]
+    totals = [s for s in family.samples if s.name == name + "_total"]
+    combos = {(s.labels["mode"], s.labels["outcome"], s.labels["request_type"]) for s in totals}
+    assert len(totals) == len(combos) == 12 and {s.value for s in totals} == {0}
+    assert {m for m, _, _ in combos} == {"streaming", "non_streaming"}
+    assert {o for _, o, _ in combos} == {"tool_call", "no_tool_call"}
+    assert {r for _, _, r in combos} == {"chat_completions", "responses", "other"}
 
 
 def test_counters_equal_the_engines_events(run):

@@ -8,10 +8,11 @@ Run with the Python of vLLM's own virtualenv (nanovllm/bench/README.md shows how
 It starts vLLM's own `PrometheusStatLogger` (`vllm/v1/metrics/loggers.py`, the logger behind
 `vllm serve`'s `/metrics`) on a stand-in config with every optional family switched on
 (speculative decoding, a KV-consumer connector, KV cache residency metrics, LoRA, watermarking,
-NaN counting), and writes each `vllm:` family prometheus_client's registry then holds: its
-name as exposed (`_total` is a counter's sample suffix, not part of the family's name), type,
-label names and, for a histogram, its bucket bounds (`max_model_len` 1024 sizes the token
-buckets). `tests/serve/test_serve_vllm_metrics.py` compares nanovllm's `/metrics` with it.
+NaN counting), and the tool-call parser's counter (`vllm/parser/metrics.py`, registered by
+`vllm serve --tool-call-parser`), and writes each `vllm:` family prometheus_client's registry
+then holds: its name as exposed (`_total` is a counter's sample suffix, not part of the family's
+name), type, HELP text, label names and, for a histogram, its bucket bounds (`max_model_len`
+1024 sizes the token buckets). `tests/serve/test_serve_vllm_metrics.py` compares nanovllm's `/metrics` with it.
 
 It also records vLLM's estimate of a step's FLOPs and bytes (`vllm/v1/metrics/perf.py`: its
 attention, MLP and LM-head components, summed, per GPU) for a few model shapes and batches, the
@@ -78,6 +79,7 @@ def main() -> None:
     import prometheus_client
     import vllm
     from vllm.config import CacheConfig
+    from vllm.parser.metrics import init_parser_metrics
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     config = NS(
@@ -94,12 +96,13 @@ def main() -> None:
     )
     logger = PrometheusStatLogger(config)
     logger.log_engine_initialized()
+    init_parser_metrics(model_name="m")
     families = {}
     for metric in prometheus_client.REGISTRY.collect():
         if not metric.name.startswith("vllm:"):
             continue
         labels = sorted({k for s in metric.samples for k in s.labels} - {"le"})
-        family = {"type": metric.type, "labels": labels}
+        family = {"type": metric.type, "help": metric.documentation, "labels": labels}
         if metric.type == "histogram":
             bounds = {s.labels["le"] for s in metric.samples if s.name.endswith("_bucket")}
             family["buckets"] = sorted(float(b) for b in bounds if b != "+Inf")

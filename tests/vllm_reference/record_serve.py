@@ -8,7 +8,8 @@ Run with the Python of vLLM's own virtualenv (nanovllm/bench/README.md shows how
         nanovllm/default_model tests/vllm_reference/serve_issue60.json
 
 (`VLLM_HIDE_TORCHVISION=1` in front where the virtualenv's torchvision does not match its
-torch: vLLM then starts without it.)
+torch: vLLM then starts without it. `--missing` after the file: only the cases without an answer
+yet, so cases added to a file are recorded without recording the others again.)
 
 It starts `vllm serve MODEL --dtype float32 --max-model-len 512 --chat-template ...` (vLLM's CPU
 build; a minute to start), sends every case of the JSON file (side_by_side.py), writes each
@@ -120,14 +121,20 @@ def main() -> None:
     import vllm
 
     model, path = str(Path(sys.argv[1]).resolve()), sys.argv[2]
+    missing_only = "--missing" in sys.argv[3:]
     doc = json.loads(Path(path).read_text())
     # A file may name several server configurations (`servers`: a chat template and extra
     # flags each); a case goes to the one its `server` names, by default the first.
     servers = doc.get("servers") or {"default": {}}
     for server, config in servers.items():
         cases = [c for c in doc["cases"] if c.get("server", next(iter(servers))) == server]
+        if missing_only:
+            cases = [c for c in cases if "vllm" not in c]
+        if not cases:
+            continue
         with (
-            vllm_server(model, sys.executable, **config) as url,
+            # (A shared machine may pause it for minutes: starting is given half an hour.)
+            vllm_server(model, sys.executable, timeout=1800, **config) as url,
             httpx.Client(base_url=url, timeout=120) as client,
         ):
             for case in cases:

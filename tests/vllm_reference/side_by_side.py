@@ -16,7 +16,9 @@ lists what a client would see differ:
   text, finish and stop reason and tool calls;
 - the text (greedy or seeded, so it is a function of the request), finish and stop reasons,
   tool calls, usage, logprob tokens (values within 1e-3), prompt logprobs' order; an error's
-  `type` and `code`; /tokenize's and /detokenize's values; metric growth; series names.
+  `type` and `code`; /tokenize's and /detokenize's values; metric growth (a case's `metrics`
+  name samples, summed over their label sets, or one label set as `name{a="x",b="y"}` less
+  `model_name` and `engine`; for a stream, which of them grew); series names.
 
 Keys vLLM sends that nanovllm does not are differences, except those in `VLLM_ONLY_KEYS`
 (`metrics`, `ec_transfer_params`: features nanovllm lacks). This file imports only the standard
@@ -36,6 +38,7 @@ import httpx
 # Keys vLLM's responses carry for features nanovllm does not have (per-request timing, the
 # encoder cache's transfer); every other key vLLM sends, null-valued ones included, must be there.
 VLLM_ONLY_KEYS = {"metrics", "ec_transfer_params"}
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')  # one label of a /metrics sample line
 
 
 def substitute(value: Any, model: str) -> Any:
@@ -43,12 +46,21 @@ def substitute(value: Any, model: str) -> Any:
 
 
 def _metric_sums(client: httpx.Client) -> dict[str, float]:
-    """`/metrics` as each `vllm:` sample name's value summed over its label sets."""
+    """`/metrics` as each `vllm:` sample name's value summed over its label sets, and each
+    sample's own value under its name with its labels but `model_name` and `engine`
+    (`name{a="x",b="y"}`, the labels sorted)."""
     sums: dict[str, float] = {}
     for line in client.get("/metrics").text.splitlines():
         if line.startswith("vllm:"):
-            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
-            sums[name] = sums.get(name, 0.0) + float(value)
+            name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
+            sums[name] = sums.get(name, 0.0) + value
+            inside = line.split("{", 1)[1].rsplit("}", 1)[0] if "{" in line else ""
+            labels = sorted(
+                f'{k}="{v}"' for k, v in LABEL.findall(inside) if k not in ("model_name", "engine")
+            )
+            if labels:
+                key = name + "{" + ",".join(labels) + "}"
+                sums[key] = sums.get(key, 0.0) + value
     return sums
 
 
@@ -249,6 +261,13 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
         usage = [c["usage"] for c in theirs["chunks"] if c.get("usage")]
         if usage and [c["usage"] for c in ours["chunks"] if c.get("usage")] != usage:
             out.append("stream usage differs")
+        # A stream's counts per delta depend on how many steps each merged (above): which
+        # samples grew is compared, not by how much.
+        grew = lambda deltas: sorted(k for k, v in (deltas or {}).items() if v)  # noqa: E731
+        if "metric_deltas" in theirs:
+            mine, vllm = grew(ours.get("metric_deltas")), grew(theirs["metric_deltas"])
+            if mine != vllm:
+                out.append(f"metrics grown: vLLM {vllm}, nanovllm {mine}")
         return out
     if "series" in theirs:
         lacking = sorted(set(theirs["series"]) - set(ours.get("series", [])))
