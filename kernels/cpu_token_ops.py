@@ -1,12 +1,14 @@
-"""RMSNorm and RoPE on a CPU through one numba loop each (`cpu_token_ops_numba.py`).
+"""RMSNorm, RoPE, SwiGLU's activation and the residual add before a norm on a CPU, through one
+numba loop each (`cpu_token_ops_numba.py`).
 
 `applies(x)` says whether the kernels serve an activation: float32 on a CPU, with numba
 importable, outside torch.compile (inductor fuses these operators itself and cannot trace a
 numba call). The CPU backend asks it once, when it builds the model, and then gives the norms
-and the rotary embedding their numba classes (`nanovllm/backends/cpu.py`). Everywhere else the
-model runs its own torch code, which is the reference these kernels are tested against
-(`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in models/layernorm.py,
-`RotaryEmbedding.forward` in models/rotary.py.
+the rotary embedding and the decoder layers their numba classes (`nanovllm/backends/cpu.py`).
+Everywhere else the model runs its own torch code, which is the reference these kernels are
+tested against (`tests/kernels/test_kernel_cpu_token_ops.py`): `RMSNorm.forward` in
+models/layernorm.py, `DecoderLayer.forward` in models/llama.py, `RotaryEmbedding.forward` in
+models/rotary.py.
 """
 
 from __future__ import annotations
@@ -57,6 +59,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         weight.detach().numpy(),
         eps,
     )
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden] float32, contiguous
+    residual: torch.Tensor,  # [num_tokens, hidden] float32, contiguous: x is added to it
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> torch.Tensor:  # [num_tokens, hidden]: weight * residual / rms(residual), residual updated
+    """vLLM's `fused_add_rms_norm`: residual += x, then the RMSNorm of the sum, in one pass."""
+    out = torch.empty_like(x)
+    _numba_kernels().fused_add_rms_norm(
+        out.numpy(), residual.detach().numpy(), x.detach().numpy(), weight.detach().numpy(), eps
+    )
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's `SiluAndMul`: x = [gate | up] ([num_tokens, 2 * d] float32, contiguous) gives
+    silu(gate) * up ([num_tokens, d]), in one pass."""
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.float32)
+    _numba_kernels().silu_and_mul(out.numpy(), x.detach().numpy())
     return out
 
 

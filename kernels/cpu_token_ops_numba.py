@@ -1,13 +1,20 @@
-"""Per-token CPU kernels, compiled by numba: RMSNorm and rotary embeddings (RoPE).
+"""Per-token CPU kernels, compiled by numba: RMSNorm, rotary embeddings (RoPE), SwiGLU's
+activation, and a residual add fused with the RMSNorm after it.
 
 What they compute is the torch code they replace, which stays in the model as the reference:
-`RMSNorm.forward` (models/layernorm.py) and `RotaryEmbedding.forward` (models/rotary.py).
+`RMSNorm.forward` (models/layernorm.py), `RotaryEmbedding.forward` (models/rotary.py),
+`F.silu(gate) * up` (`MLP.forward`) and `x + attention(...)` then `post_attention_layernorm`
+(`DecoderLayer.forward`).
 
     rms_norm:  out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps)
     rotary:    for each head's feature pair (i, i + d/2) of token t, at position p = positions[t]:
                    out[i]       = x[i] * cos[p, i]       - x[i + d/2] * sin[p, i]
                    out[i + d/2] = x[i + d/2] * cos[p, i + d/2] + x[i] * sin[p, i + d/2]
                (Hugging Face's "rotate half" layout; cos and sin are the model's tables)
+    silu_and_mul:        out[t, i] = silu(x[t, i]) * x[t, d + i], x = [gate | up], d = its half
+                         (vLLM's `SiluAndMul`)
+    fused_add_rms_norm:  residual[t] += x[t]; out[t] = rms_norm(residual[t])
+                         (vLLM's `fused_add_rms_norm`)
 
 Why: in a decode step these run on a few dozen tokens, and torch spends most of their time
 between its operators, not in them. RMSNorm is five operators (pow, mean, add, rsqrt, two muls),
@@ -29,8 +36,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from nanovllm.kernels.cpu_paged_attention_numba import exp_nonpositive
+
 # Reassociate and contract (vectorised sums, FMA), keep IEEE infinities and NaN.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def _rms_norm_row(out, x, t, weight, eps):
+    """out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps)."""
+    hidden = x.shape[1]
+    sum_sq = np.float32(0.0)
+    for h in range(hidden):
+        sum_sq += x[t, h] * x[t, h]
+    inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden) + np.float32(eps))
+    for h in range(hidden):
+        out[t, h] = weight[h] * (x[t, h] * inv_rms)
 
 
 @njit(cache=True, fastmath=_FASTMATH, nogil=True)
@@ -40,14 +61,44 @@ def rms_norm(
     weight,  # [hidden] float32
     eps,  # float
 ):
-    num_tokens, hidden = x.shape
-    for t in range(num_tokens):
-        sum_sq = np.float32(0.0)
-        for h in range(hidden):
-            sum_sq += x[t, h] * x[t, h]
-        inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden) + np.float32(eps))
-        for h in range(hidden):
-            out[t, h] = weight[h] * (x[t, h] * inv_rms)
+    for t in range(x.shape[0]):
+        _rms_norm_row(out, x, t, weight, eps)
+
+
+@njit(cache=True, fastmath=_FASTMATH, nogil=True)
+def fused_add_rms_norm(
+    out,  # [num_tokens, hidden] float32, written: the normed sum
+    residual,  # [num_tokens, hidden] float32: x added to it, in place
+    x,  # [num_tokens, hidden] float32
+    weight,  # [hidden] float32
+    eps,  # float
+):
+    """The residual add and the RMSNorm after it, one token at a time: the sum is normed while
+    its row is still in the L1 cache (the separate add writes all rows, the norm reads them
+    back)."""
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            residual[t, h] += x[t, h]
+        _rms_norm_row(out, residual, t, weight, eps)
+
+
+# error_model="numpy": a division by zero gives inf, as in numpy, instead of numba's check that
+# raises ZeroDivisionError; the check kept the loop from vectorising (8x slower, README).
+@njit(cache=True, fastmath=_FASTMATH, nogil=True, error_model="numpy")
+def silu_and_mul(
+    out,  # [num_tokens, d] float32, written
+    x,  # [num_tokens, 2 * d] float32: gate, then up
+):
+    """silu(gate) * up, with silu(g) = g * sigmoid(g) and sigmoid from one exp of -|g| (never
+    positive, so `exp_nonpositive`'s vectorised arithmetic serves, and 1 + e never overflows):
+    sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below."""
+    d = out.shape[1]
+    for t in range(x.shape[0]):
+        for i in range(d):
+            g = x[t, i]
+            e = exp_nonpositive(min(g, -g))
+            numerator = np.float32(1.0) if g >= np.float32(0.0) else e
+            out[t, i] = g * numerator / (np.float32(1.0) + e) * x[t, d + i]
 
 
 @njit(cache=True, fastmath=_FASTMATH, nogil=True)

@@ -738,12 +738,12 @@ PLANTED_BUGS = [
     PlantedBug(
         "numba-rms-norm-forgets-eps",
         "kernels/cpu_token_ops_numba.py",
-        "rms_norm",
+        "_rms_norm_row",
         (
             (
-                "        inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden) + "
+                "    inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden) + "
                 "np.float32(eps))\n",
-                "        inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden))\n",
+                "    inv_rms = np.float32(1.0) / np.sqrt(sum_sq / np.float32(hidden))\n",
             ),
         ),
         ("tests/kernels/test_kernel_cpu_token_ops.py", "-k", "rms_norm"),

@@ -10,6 +10,8 @@ is built), each a subclass of the plain layer with its parameters:
   (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), keeping the plain
   layers' torch code as the fallback;
+- in each decoder layer, the residual add and the norm after it as one loop, and SwiGLU's
+  silu(gate) * up as one (`NumbaDecoderLayer`, vLLM's `fused_add_rms_norm` and `SiluAndMul`);
 - in each attention layer, what lies between the QKV projection and paged attention (the split,
   RoPE on q and k, the K/V write into the cache) as one numba loop (`NumbaAttention`);
 - a mixture of experts' tokens sorted by expert once, two grouped matmuls (`cpu_moe.py`);
@@ -49,7 +51,7 @@ from nanovllm.kernels import checks, cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
 from nanovllm.models.attention import AttentionMetadata, store_kv
 from nanovllm.models.layernorm import RMSNorm
-from nanovllm.models.llama import Attention, CausalLM
+from nanovllm.models.llama import MLP, Attention, CausalLM, DecoderLayer
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.rotary import RotaryEmbedding
 
@@ -141,15 +143,44 @@ class NumbaAttention(Attention):
         return self.o_proj(out.view(x.shape[0], -1))
 
 
+class NumbaDecoderLayer(DecoderLayer):
+    """`DecoderLayer` with the residual add and `post_attention_layernorm` in one numba loop
+    (`cpu_token_ops.fused_add_rms_norm`), SwiGLU's silu(gate) * up in another
+    (`cpu_token_ops.silu_and_mul`, for the plain `MLP`; a mixture of experts runs its own), and
+    the last residual added in place into the MLP's output. Given with `NumbaRMSNorm` only, so
+    its norms are plain RMSNorms (the same arithmetic: the sums are the plain layer's bits)."""
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden_size], contiguous
+        positions: torch.Tensor,  # [num_tokens]
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        h = self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        h = h.contiguous()  # (a new tensor: the kernel adds x into it)
+        norm = self.post_attention_layernorm
+        normed = cpu_token_ops.fused_add_rms_norm(x.contiguous(), h, norm.weight, norm.eps)
+        if type(self.mlp) is MLP:
+            gate_up = self.mlp.gate_up_proj(normed).contiguous()  # [n, 2 * intermediate / tp]
+            out = self.mlp.down_proj(cpu_token_ops.silu_and_mul(gate_up))
+        else:
+            out = self.mlp(normed)
+        return out.add_(h)
+
+
 def numba_layers(layers: ModelLayers, dtype: torch.dtype, device: torch.device) -> ModelLayers:
-    """`layers` with the plain RMSNorm, rotary embedding and (over `CpuAttention`) attention
-    layer replaced by their numba classes, where the kernels serve the model (float32 on a CPU,
-    numba importable)."""
+    """`layers` with the plain RMSNorm, rotary embedding, decoder layer (with the plain norms)
+    and (over `CpuAttention`) attention layer replaced by their numba classes, where the kernels
+    serve the model (float32 on a CPU, numba importable)."""
     if not cpu_token_ops.applies(torch.empty(0, dtype=dtype, device=device)):
         return layers
     fast = {}
     if layers.rms_norm is RMSNorm:
         fast["rms_norm"] = NumbaRMSNorm
+        if layers.decoder_layer is DecoderLayer:
+            fast["decoder_layer"] = NumbaDecoderLayer
     if layers.rotary is RotaryEmbedding:
         fast["rotary"] = NumbaRotaryEmbedding
     if layers.self_attn is Attention and layers.attention is CpuAttention:

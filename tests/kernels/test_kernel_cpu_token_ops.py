@@ -1,5 +1,6 @@
-"""The numba RMSNorm and RoPE (kernels/cpu_token_ops.py, the CPU backend's `NumbaRMSNorm` and
-`NumbaRotaryEmbedding`) against the model's own torch code.
+"""The numba RMSNorm, RoPE, SiLU-and-multiply and residual add + RMSNorm (kernels/cpu_token_ops.py,
+the CPU backend's `NumbaRMSNorm`, `NumbaRotaryEmbedding` and `NumbaDecoderLayer`) against the
+model's own torch code.
 
 The reference is the same module run through its plain class's `forward` (`RMSNorm`,
 `RotaryEmbedding`), so what is compared is exactly the torch code the plain model runs. Inputs are random,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,6 +67,47 @@ def test_rms_norm_of_a_strided_view_runs_the_torch_code(monkeypatch) -> None:
         assert not calls
         norm(x.contiguous())
     assert len(calls) == 1
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    num_tokens=st.integers(1, 40),
+    d=st.sampled_from([1, 7, 64, 300]),
+    magnitude=st.sampled_from([0.0, 1.0, 10.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_silu_and_mul_equals_the_mlps_torch_code(num_tokens, d, magnitude, seed) -> None:
+    """vLLM's `SiluAndMul` as `MLP.forward` writes it: `F.silu(gate) * up` on the two halves of
+    the fused gate/up output; gates up to +-100 reach the exp's clamp at -87."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, 2 * d, generator=gen) * magnitude
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(
+        cpu_token_ops.silu_and_mul(x), F.silu(gate) * up, rtol=1e-5, atol=1e-6
+    )
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    num_tokens=st.integers(1, 40),
+    hidden=st.sampled_from([1, 7, 64, 300]),
+    eps=st.sampled_from([1e-6, 0.1]),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_add_rms_norm_equals_the_add_then_the_norm(num_tokens, hidden, eps, seed) -> None:
+    """`DecoderLayer.forward`'s `x + attention(...)` then `post_attention_layernorm`: the sum
+    bit for bit (one float addition either way), the norm to rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(hidden, eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=gen))
+    x, residual = (torch.randn(num_tokens, hidden, generator=gen) * 3 for _ in range(2))
+    with torch.inference_mode():
+        want_sum = residual + x
+        want = norm(want_sum)
+        got = cpu_token_ops.fused_add_rms_norm(x, residual, norm.weight, eps)
+    assert torch.equal(residual, want_sum)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=examples(30), deadline=None)
@@ -130,7 +173,8 @@ def test_the_plain_torch_model_runs_no_kernel(tiny_llama, backend, uses_kernels,
 
     kernels = cpu_token_ops._numba_kernels()
     calls = []
-    for name in ("rms_norm", "rotary", "rotary_and_store_kv"):
+    names = ("rms_norm", "rotary", "rotary_and_store_kv", "fused_add_rms_norm", "silu_and_mul")
+    for name in names:
         kernel = getattr(kernels, name)
         monkeypatch.setattr(
             kernels, name, lambda *a, name=name, kernel=kernel: calls.append(name) or kernel(*a)
@@ -139,8 +183,14 @@ def test_the_plain_torch_model_runs_no_kernel(tiny_llama, backend, uses_kernels,
     llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert bool(calls) == uses_kernels
     if uses_kernels:
-        # (A Llama's RoPE runs inside the fused split-RoPE-KV-write loop: `NumbaAttention`.)
-        assert set(calls) == {"rms_norm", "rotary_and_store_kv"}
+        # (A Llama's RoPE runs inside the fused split-RoPE-KV-write loop: `NumbaAttention`;
+        # its decoder layers' residual add + norm and SwiGLU in `NumbaDecoderLayer`'s loops.)
+        assert set(calls) == {
+            "rms_norm",
+            "rotary_and_store_kv",
+            "fused_add_rms_norm",
+            "silu_and_mul",
+        }
 
 
 @settings(max_examples=examples(30), deadline=None)
