@@ -1,10 +1,11 @@
 """y = x W^T with W kept in llama.cpp's blocks, on a CPU: the numba kernel's wrapper (`cpu_quantized_matmul_numba.py`).
 
 `applies(x, qtype)` says whether the kernel serves a product: x float32 on a CPU, W in Q8_0,
-Q4_0 or Q4_1, numba importable, outside torch.compile (which cannot trace a numba call). The
+Q4_0, Q4_1, Q4_K, Q5_K or Q6_K, numba importable, outside torch.compile (which cannot trace a numba call). The
 CPU backend's quantized layers ask it on each call and otherwise run the reference,
 `models/quantized_linear.py`'s `dequantize_linear`, which these kernels are tested against
-(`tests/kernels/test_kernel_quantized_matmul.py`).
+(`tests/kernels/test_kernel_quantized_matmul.py`). `dequantize(raw, qtype)` is the same
+decoding of a whole weight into float32, for products with many rows of x.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import logging
 
 import torch
 
-logger = logging.getLogger("nanovllm.kernels")
+from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, QTYPES, _check  # (the same codes)
 
-QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the kernel's code for each type
+logger = logging.getLogger("nanovllm.kernels")
 
 
 @functools.cache
@@ -47,17 +48,31 @@ def applies(x: torch.Tensor, qtype: str) -> bool:
 
 def quantized_matmul(
     x: torch.Tensor,  # [num_tokens, in] float32
-    raw: torch.Tensor,  # [out, in / 32 * block_bytes] uint8: the weight's blocks
-    qtype: str,  # "Q8_0", "Q4_0" or "Q4_1"
+    raw: torch.Tensor,  # [out, in / block_size * block_bytes] uint8: the weight's blocks
+    qtype: str,  # one of QTYPES
 ) -> torch.Tensor:  # [num_tokens, out]
     """x W^T, W read from its blocks."""
     x2 = x.detach().reshape(-1, x.shape[-1]).contiguous()
-    if x2.shape[1] % 32:
-        raise ValueError(f"a {qtype} weight's rows hold blocks of 32: x has {x2.shape[1]} columns")
-    out = torch.empty(x2.shape[0], raw.shape[0], dtype=torch.float32)
     raw = raw.contiguous()
+    _check(x2, raw, qtype)
+    out = torch.empty(x2.shape[0], raw.shape[0], dtype=torch.float32)
+    kernels = _numba_kernels()
     bytes_ = raw.numpy()
-    _numba_kernels().quantized_matmul(
-        out.numpy(), x2.numpy(), bytes_, bytes_.view("int8"), QTYPES[qtype], 32
+    kernels.quantized_matmul(
+        out.numpy(), x2.numpy(), bytes_, bytes_.view("int8"), QTYPES[qtype], 32, kernels.FLOAT16
     )
     return out.view(*x.shape[:-1], raw.shape[0])
+
+
+def dequantize(
+    raw: torch.Tensor,  # [out, in / block_size * block_bytes] uint8
+    qtype: str,  # one of QTYPES
+) -> torch.Tensor:  # [out, in] float32
+    """W's float32 values, decoded by the kernel's own row decoder (on numba's threads)."""
+    raw = raw.contiguous()
+    size, nbytes = BLOCK[qtype]
+    out = torch.empty(raw.shape[0], raw.shape[1] // nbytes * size, dtype=torch.float32)
+    kernels = _numba_kernels()
+    bytes_ = raw.numpy()
+    kernels.dequantize(out.numpy(), bytes_, bytes_.view("int8"), QTYPES[qtype], 32, kernels.FLOAT16)
+    return out

@@ -37,7 +37,7 @@ import torch
 
 logger = logging.getLogger("nanovllm.kernels")
 
-QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # the C codes
+QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # C, numba codes
 BLOCK = {  # weights and bytes per block
     "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20),
     "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),

@@ -1,4 +1,4 @@
-"""y = x W^T with W in llama.cpp's Q8_0, Q4_0 or Q4_1 blocks, compiled by numba: the blocks read as stored.
+"""y = x W^T with W in llama.cpp's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K blocks, compiled by numba: the blocks read as stored.
 
 What they compute is `models/quantized_linear.py`'s `dequantize_linear` without its bias
 (dequantize W to float32, then `F.linear`), which is their reference:
@@ -16,12 +16,25 @@ How work maps: `prange` over chunks of `CHUNK` output features (one thread each)
 at a time, their rows of W are decoded block by block into a float32 scratch of the thread's
 (4 x K floats, in the core's L1 cache), then dotted with the rows of x four at a time (16 sums
 in one loop, so each element of x and w loaded serves four products; a 32-row product of the
-LM head's shape ran 1.6x slower with one sum per loop, and 1.3x slower with eight). The block length is passed
+LM head's shape ran 1.6x slower with one sum per loop, and 1.3x slower with eight). So each
+weight is decoded once per call, whatever the rows of x. The block length is passed
 as an argument: with a constant 32, LLVM unrolls the loops fully and then does not vectorise
 them (seen in the assembly); with a runtime length it vectorises both the decoding and the dot
-products. The float16 scale is decoded from its two bytes by hand (`_half`), exactly as numpy's conversion.
-The dot products sum in another order than `F.linear`, so they agree with it to rounding, not
-bit for bit (tests/kernels/test_kernel_quantized_matmul.py). float32 only, contiguous arrays.
+products.
+
+Decoding a block costs little only if its loop is vectorised and its scale is cheap, since a
+row of 576 weights is only 18 blocks. Two things made the decoding 2-3x faster (a one-row
+product of the LM head's shape, kernels/README.md): indices are unsigned (numba adds a
+wraparound test to a signed index it cannot prove non-negative, such as `first + j`, which
+kept LLVM from loading the block as one vector), and a float16 scale is one load from
+`FLOAT16`, a table of all 65,536 float16 values as float32 made by numpy's exact conversion
+(decoding its bits by hand, with branches for subnormals, cost more than the block's 32
+weights). The dot products sum in another order than `F.linear`, so they agree with it to
+rounding, not bit for bit (tests/kernels/test_kernel_quantized_matmul.py). float32 only,
+contiguous arrays.
+
+`dequantize` decodes a whole weight with the same row decoder, for a matmul with many rows of x
+(a prefill), which is bound by arithmetic and goes to MKL's float32 kernels instead.
 """
 
 from __future__ import annotations
@@ -33,50 +46,97 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 CHUNK = 16  # output features per thread's turn
 
 
-# 2^(e - 25) for a float16 exponent field e: a normal float16 is (1024 + mantissa) * 2^(e - 25).
-# (A table, not `math.ldexp`: a libm call per block cost more than decoding its 32 weights.)
-_POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)
+# float16 bits -> value, float32: every float16, converted by numpy (exactly)
+FLOAT16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+_U = np.uint64  # (unsigned indices: see the module docstring)
 
 
 @njit(cache=True, inline="always")
-def _half(lo, hi):  # two bytes of an IEEE float16, little-endian -> its value as float32
-    bits = np.int32(lo) | (np.int32(hi) << 8)
-    exponent = (bits >> 10) & 0x1F
-    mantissa = bits & 0x3FF
-    if exponent == 0:  # zero or subnormal: mantissa * 2^-24
-        value = np.float32(mantissa) * np.float32(2.0**-24)
-    elif exponent == 31:
-        value = np.float32(np.inf) if mantissa == 0 else np.float32(np.nan)
-    else:
-        value = np.float32(1024 + mantissa) * _POW2[exponent]
-    return -value if bits & 0x8000 else value
+def _scale(row, o, f16):  # the float16 at bytes o, o + 1 of a row, as float32
+    return f16[np.int64(row[o]) | (np.int64(row[o + _U(1)]) << 8)]
 
 
 @njit(cache=True, inline="always")
-def _decode_row(w, raw, qs, n, qtype, block):  # row n's weights into w[0..K) (float32)
-    half = block // 2
-    for b in range(w.shape[0] // block):
+def _decode_row(w, raw, qs, n, qtype, block, f16):  # row n's weights into w[0..K) (float32)
+    row, qrow = raw[n], qs[n]
+    block = _U(block)
+    half = block // _U(2)
+    if qtype >= 3:
+        _decode_row_k(w, row, qrow, qtype, block, f16)
+        return
+    for b in range(_U(w.shape[0]) // block):
         first = b * block
         if qtype == 0:  # Q8_0: d, 32 int8
-            o = b * (block + 2)
-            d = _half(raw[n, o], raw[n, o + 1])
+            o = b * (block + _U(2))
+            d = _scale(row, o, f16)
+            o += _U(2)
             for j in range(block):
-                w[first + j] = np.float32(qs[n, o + 2 + j]) * d
+                w[first + j] = np.float32(qrow[o + j]) * d
         elif qtype == 1:  # Q4_0: d, 16 bytes of nibbles; (q - 8) * d
-            o = b * (half + 2)
-            d = _half(raw[n, o], raw[n, o + 1])
+            o = b * (half + _U(2))
+            d = _scale(row, o, f16)
+            o += _U(2)
             for j in range(half):
-                byte = raw[n, o + 2 + j]
-                w[first + j] = d * np.float32(np.int32(byte & 0x0F) - 8)
-                w[first + half + j] = d * np.float32(np.int32(byte >> 4) - 8)
+                byte = np.int32(row[o + j])
+                w[first + j] = d * np.float32((byte & 0x0F) - 8)
+                w[first + half + j] = d * np.float32((byte >> 4) - 8)
         else:  # Q4_1: d, m, 16 bytes of nibbles; q * d + m
-            o = b * (half + 4)
-            d = _half(raw[n, o], raw[n, o + 1])
-            m = _half(raw[n, o + 2], raw[n, o + 3])
+            o = b * (half + _U(4))
+            d = _scale(row, o, f16)
+            m = _scale(row, o + _U(2), f16)
+            o += _U(4)
             for j in range(half):
-                byte = raw[n, o + 4 + j]
+                byte = np.int32(row[o + j])
                 w[first + j] = d * np.float32(byte & 0x0F) + m
                 w[first + half + j] = d * np.float32(byte >> 4) + m
+
+
+@njit(cache=True, fastmath=_FASTMATH)  # (not inlined: the K-quants compile once, for both kernels)
+def _decode_row_k(w, row, qrow, qtype, sub, f16):  # the K-quants' super-blocks of 256 weights
+    # (layouts: gguf_quants.py's `_dequantize_k`; `sub` is 32, a sub-block's length, passed at
+    # run time so that LLVM vectorises the loops over it)
+    nbytes = _U(144 if qtype == 3 else 176 if qtype == 4 else 210)
+    for b in range(_U(w.shape[0]) // _U(256)):
+        first = b * _U(256)
+        o = b * nbytes
+        if qtype == 5:  # Q6_K: ql 128, qh 64, 16 int8 scales, d; d sc (q - 32), sub-blocks of 16
+            d = _scale(row, o + _U(208), f16)
+            for h in range(_U(2)):  # each half of 128 weights: ql 64 bytes, qh 32
+                ql, qh = o + h * _U(64), o + _U(128) + h * _U(32)
+                for g in range(_U(4)):  # 32 weights: ql's low (g < 2) or high nibbles, qh's bits 2g
+                    start = first + h * _U(128) + g * _U(32)
+                    lo = ql + (g & _U(1)) * _U(32)
+                    shift = np.int32(g >> _U(1)) * 4
+                    s0 = d * np.float32(qrow[o + _U(192) + (start - first) // _U(16)])
+                    s1 = d * np.float32(qrow[o + _U(193) + (start - first) // _U(16)])
+                    for j in range(sub):
+                        q = ((np.int32(row[lo + j]) >> shift) & 0x0F) | (
+                            ((np.int32(row[qh + j]) >> (2 * np.int32(g))) & 0x03) << 4
+                        )
+                        w[start + j] = (s0 if j < _U(16) else s1) * np.float32(q - 32)
+        else:  # Q4_K, Q5_K: d, dmin, 12 bytes of 6-bit scales and minimums, (qh 32), qs 128
+            d, dmin = _scale(row, o, f16), _scale(row, o + _U(2), f16)
+            s = o + _U(4)
+            qs = o + _U(16 if qtype == 3 else 48)
+            for i in range(_U(8)):  # sub-block i: low (i even) or high nibbles of qs[32 (i // 2)..]
+                if i < _U(4):
+                    sc = np.int32(row[s + i]) & 63
+                    mn = np.int32(row[s + i + _U(4)]) & 63
+                else:
+                    sc = (np.int32(row[s + i + _U(4)]) & 0x0F) | (
+                        (np.int32(row[s + i - _U(4)]) >> 2) & 0x30
+                    )
+                    mn = (np.int32(row[s + i + _U(4)]) >> 4) | ((np.int32(row[s + i]) >> 2) & 0x30)
+                scale, minimum = d * np.float32(sc), dmin * np.float32(mn)
+                src = qs + (i >> _U(1)) * _U(32)
+                shift = np.int32(i & _U(1)) * 4
+                start = first + i * _U(32)
+                for j in range(sub):
+                    q = (np.int32(row[src + j]) >> shift) & 0x0F
+                    if qtype == 4:  # the fifth bit: bit i of qh[j]
+                        q |= ((np.int32(row[o + _U(16) + j]) >> np.int32(i)) & 1) << 4
+                    w[start + j] = scale * np.float32(q) - minimum
 
 
 @njit(cache=True, inline="always")
@@ -139,8 +199,9 @@ def quantized_matmul(
     x,  # [M, K] float32
     raw,  # [N, K / 32 * block_bytes] uint8: the blocks
     qs,  # the same bytes as int8 (Q8_0's quants are signed)
-    qtype,  # 0: Q8_0, 1: Q4_0, 2: Q4_1
+    qtype,  # 0..5: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the wrapper's QTYPES)
     block,  # 32 (an argument, not a constant: see the module docstring)
+    f16,  # FLOAT16
 ):
     k = x.shape[1]
     n_out = raw.shape[0]
@@ -150,5 +211,18 @@ def quantized_matmul(
         for n in range(chunk * CHUNK, end, 4):
             width = min(4, end - n)
             for i in range(width):
-                _decode_row(w[i], raw, qs, n + i, qtype, block)
+                _decode_row(w[i], raw, qs, n + i, qtype, block, f16)
             _dot_rows(out, x, w, n, width)
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH, nogil=True)
+def dequantize(
+    out,  # [N, K] float32, written: W's values
+    raw,  # [N, K / block_size * block_bytes] uint8
+    qs,  # the same bytes as int8
+    qtype,  # 0..5: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the wrapper's QTYPES)
+    block,  # 32
+    f16,  # FLOAT16
+):
+    for n in prange(raw.shape[0]):
+        _decode_row(out[n], raw, qs, n, qtype, block, f16)

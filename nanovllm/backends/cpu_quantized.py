@@ -10,13 +10,16 @@ The plain quantized layers (`models/quantized_linear.py`) dequantize the whole w
 float32 for each matmul, then call `F.linear`: right, and slow, since they read the weight at 4
 bytes a weight again and write it too. Here each linear layer and the LM head multiply through
 `kernels/cpu_quantized_matmul.py`'s numba kernel, which reads each block once and decodes it in
-registers, where it applies (float32 x on a CPU, a Q8_0, Q4_0 or Q4_1 weight, not inside
-torch.compile); anything else (a weight held as float32, a compiled model) runs the reference.
+registers, where it applies (float32 x on a CPU, a Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K
+weight, not inside torch.compile); anything else (a weight held as float32, a compiled model)
+runs the reference.
 
 A step with many rows (a long prefill) is different: there the matmul is bound by arithmetic,
 not by reading W, and the float32 kernels of MKL or oneDNN beat a hand-written loop by far. So
 above `KERNEL_MAX_ROWS` rows the layer dequantizes W once for the call and uses `F.linear`,
-as the reference does.
+as the reference does, with W decoded by the kernel's own row decoder on numba's threads (4-10x
+less time than the reference's torch decoding, which is a few passes over the whole weight;
+kernels/README.md).
 
 torch's own int8 / int4 CPU matmuls do not fit these files: `_weight_int8pack_mm` takes one
 float scale per output feature (a GGUF block has one per 32 weights, so the per-block scales
@@ -33,6 +36,7 @@ agreement on whole models is in tests/test_gguf_quantized.py).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from nanovllm.backends.cpu_quantized_int8 import INT8_QUANTIZED_CLASSES
 from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
@@ -54,10 +58,12 @@ def cpu_quantized_linear(
     qweight,  # QuantizedTensor [out, in]
     bias: torch.Tensor | None,  # [out]
 ) -> torch.Tensor:  # [num_tokens, out]
-    """x W^T + b: the numba kernel where it applies and x has few rows, else the reference."""
-    rows = x.numel() // x.shape[-1]
-    if rows > KERNEL_MAX_ROWS or not cpu_quantized_matmul.applies(x, qweight.qtype):
+    """x W^T + b: the numba kernel where it applies and x has few rows; with more rows, W
+    decoded by the kernel, then `F.linear`; else (another type, a compiled model) the reference."""
+    if not cpu_quantized_matmul.applies(x, qweight.qtype):
         return dequantize_linear(x, qweight, bias)
+    if x.numel() // x.shape[-1] > KERNEL_MAX_ROWS:  # the reference's way, decoded by the kernel
+        return F.linear(x, cpu_quantized_matmul.dequantize(qweight.raw, qweight.qtype), bias)
     y = cpu_quantized_matmul.quantized_matmul(x, qweight.raw, qweight.qtype)
     return y if bias is None else y.add_(bias)
 

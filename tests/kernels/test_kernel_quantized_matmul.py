@@ -1,6 +1,7 @@
 """The numba quantized matmul (kernels/cpu_quantized_matmul*.py) against the reference,
 dequantize-then-`F.linear` (models/quantized_linear.py), and against `gguf`'s own dequantization
-multiplied in float64; and its float16 decoding against numpy's, for every bit pattern."""
+multiplied in float64; and its dequantization against `gguf`'s, bit for bit, on blocks of
+random bytes (every scale a float16 bit pattern, subnormals, infinities and NaNs among them)."""
 
 from __future__ import annotations
 
@@ -10,36 +11,19 @@ import torch
 from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_gguf import random_blocks
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("numba")
 
 from nanovllm.kernels import cpu_quantized_matmul  # noqa: E402
-from nanovllm.kernels.cpu_quantized_matmul_numba import _half  # noqa: E402
-from nanovllm.models.gguf_quants import QuantizedTensor  # noqa: E402
+from nanovllm.models.gguf_quants import FORMATS, QuantizedTensor  # noqa: E402
 from nanovllm.models.quantized_linear import dequantize_linear  # noqa: E402
-
-
-def test_half_decodes_every_float16_as_numpy_does():
-    from numba import njit
-
-    @njit(cache=False)
-    def decode_all(out):
-        for bits in range(65536):
-            out[bits] = _half(bits & 0xFF, bits >> 8)
-
-    ours = np.empty(65536, np.float32)
-    decode_all(ours)
-    theirs = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    theirs = theirs.astype(np.float32)
-    nan = np.isnan(theirs)
-    assert np.array_equal(np.isnan(ours), nan)
-    assert np.array_equal(ours[~nan].view(np.uint32), theirs[~nan].view(np.uint32))
 
 
 @settings(max_examples=examples(30), deadline=None)
 @given(
-    qtype=st.sampled_from(sorted(cpu_quantized_matmul.QTYPES)),  # (its types: no K-quants)
+    qtype=st.sampled_from(["Q8_0", "Q4_0", "Q4_1"]),  # (gguf quantizes to these)
     rows=st.integers(1, 5),
     out_features=st.integers(1, 40),
     blocks=st.integers(1, 4),
@@ -59,3 +43,39 @@ def test_numba_matmul_matches_the_reference_and_gguf(qtype, rows, out_features, 
     assert y.shape == (rows, out_features)
     torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    qtype=st.sampled_from(["Q4_K", "Q5_K", "Q6_K"]),
+    rows=st.integers(1, 5),
+    out_features=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_numba_matmul_of_k_quants_matches_the_reference_and_gguf(qtype, rows, out_features, seed):
+    raw = random_blocks(out_features, 1, qtype, seed)  # (gguf cannot quantize to K-quants)
+    x = torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, 256), np.float32))
+    assert cpu_quantized_matmul.applies(x, qtype)
+    y = cpu_quantized_matmul.quantized_matmul(x, torch.from_numpy(raw), qtype)
+    reference = dequantize_linear(x, QuantizedTensor(raw, qtype, 256), None)
+    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
+    exact = torch.from_numpy(x.numpy().astype(np.float64) @ theirs.T)
+    scale = exact.abs().max().item() + 1
+    torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5 * scale)
+    torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5 * scale)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    qtype=st.sampled_from(sorted(cpu_quantized_matmul.QTYPES)),
+    out_features=st.integers(1, 9),
+    blocks=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_numba_dequantize_is_gguf_bit_for_bit(qtype, out_features, blocks, seed):
+    generator = np.random.default_rng(seed)
+    raw = generator.integers(0, 256, (out_features, blocks * FORMATS[qtype].block_bytes), np.uint8)
+    ours = cpu_quantized_matmul.dequantize(torch.from_numpy(raw), qtype).numpy()
+    with np.errstate(invalid="ignore", over="ignore"):  # (infinite or NaN scales, on purpose)
+        theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).astype(np.float32)
+    np.testing.assert_array_equal(ours, theirs)  # (NaNs in the same places)
