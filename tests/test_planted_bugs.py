@@ -52,6 +52,21 @@ def mirror(dest: Path) -> None:
             link = dest / target / path.relative_to(ROOT / folder)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(path)
+        seed_numba_cache(ROOT / folder, dest / target)
+
+
+def seed_numba_cache(source: Path, dest: Path) -> None:
+    """Copy the repository's compiled numba kernels (`cache=True`: `__pycache__/*.nbi` indexes and
+    their `*.nbc` code) into the copy's `__pycache__`, so that the copy's first process loads
+    them instead of compiling them again (seconds a kernel). Copies, not links: a bug planted in
+    a kernel's file makes the copy's processes write that file's cache, which must never reach
+    the repository's. Numba checks each index against its source file's mtime and size, which
+    the copy's links share with the repository's files; a planted file's differ, so its
+    kernels are compiled afresh."""
+    for cached in source.rglob("__pycache__/*.nb[ic]"):
+        copy = dest / cached.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cached, copy)
 
 
 def installed(dest: Path, file: str) -> Path:
