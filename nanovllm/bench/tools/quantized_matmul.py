@@ -1,7 +1,7 @@
 """`python -m nanovllm.bench.tools.quantized_matmul`: x W^T with W in GGUF blocks, float32 against the CPU kernels.
 
 For each block type and row count, the same product runs as `F.linear` on W dequantized to
-float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1) and through the
+float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) and the
 int8 C kernel (`cpu_quantized_matmul_int8`), called in turn, and prints each one's fastest
 and median milliseconds, wall clock and the process's CPU time (all threads; on a loaded
 machine the steadier of the two), with `uptime` before and after. W is random blocks of the
