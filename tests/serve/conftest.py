@@ -11,10 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serve_support import CHAT_TEMPLATE, PROMPTS, greedy, strip_chat_template
+from serve_support import (
+    CHAT_TEMPLATE,
+    PROMPTS,
+    greedy,
+    running_engine,
+    serving,
+    strip_chat_template,
+)
 
-from nanovllm import LLM, EngineConfig, LLMEngine
-from nanovllm.serve.api_server import build_app
+from nanovllm import LLM
 from nanovllm.serve.async_engine import AsyncLLMEngine
 from nanovllm.serve.server import ServerThread
 
@@ -30,21 +36,20 @@ def model_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def async_engine(model_path) -> Iterator[AsyncLLMEngine]:
-    engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=str(model_path))))
-    yield engine
-    engine.shutdown()
+    with running_engine(model_path) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")
 def server(async_engine) -> Iterator[ServerThread]:
-    with ServerThread(build_app(async_engine)) as running:
+    with serving(async_engine) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def chat_server(async_engine) -> Iterator[ServerThread]:
     """A second app on the same engine, with a chat template given (as --chat-template does)."""
-    with ServerThread(build_app(async_engine, chat_template=CHAT_TEMPLATE)) as running:
+    with serving(async_engine, CHAT_TEMPLATE) as running:
         yield running
 
 

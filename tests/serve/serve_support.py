@@ -10,12 +10,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from nanovllm import SamplingParams
+from nanovllm import EngineConfig, LLMEngine, SamplingParams
+from nanovllm.serve.api_server import build_app
 from nanovllm.serve.async_engine import AsyncLLMEngine
+from nanovllm.serve.server import ServerThread
 
 # A template that works with any tokenizer (no special tokens of its own).
 CHAT_TEMPLATE = (
@@ -151,3 +155,21 @@ def allowed_gap(server, bound: float = 0.5) -> float:
         server, lambda client: client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2})
     )
     return max(bound, 2 * control)
+
+
+@contextmanager
+def running_engine(model_path: Path) -> Iterator[AsyncLLMEngine]:
+    """An engine on the checkpoint at `model_path`, shut down on leaving (conftest.py's session
+    engine, and a module's own where a test must not share one)."""
+    engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=str(model_path))))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+@contextmanager
+def serving(engine: AsyncLLMEngine, chat_template: str | None = None) -> Iterator[ServerThread]:
+    """A real server on loopback for `engine` (with `chat_template`, as --chat-template gives)."""
+    with ServerThread(build_app(engine, chat_template=chat_template)) as running:
+        yield running

@@ -16,10 +16,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from serve_support import CHAT_TEMPLATE, allowed_gap, worst_gap_while
+from serve_support import CHAT_TEMPLATE, allowed_gap, running_engine, serving, worst_gap_while
 
-from nanovllm import EngineConfig, LLMEngine
-from nanovllm.serve.api_server import build_app
 from nanovllm.serve.async_engine import AsyncLLMEngine
 from nanovllm.serve.server import ServerThread
 
@@ -42,20 +40,19 @@ def without_the_suites_heap() -> Iterator[None]:
 # module's stream's alone, whatever requests other tests left running on the shared engine.
 @pytest.fixture(scope="module")
 def async_engine(model_path) -> Iterator[AsyncLLMEngine]:
-    engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=str(model_path))))
-    yield engine
-    engine.shutdown()
+    with running_engine(model_path) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def server(async_engine) -> Iterator[ServerThread]:
-    with ServerThread(build_app(async_engine)) as running:
+    with serving(async_engine) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def chat_server(async_engine) -> Iterator[ServerThread]:
-    with ServerThread(build_app(async_engine, chat_template=CHAT_TEMPLATE)) as running:
+    with serving(async_engine, CHAT_TEMPLATE) as running:
         yield running
 
 
