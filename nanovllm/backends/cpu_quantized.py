@@ -17,9 +17,8 @@ runs the reference.
 A step with many rows (a long prefill) is different: there the matmul is bound by arithmetic,
 not by reading W, and the float32 kernels of MKL or oneDNN beat a hand-written loop by far. So
 above `KERNEL_MAX_ROWS` rows the layer dequantizes W once for the call and uses `F.linear`,
-as the reference does, with W decoded by the kernel's own row decoder on numba's threads (the
-whole model's weights in 523 ms of CPU for Q8_0 and 385 for Q4_1, against the reference's torch
-decoding's 1,730 and 1,986; kernels/README.md).
+as the reference does, with W decoded by the kernel's own row decoder on numba's threads instead
+of the reference's torch decoding (kernels/README.md measures both).
 
 torch's own int8 / int4 CPU matmuls do not fit these files: `_weight_int8pack_mm` takes one
 float scale per output feature (a GGUF block has one per 32 weights, so the per-block scales
