@@ -159,7 +159,7 @@ class NumbaDecoderLayer(DecoderLayer):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         h = self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
-        h = h.contiguous()  # (a new tensor: the kernel adds x into it)
+        h = h.contiguous()  # (this layer's own tensor: the kernel adds x into it)
         norm = self.post_attention_layernorm
         normed = cpu_token_ops.fused_add_rms_norm(x.contiguous(), h, norm.weight, norm.eps)
         if type(self.mlp) is MLP:
