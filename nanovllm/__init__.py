@@ -15,11 +15,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from nanovllm import openmp_wait_policy
-
-# Before anything imports torch: OpenMP's idle threads sleep instead of spinning.
-openmp_wait_policy.apply()
-
 __version__ = "0.1.0"
 
 # Each public name -> the module that defines it.

@@ -14,11 +14,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-# Before torch: `import nanovllm` sets OpenMP's wait policy, which libgomp reads when torch loads
-# it (nanovllm/openmp_wait_policy.py), so the tests run the engine as a user's process does.
-import nanovllm  # noqa: F401
-
-# isort: split
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings

@@ -42,10 +42,12 @@ from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_lin
 from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.cpu_moe import moe_layers
 from nanovllm.backends.cpu_quantized import cpu_quantized_layers
+from nanovllm.backends.cpu_threads import thread_governor
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
 from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
+from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import checks, cpu_token_ops
 from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
@@ -196,9 +198,15 @@ class CpuModelRunner(ModelRunner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.input_batch = InputBatch(self.block_size)
+        self.governor = thread_governor()  # (fewer threads while other processes hold cores)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         return self.input_batch.prepare(out)
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.governor is not None:
+            self.governor.tick()
+        return super().execute(out)
 
 
 class CpuBackend(Backend):

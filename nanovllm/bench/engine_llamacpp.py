@@ -38,7 +38,6 @@ from pathlib import Path
 from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.workload import BenchRequest, Workload
-from nanovllm.openmp_wait_policy import environ_for_others
 
 SERVER = "llama-server"
 STARTUP_TIMEOUT_S = 300.0
@@ -149,10 +148,7 @@ class LlamaCppEngine(Engine):
         self.port = _free_port()
         command = server_command(binary, model.resolve(), self.port, settings)
         fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
-        # (without the OpenMP wait policy nanovllm set for itself: llama.cpp runs on its defaults)
-        self.proc = subprocess.Popen(
-            command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL, env=environ_for_others()
-        )
+        self.proc = subprocess.Popen(command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL)
         os.close(fd)
         self._wait_healthy()
         configuration = (

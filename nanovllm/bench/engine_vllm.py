@@ -37,7 +37,6 @@ from pathlib import Path
 from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun
 from nanovllm.bench.workload import Workload
-from nanovllm.openmp_wait_policy import environ_for_others
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -81,9 +80,7 @@ class VLLMEngine(Engine):
                 "(see nanovllm/bench/README.md)"
             )
         lim = self.limits
-        # (without the OpenMP wait policy nanovllm set for itself: vLLM runs on its own defaults)
-        others = environ_for_others()
-        env = {k: v for k, v in others.items() if not k.startswith("VLLM_CPU_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CPU_")}
         env.pop("OMP_NUM_THREADS", None)  # (vLLM's binding sets it per worker)
         env.update(self.environment(), TOKENIZERS_PARALLELISM="false")
         fd, log = tempfile.mkstemp(prefix="nanovllm-bench-vllm-", suffix=".log")
