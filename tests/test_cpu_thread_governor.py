@@ -9,12 +9,12 @@ import time
 
 import pytest
 import torch
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm.backends import cpu_threads
 from nanovllm.backends.cpu_threads import DROP_AT, ThreadGovernor, read_busy_seconds
-from tests.budget import examples
 
 needs_proc_stat = pytest.mark.skipif(
     read_busy_seconds({0}) is None, reason="the governor reads /proc/stat (Linux)"
