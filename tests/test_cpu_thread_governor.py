@@ -46,28 +46,46 @@ class FakeMachine:
         return g
 
 
+def steps(g: ThreadGovernor, m: FakeMachine, n: int, ours: float, others: float) -> list[int]:
+    """`n` steps of 0.1 s each: the threads the governor gave each one."""
+    given = []
+    for _ in range(n):
+        given.append(g.tick())
+        m.run(0.1, ours=min(ours, g.threads), others=others)
+        g.step_ended()
+    return given
+
+
 def test_a_busy_core_takes_a_thread_away_and_a_free_one_gives_it_back() -> None:
     m = FakeMachine()
     g = m.governor(max_threads=2, num_cpus=2)
-    m.run(1.0, ours=2.0, others=0.05)  # (quiet: a daemon now and then)
-    assert g.tick() == 2 and m.calls == []
-    m.run(1.0, ours=1.33, others=0.67)  # (another process shares the two cores with ours)
-    assert g.tick() == 1 and m.calls == [1]
-    m.run(1.0, ours=1.0, others=1.0)  # (it keeps its core; ours keeps the other)
-    assert g.tick() == 1 and m.calls == [1]
-    m.run(1.0, ours=1.0, others=0.0)  # (it ended)
-    assert g.tick() == 2 and m.calls == [1, 2]
+    assert steps(g, m, 10, ours=2.0, others=0.05) == [2] * 10  # (quiet: a daemon now and then)
+    assert m.calls == []
+    # Another process shares the two cores with ours: one thread, from the first look after
+    # 0.25 s of steps on.
+    assert steps(g, m, 10, ours=1.33, others=0.67)[-1] == 1 and m.calls == [1]
+    assert steps(g, m, 10, ours=1.0, others=1.0) == [1] * 10  # (it keeps its core)
+    assert m.calls == [1]
+    assert steps(g, m, 10, ours=1.0, others=0.0)[-1] == 2 and m.calls == [1, 2]  # (it ended)
+
+
+def test_what_others_do_while_the_engine_is_idle_is_not_contention() -> None:
+    m = FakeMachine()
+    g = m.governor(max_threads=2, num_cpus=2)
+    m.run(30.0, ours=0.0, others=2.0)  # (model loading, another engine's turn in a bench)
+    assert steps(g, m, 10, ours=2.0, others=0.0) == [2] * 10 and m.calls == []
+    m.run(1.0, ours=0.0, others=2.0)  # (a pause between requests)
+    assert steps(g, m, 10, ours=2.0, others=0.0) == [2] * 10 and m.calls == []
 
 
 def test_between_looks_it_reads_nothing() -> None:
     m = FakeMachine()
     g = m.governor(max_threads=2, num_cpus=2)
+    steps(g, m, 1, ours=2.0, others=0.0)  # (the first step starts a window)
     reads = []
     g.busy_seconds = lambda: reads.append(1) or m.busy
-    m.run(0.1, ours=0.0, others=2.0)  # (busy, but for less than `interval`)
-    assert g.tick() == 2 and reads == []
-    m.run(0.2, ours=0.0, others=2.0)
-    assert g.tick() == 1 and reads == [1]
+    assert steps(g, m, 2, ours=0.0, others=2.0) == [2, 2] and reads == []  # (0.2 s < interval)
+    assert steps(g, m, 2, ours=0.0, others=2.0) == [1, 1] and reads == [1]
 
 
 @settings(max_examples=examples(200))

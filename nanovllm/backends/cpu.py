@@ -204,9 +204,13 @@ class CpuModelRunner(ModelRunner):
         return self.input_batch.prepare(out)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        if self.governor is not None:
-            self.governor.tick()
-        return super().execute(out)
+        if self.governor is None:
+            return super().execute(out)
+        self.governor.tick()
+        try:
+            return super().execute(out)
+        finally:
+            self.governor.step_ended()
 
 
 class CpuBackend(Backend):

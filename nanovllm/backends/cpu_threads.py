@@ -14,6 +14,10 @@ one, when they do not. Two thresholds keep it from flapping: it drops a thread o
 take half a core of the ones it uses, and takes the thread back once they take less than a
 third of a core.
 
+Only the time the engine spends in steps counts: a look whose window holds a pause between steps
+longer than `interval` (an idle server, a process that ran while this one waited) decides
+nothing and starts a new window.
+
 Cost: two small file reads every `interval` seconds (0.25 s), nothing on the steps between.
 Processes at a lower priority (a positive nice) are not counted: the kernel's scheduler lets
 ours run first, so they do not slow a step.
@@ -82,6 +86,7 @@ class ThreadGovernor:
         self.clock = clock
         self.set_threads = set_threads
         self.last = self._sample()
+        self.step_ended_at: float | None = None  # (None: no step since `last`)
 
     def _sample(self) -> tuple[float, float | None, float]:
         return self.clock(), self.busy_seconds(), self.own_seconds()
@@ -89,6 +94,9 @@ class ThreadGovernor:
     def tick(self) -> int:
         """Called before each step: the threads to run it on (set through `set_threads`)."""
         now = self.clock()
+        if self.step_ended_at is None or now - self.step_ended_at > self.interval:
+            self.last = self._sample()  # (idle since: what others did then is no contention)
+            return self.threads
         if now - self.last[0] < self.interval:
             return self.threads
         sample = self._sample()
@@ -103,6 +111,10 @@ class ThreadGovernor:
             self.set_threads(threads)
             self.threads = threads
         return self.threads
+
+    def step_ended(self) -> None:
+        """Called after each step."""
+        self.step_ended_at = self.clock()
 
     def choose(self, others: float) -> int:
         """The thread count for other processes using `others` cores."""
