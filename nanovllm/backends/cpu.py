@@ -38,6 +38,7 @@ import dataclasses
 import torch
 
 from nanovllm.backends import Backend
+from nanovllm.backends.cpu_attention_plans import AttentionPlans
 from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
 from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.cpu_moe import moe_layers
@@ -48,7 +49,11 @@ from nanovllm.core.scheduler import SchedulerOutput
 from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import checks, cpu_token_ops
-from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
+from nanovllm.kernels.cpu_paged_attention import (
+    cpu_fast_path_available,
+    paged_attention_cpu,
+    paged_attention_cpu_planned,
+)
 from nanovllm.models.attention import AttentionMetadata, store_kv
 from nanovllm.models.layernorm import RMSNorm
 from nanovllm.models.llama import MLP, Attention, CausalLM, DecoderLayer
@@ -59,6 +64,8 @@ from nanovllm.models.rotary import RotaryEmbedding
 class CpuAttention:
     """`TorchAttention`'s interface over the in-place numba kernel (its sliding window and
     soft-capping too)."""
+
+    plans = AttentionPlans()  # (one for every layer: a step's layers share its plan)
 
     def __init__(
         self,
@@ -79,7 +86,13 @@ class CpuAttention:
         return self.attend(q, key_cache, value_cache, meta)
 
     def attend(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """Paged attention over K/V already in the cache (`NumbaAttention` writes them itself)."""
+        """Paged attention over K/V already in the cache (`NumbaAttention` writes them itself),
+        with the step's plan made by the first layer that attends with `meta` (`plans`)."""
+        if cpu_fast_path_available(q.dtype):
+            plan = self.plans.plan(meta, key_cache, q.shape[0], q.shape[1], self.sliding_window)
+            return paged_attention_cpu_planned(
+                q, key_cache, value_cache, plan, self.scale, logits_soft_cap=self.logits_soft_cap
+            )
         return paged_attention_cpu(
             q,
             key_cache,
