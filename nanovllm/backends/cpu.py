@@ -7,7 +7,9 @@ is built), each a subclass of the plain layer with its parameters:
 
 - paged attention: `CpuAttention`, a numba kernel that reads K/V in place through the block
   tables with an online softmax, one call for the whole step
-  (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
+  (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers; what it
+  works out from the step's metadata alone is done once per step, by the first layer
+  (`cpu_attention_plans.py`);
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), keeping the plain
   layers' torch code as the fallback;
 - in each decoder layer, the residual add and the norm after it as one loop, and SwiGLU's
