@@ -85,12 +85,7 @@ def check_paged_attention_args(
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     if query.dtype != key_cache.dtype:
         raise ValueError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    if block_tables.dim() != 2:
-        raise ValueError(f"block_tables must be 2-D, got shape {tuple(block_tables.shape)}")
-    num_seqs = block_tables.shape[0]
-    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
-    check_int_tensor("seq_lens", seq_lens, (num_seqs,))
-    check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
+    num_seqs = check_attention_metadata(block_tables, seq_lens, query_start_loc)
     check_same_device(
         query=query,
         key_cache=key_cache,
@@ -100,6 +95,19 @@ def check_paged_attention_args(
         query_start_loc=query_start_loc,
     )
     return num_tokens, num_heads, num_seqs, block_size, num_kv_heads, head_dim
+
+
+def check_attention_metadata(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
+) -> int:
+    """The shapes and dtypes of a step's attention metadata; returns num_seqs."""
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables must be 2-D, got shape {tuple(block_tables.shape)}")
+    num_seqs = block_tables.shape[0]
+    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
+    check_int_tensor("seq_lens", seq_lens, (num_seqs,))
+    check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
+    return num_seqs
 
 
 def check_window_and_soft_cap(sliding_window: int | None, logits_soft_cap: float | None) -> None:

@@ -56,6 +56,7 @@ Everything is float32: the CPU engine's dtype (numba has no bfloat16/float16 ari
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -370,6 +371,132 @@ def attend(
                 out[token, head, d] = acc[r, d] * inv
 
 
+class AttentionPlan(NamedTuple):
+    """What `plan_attention` works out from a step's metadata alone: the same for every layer
+    that attends with that metadata (and the same window, cache shape and query heads), so an
+    engine can make it once per step (vLLM's CPU backend builds its scheduler metadata once per
+    step too, in `CPUAttentionMetadataBuilder.build`)."""
+
+    block_tables: np.ndarray  # [num_seqs, max_blocks_per_seq] int32, contiguous
+    seq_lens: np.ndarray  # [num_seqs] int32
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    tile_seq: np.ndarray  # [num_tiles] int64: each query tile's sequence (`plan`)
+    tile_first: np.ndarray  # [num_tiles] int64: its first query token, within the sequence
+    num_tokens: int  # query tokens the plan covers
+    cache_shape: tuple[int, int, int, int]  # (num_blocks, block_size, num_kv_heads, head_dim)
+    q_tile: int
+    kv_per_item: int
+    num_threads: int  # numba threads for `attend`
+    sliding_window: int | None
+
+
+def plan_attention(
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int
+    seq_lens: torch.Tensor,  # [num_seqs] int
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int
+    num_tokens: int,
+    cache_shape: tuple[int, int, int, int],  # the key cache's
+    q_tile: int,
+    num_threads: int,
+    kv_per_item: int | None = None,
+    sliding_window: int | None = None,
+) -> AttentionPlan:
+    """Check the metadata (`plan`, serial) and decide the work split; a ValueError names the
+    first bad value (shapes and dtypes already checked by the caller)."""
+    # Fixed argument types (int32 metadata) so that numba compiles one version.
+    block_tables, seq_lens, query_start_loc = (
+        t.to(torch.int32).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
+    )
+    num_blocks, block_size, num_kv_heads = cache_shape[0], cache_shape[1], cache_shape[2]
+    tile_seq, tile_first, error, seq = plan(
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        num_tokens,
+        block_size,
+        num_blocks,
+        q_tile,
+        sliding_window or 0,  # plan's "no window"
+    )
+    if error != OK:
+        q_start, q_end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
+        seq_len = int(seq_lens[seq])
+        raise ValueError(
+            {
+                BAD_QUERY_START: f"query_start_loc[{seq}:{seq + 2}] = [{q_start}, {q_end}] is "
+                f"not an ascending range inside the {num_tokens} query tokens",
+                BAD_SEQ_LEN: f"sequence {seq}: seq_len={seq_len} is shorter than its "
+                f"{q_end - q_start} query tokens",
+                TABLE_TOO_SHORT: f"sequence {seq}: seq_len={seq_len} needs "
+                f"{-(-seq_len // block_size)} blocks but block_tables has "
+                f"{block_tables.shape[1]} columns",
+                BAD_BLOCK_ID: f"sequence {seq}: block table {block_tables[seq].tolist()} holds "
+                f"a block id outside the cache's {num_blocks} blocks",
+            }[error]
+        )
+    num_threads = max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS))
+    if kv_per_item is None:
+        # All KV heads per item (whole blocks read at once) when the tiles alone give every
+        # thread a few items to take; else one KV head per item, for more items to share.
+        kv_per_item = num_kv_heads if len(tile_seq) >= 4 * num_threads else 1
+    if kv_per_item < 1 or num_kv_heads % kv_per_item:
+        raise ValueError(f"kv_per_item={kv_per_item} must divide num_kv_heads={num_kv_heads}")
+    return AttentionPlan(
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        tile_seq,
+        tile_first,
+        num_tokens,
+        tuple(cache_shape),
+        q_tile,
+        kv_per_item,
+        num_threads,
+        sliding_window,
+    )
+
+
+def attend_planned(
+    out: np.ndarray,  # [num_tokens, num_heads, head_dim] float32, contiguous: written
+    query: np.ndarray,  # [num_tokens, num_heads, head_dim] float32, contiguous
+    key_cache: np.ndarray,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    value_cache: np.ndarray,
+    plan: AttentionPlan,  # `plan_attention`'s, for this metadata and this cache's shape
+    scale: float,
+    logits_soft_cap: float | None = None,
+) -> None:
+    """Run `attend` on numpy views (the caches read where they lie, never copied), with the
+    work split `plan` decided."""
+    torch_threads = torch.get_num_threads()
+    numba.set_num_threads(plan.num_threads)
+    # Hand the work items out one at a time, as threads come free: they differ in cost.
+    chunksize = numba.set_parallel_chunksize(1)
+    try:
+        attend(
+            out,
+            query,
+            key_cache,
+            value_cache,
+            plan.block_tables,
+            plan.seq_lens,
+            plan.query_start_loc,
+            plan.tile_seq,
+            plan.tile_first,
+            plan.q_tile,
+            plan.kv_per_item,
+            float(scale),
+            plan.sliding_window,
+            None if logits_soft_cap is None else float(logits_soft_cap),
+        )
+    finally:
+        numba.set_parallel_chunksize(chunksize)
+        # Where numba's pool and torch's share one OpenMP runtime, starting numba's threads
+        # (in set_num_threads, the first time) sets that runtime's thread count to numba's:
+        # give torch back its own. (They need not share one: see kernels/README.md, Threads.)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
 def paged_attention_numba(
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32, contiguous: written
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32
@@ -385,76 +512,25 @@ def paged_attention_numba(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
-    """Run `plan` and `attend` on torch tensors (shapes and dtypes already checked by the caller).
-
-    The tensors are handed to numba as numpy views of the same memory: the caches are read where
-    they lie, never copied.
-    """
-    # Fixed argument types (int32 metadata, a contiguous query) so that numba compiles one version.
-    block_tables, seq_lens, query_start_loc = (
-        t.to(torch.int32).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
-    )
-    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-    window = sliding_window or 0  # plan's "no window"
-    tile_seq, tile_first, error, seq = plan(
+    """`plan_attention`, then `attend_planned`, on torch tensors (shapes and dtypes already
+    checked by the caller)."""
+    plan = plan_attention(
         block_tables,
         seq_lens,
         query_start_loc,
         query.shape[0],
-        block_size,
-        num_blocks,
+        tuple(key_cache.shape),
         q_tile,
-        window,
+        num_threads,
+        kv_per_item,
+        sliding_window,
     )
-    if error != OK:
-        q_start, q_end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
-        seq_len = int(seq_lens[seq])
-        raise ValueError(
-            {
-                BAD_QUERY_START: f"query_start_loc[{seq}:{seq + 2}] = [{q_start}, {q_end}] is "
-                f"not an ascending range inside the {query.shape[0]} query tokens",
-                BAD_SEQ_LEN: f"sequence {seq}: seq_len={seq_len} is shorter than its "
-                f"{q_end - q_start} query tokens",
-                TABLE_TOO_SHORT: f"sequence {seq}: seq_len={seq_len} needs "
-                f"{-(-seq_len // block_size)} blocks but block_tables has "
-                f"{block_tables.shape[1]} columns",
-                BAD_BLOCK_ID: f"sequence {seq}: block table {block_tables[seq].tolist()} holds "
-                f"a block id outside the cache's {num_blocks} blocks",
-            }[error]
-        )
-    num_kv_heads = key_cache.shape[2]
-    num_threads = max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS))
-    if kv_per_item is None:
-        # All KV heads per item (whole blocks read at once) when the tiles alone give every
-        # thread a few items to take; else one KV head per item, for more items to share.
-        kv_per_item = num_kv_heads if len(tile_seq) >= 4 * num_threads else 1
-    if kv_per_item < 1 or num_kv_heads % kv_per_item:
-        raise ValueError(f"kv_per_item={kv_per_item} must divide num_kv_heads={num_kv_heads}")
-    torch_threads = torch.get_num_threads()
-    numba.set_num_threads(num_threads)
-    # Hand the work items out one at a time, as threads come free: they differ in cost.
-    chunksize = numba.set_parallel_chunksize(1)
-    try:
-        attend(
-            out.numpy(),
-            query.contiguous().numpy(),  # usually a view into the QKV projection: copy its rows
-            key_cache.numpy(),
-            value_cache.numpy(),
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            tile_seq,
-            tile_first,
-            q_tile,
-            kv_per_item,
-            float(scale),
-            sliding_window,
-            None if logits_soft_cap is None else float(logits_soft_cap),
-        )
-    finally:
-        numba.set_parallel_chunksize(chunksize)
-        # Where numba's pool and torch's share one OpenMP runtime, starting numba's threads
-        # (in set_num_threads, the first time) sets that runtime's thread count to numba's:
-        # give torch back its own. (They need not share one: see kernels/README.md, Threads.)
-        if torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
+    attend_planned(
+        out.numpy(),
+        query.contiguous().numpy(),  # usually a view into the QKV projection: copy its rows
+        key_cache.numpy(),
+        value_cache.numpy(),
+        plan,
+        scale,
+        logits_soft_cap,
+    )

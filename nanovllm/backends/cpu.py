@@ -7,7 +7,9 @@ is built), each a subclass of the plain layer with its parameters:
 
 - paged attention: `CpuAttention`, a numba kernel that reads K/V in place through the block
   tables with an online softmax, one call for the whole step
-  (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers;
+  (`nanovllm.kernels.cpu_paged_attention`), instead of `TorchAttention`'s gathers; what it
+  works out from the step's metadata alone is done once per step, by the first layer
+  (`cpu_attention_plans.py`);
 - RMSNorm and RoPE: one numba loop each (`nanovllm.kernels.cpu_token_ops`), keeping the plain
   layers' torch code as the fallback;
 - in each decoder layer, the residual add and the norm after it as one loop, and SwiGLU's
@@ -38,6 +40,7 @@ import dataclasses
 import torch
 
 from nanovllm.backends import Backend
+from nanovllm.backends.cpu_attention_plans import AttentionPlans
 from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_linear_weights
 from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.cpu_moe import moe_layers
@@ -50,7 +53,11 @@ from nanovllm.executor.model_runner import ModelRunner
 from nanovllm.executor.outputs import ModelRunnerOutput
 from nanovllm.executor.step_inputs import StepInputs
 from nanovllm.kernels import checks, cpu_token_ops
-from nanovllm.kernels.cpu_paged_attention import paged_attention_cpu
+from nanovllm.kernels.cpu_paged_attention import (
+    cpu_fast_path_available,
+    paged_attention_cpu,
+    paged_attention_cpu_planned,
+)
 from nanovllm.models.attention import AttentionMetadata, store_kv
 from nanovllm.models.layernorm import RMSNorm
 from nanovllm.models.llama import MLP, Attention, CausalLM, DecoderLayer
@@ -61,6 +68,8 @@ from nanovllm.models.rotary import RotaryEmbedding
 class CpuAttention:
     """`TorchAttention`'s interface over the in-place numba kernel (its sliding window and
     soft-capping too)."""
+
+    plans = AttentionPlans()  # (one for every layer: a step's layers share its plan)
 
     def __init__(
         self,
@@ -81,7 +90,13 @@ class CpuAttention:
         return self.attend(q, key_cache, value_cache, meta)
 
     def attend(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """Paged attention over K/V already in the cache (`NumbaAttention` writes them itself)."""
+        """Paged attention over K/V already in the cache (`NumbaAttention` writes them itself),
+        with the step's plan made by the first layer that attends with `meta` (`plans`)."""
+        if cpu_fast_path_available(q.dtype):
+            plan = self.plans.plan(meta, key_cache, q.shape[0], q.shape[1], self.sliding_window)
+            return paged_attention_cpu_planned(
+                q, key_cache, value_cache, plan, self.scale, logits_soft_cap=self.logits_soft_cap
+            )
         return paged_attention_cpu(
             q,
             key_cache,
