@@ -25,7 +25,7 @@ from tiny_gguf import random_blocks
 from nanovllm.backends import cpu_quantized_int8
 from nanovllm.kernels import cpu_quantized_matmul_amx
 from nanovllm.kernels.cpu_quantized_matmul_int8 import quantize_rows_ref
-from nanovllm.models.gguf_quants import dequantize
+from nanovllm.models.gguf_quants import QuantizedTensor, dequantize
 
 needs_amx = pytest.mark.skipif(
     cpu_quantized_matmul_amx.load() is None,
@@ -103,11 +103,9 @@ def test_amx_layers_take_any_rows_and_leave_other_types_to_vnni(monkeypatch):
         "quantized_matmul",
         lambda *a: calls.append(a[2]) or amx(*a),
     )
-    qweight = type("QW", (), {"raw": torch.from_numpy(random_blocks(8, 2, "Q8_0", 1))})()
-    qweight.qtype = "Q8_0"
-    x = torch.randn(100, 64)
-    y = cpu_quantized_int8.int8_quantized_linear(x, qweight, None, amx=True)
+    qweight = QuantizedTensor(torch.from_numpy(random_blocks(8, 2, "Q8_0", 1)), "Q8_0", 64)
+    y = cpu_quantized_int8.int8_quantized_linear(torch.randn(100, 64), qweight, None, amx=True)
     assert calls == ["Q8_0"] and y.shape == (100, 8)
-    qweight.raw, qweight.qtype = torch.from_numpy(random_blocks(8, 1, "Q6_K", 1)), "Q6_K"
+    qweight = QuantizedTensor(torch.from_numpy(random_blocks(8, 1, "Q6_K", 1)), "Q6_K", 256)
     y = cpu_quantized_int8.int8_quantized_linear(torch.randn(3, 256), qweight, None, amx=True)
     assert calls == ["Q8_0"] and y.shape == (3, 8)
