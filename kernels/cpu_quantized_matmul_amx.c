@@ -1,16 +1,19 @@
-/* y = x W^T with W in llama.cpp's Q8_0, Q4_0 or Q4_1 blocks and x quantized to int8 blocks of
+/* y = x W^T with W in llama.cpp's Q8_0, Q4_0, Q4_1, Q4_K or Q5_K blocks and x quantized to int8 blocks of
  * 32, the products summed by AMX tiles (cpu_quantized_matmul_amx.py builds and calls this file;
  * its docstring says why). The arithmetic is cpu_quantized_matmul_int8.c's:
  *
  *     Q8_0, Q4_0   sum_j x_j w_j ~ dx * dw * sum_j qx_j qw_j          (Q4_0: qw = q - 8)
  *     Q4_1                       ~ dx * dw * sum_j qx_j q_j + mw * sx  (sx = dx * sum_j qx_j)
  *
+ * and Q4_K, Q5_K alike per sub-block of 32 (dw = d sc, mw = -dmin m). (Q6_K's sub-blocks of 16
+ * would need tiles of K = 16: not written; the VNNI kernel serves it.)
+ *
  * per block of 32, but the integer sums come from `tdpbssd`, which multiplies a 16 x 32 tile
  * of signed bytes (A) by a 32 x 16 one (B) into a 16 x 16 tile of int32 sums: 8,192 products in
  * one instruction. A tile's K is one block (32 bytes), since each block has its own scales:
  *
  *     A  16 output features x one block of their quants: the weight rows as stored (Q8_0) or
- *        decoded to int8 (Q4_0, Q4_1), one row every `lda` bytes
+ *        decoded to int8 (the others), one row every `lda` bytes
  *     B  16 rows of x x the same block, in the layout the instruction reads ("VNNI": 8 rows of
  *        64 bytes, row r holding quants 4r..4r + 3 of each of the 16 rows of x in turn); x is
  *        packed so once per call
@@ -123,6 +126,47 @@ static inline void transpose16(__m512 r[16]) {
     }
 }
 
+/* The bytes of a weight row of nb blocks of 32 (qtype 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q5_K) */
+static int64_t weight_row_bytes(int qtype, int64_t nb) {
+    static const int64_t bytes[] = {34, 18, 20};
+    return qtype <= 2 ? nb * bytes[qtype] : nb / 8 * (qtype == 3 ? 144 : 176);
+}
+
+/* Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j, from their 12 packed bytes */
+static inline void scale_min_k(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* A Q4_K or Q5_K row as quants q [K] (0..15 or 0..31), and per 32-weight sub-block b the scale
+ * dw[b * 16] = d sc and the minimum mw[b * 16] = -dmin m (w = dw q + mw), as
+ * cpu_quantized_matmul_int8.c's decode_row */
+static void decode_k_row(const uint8_t *row, int qtype, int64_t nb, int8_t *q, float *dw, float *mw) {
+    const int64_t block_bytes = qtype == 3 ? 144 : 176;
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + sb * block_bytes, *qh = blk + 16, *qs = blk + (qtype == 3 ? 16 : 48);
+        float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            scale_min_k(blk + 4, j, &sc, &m);
+            const int64_t b = sb * 8 + j;
+            dw[b * TILE] = d * (float)sc;
+            mw[b * TILE] = -(dmin * (float)m);
+            const uint8_t *bytes = qs + (j / 2) * 32;
+            for (int i = 0; i < QK; i++) {
+                int v = j % 2 ? bytes[i] >> 4 : bytes[i] & 0x0F;
+                if (qtype == 4) v |= ((qh[i] >> j) & 1) << 4;
+                q[b * QK + i] = (int8_t)v;
+            }
+        }
+    }
+}
+
 /* Features [n0, n0 + 16) of W (those past N as zero rows) made ready for tile A: the first
  * block's quants, the bytes from one row to the next (lda) and from one block to the next
  * (Q8_0's rows as stored when the tile is whole, else decoded into q [16, K]), and each block's
@@ -130,7 +174,15 @@ static inline void transpose16(__m512 r[16]) {
 static const int8_t *prepare_weights(const uint8_t *w, int64_t N, int64_t K, int qtype, int64_t n0,
                                      int8_t *q, float *dw, float *mw, int64_t *lda, int64_t *block_step) {
     const int64_t nb = K / QK, block_bytes = qtype == 0 ? 34 : (qtype == 1 ? 18 : 20);
-    const int64_t row_bytes = nb * block_bytes, rows = N - n0 < TILE ? N - n0 : TILE;
+    const int64_t row_bytes = weight_row_bytes(qtype, nb), rows = N - n0 < TILE ? N - n0 : TILE;
+    if (qtype >= 3) { /* Q4_K, Q5_K */
+        *lda = K, *block_step = QK;
+        memset(q, 0, (size_t)(TILE * K));
+        memset(dw, 0, (size_t)(nb * TILE * 4));
+        memset(mw, 0, (size_t)(nb * TILE * 4));
+        for (int64_t i = 0; i < rows; i++) decode_k_row(w + (n0 + i) * row_bytes, qtype, nb, q + i * K, dw + i, mw + i);
+        return q;
+    }
     for (int i = 0; i < TILE; i++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w + (n0 + i) * row_bytes + b * block_bytes;
@@ -217,8 +269,8 @@ static inline __attribute__((always_inline)) void tile_product(
     for (int r = 0; r < TILE && t * TILE + r < M; r++) _mm512_mask_storeu_ps(out + (t * TILE + r) * N + n0, features, acc[r]);
 }
 
-/* out [M, N] float32 = x [M, K] float32 times W^T, W [N, K / 32 * block_bytes] (qtype 0 Q8_0,
- * 1 Q4_0, 2 Q4_1); amx_request_permission must have succeeded */
+/* out [M, N] float32 = x [M, K] float32 times W^T, W [N, weight_row_bytes] (qtype 0 Q8_0, 1 Q4_0,
+ * 2 Q4_1, 3 Q4_K, 4 Q5_K); amx_request_permission must have succeeded */
 void quantized_matmul_amx(float *out, const float *x, const uint8_t *w, int64_t M, int64_t N, int64_t K,
                           int qtype, int num_threads) {
     const int64_t nb = K / QK, m_tiles = (M + TILE - 1) / TILE, n_tiles = (N + TILE - 1) / TILE;
@@ -244,7 +296,7 @@ void quantized_matmul_amx(float *out, const float *x, const uint8_t *w, int64_t 
             for (int64_t t = panel * PANEL_TILES; t < t_end; t++) {
                 const int8_t *xt = xp + t * x_tile_bytes;
                 const float *dxt = dxp + t * nb * TILE, *sxt = sxp + t * nb * TILE;
-                if (qtype == 2) tile_product(out, M, N, n0, t, nb, a, lda, block_step, dw, mw, xt, dxt, sxt, 1, ring);
+                if (qtype >= 2) tile_product(out, M, N, n0, t, nb, a, lda, block_step, dw, mw, xt, dxt, sxt, 1, ring);
                 else tile_product(out, M, N, n0, t, nb, a, lda, block_step, dw, mw, xt, dxt, sxt, 0, ring);
             }
         }

@@ -1,4 +1,4 @@
-"""y = x W^T with W in Q8_0, Q4_0 or Q4_1 blocks and x quantized to int8 blocks: the int8 kernel's arithmetic on AMX tiles.
+"""y = x W^T with W in Q8_0, Q4_0, Q4_1, Q4_K or Q5_K blocks and x quantized to int8 blocks: the int8 kernel's arithmetic on AMX tiles.
 
 Why: the int8 kernel (`cpu_quantized_matmul_int8.py`) sums each block's 32 byte products with
 AVX-512 VNNI, and at a decode batch of 32 rows it is bound by arithmetic: per 64 products a
@@ -19,7 +19,8 @@ Built like the int8 kernel (`cc -O3 -march=native -mamx-tile -mamx-int8 -fopenmp
 `~/.cache/nanovllm/`) and used only where the CPU lists `amx_int8`, the build succeeds, and
 Linux grants the process the tiles' state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); otherwise
 `load()` is None after one logged notice and the int8 layers keep the VNNI kernel.
-Q4_K, Q5_K and Q6_K are not covered (`applies` is False for them; the VNNI kernel serves them).
+Q6_K is not covered (its sub-blocks of 16 would need tiles of K = 16; `applies` is False for it,
+and the VNNI kernel serves it).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, _cache_dir, _cpu_f
 
 logger = logging.getLogger("nanovllm.kernels")
 
-QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the C file's codes
+QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4}  # the C file's codes
 SOURCE = Path(__file__).with_suffix(".c")
 
 

@@ -3,7 +3,7 @@
 For each block type and row count, the same product runs as `F.linear` on W dequantized to
 float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
 int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI) and the AMX one
-(`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1, where the CPU has it), called in turn, and prints
+(`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K, where the CPU has it), called in turn, and prints
 each one's fastest and median milliseconds, wall clock and the process's CPU time (all threads;
 on a loaded machine the steadier of the two), with `uptime` before and after. Above the kernels'
 `KERNEL_MAX_ROWS` (a prefill) the numba and VNNI rows are what their layers do there instead:
