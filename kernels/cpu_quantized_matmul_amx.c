@@ -5,12 +5,11 @@
  *     Q8_0, Q4_0   sum_j x_j w_j ~ dx * dw * sum_j qx_j qw_j          (Q4_0: qw = q - 8)
  *     Q4_1                       ~ dx * dw * sum_j qx_j q_j + mw * sx  (sx = dx * sum_j qx_j)
  *
- * and Q4_K, Q5_K alike per sub-block of 32 (dw = d sc, mw = -dmin m). (Q6_K's sub-blocks of 16
- * would need tiles of K = 16: not written; the VNNI kernel serves it.)
- *
- * per block of 32, but the integer sums come from `tdpbssd`, which multiplies a 16 x 32 tile
- * of signed bytes (A) by a 32 x 16 one (B) into a 16 x 16 tile of int32 sums: 8,192 products in
- * one instruction. A tile's K is one block (32 bytes), since each block has its own scales:
+ * per block of 32, and Q4_K, Q5_K alike per sub-block of 32 (dw = d sc, mw = -dmin m); Q6_K's
+ * sub-blocks of 16 would need tiles of K = 16 (not written: the VNNI kernel serves it). The
+ * integer sums come from `tdpbssd`, which multiplies a 16 x 32 tile of signed bytes (A) by a
+ * 32 x 16 one (B) into a 16 x 16 tile of int32 sums: 8,192 products in one instruction. A tile's
+ * K is one block (32 bytes), since each block has its own scales:
  *
  *     A  16 output features x one block of their quants: the weight rows as stored (Q8_0) or
  *        decoded to int8 (the others), one row every `lda` bytes
@@ -53,7 +52,6 @@ struct tile_config {
     uint16_t colsb[16]; /* bytes per row of each tile */
     uint8_t rows[16];
 };
-
 
 static void configure_tiles(void) { /* per thread: the tile shapes above */
     struct tile_config c;
