@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanovllm.backends.cpu_quantized_int8 import INT8_QUANTIZED_CLASSES
+from nanovllm.backends.cpu_quantized_int8 import int8_quantized_classes
 from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import (
@@ -101,10 +101,10 @@ def cpu_quantized_layers(
     layers: ModelLayers, enforce_eager: bool, int8_activations: bool = False
 ) -> ModelLayers:
     """`layers` with the quantized classes, chosen once: for an eager model the numba ones, or,
-    asked for (`int8_activations`), the int8 C kernel's (`cpu_quantized_int8.py`) where it could
-    be built; for a compiled model the reference (a compiled graph cannot call C or numba; it
+    asked for (`int8_activations`), the int8 C kernels' (`cpu_quantized_int8.py`: AMX's where
+    the CPU has it, else VNNI's) where they could be built; for a compiled model the reference (a compiled graph cannot call C or numba; it
     traces torch code)."""
     if not enforce_eager:
         return quantized_layers(layers)
     fast = int8_activations and cpu_quantized_matmul_int8.load() is not None
-    return quantized_layers(layers, INT8_QUANTIZED_CLASSES if fast else NUMBA_QUANTIZED_CLASSES)
+    return quantized_layers(layers, int8_quantized_classes() if fast else NUMBA_QUANTIZED_CLASSES)

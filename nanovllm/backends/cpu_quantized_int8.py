@@ -12,13 +12,19 @@ percent of their scale, the same rounding llama.cpp applies on these files; a wh
 greedy tokens can then part from the reference's where two logits are close.
 A matmul with more than `KERNEL_MAX_ROWS` rows (a prefill) runs the reference, exactly as the
 numba layers do.
+
+On a CPU with AMX (`amx_int8`), the same arithmetic runs on tile registers instead
+(`kernels/cpu_quantized_matmul_amx.py`: 3-5x the VNNI kernel at 32 rows, kernels/README.md),
+for Q8_0, Q4_0, Q4_1, Q4_K and Q5_K (Q6_K stays on VNNI), at any number of rows, a prefill's too, where it also beats
+dequantizing W and MKL's float32 `F.linear`. Whether this process uses it is chosen once, when
+the model is built (`int8_quantized_classes`); without AMX (one logged notice) the VNNI layers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from nanovllm.kernels import cpu_quantized_matmul_int8
+from nanovllm.kernels import cpu_quantized_matmul_amx, cpu_quantized_matmul_int8
 from nanovllm.models.quantized_linear import (
     KERNEL_MAX_ROWS,
     QuantizedMergedColumnParallelLinear,
@@ -34,20 +40,28 @@ def int8_quantized_linear(
     x: torch.Tensor,  # [num_tokens, in]
     qweight,  # QuantizedTensor [out, in]
     bias: torch.Tensor | None,  # [out]
+    amx: bool = False,
 ) -> torch.Tensor:  # [num_tokens, out]
-    """x W^T + b: the int8 kernel where it applies and x has few rows, else the reference."""
+    """x W^T + b: with `amx`, the AMX kernel where it applies (any number of rows); else the
+    VNNI kernel where it applies and x has few rows; else the reference."""
     rows = x.numel() // x.shape[-1]
-    if rows > KERNEL_MAX_ROWS or not cpu_quantized_matmul_int8.applies(x, qweight.qtype):
+    if amx and cpu_quantized_matmul_amx.applies(x, qweight.qtype):
+        y = cpu_quantized_matmul_amx.quantized_matmul(x, qweight.raw, qweight.qtype)
+    elif rows <= KERNEL_MAX_ROWS and cpu_quantized_matmul_int8.applies(x, qweight.qtype):
+        y = cpu_quantized_matmul_int8.quantized_matmul(x, qweight.raw, qweight.qtype)
+    else:
         return dequantize_linear(x, qweight, bias)
-    y = cpu_quantized_matmul_int8.quantized_matmul(x, qweight.raw, qweight.qtype)
     return y if bias is None else y.add_(bias)
 
 
 class Int8QuantizedMatmul:
-    """`matmul` through the int8 kernel (mixed in before a quantized layer class)."""
+    """`matmul` through the int8 kernels (mixed in before a quantized layer class); `amx`
+    set in the AMX layers' classes."""
+
+    amx = False
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return int8_quantized_linear(x, self.quantized_weight(), bias)
+        return int8_quantized_linear(x, self.quantized_weight(), bias, self.amx)
 
 
 class Int8QuantizedQKVParallelLinear(Int8QuantizedMatmul, QuantizedQKVParallelLinear): ...
@@ -71,3 +85,43 @@ INT8_QUANTIZED_CLASSES = {
     "embedding": QuantizedVocabParallelEmbedding,  # (a lookup: it dequantizes only its rows)
     "lm_head": Int8QuantizedParallelLMHead,
 }
+
+
+class AmxQuantizedMatmul(Int8QuantizedMatmul):
+    """`matmul` through the AMX kernel where it serves the weight's type, else as the int8 layers."""
+
+    amx = True
+
+
+class AmxQuantizedQKVParallelLinear(AmxQuantizedMatmul, QuantizedQKVParallelLinear): ...
+
+
+class AmxQuantizedMergedColumnParallelLinear(
+    AmxQuantizedMatmul, QuantizedMergedColumnParallelLinear
+): ...
+
+
+class AmxQuantizedRowParallelLinear(AmxQuantizedMatmul, QuantizedRowParallelLinear): ...
+
+
+class AmxQuantizedParallelLMHead(AmxQuantizedMatmul, QuantizedParallelLMHead): ...
+
+
+AMX_QUANTIZED_CLASSES = {
+    "qkv": AmxQuantizedQKVParallelLinear,
+    "merged_column": AmxQuantizedMergedColumnParallelLinear,
+    "row": AmxQuantizedRowParallelLinear,
+    "embedding": QuantizedVocabParallelEmbedding,
+    "lm_head": AmxQuantizedParallelLMHead,
+}
+
+
+def int8_quantized_classes() -> dict[str, type]:
+    """The int8 layers this machine gets: the AMX ones where the AMX kernel loads (the CPU has
+    `amx_int8`, the compiler builds it, Linux grants the tiles), else (one logged notice, from
+    `cpu_quantized_matmul_amx.load`) the VNNI ones."""
+    return (
+        AMX_QUANTIZED_CLASSES
+        if cpu_quantized_matmul_amx.load() is not None
+        else INT8_QUANTIZED_CLASSES
+    )

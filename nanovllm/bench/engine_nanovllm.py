@@ -27,7 +27,9 @@ the answers as they come.
 A GGUF file's weights: `nanovllm` dequantizes them to float32 at load (`dequantize_gguf=True`),
 the weights the peers given a folder (vLLM, transformers) read, so their rows compare engines, not
 weight formats; `nanovllm-gguf` keeps them quantized as stored (the engine's own default for a
-GGUF file, `backends/cpu_quantized.py`), the row to set beside llama.cpp's on the same file.
+GGUF file, `backends/cpu_quantized.py`), the row to set beside llama.cpp's on the same file;
+`nanovllm-gguf-int8` also rounds x to int8 blocks (`gguf_int8_activations=True`), as llama.cpp
+does, for integer dot products (AMX where the CPU has it, `backends/cpu_quantized_int8.py`).
 
 `nanovllm-compiled` is the engine with `enforce_eager=False` (its layers compiled by
 torch.compile at load, `backends/compilation.py`); its load info keeps the compile time, and the
@@ -54,6 +56,7 @@ class NanovllmEngine(Engine):
     enforce_eager = True  # False: compile the model's layers at load
     kv_transfer = True  # with the limits' kv_transfer_config, if one is given
     dequantize_gguf = True  # a GGUF file's weights as float32, as the folder the peers read
+    gguf_int8_activations = False  # True: x rounded to int8 blocks (AMX or VNNI kernels)
 
     def load(self) -> dict:
         from nanovllm.config import EngineConfig
@@ -73,6 +76,7 @@ class NanovllmEngine(Engine):
             enforce_eager=self.enforce_eager,
             dtype="float32",
             dequantize_gguf=self.dequantize_gguf,
+            gguf_int8_activations=self.gguf_int8_activations,
             # The ranks share the bench's threads (unset: the engine divides the machine's).
             num_threads=max(threads // tp, 1) if threads else None,
             **self.limits.shared(),
@@ -84,6 +88,7 @@ class NanovllmEngine(Engine):
         weights = ""
         if is_gguf(self.model_path):
             kept = "kept quantized as stored" if not self.dequantize_gguf else "float32"
+            kept += ", x rounded to int8 blocks" if self.gguf_int8_activations else ""
             weights = f"GGUF weights {kept}, "
         configuration = (
             f"{weights}{torch.get_num_threads()} torch threads, attention backend "
@@ -288,3 +293,10 @@ class NanovllmGGUFEngine(NanovllmEngine):
 
     name = "nanovllm-gguf"
     dequantize_gguf = False
+
+
+class NanovllmGGUFInt8Engine(NanovllmGGUFEngine):
+    """nanovllm-gguf with x rounded to int8 blocks, llama.cpp's arithmetic: integer products."""
+
+    name = "nanovllm-gguf-int8"
+    gguf_int8_activations = True

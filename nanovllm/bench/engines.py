@@ -37,6 +37,7 @@ ENGINES: dict[str, str | type] = {
     "nanovllm-tp1": "nanovllm.bench.engine_nanovllm:NanovllmOneRankEngine",
     "nanovllm-compiled": "nanovllm.bench.engine_nanovllm:NanovllmCompiledEngine",
     "nanovllm-gguf": "nanovllm.bench.engine_nanovllm:NanovllmGGUFEngine",
+    "nanovllm-gguf-int8": "nanovllm.bench.engine_nanovllm:NanovllmGGUFInt8Engine",
     "hf-static": "nanovllm.bench.engine_hf:HFStaticEngine",
     "hf-cb": "nanovllm.bench.engine_hf:HFContinuousBatchingEngine",
     "one-at-a-time": "nanovllm.bench.engine_hf:OneAtATimeEngine",

@@ -1,11 +1,15 @@
 """`python -m nanovllm.bench.tools.quantized_matmul`: x W^T with W in GGUF blocks, float32 against the CPU kernels.
 
 For each block type and row count, the same product runs as `F.linear` on W dequantized to
-float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) and the
-int8 C kernel (`cpu_quantized_matmul_int8`), called in turn, and prints each one's fastest
-and median milliseconds, wall clock and the process's CPU time (all threads; on a loaded
-machine the steadier of the two), with `uptime` before and after. W is random blocks of the
-LM head's shape of SmolLM2-135M by default (`--out`, `--in`).
+float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
+int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI) and the AMX one
+(`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K, where the CPU has it), called in turn, and prints
+each one's fastest and median milliseconds, wall clock and the process's CPU time (all threads;
+on a loaded machine the steadier of the two), with `uptime` before and after. Above the kernels'
+`KERNEL_MAX_ROWS` (a prefill) the numba and VNNI rows are what their layers do there instead:
+W dequantized (by the numba decoder, or the reference's torch code), then `F.linear`. W is random
+blocks of the LM head's shape of SmolLM2-135M by default (`--out`, `--in`); `--smollm2` takes
+each of SmolLM2-135M's linear shapes in turn.
 """
 
 from __future__ import annotations
@@ -15,13 +19,28 @@ import functools
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nanovllm.kernels import cpu_quantized_matmul, cpu_quantized_matmul_int8
-from nanovllm.models.gguf_quants import FORMATS, dequantize
+from nanovllm.kernels import (
+    cpu_quantized_matmul,
+    cpu_quantized_matmul_amx,
+    cpu_quantized_matmul_int8,
+)
+from nanovllm.models.gguf_quants import FORMATS, QuantizedTensor, dequantize
+from nanovllm.models.quantized_linear import KERNEL_MAX_ROWS, dequantize_linear
+
+# SmolLM2-135M's linear layers: name -> (out, in)
+SMOLLM2_SHAPES = {
+    "qkv": (960, 576),
+    "o": (576, 576),
+    "gate_up": (3072, 576),
+    "down": (576, 1536),
+    "lm_head": (49152, 576),
+}
 
 # Where each block type keeps its float16 scales (byte offsets in a block); the rest of a
 # block's bytes may be anything.
@@ -51,49 +70,69 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def matmul_ways(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> dict[str, Callable]:
+    """Each way to compute x W^T that applies here, by name (see the module docstring)."""
+    weight = dequantize(raw, qtype)
+    ways = {"fp32": functools.partial(F.linear, x, weight)}
+    if x.shape[0] > KERNEL_MAX_ROWS:  # a prefill: what the numba and VNNI layers do there
+        if cpu_quantized_matmul.applies(x, qtype):
+            decode = functools.partial(cpu_quantized_matmul.dequantize, raw, qtype)
+            ways["numba"] = lambda: F.linear(x, decode())
+        qweight = QuantizedTensor(raw, qtype, x.shape[1])
+        ways["int8"] = functools.partial(dequantize_linear, x, qweight, None)
+    else:
+        for name, kernel in (("numba", cpu_quantized_matmul), ("int8", cpu_quantized_matmul_int8)):
+            if kernel.applies(x, qtype):
+                ways[name] = functools.partial(kernel.quantized_matmul, x, raw, qtype)
+    if cpu_quantized_matmul_amx.applies(x, qtype):
+        ways["amx"] = functools.partial(cpu_quantized_matmul_amx.quantized_matmul, x, raw, qtype)
+    return ways
+
+
+def time_ways(ways: dict[str, Callable], repeats: int) -> tuple[dict, dict]:
+    """Each way's wall and CPU milliseconds over `repeats` rounds, the ways in turn each round."""
+    wall: dict[str, list[float]] = {name: [] for name in ways}
+    cpu: dict[str, list[float]] = {name: [] for name in ways}
+    for fn in ways.values():
+        fn()  # (compilation, first touch)
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append((time.perf_counter() - w0) * 1e3)
+            cpu[name].append((time.process_time() - c0) * 1e3)
+    return wall, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q4_K,Q5_K,Q6_K")
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--out", type=int, default=49152)
     parser.add_argument("--in", dest="in_features", type=int, default=576)
+    parser.add_argument("--smollm2", action="store_true", help="each of SmolLM2-135M's shapes")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(uptime(), f"| {args.threads} threads, W {args.out} x {args.in_features}")
-    print("type  rows  way      wall ms fastest/median   CPU ms fastest/median")
-    for qtype in args.types.split(","):
-        blocks = args.in_features // FORMATS[qtype].block_size
-        raw = torch.from_numpy(random_blocks(args.out, blocks, qtype))
-        in_features = blocks * FORMATS[qtype].block_size
-        weight = dequantize(raw, qtype)
-        for rows in map(int, args.rows.split(",")):
-            x = torch.randn(rows, in_features)
-            ways = {"fp32": functools.partial(F.linear, x, weight)}
-            for name, kernel in (
-                ("numba", cpu_quantized_matmul),
-                ("int8", cpu_quantized_matmul_int8),
-            ):
-                if kernel.applies(x, qtype):
-                    ways[name] = functools.partial(kernel.quantized_matmul, x, raw, qtype)
-            wall: dict[str, list[float]] = {name: [] for name in ways}
-            cpu: dict[str, list[float]] = {name: [] for name in ways}
-            for fn in ways.values():
-                fn()  # (compilation, first touch)
-            for _ in range(args.repeats):
-                for name, fn in ways.items():
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    fn()
-                    wall[name].append((time.perf_counter() - w0) * 1e3)
-                    cpu[name].append((time.process_time() - c0) * 1e3)
-            for name in ways:
-                print(
-                    f"{qtype:5} {rows:4}  {name:6} {min(wall[name]):9.2f} / "
-                    f"{statistics.median(wall[name]):<9.2f} {min(cpu[name]):9.2f} / "
-                    f"{statistics.median(cpu[name]):.2f}",
-                    flush=True,
-                )
+    shapes = SMOLLM2_SHAPES if args.smollm2 else {"W": (args.out, args.in_features)}
+    print(uptime(), f"| {args.threads} threads")
+    print("shape    type  rows  way      wall ms fastest/median   CPU ms fastest/median")
+    for shape, (out_features, in_features) in shapes.items():
+        for qtype in args.types.split(","):
+            blocks = in_features // FORMATS[qtype].block_size
+            raw = torch.from_numpy(random_blocks(out_features, blocks, qtype))
+            for rows in map(int, args.rows.split(",")):
+                x = torch.randn(rows, blocks * FORMATS[qtype].block_size)
+                ways = matmul_ways(x, raw, qtype)
+                wall, cpu = time_ways(ways, args.repeats)
+                for name in ways:
+                    print(
+                        f"{shape:8} {qtype:5} {rows:5}  {name:6} {min(wall[name]):9.2f} / "
+                        f"{statistics.median(wall[name]):<9.2f} {min(cpu[name]):9.2f} / "
+                        f"{statistics.median(cpu[name]):.2f}",
+                        flush=True,
+                    )
     print(uptime())
 
 
