@@ -102,8 +102,8 @@ def cpu_quantized_layers(
 ) -> ModelLayers:
     """`layers` with the quantized classes, chosen once: for an eager model the numba ones, or,
     asked for (`int8_activations`), the int8 C kernels' (`cpu_quantized_int8.py`: AMX's where
-    the CPU has it, else VNNI's) where they could be built; for a compiled model the reference (a compiled graph cannot call C or numba; it
-    traces torch code)."""
+    the CPU has it, else VNNI's) where they could be built; for a compiled model the reference
+    (a compiled graph cannot call C or numba; it traces torch code)."""
     if not enforce_eager:
         return quantized_layers(layers)
     fast = int8_activations and cpu_quantized_matmul_int8.load() is not None

@@ -15,8 +15,8 @@ numba layers do.
 
 On a CPU with AMX (`amx_int8`), the same arithmetic runs on tile registers instead
 (`kernels/cpu_quantized_matmul_amx.py`: 3-5x the VNNI kernel at 32 rows, kernels/README.md),
-for Q8_0, Q4_0, Q4_1, Q4_K and Q5_K (Q6_K stays on VNNI), at any number of rows, a prefill's too, where it also beats
-dequantizing W and MKL's float32 `F.linear`. Whether this process uses it is chosen once, when
+for Q8_0, Q4_0, Q4_1, Q4_K and Q5_K (Q6_K stays on VNNI), at any number of rows, a prefill's
+too, where it also beats dequantizing W and MKL's float32 `F.linear`. Whether this process uses it is chosen once, when
 the model is built (`int8_quantized_classes`); without AMX (one logged notice) the VNNI layers.
 """
 
