@@ -25,12 +25,14 @@ class FakeMachine:
     """A clock, the CPUs' busy seconds and this process's, advanced by hand."""
 
     def __init__(self) -> None:
-        self.now = self.busy = self.own = 0.0
+        self.now = self.busy = self.own = self.waited = 0.0
         self.calls: list[int] = []
 
-    def run(self, seconds: float, ours: float, others: float) -> None:
-        """`seconds` pass with this process on `ours` cores and the others on `others`."""
+    def run(self, seconds: float, ours: float, others: float, waiting: float = 0.0) -> None:
+        """`seconds` pass with this process on `ours` cores and the others on `others`, while
+        this process's threads wait for `waiting` cores' worth of time."""
         self.now += seconds
+        self.waited += waiting * seconds
         self.own += ours * seconds
         self.busy += (ours + others) * seconds
 
@@ -39,6 +41,7 @@ class FakeMachine:
             max_threads,
             busy_seconds=lambda: self.busy,
             own_seconds=lambda: self.own,
+            waited_seconds=lambda: self.waited,
             clock=lambda: self.now,
             set_threads=self.calls.append,
         )
@@ -46,12 +49,14 @@ class FakeMachine:
         return g
 
 
-def steps(g: ThreadGovernor, m: FakeMachine, n: int, ours: float, others: float) -> list[int]:
+def steps(
+    g: ThreadGovernor, m: FakeMachine, n: int, ours: float, others: float, waiting: float = 0.0
+) -> list[int]:
     """`n` steps of 0.1 s each: the threads the governor gave each one."""
     given = []
     for _ in range(n):
         given.append(g.tick())
-        m.run(0.1, ours=min(ours, g.threads), others=others)
+        m.run(0.1, ours=min(ours, g.threads), others=others, waiting=waiting)
         g.step_ended()
     return given
 
@@ -76,6 +81,22 @@ def test_what_others_do_while_the_engine_is_idle_is_not_contention() -> None:
     assert steps(g, m, 10, ours=2.0, others=0.0) == [2] * 10 and m.calls == []
     m.run(1.0, ours=0.0, others=2.0)  # (a pause between requests)
     assert steps(g, m, 10, ours=2.0, others=0.0) == [2] * 10 and m.calls == []
+
+
+def test_threads_of_this_process_that_wait_take_a_thread_until_a_hold_ends() -> None:
+    """A grammar compiling beside the engine: no other process, but our threads wait."""
+    m = FakeMachine()
+    g = m.governor(max_threads=2, num_cpus=2)
+    given = steps(g, m, 10, ours=2.0, others=0.0, waiting=0.6)
+    assert given[-1] == 1 and m.calls == [1]
+    # It ended: the thread comes back once the hold (1 s) is over, not before.
+    assert steps(g, m, 5, ours=1.0, others=0.0) == [1] * 5
+    assert steps(g, m, 15, ours=2.0, others=0.0)[-1] == 2 and m.calls == [1, 2]
+    # It is back at once: given up again, and held twice as long this time.
+    assert steps(g, m, 5, ours=2.0, others=0.0, waiting=0.6)[-1] == 1
+    assert g.hold == 2.0
+    assert steps(g, m, 15, ours=1.0, others=0.0) == [1] * 15  # (1.5 s: still held)
+    assert steps(g, m, 10, ours=1.0, others=0.0)[-1] == 2
 
 
 def test_between_looks_it_reads_nothing() -> None:
@@ -144,14 +165,14 @@ def test_on_this_machine_another_process_shows_up_and_our_own_work_does_not() ->
             child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
             time.sleep(0.3)  # (its interpreter's start-up)
         m.last = m._sample()
-        t0, busy0, own0 = m.last
+        t0, busy0, own0, _ = m.last
         end = time.monotonic() + 0.6
         if not spin_elsewhere:
             while time.monotonic() < end:  # (our own work, one core)
                 pass
         else:
             time.sleep(0.6)
-        t1, busy1, own1 = m._sample()
+        t1, busy1, own1, _ = m._sample()
         if child is not None:
             child.kill()
             child.wait()

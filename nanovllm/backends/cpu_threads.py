@@ -14,6 +14,12 @@ one, when they do not. Two thresholds keep it from flapping: it drops a thread o
 take half a core of the ones it uses, and takes the thread back once they take less than a
 third of a core.
 
+Threads of this process compete for the cores too (a grammar compiling, the server's
+tokenizers), and those `/proc/stat` cannot tell from the engine's own. For them it reads how long
+this process's threads waited, runnable, for a CPU (`/proc/self/task/*/schedstat`): when that
+comes to `WAIT_DROP` of a core, it gives up a thread and holds off taking it back for `hold`
+seconds, twice as long each time the wait comes back soon after (at most `MAX_HOLD`).
+
 Only the time the engine spends in steps counts: a look whose window holds a pause between steps
 longer than `interval` (an idle server, a process that ran while this one waited) decides
 nothing and starts a new window.
@@ -37,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 DROP_AT = 0.5  # cores the others must take beyond the free ones before we give up a thread
 TAKE_BACK_BELOW = 1 / 3  # ... and at most this, for a thread to be taken back
+WAIT_DROP = 0.25  # cores' worth of this process's threads waiting for a CPU: one thread fewer
+BASE_HOLD, MAX_HOLD = 1.0, 16.0  # seconds before a thread given up for waiting is taken back
 
 
 def read_busy_seconds(cpus: set[int], path: str = "/proc/stat") -> float | None:
@@ -58,6 +66,22 @@ def read_busy_seconds(cpus: set[int], path: str = "/proc/stat") -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def read_waited_seconds(tasks: str = "/proc/self/task") -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (the second
+    field of each thread's `schedstat`), or None where the kernel does not keep it."""
+    total = 0
+    try:
+        for tid in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # (a thread that ended meanwhile)
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / 1e9
+
+
 def own_cpu_seconds() -> float:
     """User and system seconds of every thread of this process."""
     t = os.times()
@@ -73,6 +97,7 @@ class ThreadGovernor:
         interval: float = 0.25,
         busy_seconds: Callable[[], float | None] | None = None,
         own_seconds: Callable[[], float] = own_cpu_seconds,
+        waited_seconds: Callable[[], float | None] = read_waited_seconds,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] = torch.set_num_threads,
     ) -> None:
@@ -85,11 +110,14 @@ class ThreadGovernor:
         self.own_seconds = own_seconds
         self.clock = clock
         self.set_threads = set_threads
+        self.waited_seconds = waited_seconds
+        self.hold = BASE_HOLD
+        self.held_until = self.taken_back_at = -math.inf
         self.last = self._sample()
         self.step_ended_at: float | None = None  # (None: no step since `last`)
 
-    def _sample(self) -> tuple[float, float | None, float]:
-        return self.clock(), self.busy_seconds(), self.own_seconds()
+    def _sample(self) -> tuple[float, float | None, float, float | None]:
+        return self.clock(), self.busy_seconds(), self.own_seconds(), self.waited_seconds()
 
     def tick(self) -> int:
         """Called before each step: the threads to run it on (set through `set_threads`)."""
@@ -100,17 +128,36 @@ class ThreadGovernor:
         if now - self.last[0] < self.interval:
             return self.threads
         sample = self._sample()
-        (t0, busy0, own0), (t1, busy1, own1) = self.last, sample
+        (t0, busy0, own0, waited0), (t1, busy1, own1, waited1) = self.last, sample
         self.last = sample
         if busy0 is None or busy1 is None:  # (no /proc/stat: leave the threads as they are)
             return self.threads
         others = max((busy1 - busy0) - (own1 - own0), 0.0) / (t1 - t0)  # in cores
-        threads = self.choose(others)
+        waiting = 0.0 if waited0 is None or waited1 is None else (waited1 - waited0) / (t1 - t0)
+        threads = self.decide(others, waiting, t1)
         if threads != self.threads:
-            logger.debug("threads %d -> %d (others use %.2f cores)", self.threads, threads, others)
+            logger.debug(
+                "threads %d -> %d (others use %.2f cores, ours wait for %.2f)",
+                self.threads, threads, others, waiting,
+            )  # fmt: skip
             self.set_threads(threads)
             self.threads = threads
         return self.threads
+
+    def decide(self, others: float, waiting: float, now: float) -> int:
+        """The thread count for other processes using `others` cores while this process's
+        threads waited for `waiting` cores' worth of time."""
+        if waiting >= WAIT_DROP and self.threads > 1:
+            soon = now - self.taken_back_at < 2 * self.hold  # (it came back right after a hold)
+            self.hold = min(2 * self.hold, MAX_HOLD) if soon else BASE_HOLD
+            self.held_until = now + self.hold
+            return min(self.threads - 1, self.choose(others))
+        wanted = self.choose(others)
+        if wanted > self.threads:
+            if now < self.held_until:
+                return self.threads
+            self.taken_back_at = now
+        return wanted
 
     def step_ended(self) -> None:
         """Called after each step."""
