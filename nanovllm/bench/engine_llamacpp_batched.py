@@ -9,12 +9,19 @@ high-level API and that API's dependencies.
 
 Scheduling is the server's continuous batching, in `steploop.drive`'s loop: each step decodes
 one token of every running sequence and fills the rest of `--max-num-batched-tokens` with
-prompt chunks of requests waiting in order, each request in its own sequence of one unified KV
-cache (`kv_unified`, nanovllm's KV capacity in tokens as the server's `--ctx-size`), at most
+prompt chunks of requests waiting in order, each request in its own sequence, at most
 `--max-num-seqs` at once. A finished sequence's cells are freed at once
-(`llama_memory_seq_rm`). Greedy: each row's argmax over llama.cpp's logits (numpy). Threads,
-context and batch sizes are the server's (`server_settings`); the micro-batch (512) and the
-attention kernel are llama.cpp's defaults.
+(`llama_memory_seq_rm`). Greedy: each row's argmax over llama.cpp's logits (numpy), which
+llama.cpp computes only for the rows that sample (a prompt's last token, every decode).
+
+The KV cache is llama.cpp's default layout, the one `llama-batched-bench` runs: one stream per
+sequence, each as long as the workload's longest request (the context is made in `run`, for
+the workload, and reused while it is big enough). A unified cache (`kv_unified`, one stream
+for all sequences) makes every token attend over every cell in use, the other sequences' masked
+out: at 32 sequences of 256 tokens that is 32 times the attention of one stream each, and the
+whole run took about twice `llama-batched-bench`'s time (bench README, llama.cpp). Threads and
+batch size are the server's (`server_settings`); the micro-batch (512) and the attention kernel
+are llama.cpp's defaults.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ def bindings():
 class LlamaCppBatchedEngine(Engine):
     name = "llamacpp-batched"
     ctx = model = batch = None
+    ctx_shape = (0, 0)  # the context's (sequences, cells per sequence)
+    kv_unified = False  # one KV stream for all sequences (True: llama-server's --kv-unified)
 
     def load(self) -> dict:
         path = Path(self.model_path)
@@ -77,33 +86,26 @@ class LlamaCppBatchedEngine(Engine):
         )
         if not self.model:
             raise EngineUnavailable(f"llama.cpp could not load {path}")
-        params = L.llama_context_default_params()
-        params.n_ctx = settings["ctx_size"]
-        params.n_batch = settings["batch_size"]
-        params.n_seq_max = settings["parallel"]
-        params.n_threads = params.n_threads_batch = settings["threads"]
-        params.kv_unified = True
-        self.ctx = L.llama_init_from_model(self.model, params)
-        if not self.ctx:
-            raise EngineUnavailable(f"llama.cpp could not make a context: {settings}")
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.batch = L.llama_batch_init(settings["batch_size"], 0, 1)
         self.settings = settings
         configuration = (
             f"llama.cpp's batched C API (llama_decode) from Python, weights as stored in the "
             f"file, {settings['threads']} threads, up to {settings['parallel']} sequences "
-            f"continuously batched, unified f16 KV cache of {settings['ctx_size']:,} tokens, "
-            f"batch {settings['batch_size']}"
+            f"continuously batched, an f16 KV stream per sequence as long as the longest "
+            f"request, batch {settings['batch_size']}"
         )
-        return {**settings, "configuration": configuration}
+        shown = {k: v for k, v in settings.items() if k != "ctx_size"}  # (sized in `run`)
+        return {**shown, "configuration": configuration}
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
         if not workload.greedy:
             raise EngineUnavailable("llamacpp-batched samples greedily only")
         L, reqs = self.L, workload.requests
+        self.make_context(min(self.settings["parallel"], len(reqs)), workload.max_seq_len)
         memory = L.llama_get_memory(self.ctx)
-        L.llama_memory_clear(memory, True)
-        budget, max_seqs = self.settings["batch_size"], self.settings["parallel"]
+        L.llama_memory_clear(memory, False)
+        budget, max_seqs = self.settings["batch_size"], self.ctx_shape[0]
         waiting: deque[int] = deque()
         free_seqs = list(range(max_seqs))[::-1]
         seq_of: dict[int, int] = {}  # request -> its sequence id in the KV cache
@@ -154,6 +156,40 @@ class LlamaCppBatchedEngine(Engine):
         )  # fmt: skip
         records = [RequestRecord(t, s, r.arrival_s) for r, t, s in zip(reqs, tokens, times)]
         return EngineRun(self.name, wall, records)
+
+    def make_context(self, num_seqs: int, seq_len: int) -> None:
+        """A context of `num_seqs` KV streams of `seq_len` cells, unless the one held is as big.
+
+        A new context runs one small decode before it is used (as `llama-batched-bench` does),
+        so that the timed run does not pay for its first graph."""
+        held_seqs, held_len = self.ctx_shape
+        if self.ctx and num_seqs <= held_seqs and seq_len <= held_len:
+            return
+        L = self.L
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        num_seqs, seq_len = max(num_seqs, held_seqs), max(seq_len, held_len)
+        params = L.llama_context_default_params()
+        params.n_seq_max = num_seqs
+        params.n_ctx = num_seqs * seq_len
+        params.n_batch = self.settings["batch_size"]
+        params.n_threads = params.n_threads_batch = self.settings["threads"]
+        params.kv_unified = self.kv_unified
+        self.ctx = L.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise EngineUnavailable(
+                f"llama.cpp could not make a context of {num_seqs} sequences x {seq_len} "
+                f"tokens: {self.settings}"
+            )
+        self.ctx_shape = (num_seqs, seq_len)
+        b, warm = self.batch, min(16, seq_len, self.settings["batch_size"])
+        for n in range(warm):  # the warm-up: a few tokens of sequence 0
+            b.token[n], b.pos[n], b.logits[n] = 1, n, n == warm - 1
+            b.n_seq_id[n], b.seq_id[n][0] = 1, 0
+        b.n_tokens = warm
+        if (ret := L.llama_decode(self.ctx, b)) != 0:
+            raise EngineUnavailable(f"llama_decode returned {ret} on the warm-up batch")
 
     def close(self) -> None:
         if self.batch is not None:

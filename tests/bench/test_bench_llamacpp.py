@@ -163,15 +163,31 @@ def test_no_amx_turns_on_this_cpus_extensions_and_amx_off() -> None:
 
 
 class FakeLlama:
-    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache that checks each sequence's
-    positions arrive in order, and logits whose argmax is (token + position) % vocab."""
+    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache of one stream per sequence
+    (llama.cpp's default) that checks each sequence's positions arrive in order and fit its
+    stream, and logits whose argmax is (token + position) % vocab."""
 
     vocab = 50
 
-    def __init__(self, batch_size: int, max_seqs: int) -> None:
-        self.batch_size, self.max_seqs = batch_size, max_seqs
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
         self.next_pos: dict[int, int] = {}
         self.out = None
+        self.contexts: list[types.SimpleNamespace] = []  # the params of each context made
+        self.max_seqs = self.stream_len = 0
+
+    def llama_context_default_params(self):
+        return types.SimpleNamespace(kv_unified=False)
+
+    def llama_init_from_model(self, model, params):
+        assert model == "model" and params.n_batch == self.batch_size
+        self.contexts.append(params)
+        self.max_seqs, self.stream_len = params.n_seq_max, params.n_ctx // params.n_seq_max
+        self.next_pos.clear()
+        return f"ctx{len(self.contexts)}"
+
+    def llama_free(self, ctx):
+        assert ctx == f"ctx{len(self.contexts)}"  # only the context held is freed
 
     def batch(self):
         n = self.batch_size
@@ -196,6 +212,7 @@ class FakeLlama:
             seq, pos = b.seq_id[n][0], b.pos[n]
             assert b.n_seq_id[n] == 1 and 0 <= seq < self.max_seqs
             assert pos == self.next_pos.get(seq, 0), (seq, pos)  # no gap, no repeat
+            assert pos < self.stream_len, (seq, pos)  # the sequence fits its own stream
             self.next_pos[seq] = pos + 1
             if b.logits[n]:
                 rows.append((b.token[n] + pos) % self.vocab)
@@ -212,13 +229,17 @@ def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
     from nanovllm.bench.engine_llamacpp_batched import LlamaCppBatchedEngine
 
     engine = LlamaCppBatchedEngine("unused.gguf", EngineLimits())
-    fake = engine.L = FakeLlama(batch_size=16, max_seqs=3)  # prompts chunked, requests queued
-    engine.ctx, engine.batch, engine.n_vocab = "ctx", fake.batch(), fake.vocab
-    engine.settings = {"batch_size": 16, "parallel": 3}
+    fake = engine.L = FakeLlama(batch_size=16)  # prompts chunked, requests queued
+    engine.model, engine.batch, engine.n_vocab = "model", fake.batch(), fake.vocab
+    engine.settings = {"batch_size": 16, "parallel": 3, "threads": 2}
     workload = random_workload(7, (3, 20), (1, 6), fake.vocab)
-    for _ in range(2):  # a second run starts from an empty cache
-        run = engine.run(workload)
-        for r, rec in zip(workload.requests, run.records):
+    for w in (workload.head(2, 0.5), workload, workload):  # a later run starts from an empty cache
+        run = engine.run(w)
+        # one KV stream per sequence (a unified one makes each token attend over all of them)
+        params = fake.contexts[-1]
+        assert not params.kv_unified and params.n_seq_max == min(3, w.num_requests)
+        assert params.n_threads == params.n_threads_batch == 2
+        for r, rec in zip(w.requests, run.records):
             token, pos, expected = r.prompt_token_ids[-1], r.num_prompt_tokens - 1, []
             for _ in range(r.max_tokens):
                 token = (token + pos) % fake.vocab
@@ -226,3 +247,4 @@ def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
                 pos += 1
             assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
         assert fake.next_pos == {}  # every finished sequence's cells were freed
+    assert len(fake.contexts) == 2  # grown once for the larger workload, then reused
