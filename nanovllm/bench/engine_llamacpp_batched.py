@@ -26,9 +26,13 @@ are llama.cpp's defaults.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import types
 from collections import deque
 from pathlib import Path
@@ -36,10 +40,11 @@ from pathlib import Path
 import numpy as np
 
 from nanovllm.bench.engine_llamacpp import bin_dir, server_settings
-from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
+from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
+from nanovllm.openmp_wait_policy import environ_for_others
 
 _silent_log = None  # the C callback that drops llama.cpp's log lines; kept alive here
 
@@ -68,7 +73,15 @@ def bindings():
     return module
 
 
-class LlamaCppBatchedEngine(Engine):
+def _loaded(library: str) -> bool:
+    """Whether a shared library whose file name starts with `library` is mapped in here."""
+    maps = Path("/proc/self/maps")
+    return maps.exists() and f"/{library}" in maps.read_text()
+
+
+class BatchedLoop(Engine):
+    """The step loop over llama.cpp's C API, in this process (`LlamaCppBatchedEngine`'s child)."""
+
     name = "llamacpp-batched"
     ctx = model = batch = None
     ctx_shape = (0, 0)  # the context's (sequences, cells per sequence)
@@ -78,6 +91,8 @@ class LlamaCppBatchedEngine(Engine):
         path = Path(self.model_path)
         if path.suffix != ".gguf" or not path.is_file():
             raise EngineUnavailable(f"llama.cpp runs GGUF files only; the model is {path}")
+        # (the policy below is libgomp's only if libllama is what loads libgomp here)
+        libgomp_before = _loaded("libgomp")
         L = self.L = bindings()
         L.llama_backend_init()
         settings = server_settings(self.limits)
@@ -96,7 +111,12 @@ class LlamaCppBatchedEngine(Engine):
             f"request, batch {settings['batch_size']}"
         )
         shown = {k: v for k, v in settings.items() if k != "ctx_size"}  # (sized in `run`)
-        return {**shown, "configuration": configuration}
+        # OpenMP's wait policy as libgomp read it when libllama loaded it (None: its default)
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        configuration += f", OMP_WAIT_POLICY {policy or 'unset (libgomp default)'}"
+        if libgomp_before:
+            configuration += " (libgomp was loaded before libllama: its policy may differ)"
+        return {**shown, "omp_wait_policy": policy, "configuration": configuration}
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
         if not workload.greedy:
@@ -199,3 +219,102 @@ class LlamaCppBatchedEngine(Engine):
         if self.model:
             self.L.llama_model_free(self.model)
         self.ctx = self.model = self.batch = None
+
+
+class LlamaCppBatchedEngine(Engine):
+    """`BatchedLoop` in a child process started with llama.cpp's environment, not nanovllm's.
+
+    llama.cpp's CPU backend runs each graph in one OpenMP parallel region and synchronizes its
+    threads with `#pragma omp barrier` between operations, hundreds of times a step. libgomp
+    reads `OMP_WAIT_POLICY` once, when it is loaded, and `import nanovllm` sets it to PASSIVE
+    (`nanovllm/openmp_wait_policy.py`), under which a thread at a barrier sleeps at once
+    instead of spinning; in the bench's own process libgomp may also already be loaded, by
+    numba's kernels, under that setting. So the loop runs in a child, spoken to in JSON lines,
+    that unsets the policy before it loads libllama (`main`):
+
+        -> {"cmd": "load", "model": PATH, "limits": {...}}   <- {"ok": true, "info": {...}}
+        -> {"cmd": "run", "workload": {...}}                  <- {"ok": true, "run": {...}}
+        -> {"cmd": "quit"}
+    """
+
+    name = "llamacpp-batched"
+    proc: subprocess.Popen | None = None
+
+    def load(self) -> dict:
+        fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=fd, text=True, env=environ_for_others(), cwd=tempfile.gettempdir(),
+        )  # fmt: skip
+        os.close(fd)
+        limits = dataclasses.asdict(self.limits)
+        return self._ask({"cmd": "load", "model": str(Path(self.model_path).resolve()),
+                          "limits": limits})["info"]  # fmt: skip
+
+    def _ask(self, cmd: dict) -> dict:
+        """One JSON line to the child, one back."""
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            tail = Path(self.log).read_text(errors="replace").strip().splitlines()[-3:]
+            raise EngineUnavailable(f"the llama.cpp child exited: {' | '.join(tail)} ({self.log})")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise EngineUnavailable(reply["error"])
+        return reply
+
+    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
+        run = EngineRun.from_dict(self._ask({"cmd": "run", "workload": workload.to_dict()})["run"])
+        if on_tokens is not None:
+            on_tokens(run.num_output_tokens)
+        return run
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def serve(lines, replies, environ=os.environ) -> None:
+    """The child's side: llama.cpp's environment first, then one reply line per command line."""
+    others = environ_for_others()
+    for name in [n for n in environ if n not in others]:  # (the policy nanovllm set here)
+        del environ[name]
+    loop = None
+    try:
+        for line in lines:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "quit":
+                break
+            try:
+                if cmd["cmd"] == "load":
+                    limits = EngineLimits(**cmd["limits"])
+                    loop = BatchedLoop(cmd["model"], limits)
+                    reply = {"ok": True, "info": loop.load()}
+                else:
+                    run = loop.run(Workload.from_dict(cmd["workload"]))
+                    reply = {"ok": True, "run": run.to_dict()}
+            except EngineUnavailable as exc:
+                reply = {"ok": False, "error": str(exc)}
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+    finally:
+        if loop is not None:
+            loop.close()
+
+
+if __name__ == "__main__":
+    replies, sys.stdout = sys.stdout, sys.stderr  # (stdout carries the replies alone)
+    serve(sys.stdin, replies)

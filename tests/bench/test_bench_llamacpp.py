@@ -6,6 +6,9 @@ CMake options. None of them needs a build of llama.cpp.
 from __future__ import annotations
 
 import ctypes
+import io
+import json
+import os
 import sys
 import tarfile
 import textwrap
@@ -226,9 +229,9 @@ class FakeLlama:
 
 
 def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
-    from nanovllm.bench.engine_llamacpp_batched import LlamaCppBatchedEngine
+    from nanovllm.bench.engine_llamacpp_batched import BatchedLoop
 
-    engine = LlamaCppBatchedEngine("unused.gguf", EngineLimits())
+    engine = BatchedLoop("unused.gguf", EngineLimits())
     fake = engine.L = FakeLlama(batch_size=16)  # prompts chunked, requests queued
     engine.model, engine.batch, engine.n_vocab = "model", fake.batch(), fake.vocab
     engine.settings = {"batch_size": 16, "parallel": 3, "threads": 2}
@@ -248,3 +251,54 @@ def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
             assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
         assert fake.next_pos == {}  # every finished sequence's cells were freed
     assert len(fake.contexts) == 2  # grown once for the larger workload, then reused
+
+
+class EchoLoop:
+    """A stand-in for `BatchedLoop` in the child: a run's tokens are its prompts' lengths."""
+
+    def __init__(self, model_path: str, limits: EngineLimits) -> None:
+        self.model_path, self.limits = model_path, limits
+
+    def load(self) -> dict:
+        return {"model": self.model_path, "threads": self.limits.threads}
+
+    def run(self, workload):
+        from nanovllm.bench.records import EngineRun, RequestRecord
+
+        if not workload.greedy:
+            raise EngineUnavailable("greedy only")
+        records = [RequestRecord([r.num_prompt_tokens], [0.5]) for r in workload.requests]
+        return EngineRun("llamacpp-batched", 1.0, records)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("set_by_nanovllm", [True, False])
+def test_the_batched_child_serves_json_lines_in_llamacpps_environment(
+    monkeypatch, set_by_nanovllm
+) -> None:
+    from nanovllm import openmp_wait_policy
+    from nanovllm.bench import engine_llamacpp_batched as eb
+    from nanovllm.bench.records import EngineRun
+
+    monkeypatch.setattr(eb, "BatchedLoop", EchoLoop)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(openmp_wait_policy, "_set_here", set_by_nanovllm)
+    workload = random_workload(3, (2, 9), (1, 1), 100)
+    lines = [
+        {"cmd": "load", "model": "m.gguf", "limits": {"threads": 2}},
+        {"cmd": "run", "workload": workload.to_dict()},
+        {"cmd": "run", "workload": {**workload.to_dict(), "temperature": 1.0}},
+        {"cmd": "quit"},
+        {"cmd": "run", "workload": workload.to_dict()},  # (after quit: not read)
+    ]
+    replies = io.StringIO()
+    eb.serve([json.dumps(c) + "\n" for c in lines], replies)
+    load, run, refused = (json.loads(r) for r in replies.getvalue().splitlines())
+    assert load == {"ok": True, "info": {"model": "m.gguf", "threads": 2}}
+    tokens = [r.token_ids for r in EngineRun.from_dict(run["run"]).records]
+    assert tokens == [[r.num_prompt_tokens] for r in workload.requests]
+    assert refused == {"ok": False, "error": "greedy only"}
+    # llama.cpp gets libgomp's default unless the user chose a policy
+    assert os.environ.get("OMP_WAIT_POLICY") == (None if set_by_nanovllm else "PASSIVE")
