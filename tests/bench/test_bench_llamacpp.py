@@ -125,7 +125,7 @@ def test_it_is_skipped_with_its_reason(tmp_path, monkeypatch) -> None:
         make_engine("llamacpp", str(model), EngineLimits()).load()
 
 
-def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path) -> None:
+def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path, monkeypatch) -> None:
     from nanovllm.bench.tools import build_llamacpp as build
 
     source = tmp_path / "src" / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
@@ -147,6 +147,17 @@ def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path) ->
         targets == {"llama-server", "llama-batched-bench"}
         and command[command.index("-j") + 1] == "2"
     )
+
+    ran: list[list[str]] = []  # the whole script, with the commands recorded, not run
+    monkeypatch.setattr(build.subprocess, "run", lambda command, check: ran.append(command))
+    build.main(["--build-dir", str(tmp_path / "out"), "--sdist", str(sdist),
+                "--target", "llama-batched-bench"])  # fmt: skip
+    configured, built = ran
+    unpacked = (tmp_path / "out").resolve() / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
+    assert configured[configured.index("-S") + 1] == str(unpacked)
+    assert [built[i + 1] for i, flag in enumerate(built) if flag == "--target"] == [
+        "llama-batched-bench"
+    ]
 
     empty = tmp_path / "empty.tar.gz"
     with tarfile.open(empty, "w:gz") as tar:
