@@ -18,10 +18,13 @@ The KV cache is llama.cpp's default layout, the one `llama-batched-bench` runs: 
 sequence, each as long as the workload's longest request (the context is made in `run`, for
 the workload, and reused while it is big enough). A unified cache (`kv_unified`, one stream
 for all sequences) makes every token attend over every cell in use, the other sequences' masked
-out: at 32 sequences of 256 tokens that is 32 times the attention of one stream each, and the
-whole run took about twice `llama-batched-bench`'s time (bench README, llama.cpp). Threads and
-batch size are the server's (`server_settings`); the micro-batch (512) and the attention kernel
-are llama.cpp's defaults.
+out: at 32 sequences of 256 tokens that is 32 times the attention of one stream each, and
+`llama-batched-bench -kvu` itself takes 1.74x the CPU time of its default (bench README,
+llama.cpp). Threads and batch size are the server's (`server_settings`); the micro-batch (512)
+and the attention kernel are llama.cpp's defaults.
+
+The loop (`BatchedLoop`) runs in a child process with llama.cpp's environment, not under the
+OpenMP wait policy nanovllm sets for itself (`LlamaCppBatchedEngine` says why).
 """
 
 from __future__ import annotations
