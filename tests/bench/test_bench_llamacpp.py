@@ -313,3 +313,14 @@ def test_the_batched_child_serves_json_lines_in_llamacpps_environment(
     assert refused == {"ok": False, "error": "greedy only"}
     # llama.cpp gets libgomp's default unless the user chose a policy
     assert os.environ.get("OMP_WAIT_POLICY") == (None if set_by_nanovllm else "PASSIVE")
+
+
+def test_the_batched_engine_reports_its_childs_refusal(tmp_path) -> None:
+    # (a real child process; it refuses before it would load libllama)
+    engine = make_engine("llamacpp-batched", str(tmp_path / "model.bin"), EngineLimits())
+    try:
+        with pytest.raises(EngineUnavailable, match="GGUF files only; the model is .*model.bin"):
+            engine.load()
+    finally:
+        engine.close()
+    assert engine.proc is None
