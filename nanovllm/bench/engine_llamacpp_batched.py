@@ -9,19 +9,33 @@ high-level API and that API's dependencies.
 
 Scheduling is the server's continuous batching, in `steploop.drive`'s loop: each step decodes
 one token of every running sequence and fills the rest of `--max-num-batched-tokens` with
-prompt chunks of requests waiting in order, each request in its own sequence of one unified KV
-cache (`kv_unified`, nanovllm's KV capacity in tokens as the server's `--ctx-size`), at most
+prompt chunks of requests waiting in order, each request in its own sequence, at most
 `--max-num-seqs` at once. A finished sequence's cells are freed at once
-(`llama_memory_seq_rm`). Greedy: each row's argmax over llama.cpp's logits (numpy). Threads,
-context and batch sizes are the server's (`server_settings`); the micro-batch (512) and the
-attention kernel are llama.cpp's defaults.
+(`llama_memory_seq_rm`). Greedy: each row's argmax over llama.cpp's logits (numpy), which
+llama.cpp computes only for the rows that sample (a prompt's last token, every decode).
+
+The KV cache is llama.cpp's default layout, the one `llama-batched-bench` runs: one stream per
+sequence, each as long as the workload's longest request (the context is made in `run`, for
+the workload, and reused while it is big enough). A unified cache (`kv_unified`, one stream
+for all sequences) makes every token attend over every cell in use, the other sequences' masked
+out: at 32 sequences of 256 tokens that is 32 times the attention of one stream each, and
+`llama-batched-bench -kvu` itself takes 1.74x the CPU time of its default (bench README,
+llama.cpp). Threads and batch size are the server's (`server_settings`); the micro-batch (512)
+and the attention kernel are llama.cpp's defaults.
+
+The loop (`BatchedLoop`) runs in a child process with llama.cpp's environment, not under the
+OpenMP wait policy nanovllm sets for itself (`LlamaCppBatchedEngine` says why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import types
 from collections import deque
 from pathlib import Path
@@ -29,10 +43,11 @@ from pathlib import Path
 import numpy as np
 
 from nanovllm.bench.engine_llamacpp import bin_dir, server_settings
-from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
+from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
+from nanovllm.openmp_wait_policy import environ_for_others
 
 _silent_log = None  # the C callback that drops llama.cpp's log lines; kept alive here
 
@@ -61,14 +76,26 @@ def bindings():
     return module
 
 
-class LlamaCppBatchedEngine(Engine):
+def _loaded(library: str) -> bool:
+    """Whether a shared library whose file name starts with `library` is mapped in here."""
+    maps = Path("/proc/self/maps")
+    return maps.exists() and f"/{library}" in maps.read_text()
+
+
+class BatchedLoop(Engine):
+    """The step loop over llama.cpp's C API, in this process (`LlamaCppBatchedEngine`'s child)."""
+
     name = "llamacpp-batched"
     ctx = model = batch = None
+    ctx_shape = (0, 0)  # the context's (sequences, cells per sequence)
+    kv_unified = False  # one KV stream for all sequences (True: llama-server's --kv-unified)
 
     def load(self) -> dict:
         path = Path(self.model_path)
         if path.suffix != ".gguf" or not path.is_file():
             raise EngineUnavailable(f"llama.cpp runs GGUF files only; the model is {path}")
+        # (the policy below is libgomp's only if libllama is what loads libgomp here)
+        libgomp_before = _loaded("libgomp")
         L = self.L = bindings()
         L.llama_backend_init()
         settings = server_settings(self.limits)
@@ -77,33 +104,31 @@ class LlamaCppBatchedEngine(Engine):
         )
         if not self.model:
             raise EngineUnavailable(f"llama.cpp could not load {path}")
-        params = L.llama_context_default_params()
-        params.n_ctx = settings["ctx_size"]
-        params.n_batch = settings["batch_size"]
-        params.n_seq_max = settings["parallel"]
-        params.n_threads = params.n_threads_batch = settings["threads"]
-        params.kv_unified = True
-        self.ctx = L.llama_init_from_model(self.model, params)
-        if not self.ctx:
-            raise EngineUnavailable(f"llama.cpp could not make a context: {settings}")
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.batch = L.llama_batch_init(settings["batch_size"], 0, 1)
         self.settings = settings
         configuration = (
             f"llama.cpp's batched C API (llama_decode) from Python, weights as stored in the "
             f"file, {settings['threads']} threads, up to {settings['parallel']} sequences "
-            f"continuously batched, unified f16 KV cache of {settings['ctx_size']:,} tokens, "
-            f"batch {settings['batch_size']}"
+            f"continuously batched, an f16 KV stream per sequence as long as the longest "
+            f"request, batch {settings['batch_size']}"
         )
-        return {**settings, "configuration": configuration}
+        shown = {k: v for k, v in settings.items() if k != "ctx_size"}  # (sized in `run`)
+        # OpenMP's wait policy as libgomp read it when libllama loaded it (None: its default)
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        configuration += f", OMP_WAIT_POLICY {policy or 'unset (libgomp default)'}"
+        if libgomp_before:
+            configuration += " (libgomp was loaded before libllama: its policy may differ)"
+        return {**shown, "omp_wait_policy": policy, "configuration": configuration}
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
         if not workload.greedy:
             raise EngineUnavailable("llamacpp-batched samples greedily only")
         L, reqs = self.L, workload.requests
+        self.make_context(min(self.settings["parallel"], len(reqs)), workload.max_seq_len)
         memory = L.llama_get_memory(self.ctx)
-        L.llama_memory_clear(memory, True)
-        budget, max_seqs = self.settings["batch_size"], self.settings["parallel"]
+        L.llama_memory_clear(memory, False)
+        budget, max_seqs = self.settings["batch_size"], self.ctx_shape[0]
         waiting: deque[int] = deque()
         free_seqs = list(range(max_seqs))[::-1]
         seq_of: dict[int, int] = {}  # request -> its sequence id in the KV cache
@@ -155,6 +180,40 @@ class LlamaCppBatchedEngine(Engine):
         records = [RequestRecord(t, s, r.arrival_s) for r, t, s in zip(reqs, tokens, times)]
         return EngineRun(self.name, wall, records)
 
+    def make_context(self, num_seqs: int, seq_len: int) -> None:
+        """A context of `num_seqs` KV streams of `seq_len` cells, unless the one held is as big.
+
+        A new context runs one small decode before it is used (as `llama-batched-bench` does),
+        so that the timed run does not pay for its first graph."""
+        held_seqs, held_len = self.ctx_shape
+        if self.ctx and num_seqs <= held_seqs and seq_len <= held_len:
+            return
+        L = self.L
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        num_seqs, seq_len = max(num_seqs, held_seqs), max(seq_len, held_len)
+        params = L.llama_context_default_params()
+        params.n_seq_max = num_seqs
+        params.n_ctx = num_seqs * seq_len
+        params.n_batch = self.settings["batch_size"]
+        params.n_threads = params.n_threads_batch = self.settings["threads"]
+        params.kv_unified = self.kv_unified
+        self.ctx = L.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise EngineUnavailable(
+                f"llama.cpp could not make a context of {num_seqs} sequences x {seq_len} "
+                f"tokens: {self.settings}"
+            )
+        self.ctx_shape = (num_seqs, seq_len)
+        b, warm = self.batch, min(16, seq_len, self.settings["batch_size"])
+        for n in range(warm):  # the warm-up: a few tokens of sequence 0
+            b.token[n], b.pos[n], b.logits[n] = 1, n, n == warm - 1
+            b.n_seq_id[n], b.seq_id[n][0] = 1, 0
+        b.n_tokens = warm
+        if (ret := L.llama_decode(self.ctx, b)) != 0:
+            raise EngineUnavailable(f"llama_decode returned {ret} on the warm-up batch")
+
     def close(self) -> None:
         if self.batch is not None:
             self.L.llama_batch_free(self.batch)
@@ -163,3 +222,102 @@ class LlamaCppBatchedEngine(Engine):
         if self.model:
             self.L.llama_model_free(self.model)
         self.ctx = self.model = self.batch = None
+
+
+class LlamaCppBatchedEngine(Engine):
+    """`BatchedLoop` in a child process started with llama.cpp's environment, not nanovllm's.
+
+    llama.cpp's CPU backend runs each graph in one OpenMP parallel region and synchronizes its
+    threads with `#pragma omp barrier` between operations, hundreds of times a step. libgomp
+    reads `OMP_WAIT_POLICY` once, when it is loaded, and `import nanovllm` sets it to PASSIVE
+    (`nanovllm/openmp_wait_policy.py`), under which a thread at a barrier sleeps at once
+    instead of spinning; in the bench's own process libgomp may also already be loaded, by
+    numba's kernels, under that setting. So the loop runs in a child, spoken to in JSON lines,
+    that unsets the policy before it loads libllama (`main`):
+
+        -> {"cmd": "load", "model": PATH, "limits": {...}}   <- {"ok": true, "info": {...}}
+        -> {"cmd": "run", "workload": {...}}                  <- {"ok": true, "run": {...}}
+        -> {"cmd": "quit"}
+    """
+
+    name = "llamacpp-batched"
+    proc: subprocess.Popen | None = None
+
+    def load(self) -> dict:
+        fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=fd, text=True, env=environ_for_others(), cwd=tempfile.gettempdir(),
+        )  # fmt: skip
+        os.close(fd)
+        limits = dataclasses.asdict(self.limits)
+        return self._ask({"cmd": "load", "model": str(Path(self.model_path).resolve()),
+                          "limits": limits})["info"]  # fmt: skip
+
+    def _ask(self, cmd: dict) -> dict:
+        """One JSON line to the child, one back."""
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            tail = Path(self.log).read_text(errors="replace").strip().splitlines()[-3:]
+            raise EngineUnavailable(f"the llama.cpp child exited: {' | '.join(tail)} ({self.log})")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise EngineUnavailable(reply["error"])
+        return reply
+
+    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
+        run = EngineRun.from_dict(self._ask({"cmd": "run", "workload": workload.to_dict()})["run"])
+        if on_tokens is not None:
+            on_tokens(run.num_output_tokens)
+        return run
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def serve(lines, replies, environ=os.environ) -> None:
+    """The child's side: llama.cpp's environment first, then one reply line per command line."""
+    others = environ_for_others()
+    for name in [n for n in environ if n not in others]:  # (the policy nanovllm set here)
+        del environ[name]
+    loop = None
+    try:
+        for line in lines:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "quit":
+                break
+            try:
+                if cmd["cmd"] == "load":
+                    limits = EngineLimits(**cmd["limits"])
+                    loop = BatchedLoop(cmd["model"], limits)
+                    reply = {"ok": True, "info": loop.load()}
+                else:
+                    run = loop.run(Workload.from_dict(cmd["workload"]))
+                    reply = {"ok": True, "run": run.to_dict()}
+            except EngineUnavailable as exc:
+                reply = {"ok": False, "error": str(exc)}
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+    finally:
+        if loop is not None:
+            loop.close()
+
+
+if __name__ == "__main__":
+    replies, sys.stdout = sys.stdout, sys.stderr  # (stdout carries the replies alone)
+    serve(sys.stdin, replies)

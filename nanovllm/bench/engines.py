@@ -47,6 +47,7 @@ ENGINES: dict[str, str | type] = {
     # llama.cpp's llama-server on the same GGUF file, in its own CPU configuration
     "llamacpp": "nanovllm.bench.engine_llamacpp:LlamaCppEngine",
     "llamacpp-batched": "nanovllm.bench.engine_llamacpp_batched:LlamaCppBatchedEngine",
+    "llamacpp-bench": "nanovllm.bench.engine_llamacpp_bench:LlamaCppBenchEngine",
 }
 
 

@@ -6,6 +6,9 @@ CMake options. None of them needs a build of llama.cpp.
 from __future__ import annotations
 
 import ctypes
+import io
+import json
+import os
 import sys
 import tarfile
 import textwrap
@@ -122,7 +125,7 @@ def test_it_is_skipped_with_its_reason(tmp_path, monkeypatch) -> None:
         make_engine("llamacpp", str(model), EngineLimits()).load()
 
 
-def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path) -> None:
+def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path, monkeypatch) -> None:
     from nanovllm.bench.tools import build_llamacpp as build
 
     source = tmp_path / "src" / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
@@ -145,6 +148,17 @@ def test_the_build_script_builds_the_vendored_llamacpp_for_this_cpu(tmp_path) ->
         and command[command.index("-j") + 1] == "2"
     )
 
+    ran: list[list[str]] = []  # the whole script, with the commands recorded, not run
+    monkeypatch.setattr(build.subprocess, "run", lambda command, check: ran.append(command))
+    build.main(["--build-dir", str(tmp_path / "out"), "--sdist", str(sdist),
+                "--target", "llama-batched-bench"])  # fmt: skip
+    configured, built = ran
+    unpacked = (tmp_path / "out").resolve() / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
+    assert configured[configured.index("-S") + 1] == str(unpacked)
+    assert [built[i + 1] for i, flag in enumerate(built) if flag == "--target"] == [
+        "llama-batched-bench"
+    ]
+
     empty = tmp_path / "empty.tar.gz"
     with tarfile.open(empty, "w:gz") as tar:
         tar.add(sdist, "llama_cpp_python-0/README")
@@ -163,15 +177,31 @@ def test_no_amx_turns_on_this_cpus_extensions_and_amx_off() -> None:
 
 
 class FakeLlama:
-    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache that checks each sequence's
-    positions arrive in order, and logits whose argmax is (token + position) % vocab."""
+    """llama.cpp's C API as `llamacpp-batched` calls it: a KV cache of one stream per sequence
+    (llama.cpp's default) that checks each sequence's positions arrive in order and fit its
+    stream, and logits whose argmax is (token + position) % vocab."""
 
     vocab = 50
 
-    def __init__(self, batch_size: int, max_seqs: int) -> None:
-        self.batch_size, self.max_seqs = batch_size, max_seqs
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
         self.next_pos: dict[int, int] = {}
         self.out = None
+        self.contexts: list[types.SimpleNamespace] = []  # the params of each context made
+        self.max_seqs = self.stream_len = 0
+
+    def llama_context_default_params(self):
+        return types.SimpleNamespace(kv_unified=False)
+
+    def llama_init_from_model(self, model, params):
+        assert model == "model" and params.n_batch == self.batch_size
+        self.contexts.append(params)
+        self.max_seqs, self.stream_len = params.n_seq_max, params.n_ctx // params.n_seq_max
+        self.next_pos.clear()
+        return f"ctx{len(self.contexts)}"
+
+    def llama_free(self, ctx):
+        assert ctx == f"ctx{len(self.contexts)}"  # only the context held is freed
 
     def batch(self):
         n = self.batch_size
@@ -196,6 +226,7 @@ class FakeLlama:
             seq, pos = b.seq_id[n][0], b.pos[n]
             assert b.n_seq_id[n] == 1 and 0 <= seq < self.max_seqs
             assert pos == self.next_pos.get(seq, 0), (seq, pos)  # no gap, no repeat
+            assert pos < self.stream_len, (seq, pos)  # the sequence fits its own stream
             self.next_pos[seq] = pos + 1
             if b.logits[n]:
                 rows.append((b.token[n] + pos) % self.vocab)
@@ -209,16 +240,20 @@ class FakeLlama:
 
 
 def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
-    from nanovllm.bench.engine_llamacpp_batched import LlamaCppBatchedEngine
+    from nanovllm.bench.engine_llamacpp_batched import BatchedLoop
 
-    engine = LlamaCppBatchedEngine("unused.gguf", EngineLimits())
-    fake = engine.L = FakeLlama(batch_size=16, max_seqs=3)  # prompts chunked, requests queued
-    engine.ctx, engine.batch, engine.n_vocab = "ctx", fake.batch(), fake.vocab
-    engine.settings = {"batch_size": 16, "parallel": 3}
+    engine = BatchedLoop("unused.gguf", EngineLimits())
+    fake = engine.L = FakeLlama(batch_size=16)  # prompts chunked, requests queued
+    engine.model, engine.batch, engine.n_vocab = "model", fake.batch(), fake.vocab
+    engine.settings = {"batch_size": 16, "parallel": 3, "threads": 2}
     workload = random_workload(7, (3, 20), (1, 6), fake.vocab)
-    for _ in range(2):  # a second run starts from an empty cache
-        run = engine.run(workload)
-        for r, rec in zip(workload.requests, run.records):
+    for w in (workload.head(2, 0.5), workload, workload):  # a later run starts from an empty cache
+        run = engine.run(w)
+        # one KV stream per sequence (a unified one makes each token attend over all of them)
+        params = fake.contexts[-1]
+        assert not params.kv_unified and params.n_seq_max == min(3, w.num_requests)
+        assert params.n_threads == params.n_threads_batch == 2
+        for r, rec in zip(w.requests, run.records):
             token, pos, expected = r.prompt_token_ids[-1], r.num_prompt_tokens - 1, []
             for _ in range(r.max_tokens):
                 token = (token + pos) % fake.vocab
@@ -226,3 +261,66 @@ def test_the_batched_engine_schedules_every_request_through_the_c_api() -> None:
                 pos += 1
             assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
         assert fake.next_pos == {}  # every finished sequence's cells were freed
+    assert len(fake.contexts) == 2  # grown once for the larger workload, then reused
+
+
+class EchoLoop:
+    """A stand-in for `BatchedLoop` in the child: a run's tokens are its prompts' lengths."""
+
+    def __init__(self, model_path: str, limits: EngineLimits) -> None:
+        self.model_path, self.limits = model_path, limits
+
+    def load(self) -> dict:
+        return {"model": self.model_path, "threads": self.limits.threads}
+
+    def run(self, workload):
+        from nanovllm.bench.records import EngineRun, RequestRecord
+
+        if not workload.greedy:
+            raise EngineUnavailable("greedy only")
+        records = [RequestRecord([r.num_prompt_tokens], [0.5]) for r in workload.requests]
+        return EngineRun("llamacpp-batched", 1.0, records)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("set_by_nanovllm", [True, False])
+def test_the_batched_child_serves_json_lines_in_llamacpps_environment(
+    monkeypatch, set_by_nanovllm
+) -> None:
+    from nanovllm import openmp_wait_policy
+    from nanovllm.bench import engine_llamacpp_batched as eb
+    from nanovllm.bench.records import EngineRun
+
+    monkeypatch.setattr(eb, "BatchedLoop", EchoLoop)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(openmp_wait_policy, "_set_here", set_by_nanovllm)
+    workload = random_workload(3, (2, 9), (1, 1), 100)
+    lines = [
+        {"cmd": "load", "model": "m.gguf", "limits": {"threads": 2}},
+        {"cmd": "run", "workload": workload.to_dict()},
+        {"cmd": "run", "workload": {**workload.to_dict(), "temperature": 1.0}},
+        {"cmd": "quit"},
+        {"cmd": "run", "workload": workload.to_dict()},  # (after quit: not read)
+    ]
+    replies = io.StringIO()
+    eb.serve([json.dumps(c) + "\n" for c in lines], replies)
+    load, run, refused = (json.loads(r) for r in replies.getvalue().splitlines())
+    assert load == {"ok": True, "info": {"model": "m.gguf", "threads": 2}}
+    tokens = [r.token_ids for r in EngineRun.from_dict(run["run"]).records]
+    assert tokens == [[r.num_prompt_tokens] for r in workload.requests]
+    assert refused == {"ok": False, "error": "greedy only"}
+    # llama.cpp gets libgomp's default unless the user chose a policy
+    assert os.environ.get("OMP_WAIT_POLICY") == (None if set_by_nanovllm else "PASSIVE")
+
+
+def test_the_batched_engine_reports_its_childs_refusal(tmp_path) -> None:
+    # (a real child process; it refuses before it would load libllama)
+    engine = make_engine("llamacpp-batched", str(tmp_path / "model.bin"), EngineLimits())
+    try:
+        with pytest.raises(EngineUnavailable, match="GGUF files only; the model is .*model.bin"):
+            engine.load()
+    finally:
+        engine.close()
+    assert engine.proc is None

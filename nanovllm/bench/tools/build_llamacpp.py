@@ -1,6 +1,7 @@
 """Build llama.cpp for the bench's `llamacpp` engine, from the `llama-cpp-python` source package.
 
     python -m nanovllm.bench.tools.build_llamacpp [--build-dir /tmp/llamacpp] [--jobs N]
+        [--no-amx] [--target llama-batched-bench]
 
 `llama-cpp-python`'s sdist vendors llama.cpp under `vendor/llama.cpp`, so one PyPI download pins
 the exact llama.cpp a Python user of it gets. The build follows llama.cpp's docs for a CPU
@@ -11,6 +12,8 @@ Only the targets the bench runs are built (a full build is several times longer 
 
     llama-server         the engine: an HTTP server with continuous batching (`--parallel N`)
     llama-batched-bench  llama.cpp's own throughput tool, for uniform prompt/output lengths
+
+`--target` builds one of them (and the libraries it links) instead of both.
 
 `--no-amx` builds for this CPU's instruction sets but without AMX: `GGML_NATIVE` off and each
 x86 extension /proc/cpuinfo lists turned on by its own GGML option. On the team's 2-core VM
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", help="llama-cpp-python version to download (default newest)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-amx", action="store_true", help="this CPU's x86 extensions, no AMX")
+    parser.add_argument(
+        "--target", action="append", choices=TARGETS, help="build only this one (repeatable)"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
@@ -139,9 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     build = root / "build"
     start = time.perf_counter()
     subprocess.run(cmake_configure_command(source, build, args.no_amx), check=True)
-    subprocess.run(cmake_build_command(build, args.jobs), check=True)
-    print(f"built {', '.join(TARGETS)} from {sdist.name} in {time.perf_counter() - start:.0f} s")
-    for target in TARGETS:
+    targets = tuple(args.target or TARGETS)
+    subprocess.run(cmake_build_command(build, args.jobs, targets), check=True)
+    print(f"built {', '.join(targets)} from {sdist.name} in {time.perf_counter() - start:.0f} s")
+    for target in targets:
         print(f"  {build / 'bin' / target}")
 
 
