@@ -23,8 +23,8 @@ out: at 32 sequences of 256 tokens that is 32 times the attention of one stream 
 llama.cpp). Threads and batch size are the server's (`server_settings`); the micro-batch (512)
 and the attention kernel are llama.cpp's defaults.
 
-The loop (`BatchedLoop`) runs in a child process with llama.cpp's environment, not under the
-OpenMP wait policy nanovllm sets for itself (`LlamaCppBatchedEngine` says why).
+The loop (`BatchedLoop`) runs in a child process, with its own OpenMP threads
+(`LlamaCppBatchedEngine` says why).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, Toke
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.steploop import drive
 from nanovllm.bench.workload import Workload
-from nanovllm.openmp_wait_policy import environ_for_others
 
 _silent_log = None  # the C callback that drops llama.cpp's log lines; kept alive here
 
@@ -225,15 +224,14 @@ class BatchedLoop(Engine):
 
 
 class LlamaCppBatchedEngine(Engine):
-    """`BatchedLoop` in a child process started with llama.cpp's environment, not nanovllm's.
+    """`BatchedLoop` in a child process, spoken to in JSON lines.
 
     llama.cpp's CPU backend runs each graph in one OpenMP parallel region and synchronizes its
-    threads with `#pragma omp barrier` between operations, hundreds of times a step. libgomp
-    reads `OMP_WAIT_POLICY` once, when it is loaded, and `import nanovllm` sets it to PASSIVE
-    (`nanovllm/openmp_wait_policy.py`), under which a thread at a barrier sleeps at once
-    instead of spinning; in the bench's own process libgomp may also already be loaded, by
-    numba's kernels, under that setting. So the loop runs in a child, spoken to in JSON lines,
-    that unsets the policy before it loads libllama (`main`):
+    threads with `#pragma omp barrier` between operations, hundreds of times a step. In the
+    bench's own process libgomp is already loaded, by torch and numba, with pools of their own
+    on the same cores, and until nanovllm's thread governor replaced it `import nanovllm` set
+    `OMP_WAIT_POLICY=PASSIVE` there, under which a thread at a barrier sleeps at once. So the
+    loop runs in a child of its own (`main`), with libgomp's defaults as llama.cpp's tools get:
 
         -> {"cmd": "load", "model": PATH, "limits": {...}}   <- {"ok": true, "info": {...}}
         -> {"cmd": "run", "workload": {...}}                  <- {"ok": true, "run": {...}}
@@ -247,7 +245,7 @@ class LlamaCppBatchedEngine(Engine):
         fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=fd, text=True, env=environ_for_others(), cwd=tempfile.gettempdir(),
+            stderr=fd, text=True, cwd=tempfile.gettempdir(),
         )  # fmt: skip
         os.close(fd)
         limits = dataclasses.asdict(self.limits)
@@ -290,11 +288,8 @@ class LlamaCppBatchedEngine(Engine):
         self.proc = None
 
 
-def serve(lines, replies, environ=os.environ) -> None:
-    """The child's side: llama.cpp's environment first, then one reply line per command line."""
-    others = environ_for_others()
-    for name in [n for n in environ if n not in others]:  # (the policy nanovllm set here)
-        del environ[name]
+def serve(lines, replies) -> None:
+    """The child's side: one reply line per command line."""
     loop = None
     try:
         for line in lines:

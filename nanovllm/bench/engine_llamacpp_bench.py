@@ -12,8 +12,7 @@ express, and raises EngineUnavailable for the others:
 
 The command is `llama-batched-bench -m FILE -c N*(P+T) -b <max-num-batched-tokens> -npp P
 -ntg T -npl N -t/-tb <threads> --output-format jsonl`: one KV stream per sequence (the tool's
-default), llama.cpp's micro-batch and attention kernel, in llama.cpp's own environment (the
-bench's, without the OpenMP wait policy nanovllm sets: `environ_for_others`).
+default), llama.cpp's micro-batch and attention kernel, in the bench's environment.
 
 What the tool cannot say, the records say plainly (and the row's configuration with them):
 no token ids (it feeds random tokens and samples nothing), so each request's ids are -1 and
@@ -34,7 +33,6 @@ from nanovllm.bench.engine_llamacpp import bin_dir, server_settings
 from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.workload import Workload
-from nanovllm.openmp_wait_policy import environ_for_others
 
 TOOL = "llama-batched-bench"
 NO_TOKEN = -1  # the id recorded for each output token: the tool reports none
@@ -136,10 +134,7 @@ class LlamaCppBenchEngine(Engine):
         )  # fmt: skip
         start = time.perf_counter()
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, env=environ_for_others(),
-                timeout=TIMEOUT_S,
-            )  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise EngineUnavailable(f"{TOOL} ran over {TIMEOUT_S:.0f} s") from None
         if done.returncode != 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import io
 import json
-import os
 import sys
 import tarfile
 import textwrap
@@ -285,17 +284,11 @@ class EchoLoop:
         pass
 
 
-@pytest.mark.parametrize("set_by_nanovllm", [True, False])
-def test_the_batched_child_serves_json_lines_in_llamacpps_environment(
-    monkeypatch, set_by_nanovllm
-) -> None:
-    from nanovllm import openmp_wait_policy
+def test_the_batched_child_serves_json_lines(monkeypatch) -> None:
     from nanovllm.bench import engine_llamacpp_batched as eb
     from nanovllm.bench.records import EngineRun
 
     monkeypatch.setattr(eb, "BatchedLoop", EchoLoop)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    monkeypatch.setattr(openmp_wait_policy, "_set_here", set_by_nanovllm)
     workload = random_workload(3, (2, 9), (1, 1), 100)
     lines = [
         {"cmd": "load", "model": "m.gguf", "limits": {"threads": 2}},
@@ -311,8 +304,6 @@ def test_the_batched_child_serves_json_lines_in_llamacpps_environment(
     tokens = [r.token_ids for r in EngineRun.from_dict(run["run"]).records]
     assert tokens == [[r.num_prompt_tokens] for r in workload.requests]
     assert refused == {"ok": False, "error": "greedy only"}
-    # llama.cpp gets libgomp's default unless the user chose a policy
-    assert os.environ.get("OMP_WAIT_POLICY") == (None if set_by_nanovllm else "PASSIVE")
 
 
 def test_the_batched_engine_reports_its_childs_refusal(tmp_path) -> None:

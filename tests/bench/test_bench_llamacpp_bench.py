@@ -13,7 +13,6 @@ import pytest
 from nanovllm.bench import engine_llamacpp_bench as lb
 from nanovllm.bench.engines import EngineLimits, EngineUnavailable, make_engine
 from nanovllm.bench.workload import random_workload, with_poisson_arrivals
-from nanovllm.openmp_wait_policy import environ_for_others
 
 # The real tool's standard output for `-npp 16 -ntg 8 -npl 4 --output-format jsonl` on
 # SmolLM2-135M Q8_0 (the llama.cpp that llama-cpp-python 0.3.36 vendors).
@@ -39,8 +38,6 @@ arg = lambda name: a[a.index(name) + 1]
 pp, tg, pl = int(arg("-npp")), int(arg("-ntg")), int(arg("-npl"))
 assert int(arg("-c")) == pl * (pp + tg) and arg("-t") == arg("-tb") == "2", a
 assert arg("--output-format") == "jsonl" and arg("-m").endswith("model.gguf"), a
-with open(os.path.join(os.path.dirname(sys.argv[0]), "policy"), "w") as f:
-    f.write(os.environ.get("OMP_WAIT_POLICY", "unset"))
 if pl == 7:
     sys.exit("error: failed to decode the batch")
 print("llama_batched_bench: n_kv_max = 1024")
@@ -67,9 +64,6 @@ def test_the_plugin_against_a_fake_tool(tmp_path, monkeypatch) -> None:
     for rec in run.records:
         assert rec.token_ids == [lb.NO_TOKEN] * 4
         assert rec.token_times == pytest.approx([t_pp + t_tg * k / 3 for k in range(4)])
-    # llama.cpp runs in its own environment, not under the wait policy nanovllm set
-    expected = environ_for_others().get("OMP_WAIT_POLICY", "unset")
-    assert (tmp_path / "policy").read_text() == expected
     one_token = engine.run(random_workload(2, (3, 3), (1, 1), 1000))
     assert [r.token_times for r in one_token.records] == [[pytest.approx(one_token.wall_s)]] * 2
     with pytest.raises(EngineUnavailable, match="exited with 1: error: failed to decode"):
