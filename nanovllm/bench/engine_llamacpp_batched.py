@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanovllm.bench.child_engine import ChildProcessEngine
 from nanovllm.bench.engine_llamacpp import bin_dir, server_settings
 from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
@@ -223,7 +224,7 @@ class BatchedLoop(Engine):
         self.ctx = self.model = self.batch = None
 
 
-class LlamaCppBatchedEngine(Engine):
+class LlamaCppBatchedEngine(ChildProcessEngine):
     """`BatchedLoop` in a child process, spoken to in JSON lines.
 
     llama.cpp's CPU backend runs each graph in one OpenMP parallel region and synchronizes its
@@ -239,7 +240,6 @@ class LlamaCppBatchedEngine(Engine):
     """
 
     name = "llamacpp-batched"
-    proc: subprocess.Popen | None = None
 
     def load(self) -> dict:
         fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
@@ -267,25 +267,6 @@ class LlamaCppBatchedEngine(Engine):
         if not reply["ok"]:
             raise EngineUnavailable(reply["error"])
         return reply
-
-    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
-        run = EngineRun.from_dict(self._ask({"cmd": "run", "workload": workload.to_dict()})["run"])
-        if on_tokens is not None:
-            on_tokens(run.num_output_tokens)
-        return run
-
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            if self.proc.poll() is None:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        except (BrokenPipeError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
 
 def serve(lines, replies) -> None:

@@ -34,18 +34,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
-from nanovllm.bench.records import EngineRun
-from nanovllm.bench.workload import Workload
+from nanovllm.bench.child_engine import ChildProcessEngine
+from nanovllm.bench.engines import EngineUnavailable
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(ChildProcessEngine):
     name = "vllm"
     compiled = False
     reserved_cpus: int | None = 0  # VLLM_CPU_NUM_OF_RESERVED_CPU; None: vLLM's default
-    proc: subprocess.Popen | None = None
 
     def environment(self) -> dict[str, str]:
         """The variables this row sets for vLLM (the rest of the bench's environment goes with
@@ -129,26 +127,6 @@ class VLLMEngine(Engine):
         if not reply.get("ok"):
             raise EngineUnavailable(f"vLLM: {reply.get('error')} (log: {self.log})")
         return reply
-
-    def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
-        run = EngineRun.from_dict(self._ask({"cmd": "run", "workload": workload.to_dict()})["run"])
-        run.engine = self.name
-        if on_tokens is not None:
-            on_tokens(run.num_output_tokens)
-        return run
-
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            if self.proc.poll() is None:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        except (BrokenPipeError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
 
 class VLLMDefaultEngine(VLLMEngine):
