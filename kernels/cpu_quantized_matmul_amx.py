@@ -27,17 +27,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, _cache_dir, _cpu_flags
+from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, _cpu_flags, compile_library
 
 logger = logging.getLogger("nanovllm.kernels")
 
@@ -51,21 +47,7 @@ def _build(cpu_flags: str) -> ctypes.CDLL | None:
     try:
         if "amx_int8" not in cpu_flags.split():
             raise OSError("the CPU does not list amx_int8")
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            raise OSError("no C compiler (cc or gcc) on PATH")
-        key = hashlib.sha256(SOURCE.read_bytes() + f"{compiler} {cpu_flags}".encode())
-        library = _cache_dir() / f"cpu_quantized_matmul_amx-{key.hexdigest()[:16]}.so"
-        if not library.exists():
-            library.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-                built = Path(tmp) / library.name  # built aside, then moved: no half-written file
-                subprocess.run(
-                    [compiler, "-O3", "-march=native", "-mamx-tile", "-mamx-int8", "-fopenmp",
-                     "-shared", "-fPIC", "-o", str(built), str(SOURCE), "-lm"],
-                    check=True, capture_output=True, text=True,
-                )  # fmt: skip
-                built.replace(library)
+        library = compile_library(SOURCE, ["-mamx-tile", "-mamx-int8"])
         lib = ctypes.CDLL(str(library))
         if not lib.amx_request_permission():
             raise OSError("Linux did not grant the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")

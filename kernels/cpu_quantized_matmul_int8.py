@@ -58,27 +58,34 @@ def _cpu_flags() -> str:
     return " ".join([line for line in lines if line.startswith(("model name", "flags"))][:2])
 
 
+def compile_library(source: Path, flags: list[str]) -> Path:
+    """`source` built into a shared library by the system's C compiler with `-march=native`
+    and `flags` (at most once: cached by the source, compiler and CPU). Raises OSError or
+    CalledProcessError where it cannot be built."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    # (-march=native: a library built for one CPU may not run on another sharing the cache)
+    key = hashlib.sha256(source.read_bytes() + f"{compiler} {_cpu_flags()}".encode()).hexdigest()
+    library = _cache_dir() / f"{source.stem}-{key[:16]}.so"
+    if not library.exists():
+        if compiler is None:
+            raise OSError("no C compiler (cc or gcc) on PATH")
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+            built = Path(tmp) / library.name  # built aside, then moved: no half-written file
+            subprocess.run(
+                [compiler, "-O3", "-march=native", *flags, "-fopenmp", "-shared", "-fPIC",
+                 "-o", str(built), str(source), "-lm"],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            built.replace(library)
+    return library
+
+
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None (with one notice) when it cannot be built."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    source = SOURCE.read_bytes()
-    # (-march=native: a library built for one CPU may not run on another sharing the cache)
-    key = hashlib.sha256(source + f"{compiler} {_cpu_flags()}".encode()).hexdigest()[:16]
-    library = _cache_dir() / f"cpu_quantized_matmul_int8-{key}.so"
     try:
-        if not library.exists():
-            if compiler is None:
-                raise OSError("no C compiler (cc or gcc) on PATH")
-            library.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-                built = Path(tmp) / library.name  # built aside, then moved: no half-written file
-                subprocess.run(
-                    [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                     "-o", str(built), str(SOURCE), "-lm"],
-                    check=True, capture_output=True, text=True,
-                )  # fmt: skip
-                built.replace(library)
+        library = compile_library(SOURCE, [])
         lib = ctypes.CDLL(str(library))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e
