@@ -8,26 +8,45 @@ and answers one line on stdout:
     -> {"cmd": "run", "workload": {...}}       <- {"ok": true, "run": {...}}
     -> {"cmd": "quit"}
 
-`ChildProcessEngine` is the parent's side of `run` and `close`; a subclass starts the child in
-`load` (as `proc`) and says how a line is sent and a failure reported (`_ask`).
+`ChildProcessEngine` is the parent's side of `_ask`, `run` and `close`; a subclass starts the
+child in `load` (as `proc`, its stderr in the file `log`) and names it (`child_name`).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
-from nanovllm.bench.engines import Engine, TokenCallback
+from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun
 from nanovllm.bench.workload import Workload
 
 
 class ChildProcessEngine(Engine):
     proc: subprocess.Popen | None = None
+    log = ""  # (the child's stderr)
+    child_name = "the child"  # (in the error raised when it exits)
+
+    def refusal(self, error: str | None) -> str:
+        """The message for a command the child refused with `error`."""
+        return str(error)
 
     def _ask(self, cmd: dict) -> dict:
-        """Send one command line to the child; its reply line (raises on a refusal)."""
-        raise NotImplementedError
+        """One JSON line to the child, one back; EngineUnavailable if it exits or refuses."""
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            tail = Path(self.log).read_text(errors="replace").strip().splitlines()[-3:]
+            raise EngineUnavailable(f"{self.child_name} exited: {' | '.join(tail)} ({self.log})")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise EngineUnavailable(self.refusal(reply.get("error")))
+        return reply
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
         run = EngineRun.from_dict(self._ask({"cmd": "run", "workload": workload.to_dict()})["run"])

@@ -86,6 +86,7 @@ class BatchedLoop(Engine):
     """The step loop over llama.cpp's C API, in this process (`LlamaCppBatchedEngine`'s child)."""
 
     name = "llamacpp-batched"
+    child_name = "the llama.cpp child"
     ctx = model = batch = None
     ctx_shape = (0, 0)  # the context's (sequences, cells per sequence)
     kv_unified = False  # one KV stream for all sequences (True: llama-server's --kv-unified)
@@ -251,22 +252,6 @@ class LlamaCppBatchedEngine(ChildProcessEngine):
         limits = dataclasses.asdict(self.limits)
         return self._ask({"cmd": "load", "model": str(Path(self.model_path).resolve()),
                           "limits": limits})["info"]  # fmt: skip
-
-    def _ask(self, cmd: dict) -> dict:
-        """One JSON line to the child, one back."""
-        try:
-            self.proc.stdin.write(json.dumps(cmd) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            tail = Path(self.log).read_text(errors="replace").strip().splitlines()[-3:]
-            raise EngineUnavailable(f"the llama.cpp child exited: {' | '.join(tail)} ({self.log})")
-        reply = json.loads(line)
-        if not reply["ok"]:
-            raise EngineUnavailable(reply["error"])
-        return reply
 
 
 def serve(lines, replies) -> None:

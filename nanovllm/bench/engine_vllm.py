@@ -28,7 +28,6 @@ GiB) and nanovllm's batch limits, and reports the preemptions vLLM counted in ea
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -42,6 +41,7 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 
 class VLLMEngine(ChildProcessEngine):
     name = "vllm"
+    child_name = "the vLLM worker"
     compiled = False
     reserved_cpus: int | None = 0  # VLLM_CPU_NUM_OF_RESERVED_CPU; None: vLLM's default
 
@@ -112,21 +112,8 @@ class VLLMEngine(ChildProcessEngine):
         path = Path(self.model_path)
         return dequantized_folder(path) if is_gguf(path) else path
 
-    def _ask(self, cmd: dict) -> dict:
-        """One JSON line to the worker, one back."""
-        try:
-            self.proc.stdin.write(json.dumps(cmd) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            tail = Path(self.log).read_text(errors="replace").strip().splitlines()[-3:]
-            raise EngineUnavailable(f"the vLLM worker exited: {' | '.join(tail)} ({self.log})")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise EngineUnavailable(f"vLLM: {reply.get('error')} (log: {self.log})")
-        return reply
+    def refusal(self, error: str | None) -> str:
+        return f"vLLM: {error} (log: {self.log})"
 
 
 class VLLMDefaultEngine(VLLMEngine):
