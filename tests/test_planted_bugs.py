@@ -2,9 +2,13 @@
 
 Each bug is planted (`planting.py`: in its function's normal form, written back over the
 function) in a copy of the package (a tree of links to the real files, with the one
-edited file written out), and the tests named for it run against that copy in a subprocess, with
-CI's hypothesis examples. They must fail. The same subprocess run without the bug must pass,
-which the rest of the suite already shows.
+edited file written out), and the tests named for it run against that copy in a process of
+their own, with CI's hypothesis examples. They must fail. The same tests without the bug pass,
+which the rest of the suite shows; and a few of them (`CONTROLS`) run without the bug the way
+the bugs' runs do, which must pass too.
+
+Each run is a fork of a server that imported torch, transformers and pytest's plugins once
+(`forked_pytest.py`), since a fresh interpreter spent seconds importing them for every bug.
 
 Each copy serves many bugs of a test session: a bug swaps its edited file in and puts the link
 back after. So what the copy's processes cache beside its files survives from bug to bug, numba's
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from forked_pytest import ForkedPytest, RunTimedOut
 from planted_bugs import PLANTED_BUGS, PlantedBug
 from planting import PlantError, normal_form_of, plant, without_indented_docstrings
 
@@ -117,51 +122,81 @@ class Outcome:
     tail: str
 
 
-def plant_and_run(bug: PlantedBug, dest: Path) -> Outcome:
-    """Run `bug`'s tests against the copy at `dest` with the bug planted."""
-    env = dict(os.environ, PYTHONPATH=str(dest), HYPOTHESIS_PROFILE="planted")
+def plant_and_run(bug: PlantedBug, dest: Path, server: ForkedPytest) -> Outcome:
+    """Run `bug`'s tests against the copy at `dest` with the bug planted, in a fork of the
+    copy's server."""
     with planted(bug, dest):
-        # Run from the copy's folder: Python puts the working directory first on sys.path, and
-        # the repository's own `nanovllm/` there would shadow the copy.
-        where = subprocess.run(
-            [sys.executable, "-c", "import nanovllm; print(nanovllm.__file__)"],
-            cwd=dest, env=env, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        if not where.startswith(str(dest)):
-            return Outcome(-1, f"the copy was not imported: {where}")
-        args = [str(ROOT / a) if a.startswith("tests/") else a for a in bug.tests]
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args],
-            cwd=dest, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    return Outcome(run.returncode, run.stdout[-1500:] + run.stderr[-500:])
+        return run_tests(bug.tests, dest, server)
+
+
+def run_tests(tests: tuple[str, ...], dest: Path, server: ForkedPytest) -> Outcome:
+    """`tests` run against the copy at `dest`, stopping at the first failure."""
+    args = [str(ROOT / a) if a.startswith("tests/") else a for a in tests]
+    log = dest.parent / f"{dest.name}.log"
+    try:
+        returncode, imported = server.run(
+            ["-x", "-q", "-p", "no:cacheprovider", *args], log, timeout=600
+        )
+    except RunTimedOut as exc:
+        return Outcome(-1, str(exc))
+    output = log.read_text(errors="replace")
+    if not imported.startswith(str(dest)):
+        return Outcome(-1, f"the copy was not imported: {imported}\n{output[-1500:]}")
+    return Outcome(returncode, output[-2000:])
+
+
+def start_server(dest: Path) -> ForkedPytest:
+    """The copy's pytest server: run from the copy's folder, which Python puts first on
+    sys.path, so the repository's own `nanovllm/` does not shadow the copy."""
+    env = dict(os.environ, PYTHONPATH=str(dest), HYPOTHESIS_PROFILE="planted")
+    return ForkedPytest(dest, env)
+
+
+# Runs without a bug, in the servers' forks: each must pass, or the forks themselves (not a
+# bug) could be what fails the bugs' runs. The engine against transformers, a data structure's
+# state machine, and a kernel's test (the kernels' conftest sets TRITON_INTERPRET before triton
+# is imported).
+CONTROLS = (
+    "qwen3-qk-norm-after-rope",
+    "free-queue-returns-blocks-to-the-head",
+    "the-kernels-exp-has-a-wrong-coefficient",
+)
 
 
 @pytest.fixture(scope="session")
 def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Every selected bug's outcome, run on `NUM_COPIES` copies at once (see the module
-    docstring), each copy taking the next bug from one shared list."""
+    docstring), each copy taking the next bug from one shared list; and, under "control: NAME",
+    the runs of `CONTROLS`' tests with no bug planted."""
     selected = [
         item.callspec.params["bug"]
         for item in request.session.items
         if getattr(item, "originalname", None) == "test_the_suite_catches_the_planted_bug"
     ]
-    todo = list(reversed(selected))  # popped from the end: in the session's order
+    by_name = {bug.name: bug for bug in PLANTED_BUGS}
+    jobs: list[tuple[str, PlantedBug | None, tuple[str, ...]]] = [
+        (f"control: {name}", None, by_name[name].tests) for name in CONTROLS
+    ] + [(bug.name, bug, bug.tests) for bug in selected]
+    todo = list(reversed(jobs))  # popped from the end: in the session's order
     results: dict[str, Outcome] = {}
     lock = threading.Lock()
 
     def worker(dest: Path) -> None:
         mirror(dest)
-        while True:
-            with lock:
-                if not todo:
-                    return
-                bug = todo.pop()
-            try:
-                outcome = plant_and_run(bug, dest)
-            except Exception as exc:  # noqa: BLE001 - reported by the bug's own test
-                outcome = Outcome(-1, f"{type(exc).__name__}: {exc}")
-            results[bug.name] = outcome
+        with start_server(dest) as server:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    name, bug, tests = todo.pop()
+                try:
+                    if bug is None:
+                        outcome = run_tests(tests, dest, server)
+                    else:
+                        outcome = plant_and_run(bug, dest, server)
+                except Exception as exc:  # noqa: BLE001 - reported by the bug's own test
+                    outcome = Outcome(-1, f"{type(exc).__name__}: {exc}")
+                results[name] = outcome
 
     copies = [tmp_path_factory.mktemp("planted") for _ in range(min(NUM_COPIES, len(todo)))]
     threads = [threading.Thread(target=worker, args=(dest,)) for dest in copies]
@@ -185,6 +220,9 @@ QUICK_BUG = "free-queue-returns-blocks-to-the-head"
     ids=lambda b: b.name,
 )
 def test_the_suite_catches_the_planted_bug(bug: PlantedBug, outcomes: dict) -> None:
+    for name in CONTROLS:
+        control = outcomes[f"control: {name}"]
+        assert control.returncode == 0, f"{name}'s tests fail with no bug planted\n{control.tail}"
     run = outcomes[bug.name]
     assert run.returncode != 5, f"{bug.name}: {bug.tests} selected no test\n{run.tail}"
     assert run.returncode == 1, f"{bug.name} was not caught by {bug.tests} ({bug.why})\n{run.tail}"
