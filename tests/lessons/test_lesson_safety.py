@@ -9,6 +9,7 @@ the wrong one (`_wrong`).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from nanovllm.lessons.catalog import all_lessons, get_lesson
 from nanovllm.lessons.testing import walk_free_list
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `solutions`
+from commands_ahead import CommandsAhead  # noqa: E402
 from solutions import solve  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -557,17 +560,52 @@ def test_every_wrong_solution_is_either_shown_by_the_engine_or_named_as_not():
 SHOWN = [case for case in WRONG_FOR_RUN if case[1] in SHOWN_BY_THE_ENGINE]
 
 
+def _wrong_solution_run(number: int, changes, home: Path) -> subprocess.CompletedProcess:
+    """`--run --unchecked` of lesson `number` against its worked solution with `changes` made."""
+    _wrong(number, home / "lessons", *changes)
+    return _command(home, str(number), "--run", "--unchecked")
+
+
+def _reference_run(lesson, home: Path) -> subprocess.CompletedProcess:
+    return _command(home, str(lesson.number), "--run", "--against", "reference")
+
+
+def _triton_missing(lesson) -> bool:
+    return lesson.name == "05_triton_kernel" and importlib.util.find_spec("triton") is None
+
+
+@pytest.fixture(scope="module")
+def commands(request, tmp_path_factory) -> Iterator[CommandsAhead]:
+    """The commands of this file's selected command tests, run ahead two at a time
+    (`commands_ahead.py`), each with a NANOVLLM_HOME of its own."""
+    ahead = CommandsAhead()
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module:
+            continue
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if item.originalname == "test_the_engine_itself_shows_each_wrong_solution":
+            home = tmp_path_factory.mktemp("wrong")
+            ahead.add(item.nodeid, functools.partial(
+                _wrong_solution_run, params["number"], params["changes"], home
+            ))  # fmt: skip
+        elif item.originalname == "test_the_reference_passes_run_through_the_command":
+            if not _triton_missing(params["lesson"]):
+                home = tmp_path_factory.mktemp("reference")
+                ahead.add(item.nodeid, functools.partial(_reference_run, params["lesson"], home))
+    yield ahead
+    ahead.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "number,name,changes", SHOWN, ids=[f"{n:02d}-{name}" for n, name, _ in SHOWN]
 )
-def test_the_engine_itself_shows_each_wrong_solution(number, name, changes, tmp_path):
+def test_the_engine_itself_shows_each_wrong_solution(number, name, changes, commands, request):
     """Through the command, with the check skipped: the run's workload makes the engine show
     the fault (a queue whose head does not fit, proposals to verify, prompts that end at a
     block's end, a double free once idle, seeded sampled requests), and the report names the
     first step where the learner's engine decided otherwise."""
-    _wrong(number, tmp_path / "lessons", *changes)
-    done = _command(tmp_path, str(number), "--run", "--unchecked")
+    done = commands.result(request.node.nodeid)
     out = _flat(done.stdout)
     assert done.returncode == 1, out + done.stderr
     assert "Your engine produced the same" not in out
@@ -582,12 +620,12 @@ def test_the_engine_itself_shows_each_wrong_solution(number, name, changes, tmp_
     [lesson for lesson in all_lessons() if your_engine.has_run(lesson)],
     ids=lambda lesson: lesson.name,
 )
-def test_the_reference_passes_run_through_the_command(lesson, tmp_path):
+def test_the_reference_passes_run_through_the_command(lesson, commands, request):
     """`nanovllm lesson N --run --against reference`: checked, then the same completions and the
     same decisions as the stock engine, in every lesson that has a `--run`."""
-    if lesson.name == "05_triton_kernel":
-        pytest.importorskip("triton")
-    done = _command(tmp_path, str(lesson.number), "--run", "--against", "reference")
+    if _triton_missing(lesson):
+        pytest.skip("triton is not installed")
+    done = commands.result(request.node.nodeid)
     out = _flat(done.stdout)
     assert done.returncode == 0, out + done.stderr[-2000:]
     assert "Your engine produced the same" in out, out
