@@ -9,9 +9,13 @@ configuration rather than under nanovllm's limits, and the report prints that co
   `$LLAMACPP_BIN_DIR`, by default `<tempdir>/llamacpp/build/bin`), weights as stored in the file;
 - `-t`/`-tb`: the bench's `--threads` for decode and for prompt batches, else every CPU
   (llama.cpp's docs: one thread per core);
-- `--parallel N` slots, N = `--max-num-seqs`, continuously batched (llama.cpp's default), over
-  one unified KV cache (`--kv-unified`) of nanovllm's KV capacity in tokens when the bench knows
-  it, else N x max_model_len, in llama.cpp's own f16 KV format;
+- `--parallel N` slots, N = `--max-num-seqs`, continuously batched (llama.cpp's default), each
+  slot with a KV stream of its own of max_model_len tokens (`--ctx-size` N x max_model_len,
+  which llama.cpp splits among the slots), in llama.cpp's own f16 KV format. Not one unified
+  cache (`--kv-unified`) of nanovllm's capacity: in a unified cache every token attends over
+  every sequence's cells, masked, which took 1.7x the CPU time (nanovllm/bench/README.md, "Why
+  `llamacpp-batched` took twice the tool's time"); one stream per sequence is llama.cpp's
+  default;
 - `-b`: `--max-num-batched-tokens` (tokens per decode call); `-ub` and attention are left to
   llama.cpp;
 - no prompt cache (`--cache-ram 0`, `cache_prompt: false`), no web UI.
@@ -53,10 +57,7 @@ def server_settings(limits: EngineLimits) -> dict[str, int]:
     """llama-server's sizes for the bench's limits (the module docstring says why each)."""
     threads = limits.threads or os.cpu_count() or 1
     parallel = limits.max_num_seqs
-    if limits.num_kv_blocks:
-        ctx = limits.num_kv_blocks * limits.block_size
-    else:
-        ctx = parallel * limits.max_model_len
+    ctx = parallel * limits.max_model_len  # split into one stream per slot
     return {"threads": threads, "parallel": parallel, "ctx_size": ctx,
             "batch_size": limits.max_num_batched_tokens}  # fmt: skip
 
@@ -66,7 +67,7 @@ def server_command(binary: Path, model: Path, port: int, settings: dict[str, int
     return [
         str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         "--threads", str(settings["threads"]), "--threads-batch", str(settings["threads"]),
-        "--parallel", str(settings["parallel"]), "--cont-batching", "--kv-unified",
+        "--parallel", str(settings["parallel"]), "--cont-batching",
         "--ctx-size", str(settings["ctx_size"]), "--batch-size", str(settings["batch_size"]),
         "--cache-ram", "0", "--no-webui",
     ]  # fmt: skip
@@ -153,8 +154,9 @@ class LlamaCppEngine(Engine):
         self._wait_healthy()
         configuration = (
             f"llama-server, weights as stored in the file, {settings['threads']} threads, "
-            f"--parallel {settings['parallel']} continuous batching, unified f16 KV cache of "
-            f"{settings['ctx_size']:,} tokens, batch {settings['batch_size']}, no prompt cache"
+            f"--parallel {settings['parallel']} continuous batching, one f16 KV stream per slot "
+            f"of {settings['ctx_size'] // settings['parallel']:,} tokens, batch "
+            f"{settings['batch_size']}, no prompt cache"
         )
         return {**settings, "command": " ".join(command), "configuration": configuration,
                 "log": self.log}  # fmt: skip

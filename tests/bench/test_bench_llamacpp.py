@@ -24,17 +24,19 @@ from nanovllm.bench.workload import BenchRequest, random_workload, with_poisson_
 def test_server_command_follows_the_limits() -> None:
     limits = EngineLimits(max_num_seqs=32, max_num_batched_tokens=512, threads=2)
     settings = lc.server_settings(limits)
-    # No KV capacity known yet: every slot may reach max_model_len.
+    # One KV stream per slot, each of max_model_len tokens (llama.cpp splits --ctx-size), also
+    # when nanovllm's own capacity is known: a unified cache of that size would make every token
+    # attend over every sequence's cells.
     assert settings == {"threads": 2, "parallel": 32, "ctx_size": 32 * 1024, "batch_size": 512}
-    limits.num_kv_blocks = 100  # nanovllm's cache, once it has loaded: 100 blocks of 16
+    limits.num_kv_blocks = 100
     settings = lc.server_settings(limits)
-    assert settings["ctx_size"] == 1600
+    assert settings["ctx_size"] == 32 * 1024
     command = lc.server_command(Path("/b/llama-server"), Path("/m.gguf"), 8080, settings)
-    flags = dict(zip(command[1::2], command[2::2]))
+    flags = {flag: value for flag, value in zip(command, command[1:]) if flag.startswith("--")}
     assert command[0] == "/b/llama-server" and flags["--model"] == "/m.gguf"
     assert (flags["--threads"], flags["--threads-batch"], flags["--parallel"]) == ("2", "2", "32")
-    assert (flags["--ctx-size"], flags["--batch-size"], flags["--port"]) == ("1600", "512", "8080")
-    assert {"--kv-unified", "--cont-batching", "--no-webui"} <= set(command)
+    assert (flags["--ctx-size"], flags["--batch-size"], flags["--port"]) == ("32768", "512", "8080")
+    assert {"--cont-batching", "--no-webui"} <= set(command) and "--kv-unified" not in command
 
 
 def test_completion_request_is_the_bench_request() -> None:
