@@ -17,8 +17,8 @@ parallel region.
 
 Protocol, one JSON object per line: the test sends `{"args": [...], "log": path}` on the
 server's stdin; the server answers `{"pid": child}` at once (so a run past its time limit can
-be killed) and `{"returncode": n, "imported": path}` when the child is done, its output in
-`log`; `imported` is where the child's `nanovllm` came from.
+be killed) and `{"returncode": n}` when the child is done, its output in
+`log`; the child writes where its `nanovllm` comes from to `log` + ".imported".
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ for line in sys.stdin:
         log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        code = pytest.main(job["args"])
-        module = sys.modules.get("nanovllm")
+        import nanovllm  # (its own imports are lazy) where the run's tests will find it
+
         with open(job["log"] + ".imported", "w") as f:
-            f.write(getattr(module, "__file__", None) or "nanovllm was not imported")
+            f.write(nanovllm.__file__)
+        # The plugins were imported before pytest could rewrite their asserts: it says so.
+        code = pytest.main(["-W", "ignore::pytest.PytestAssertRewriteWarning", *job["args"]])
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(int(code))
@@ -94,7 +96,8 @@ class ForkedPytest:
 
     def run(self, args: list[str], log: Path, timeout: float) -> tuple[int, str]:
         """pytest's exit code for `args` in a fork of the server, and where the fork's
-        `nanovllm` was imported from; its output is in `log`. A run past `timeout` seconds is
+        `nanovllm` is imported from (as the tests' own subprocesses, which inherit its
+        environment, import it too); its output is in `log`. A run past `timeout` seconds is
         killed and raises RunTimedOut."""
         self.stdin.write(json.dumps({"args": args, "log": str(log)}) + "\n")
         self.stdin.flush()
