@@ -54,8 +54,8 @@ def _build(cpu_flags: str) -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e
         logger.warning(
-            "nanovllm: the AMX int8 matmul is not used (%s); int8 activations use the AVX-512 "
-            "VNNI kernel instead.",
+            "nanovllm: the AMX int8 matmul is not used (%s); int8 activations use the int8 kernel "
+            "(cpu_quantized_matmul_int8: AVX-512 VNNI, AVX2 or plain loops) instead.",
             str(detail).strip()[:300],
         )
         return None

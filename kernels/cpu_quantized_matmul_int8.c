@@ -17,9 +17,16 @@
  * The 32 products of a block are summed in int32 exactly. With AVX-512 VNNI, `vpdpbusd` does
  * two blocks' 64 byte products in one instruction, but it multiplies unsigned bytes by signed
  * ones; so x is stored as qx + 128 (0..255) and each weight block carries -128 * sum(qw), the
- * term that removes the offset again, as the accumulator's starting value. Without VNNI the
- * same sums are plain C loops. Output features are shared out among
- * OpenMP threads; each weight row is decoded once into the thread's stack and used by every row of x.
+ * term that removes the offset again, as the accumulator's starting value. With AVX2 but no
+ * AVX-512 VNNI (AMD's Zen 3, Intel before Ice Lake), llama.cpp's AVX2 sums: `vpmaddubsw`
+ * multiplies unsigned bytes by signed ones and adds pairs into int16, so it takes |qw| and qx
+ * given qw's sign (`vpsignb`), whose products sum to qx qw; a pair is at most 2 * 128 * 127 =
+ * 32,512, inside int16 (no saturation: x is rounded to -127..127), and `vpmaddwd` with ones
+ * adds the pairs into the same eight int32 lanes as vpdpbusd (lane l: products 4l..4l + 3).
+ * x is read as signed bytes there (qx, not qx + 128: no offset term). Without either the same
+ * sums are plain C loops (`kernel_isa()` says which of the three was compiled). Output features
+ * are shared out among OpenMP threads; each weight row is decoded once into the thread's stack
+ * and used by every row of x.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,8 +36,14 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define HAVE_VNNI 1
+#define HAVE_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define HAVE_VNNI 0
+#define HAVE_AVX2 1
 #else
 #define HAVE_VNNI 0
+#define HAVE_AVX2 0
 #endif
 
 #define QK 32
@@ -38,7 +51,7 @@
 
 static inline float half_to_float(const uint8_t *p) { /* little-endian IEEE float16 */
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-#if HAVE_VNNI
+#if HAVE_VNNI || HAVE_AVX2
     return _cvtsh_ss(h); /* (F16C, exact) */
 #endif
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
@@ -103,7 +116,7 @@ static void decode_row(const uint8_t *row, int qtype, int64_t nb, int8_t *q, flo
                 continue;
             }
             const uint8_t *qs = blk + (qtype == 1 ? 2 : 4);
-#if HAVE_VNNI /* 16 bytes -> 32 nibbles, low ones first */
+#if HAVE_VNNI || HAVE_AVX2 /* 16 bytes -> 32 nibbles, low ones first */
             __m128i packed = _mm_loadu_si128((const __m128i *)qs);
             __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
             __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
@@ -155,6 +168,7 @@ static void decode_row(const uint8_t *row, int qtype, int64_t nb, int8_t *q, flo
             for (int j = 0; j < 8; j++) mw[sb * 8 + j] = 0.0f;
         }
     }
+#if !HAVE_AVX2 /* (the AVX2 sums read x without the offset) */
     for (int64_t b = 0; b < nb; b++) { /* each block's offset term, lane by lane */
 #if HAVE_VNNI
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + b * QK));
@@ -168,6 +182,9 @@ static void decode_row(const uint8_t *row, int qtype, int64_t nb, int8_t *q, flo
         }
 #endif
     }
+#else
+    (void)bias;
+#endif
 }
 
 #if HAVE_VNNI
@@ -194,6 +211,36 @@ static inline __attribute__((always_inline)) void dot_rows(
     }
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
+#elif HAVE_AVX2
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* out[r] = sum_b dx_r[b] dw[b] (qx_r[b] . q[b]) for R rows of x, here x's signed quants (xs):
+ * one block per instruction, |q| and the sign of q moved onto x (llama.cpp's AVX2 sums) */
+static inline __attribute__((always_inline)) void dot_rows(
+    float *out, int64_t R, const uint8_t *xs, const float *dx, int64_t K, const int8_t *q,
+    const float *dw, const int32_t *bias, int64_t nb) {
+    (void)bias;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(q + b * QK));
+        __m256i w_abs = _mm256_abs_epi8(w); /* (-128 -> 0x80, read as unsigned 128) */
+        __m256 scale_w = _mm256_loadu_ps(dw + b * LANES);
+        for (int r = 0; r < R; r++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xs + r * K + b * QK));
+            __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)); /* [16] int16 */
+            __m256i sums = _mm256_madd_epi16(pairs, ones);                        /* [8] int32 */
+            __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dx + r * nb * LANES + b * LANES), scale_w);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+}
 #else
 static inline void dot_rows(float *out, int64_t R, const uint8_t *xu, const float *dx, int64_t K,
                             const int8_t *q, const float *dw, const int32_t *bias, int64_t nb) {
@@ -210,11 +257,133 @@ static inline void dot_rows(float *out, int64_t R, const uint8_t *xu, const floa
 }
 #endif
 
+#if HAVE_AVX2
+/* Q4_0 and Q4_1 with AVX2, eight rows of x to a vector: lane r of every vector is row r.
+ *
+ * The row-by-row sums above spend a sign, a vpmaddubsw, a vpmaddwd, a conversion, a product of
+ * scales and an FMA on every block of every (row of x, feature) pair, and then use one of the
+ * eight lanes' worth of float work. Here x is packed so that one 32-byte vector holds the same
+ * four quants (a quad) of eight rows; a feature's four quants, broadcast to all eight lanes,
+ * multiply all eight rows in one vpmaddubsw. The 4-bit quants q are kept unsigned (0..15: for
+ * Q4_0 the -8 comes back as -8 sum(qx), exact in int32), so they need no sign trick, and a pair
+ * sum is at most 2 * 15 * 127 = 3,810: the eight quads of a block add up in int16 (at most
+ * 30,480) before one vpmaddwd widens them. Per block, feature and eight rows: 8 vpmaddubsw and
+ * 8 int16 adds, then one vpmaddwd, conversion and FMA (and Q4_1's minimum, an FMA). WR features
+ * are decoded together and share each loaded vector of x. */
+#define XR 8 /* rows of x in a vector */
+#define WR 4 /* weight rows decoded together */
+
+static void decode_q4_unsigned(const uint8_t *row, int qtype, int64_t nb, uint8_t *q, float *dw, float *mw) {
+    const int64_t block_bytes = qtype == 1 ? 18 : 20;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * block_bytes, *qs = blk + (qtype == 1 ? 2 : 4);
+        dw[b] = half_to_float(blk);
+        mw[b] = qtype == 2 ? half_to_float(blk + 2) : 0.0f;
+        __m128i packed = _mm_loadu_si128((const __m128i *)qs); /* low nibbles: quants 0..15 */
+        __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+        __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1));
+    }
+}
+
+static void matmul_q4_avx2(float *out, const uint8_t *xu, const float *dx, const float *sx, const uint8_t *w,
+                           int64_t M, int64_t N, int64_t K, int qtype, int num_threads) {
+    const int64_t nb = K / QK, groups = (M + XR - 1) / XR;
+    const int64_t row_bytes = nb * (qtype == 1 ? 18 : 20);
+    /* xp [groups, nb, 8 quads, XR rows, 4] signed quants; dxp, sxp [groups, nb, XR] each
+     * block's scale and dx sum(qx); sq8 [groups, nb, XR] 8 sum(qx) (Q4_0's offset); rows past M
+     * are zeros */
+    int8_t *xp = aligned_alloc(32, (size_t)(groups * nb * QK * XR));
+    float *dxp = aligned_alloc(32, (size_t)(groups * nb * XR * 4));
+    float *sxp = aligned_alloc(32, (size_t)(groups * nb * XR * 4));
+    int32_t *sq8 = aligned_alloc(32, (size_t)(groups * nb * XR * 4));
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int r = 0; r < XR; r++) {
+                int64_t row = g * XR + r, at = (g * nb + b) * XR + r;
+                int32_t sum = 0;
+                for (int j = 0; j < QK; j++) {
+                    int8_t v = row < M ? (int8_t)(xu[row * K + b * QK + j] ^ 0x80) : 0;
+                    xp[((g * nb + b) * (QK / 4) + j / 4) * XR * 4 + r * 4 + j % 4] = v;
+                    sum += v;
+                }
+                dxp[at] = row < M ? dx[row * nb * LANES + b * LANES] : 0.0f;
+                sxp[at] = row < M ? sx[row * nb + b] : 0.0f;
+                sq8[at] = 8 * sum;
+            }
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint8_t *q = aligned_alloc(32, (size_t)(WR * nb * QK));
+        float *dw = malloc((size_t)(WR * nb * 4)), *mw = malloc((size_t)(WR * nb * 4));
+        const __m256i ones = _mm256_set1_epi16(1);
+#pragma omp for schedule(static)
+        for (int64_t n0 = 0; n0 < N; n0 += WR) {
+            int64_t features = N - n0 < WR ? N - n0 : WR;
+            for (int i = 0; i < WR; i++) /* (past N: a copy of the last row, not stored) */
+                decode_q4_unsigned(w + (n0 + (i < features ? i : features - 1)) * row_bytes, qtype, nb,
+                                   q + i * nb * QK, dw + i * nb, mw + i * nb);
+            for (int64_t g = 0; g < groups; g++) {
+                __m256 acc[WR];
+                for (int i = 0; i < WR; i++) acc[i] = _mm256_setzero_ps();
+                for (int64_t b = 0; b < nb; b++) {
+                    const int8_t *xb = xp + (g * nb + b) * QK * XR;
+                    __m256i sums16[WR];
+                    for (int i = 0; i < WR; i++) sums16[i] = _mm256_setzero_si256();
+                    for (int quad = 0; quad < QK / 4; quad++) {
+                        __m256i xv = _mm256_load_si256((const __m256i *)(xb + quad * XR * 4));
+                        for (int i = 0; i < WR; i++) {
+                            int32_t four;
+                            memcpy(&four, q + i * nb * QK + b * QK + quad * 4, 4);
+                            sums16[i] = _mm256_add_epi16(sums16[i], _mm256_maddubs_epi16(_mm256_set1_epi32(four), xv));
+                        }
+                    }
+                    const int64_t at = (g * nb + b) * XR;
+                    __m256 dxv = _mm256_load_ps(dxp + at);
+                    __m256i offset = _mm256_load_si256((const __m256i *)(sq8 + at));
+                    for (int i = 0; i < WR; i++) {
+                        __m256i sums = _mm256_madd_epi16(sums16[i], ones); /* [XR] int32, exact */
+                        if (qtype == 1) sums = _mm256_sub_epi32(sums, offset); /* sum qx (q - 8) */
+                        __m256 scale = _mm256_mul_ps(dxv, _mm256_set1_ps(dw[i * nb + b]));
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[i]);
+                        if (qtype == 2) acc[i] = _mm256_fmadd_ps(_mm256_load_ps(sxp + at), _mm256_set1_ps(mw[i * nb + b]), acc[i]);
+                    }
+                }
+                for (int i = 0; i < features; i++) {
+                    float lanes[XR];
+                    _mm256_storeu_ps(lanes, acc[i]);
+                    for (int r = 0; r < XR && g * XR + r < M; r++) out[(g * XR + r) * N + n0 + i] = lanes[r];
+                }
+            }
+        }
+        free(q);
+        free(dw);
+        free(mw);
+    }
+    free(xp);
+    free(dxp);
+    free(sxp);
+    free(sq8);
+}
+#endif
+
 /* out [M, N] = x W^T: xu, dx, sx from quantize_rows_q8; w [N, K / 32 * block_bytes] */
 void quantized_matmul_int8(float *out, const uint8_t *xu, const float *dx, const float *sx,
                            const uint8_t *w, int64_t M, int64_t N, int64_t K, int qtype,
                            int num_threads) {
     const int64_t nb = K / QK;
+#if HAVE_AVX2
+    if (qtype == 1 || qtype == 2) {
+        matmul_q4_avx2(out, xu, dx, sx, w, M, N, K, qtype, num_threads);
+        return;
+    }
+#endif
+#if HAVE_AVX2 /* the AVX2 sums take x's quants as signed bytes: qx = (qx + 128) ^ 0x80 */
+    uint8_t *xs = malloc((size_t)(M * K));
+    for (int64_t i = 0; i < M * K; i++) xs[i] = xu[i] ^ 0x80;
+    const uint8_t *xq = xs;
+#else
+    const uint8_t *xq = xu;
+#endif
     const int64_t row_bytes = qtype <= 2 ? nb * (qtype == 0 ? 34 : (qtype == 1 ? 18 : 20))
                                          : nb / 8 * (qtype == 3 ? 144 : (qtype == 4 ? 176 : 210));
 #pragma omp parallel num_threads(num_threads)
@@ -229,7 +398,7 @@ void quantized_matmul_int8(float *out, const uint8_t *xu, const float *dx, const
             decode_row(w + n * row_bytes, qtype, nb, q, dw, bias, mw);
             float sums[4];
             for (int64_t m0 = 0; m0 < M; m0 += 4) {
-                const uint8_t *x0 = xu + m0 * K;
+                const uint8_t *x0 = xq + m0 * K;
                 const float *d0 = dx + m0 * nb * LANES;
                 int64_t rows = M - m0 < 4 ? M - m0 : 4;
                 if (rows == 4) dot_rows(sums, 4, x0, d0, K, q, dw, bias, nb);
@@ -252,6 +421,12 @@ void quantized_matmul_int8(float *out, const uint8_t *xu, const float *dx, const
         free(bias);
         free(mw);
     }
+#if HAVE_AVX2
+    free(xs);
+#endif
 }
 
 int has_vnni(void) { return HAVE_VNNI; }
+
+/* which sums were compiled: 2 AVX-512 VNNI, 1 AVX2, 0 plain C loops */
+int kernel_isa(void) { return HAVE_VNNI ? 2 : (HAVE_AVX2 ? 1 : 0); }

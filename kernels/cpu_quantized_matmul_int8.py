@@ -6,7 +6,9 @@ matmul beats it. llama.cpp's CPU kernels instead quantize x too, 32 values at a 
 with one float scale, and sum a block's 32 products in integers: one AVX-512 VNNI
 instruction (`vpdpbusd`) does 32 multiply-adds of bytes where a float32 FMA does 16 of 4-byte
 floats, and a weight byte stays a byte. numba cannot emit that instruction; C with intrinsics
-can (`cpu_quantized_matmul_int8.c`, which holds the formulas).
+can (`cpu_quantized_matmul_int8.c`, which holds the formulas). Without VNNI (AMD's Zen 3,
+Intel before Ice Lake) the same C sums a block with AVX2's `vpmaddubsw` and `vpmaddwd`, as
+llama.cpp's AVX2 kernels do, and without AVX2 with plain loops (`instruction_set()` says which).
 
 The price is x's rounding: each value of x is rounded to one of 255 steps of its block's
 largest magnitude (an error up to 1/254 of it), as llama.cpp does, so the result is not the
@@ -60,11 +62,12 @@ def _cpu_flags() -> str:
 
 def compile_library(source: Path, flags: list[str]) -> Path:
     """`source` built into a shared library by the system's C compiler with `-march=native`
-    and `flags` (at most once: cached by the source, compiler and CPU). Raises OSError or
+    and `flags` (at most once: cached by the source, flags, compiler and CPU). Raises OSError or
     CalledProcessError where it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     # (-march=native: a library built for one CPU may not run on another sharing the cache)
-    key = hashlib.sha256(source.read_bytes() + f"{compiler} {_cpu_flags()}".encode()).hexdigest()
+    build = f"{compiler} {' '.join(flags)} {_cpu_flags()}"
+    key = hashlib.sha256(source.read_bytes() + build.encode()).hexdigest()
     library = _cache_dir() / f"{source.stem}-{key[:16]}.so"
     if not library.exists():
         if compiler is None:
@@ -81,11 +84,15 @@ def compile_library(source: Path, flags: list[str]) -> Path:
     return library
 
 
+ISAS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C loops"}  # kernel_isa()'s codes
+
+
 @functools.cache
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel library, or None (with one notice) when it cannot be built."""
+def load_variant(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The kernel library built with these extra compiler flags (`("-mno-avx2",)`: the plain
+    loops, which the tests compare with), or None (with one notice) when it cannot be built."""
     try:
-        library = compile_library(SOURCE, [])
+        library = compile_library(SOURCE, list(flags))
         lib = ctypes.CDLL(str(library))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e
@@ -99,6 +106,25 @@ def load() -> ctypes.CDLL | None:
     lib.quantize_rows_q8.argtypes = [pointer, i64, i64, pointer, pointer, pointer]
     lib.quantized_matmul_int8.argtypes = [pointer] * 5 + [i64, i64, i64, c_int, c_int]
     return lib
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library for this CPU (`-march=native`: VNNI, else AVX2, else the
+    plain loops, with one notice), or None (with one notice) when it cannot be built."""
+    lib = load_variant()
+    if lib is not None and lib.kernel_isa() == 0:
+        logger.warning(
+            "nanovllm: the CPU has neither AVX-512 VNNI nor AVX2; the int8 quantized matmul "
+            "runs plain C loops (slower than the numba kernel)."
+        )
+    return lib
+
+
+def instruction_set(lib: ctypes.CDLL | None = None) -> str:
+    """Which sums `lib` (default: `load()`'s) was compiled with: one of `ISAS`' values."""
+    lib = lib or load()
+    return "none" if lib is None else ISAS[lib.kernel_isa()]
 
 
 def applies(x: torch.Tensor, qtype: str) -> bool:
@@ -129,9 +155,10 @@ def quantized_matmul(
     x: torch.Tensor,  # [num_tokens, in] float32
     raw: torch.Tensor,  # [out, in / 32 * block_bytes] uint8: the weight's blocks
     qtype: str,  # one of QTYPES
+    lib: ctypes.CDLL | None = None,  # default: load()'s; a `load_variant` for the tests
 ) -> torch.Tensor:  # [num_tokens, out] float32
     """x W^T, x quantized to int8 blocks, W read from its blocks (see the module docstring)."""
-    lib = load()
+    lib = lib or load()
     x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     raw = raw.contiguous()
     _check(x2, raw, qtype)

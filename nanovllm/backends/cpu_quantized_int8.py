@@ -2,8 +2,8 @@
 
 The numba layers (`cpu_quantized.py`) decode each weight to float32 and multiply in float32;
 these call `kernels/cpu_quantized_matmul_int8.py` instead, which rounds x to int8 blocks of 32
-(one scale each) and sums each block's products in int32 with AVX-512 VNNI, as llama.cpp's CPU
-kernels do. It reads the file's blocks as stored, like the numba kernel, and needs the
+(one scale each) and sums each block's products in int32 with AVX-512 VNNI (else AVX2), as
+llama.cpp's CPU kernels do. It reads the file's blocks as stored, like the numba kernel, and needs the
 system's C compiler once (the CPU backend falls back to numba without it).
 
 What x's rounding costs: each activation moves by up to 1/254 of its block's largest
