@@ -60,11 +60,12 @@ def _cpu_flags() -> str:
 
 def compile_library(source: Path, flags: list[str]) -> Path:
     """`source` built into a shared library by the system's C compiler with `-march=native`
-    and `flags` (at most once: cached by the source, compiler and CPU). Raises OSError or
+    and `flags` (at most once: cached by the source, flags, compiler and CPU). Raises OSError or
     CalledProcessError where it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     # (-march=native: a library built for one CPU may not run on another sharing the cache)
-    key = hashlib.sha256(source.read_bytes() + f"{compiler} {_cpu_flags()}".encode()).hexdigest()
+    build = f"{compiler} {' '.join(flags)} {_cpu_flags()}"
+    key = hashlib.sha256(source.read_bytes() + build.encode()).hexdigest()
     library = _cache_dir() / f"{source.stem}-{key[:16]}.so"
     if not library.exists():
         if compiler is None:
