@@ -339,6 +339,10 @@ void quantized_matmul_fp32(float *out, const float *x, const uint8_t *raw, int64
                            int64_t K, int qtype, int threads) {
     const int64_t row_bytes = K / BLOCK_SIZE[qtype] * BLOCK_BYTES[qtype];
     const int64_t panels = (N + PANEL - 1) / PANEL;
+    if (K == 0) { /* (empty sums; the assembly loop runs at least once) */
+        memset(out, 0, (size_t)(M * N) * sizeof(float));
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         float *w = aligned_alloc(64, (size_t)(PANEL * K) * sizeof(float)); /* K: 32 | K */
@@ -368,3 +372,40 @@ void dequantize_fp32(float *out, const uint8_t *raw, int64_t N, int64_t K, int q
 
 /* 1 where this build has the AVX2 and FMA micro-kernel, 0 where it is plain C */
 int has_avx2(void) { return HAVE_AVX2; }
+
+/* One core's float32 FMA rate, flop/s, for the bench tool to set the kernel's rate beside
+ * (bench/tools/quantized_matmul.py --peak): `iterations` rounds of 10 independent chains of
+ * register-only FMAs (10 > the FMA latency times the FMA ports), timed by the thread's CPU
+ * clock. 0 where the build has no AVX2 and FMA. */
+#include <time.h>
+double fma_peak(int64_t iterations) {
+#if HAVE_AVX2 && ASM_KERNEL
+    struct timespec t0, t1;
+    int64_t n = iterations;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    __asm__ volatile(
+        "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
+        "vmovaps %%ymm0, %%ymm1\n\t vmovaps %%ymm0, %%ymm2\n\t vmovaps %%ymm0, %%ymm3\n\t"
+        "vmovaps %%ymm0, %%ymm4\n\t vmovaps %%ymm0, %%ymm5\n\t vmovaps %%ymm0, %%ymm6\n\t"
+        "vmovaps %%ymm0, %%ymm7\n\t vmovaps %%ymm0, %%ymm8\n\t vmovaps %%ymm0, %%ymm9\n\t"
+        "vmovaps %%ymm0, %%ymm14\n\t vmovaps %%ymm0, %%ymm15\n\t"
+        "1:\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n\t vfmadd231ps %%ymm14, %%ymm15, %%ymm1\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n\t vfmadd231ps %%ymm14, %%ymm15, %%ymm3\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n\t vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n\t vfmadd231ps %%ymm14, %%ymm15, %%ymm7\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n\t vfmadd231ps %%ymm14, %%ymm15, %%ymm9\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        :
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+          "xmm14", "xmm15", "cc");
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    double seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return (double)iterations * 10 * 16 / seconds; /* 10 FMAs of 8 lanes, 2 flops each */
+#else
+    (void)iterations;
+    return 0.0;
+#endif
+}

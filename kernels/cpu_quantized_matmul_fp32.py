@@ -8,10 +8,11 @@ reference's to float32 rounding, not bit for bit). x is not rounded, unlike the 
 
 Why C, when the numba kernel (`cpu_quantized_matmul_numba.py`) computes the same: at a decode
 batch of 32 rows the product is bound by arithmetic (32 FMAs per weight), so its speed is how
-many of the core's FMA slots the inner loop fills. numba's loop does 16 scalar sums over one
-row of x and W each (its lanes chosen by LLVM); here a micro-kernel keeps 3 rows of x by 4
-output features in AVX2 registers, 8 lanes each, and each loaded vector serves 3 or 4 FMAs
-(`cpu_quantized_matmul_fp32.c` has the layout). Q8_0, Q4_0 and Q4_1 are decoded with vector
+many of the core's FMA slots the inner loop fills. numba's loop keeps 4 rows of x by 4 of W
+(16 sums) and leaves the vectorising to LLVM; here a micro-kernel keeps 3 rows of x by 4
+output features in AVX2 registers, 8 lanes each, each loaded vector serving 3 or 4 FMAs, its
+loop in inline assembly (`cpu_quantized_matmul_fp32.c` has the layout and why; kernels/README.md
+the figures). Q8_0, Q4_0 and Q4_1 are decoded with vector
 instructions; the K-quants (Q4_K, Q5_K, Q6_K) with plain C loops, which the compiler may
 vectorise. Without AVX2 and FMA the same file compiles to plain C loops.
 
@@ -46,6 +47,7 @@ def build(flags: list[str]) -> ctypes.CDLL:
     lib.quantized_matmul_fp32.argtypes = [pointer] * 3 + [i64, i64, i64, c_int, c_int]
     lib.dequantize_fp32.argtypes = [pointer] * 2 + [i64, i64, c_int, c_int]
     lib.has_avx2.restype = c_int
+    lib.fma_peak.argtypes, lib.fma_peak.restype = [i64], ctypes.c_double
     return lib
 
 

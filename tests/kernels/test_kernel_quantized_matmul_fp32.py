@@ -168,3 +168,11 @@ def test_where_the_build_fails_the_backend_keeps_numba_with_one_notice(
         cpu_quantized_matmul_fp32.load.cache_clear()
     layers = cpu_quantized.cpu_quantized_layers(ModelLayers(), enforce_eager=True)
     assert layers.row is cpu_quantized.CQuantizedRowParallelLinear
+
+
+def test_no_input_features_give_zeros():
+    """An empty sum is 0 (the assembly loop itself runs at least once, so the C file checks)."""
+    y = cpu_quantized_matmul_fp32.quantized_matmul(
+        torch.zeros(2, 0), torch.zeros(5, 0, dtype=torch.uint8), "Q8_0"
+    )
+    assert torch.equal(y, torch.zeros(2, 5))
