@@ -86,7 +86,7 @@ def quantized_matmul(
 ) -> torch.Tensor:  # [num_tokens, out] float32
     """x W^T, W read from its blocks (see the module docstring)."""
     lib = lib or load()
-    x2 = x.detach().reshape(-1, x.shape[-1]).contiguous()
+    x2 = x.detach().reshape(x.shape[:-1].numel(), x.shape[-1]).contiguous()  # (K may be 0)
     raw = raw.contiguous()
     _check(x2, raw, qtype)
     m, k = x2.shape
