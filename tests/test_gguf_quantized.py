@@ -1,8 +1,8 @@
 """A GGUF file's Q8_0 / Q4_0 weights kept quantized in memory (models/quantized_linear.py,
 backends/cpu_quantized.py): greedy output through the reference layers (dequantize, then
 `F.linear`) is token for token the output of the same file dequantized at load
-(`dequantize_gguf=True`), and so is the CPU backend's numba path on these files; the model holds
-the file's blocks, not float32 copies of them."""
+(`dequantize_gguf=True`), and so is the CPU backend's float32 C kernel's (its default where it
+builds) and numba's on these files; the model holds the file's blocks, not float32 copies of them."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tiny_gguf import write_gguf  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
 from nanovllm import LLM, SamplingParams  # noqa: E402
-from nanovllm.backends.cpu_quantized import NumbaQuantizedMatmul  # noqa: E402
+from nanovllm.backends.cpu_quantized import CQuantizedMatmul, NumbaQuantizedMatmul  # noqa: E402
 from nanovllm.backends.cpu_quantized_int8 import Int8QuantizedMatmul  # noqa: E402
-from nanovllm.kernels import cpu_quantized_matmul_int8  # noqa: E402
+from nanovllm.kernels import cpu_quantized_matmul_fp32, cpu_quantized_matmul_int8  # noqa: E402
 from nanovllm.models.linear import QKVParallelLinear  # noqa: E402
 from nanovllm.models.loader import load_model  # noqa: E402
 from nanovllm.models.model_layers import ModelLayers  # noqa: E402
@@ -86,6 +86,21 @@ def test_kept_quantized_generates_what_dequantized_at_load_does(gguf_file):
         assert [t[0] for t in kept] == [t[0] for t in dense]
         fast = [m for m in quantized_modules(llm) if isinstance(m, Int8QuantizedMatmul)]
         assert len(fast) == 4 * llm.llm_engine.model_args.num_hidden_layers + 1
+
+
+def test_the_c_kernel_layers_generate_what_the_reference_does(gguf_file):
+    """The CPU backend's default where the C compiler builds its kernel: the float32 C layers,
+    whose arithmetic is the reference's up to the order of float32 sums; the same greedy tokens
+    as the reference layers (attention_backend="torch"), the LM head and every linear layer
+    through the kernel."""
+    if cpu_quantized_matmul_fp32.load() is None:
+        pytest.skip("no C compiler: the float32 kernel is not built")
+    path, _ = gguf_file
+    reference, _ = greedy_tokens(path, attention_backend="torch")
+    kept, llm = greedy_tokens(path, attention_backend="cpu")
+    assert kept == reference
+    fast = [m for m in quantized_modules(llm) if isinstance(m, CQuantizedMatmul)]
+    assert len(fast) == 4 * llm.llm_engine.model_args.num_hidden_layers + 1
 
 
 class OwnQKV(QKVParallelLinear):

@@ -27,7 +27,8 @@ the answers as they come.
 A GGUF file's weights: `nanovllm` dequantizes them to float32 at load (`dequantize_gguf=True`),
 the weights the peers given a folder (vLLM, transformers) read, so their rows compare engines, not
 weight formats; `nanovllm-gguf` keeps them quantized as stored (the engine's own default for a
-GGUF file, `backends/cpu_quantized.py`), the row to set beside llama.cpp's on the same file;
+GGUF file, `backends/cpu_quantized.py`: the float32 C kernel where it builds, else numba's;
+its configuration names which), the row to set beside llama.cpp's on the same file;
 `nanovllm-gguf-int8` also rounds x to int8 blocks (`gguf_int8_activations=True`), as llama.cpp
 does, for integer dot products (AMX where the CPU has it, `backends/cpu_quantized_int8.py`).
 
@@ -89,6 +90,10 @@ class NanovllmEngine(Engine):
         if is_gguf(self.model_path):
             kept = "kept quantized as stored" if not self.dequantize_gguf else "float32"
             kept += ", x rounded to int8 blocks" if self.gguf_int8_activations else ""
+            if not self.dequantize_gguf and engine.started_event.attention_backend == "cpu":
+                from nanovllm.backends.cpu_quantized import quantized_kernel_name
+
+                kept += f", {quantized_kernel_name(self.gguf_int8_activations)}"
             weights = f"GGUF weights {kept}, "
         configuration = (
             f"{weights}{torch.get_num_threads()} torch threads, attention backend "

@@ -35,3 +35,29 @@ def test_the_int8_row_runs_the_int8_layers(tmp_path) -> None:
         assert "kept quantized as stored, x rounded to int8 blocks" in info["configuration"]
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_the_gguf_row_names_its_kernel(tmp_path) -> None:
+    """`nanovllm-gguf` (the reference's arithmetic): the float32 C kernel's layers where it
+    builds, else numba's, and its configuration names which."""
+    from nanovllm.backends.cpu_quantized import CQuantizedMatmul, NumbaQuantizedMatmul
+    from nanovllm.kernels import cpu_quantized_matmul_fp32
+
+    folder = make_model(tmp_path / "hf", arch="llama", tie=True, seed=3)
+    path = write_gguf(folder, tmp_path / "tiny-q8_0.gguf", TYPES)
+    limits = EngineLimits(num_kv_blocks=16, max_model_len=64)
+    engine = make_engine("nanovllm-gguf", str(path), limits)
+    info = engine.load()
+    try:
+        layers = [
+            m for m in engine.engine.runner.model.modules() if isinstance(m, NumbaQuantizedMatmul)
+        ]
+        built = cpu_quantized_matmul_fp32.load() is not None
+        assert layers and {isinstance(m, CQuantizedMatmul) for m in layers} == {built}
+        name = "float32 C kernel (AVX2 FMA)" if built else "numba kernel"
+        if built and not cpu_quantized_matmul_fp32.load().has_avx2():
+            name = "float32 C kernel (plain C)"
+        assert f"kept quantized as stored, {name}" in info["configuration"]
+    finally:
+        engine.close()

@@ -1,13 +1,17 @@
 """`python -m nanovllm.bench.tools.quantized_matmul`: x W^T with W in GGUF blocks, float32 against the CPU kernels.
 
 For each block type and row count, the same product runs as `F.linear` on W dequantized to
-float32, through the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
+float32, through the float32 C kernel (`cpu_quantized_matmul_fp32`, "c": the CPU backend's
+default), the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
 int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI) and the AMX one
 (`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K, where the CPU has it), called in turn, and prints
 each one's fastest and median milliseconds, wall clock and the process's CPU time (all threads;
 on a loaded machine the steadier of the two), with `uptime` before and after. Above the kernels'
-`KERNEL_MAX_ROWS` (a prefill) the numba and VNNI rows are what their layers do there instead:
-W dequantized (by the numba decoder, or the reference's torch code), then `F.linear`. W is random
+`KERNEL_MAX_ROWS` (a prefill) the c, numba and VNNI rows are what their layers do there instead:
+W dequantized (by the C or numba decoder, or the reference's torch code), then `F.linear`.
+Each way's line also gives its rate per core, GFLOP/s (2 rows out in per call, over the fastest
+CPU time of all threads), and `--peak` prints one core's float32 FMA peak beside them (the C
+kernel's `fma_peak`: 10 independent chains of register-only FMAs). W is random
 blocks of the LM head's shape of SmolLM2-135M by default (`--out`, `--in`); `--smollm2` takes
 each of SmolLM2-135M's linear shapes in turn.
 """
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from nanovllm.kernels import (
     cpu_quantized_matmul,
     cpu_quantized_matmul_amx,
+    cpu_quantized_matmul_fp32,
     cpu_quantized_matmul_int8,
 )
 from nanovllm.models.gguf_quants import FORMATS, QuantizedTensor, dequantize
@@ -74,14 +79,16 @@ def matmul_ways(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> dict[str, Cal
     """Each way to compute x W^T that applies here, by name (see the module docstring)."""
     weight = dequantize(raw, qtype)
     ways = {"fp32": functools.partial(F.linear, x, weight)}
-    if x.shape[0] > KERNEL_MAX_ROWS:  # a prefill: what the numba and VNNI layers do there
-        if cpu_quantized_matmul.applies(x, qtype):
-            decode = functools.partial(cpu_quantized_matmul.dequantize, raw, qtype)
-            ways["numba"] = lambda: F.linear(x, decode())
+    exact = (("c", cpu_quantized_matmul_fp32), ("numba", cpu_quantized_matmul))
+    if x.shape[0] > KERNEL_MAX_ROWS:  # a prefill: what the c, numba and VNNI layers do there
+        for name, kernel in exact:
+            if kernel.applies(x, qtype):
+                decode = functools.partial(kernel.dequantize, raw, qtype)
+                ways[name] = lambda decode=decode: F.linear(x, decode())
         qweight = QuantizedTensor(raw, qtype, x.shape[1])
         ways["int8"] = functools.partial(dequantize_linear, x, qweight, None)
     else:
-        for name, kernel in (("numba", cpu_quantized_matmul), ("int8", cpu_quantized_matmul_int8)):
+        for name, kernel in (*exact, ("int8", cpu_quantized_matmul_int8)):
             if kernel.applies(x, qtype):
                 ways[name] = functools.partial(kernel.quantized_matmul, x, raw, qtype)
     if cpu_quantized_matmul_amx.applies(x, qtype):
@@ -113,11 +120,17 @@ def main() -> None:
     parser.add_argument("--smollm2", action="store_true", help="each of SmolLM2-135M's shapes")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--peak", action="store_true", help="one core's float32 FMA peak too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shapes = SMOLLM2_SHAPES if args.smollm2 else {"W": (args.out, args.in_features)}
     print(uptime(), f"| {args.threads} threads")
-    print("shape    type  rows  way      wall ms fastest/median   CPU ms fastest/median")
+    lib = cpu_quantized_matmul_fp32.load()
+    if args.peak and lib is not None:
+        print(f"one core's float32 FMA peak: {lib.fma_peak(200_000_000) / 1e9:.1f} GFLOP/s")
+    print(
+        "shape    type  rows  way      wall ms fastest/median   CPU ms fastest/median   GFLOP/s a core"
+    )
     for shape, (out_features, in_features) in shapes.items():
         for qtype in args.types.split(","):
             blocks = in_features // FORMATS[qtype].block_size
@@ -126,11 +139,13 @@ def main() -> None:
                 x = torch.randn(rows, blocks * FORMATS[qtype].block_size)
                 ways = matmul_ways(x, raw, qtype)
                 wall, cpu = time_ways(ways, args.repeats)
+                flops = 2 * rows * out_features * x.shape[1]
                 for name in ways:
                     print(
                         f"{shape:8} {qtype:5} {rows:5}  {name:6} {min(wall[name]):9.2f} / "
                         f"{statistics.median(wall[name]):<9.2f} {min(cpu[name]):9.2f} / "
-                        f"{statistics.median(cpu[name]):.2f}",
+                        f"{statistics.median(cpu[name]):<9.2f} "
+                        f"{flops / min(cpu[name]) / 1e6:9.1f}",
                         flush=True,
                     )
     print(uptime())
