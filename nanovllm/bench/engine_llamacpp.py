@@ -9,13 +9,15 @@ configuration rather than under nanovllm's limits, and the report prints that co
   `$LLAMACPP_BIN_DIR`, by default `<tempdir>/llamacpp/build/bin`), weights as stored in the file;
 - `-t`/`-tb`: the bench's `--threads` for decode and for prompt batches, else every CPU
   (llama.cpp's docs: one thread per core);
-- `--parallel N` slots, N = `--max-num-seqs`, continuously batched (llama.cpp's default), each
-  slot with a KV stream of its own of max_model_len tokens (`--ctx-size` N x max_model_len,
-  which llama.cpp splits among the slots), in llama.cpp's own f16 KV format. Not one unified
-  cache (`--kv-unified`) of nanovllm's capacity: in a unified cache every token attends over
-  every sequence's cells, masked, which took 1.7x the CPU time (nanovllm/bench/README.md, "Why
+- `--parallel N` slots, N = `--max-num-seqs` (or the workload's requests, if fewer),
+  continuously batched (llama.cpp's default), each slot with a KV stream of its own as long as
+  the workload's longest request (`--ctx-size` N x that, which llama.cpp splits among the slots),
+  in llama.cpp's own f16 KV format, as `llamacpp-batched` makes its context. So the server is
+  started in `run`, for the workload's shape (and again only when a workload needs another).
+  Not one unified cache (`--kv-unified`): in a unified cache every token attends over every
+  sequence's cells, masked, which took 1.7x the CPU time (nanovllm/bench/README.md, "Why
   `llamacpp-batched` took twice the tool's time"); one stream per sequence is llama.cpp's
-  default;
+  default. Nor N x max_model_len: at the bench's 64 slots of 8,192 tokens that is 12 GB of KV;
 - `-b`: `--max-num-batched-tokens` (tokens per decode call); `-ub` and attention are left to
   llama.cpp;
 - no prompt cache (`--cache-ram 0`, `cache_prompt: false`), no web UI.
@@ -53,12 +55,12 @@ def bin_dir() -> Path:
     return Path(os.environ.get("LLAMACPP_BIN_DIR", default))
 
 
-def server_settings(limits: EngineLimits) -> dict[str, int]:
-    """llama-server's sizes for the bench's limits (the module docstring says why each)."""
+def server_settings(limits: EngineLimits, num_seqs: int, seq_len: int) -> dict[str, int]:
+    """llama-server's sizes for the bench's limits and a workload of `num_seqs` requests of at
+    most `seq_len` tokens (the module docstring says why each)."""
     threads = limits.threads or os.cpu_count() or 1
-    parallel = limits.max_num_seqs
-    ctx = parallel * limits.max_model_len  # split into one stream per slot
-    return {"threads": threads, "parallel": parallel, "ctx_size": ctx,
+    parallel = min(limits.max_num_seqs, num_seqs)
+    return {"threads": threads, "parallel": parallel, "ctx_size": parallel * seq_len,
             "batch_size": limits.max_num_batched_tokens}  # fmt: skip
 
 
@@ -145,21 +147,30 @@ class LlamaCppEngine(Engine):
                 f"no {binary}; build it with `python -m nanovllm.bench.tools.build_llamacpp` "
                 "or set $LLAMACPP_BIN_DIR"
             )
-        settings = server_settings(self.limits)
+        self.binary, self.model = binary, model.resolve()
+        self.settings: dict[str, int] | None = None
+        threads = self.limits.threads or os.cpu_count() or 1
+        configuration = (
+            f"llama-server, weights as stored in the file, {threads} threads, up to "
+            f"--parallel {self.limits.max_num_seqs} continuous batching, one f16 KV stream per "
+            f"slot as long as the workload's longest request, batch "
+            f"{self.limits.max_num_batched_tokens}, no prompt cache"
+        )
+        return {"threads": threads, "configuration": configuration}
+
+    def serve_workload(self, workload: Workload) -> None:
+        """A server sized for `workload` (the one running, if it is)."""
+        settings = server_settings(self.limits, workload.num_requests, workload.max_seq_len)
+        if settings == self.settings:
+            return
+        self.close()
         self.port = _free_port()
-        command = server_command(binary, model.resolve(), self.port, settings)
+        self.command = server_command(self.binary, self.model, self.port, settings)
         fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
-        self.proc = subprocess.Popen(command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL)
         os.close(fd)
         self._wait_healthy()
-        configuration = (
-            f"llama-server, weights as stored in the file, {settings['threads']} threads, "
-            f"--parallel {settings['parallel']} continuous batching, one f16 KV stream per slot "
-            f"of {settings['ctx_size'] // settings['parallel']:,} tokens, batch "
-            f"{settings['batch_size']}, no prompt cache"
-        )
-        return {**settings, "command": " ".join(command), "configuration": configuration,
-                "log": self.log}  # fmt: skip
+        self.settings = settings
 
     def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -184,6 +195,7 @@ class LlamaCppEngine(Engine):
         return f"{' | '.join(lines)} ({self.log})"
 
     def run(self, workload: Workload, on_tokens: TokenCallback | None = None) -> EngineRun:
+        self.serve_workload(workload)
         n = workload.num_requests
         results: list[tuple[list[int], list[float], dict] | BaseException | None] = [None] * n
         lock = threading.Lock()
@@ -229,6 +241,7 @@ class LlamaCppEngine(Engine):
         return EngineRun(self.name, wall, records)
 
     def close(self) -> None:
+        self.settings = None
         if self.proc is None:
             return
         self.proc.terminate()

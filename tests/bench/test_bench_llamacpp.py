@@ -21,21 +21,20 @@ from nanovllm.bench.engines import EngineLimits, EngineUnavailable, make_engine
 from nanovllm.bench.workload import BenchRequest, random_workload, with_poisson_arrivals
 
 
-def test_server_command_follows_the_limits() -> None:
+def test_server_command_follows_the_limits_and_the_workload() -> None:
     limits = EngineLimits(max_num_seqs=32, max_num_batched_tokens=512, threads=2)
-    settings = lc.server_settings(limits)
-    # One KV stream per slot, each of max_model_len tokens (llama.cpp splits --ctx-size), also
-    # when nanovllm's own capacity is known: a unified cache of that size would make every token
-    # attend over every sequence's cells.
-    assert settings == {"threads": 2, "parallel": 32, "ctx_size": 32 * 1024, "batch_size": 512}
-    limits.num_kv_blocks = 100
-    settings = lc.server_settings(limits)
-    assert settings["ctx_size"] == 32 * 1024
+    limits.num_kv_blocks = 100  # nanovllm's own capacity plays no part: see below
+    # One KV stream per slot, as long as the workload's longest request (llama.cpp splits
+    # --ctx-size among the slots): not one unified cache, whose every token attends over every
+    # sequence's cells, nor max_model_len per slot.
+    settings = lc.server_settings(limits, num_seqs=40, seq_len=256)
+    assert settings == {"threads": 2, "parallel": 32, "ctx_size": 32 * 256, "batch_size": 512}
+    assert lc.server_settings(limits, num_seqs=5, seq_len=100)["ctx_size"] == 5 * 100
     command = lc.server_command(Path("/b/llama-server"), Path("/m.gguf"), 8080, settings)
     flags = {flag: value for flag, value in zip(command, command[1:]) if flag.startswith("--")}
     assert command[0] == "/b/llama-server" and flags["--model"] == "/m.gguf"
     assert (flags["--threads"], flags["--threads-batch"], flags["--parallel"]) == ("2", "2", "32")
-    assert (flags["--ctx-size"], flags["--batch-size"], flags["--port"]) == ("32768", "512", "8080")
+    assert (flags["--ctx-size"], flags["--batch-size"], flags["--port"]) == ("8192", "512", "8080")
     assert {"--cont-batching", "--no-webui"} <= set(command) and "--kv-unified" not in command
 
 
@@ -106,9 +105,14 @@ def test_the_plugin_against_a_fake_server(tmp_path, monkeypatch) -> None:
         info = engine.load()
         workload = with_poisson_arrivals(random_workload(5, (3, 6), (1, 5), 1000), rate=500.0)
         run = engine.run(workload)
+        command = " ".join(engine.command)
+        first = engine.proc
+        again = engine.run(workload)  # the same shape: the same server
+        assert engine.proc is first and again.records[0].token_ids == run.records[0].token_ids
     finally:
         engine.close()
-    assert "--parallel 64" in info["command"] and "2 threads" in info["configuration"]
+    assert "2 threads" in info["configuration"] and "--parallel 5" in command
+    assert f"--ctx-size {5 * workload.max_seq_len}" in command
     assert run.engine == "llamacpp" and run.wall_s > 0
     for r, rec in zip(workload.requests, run.records):
         expected = [(sum(r.prompt_token_ids) + k) % 1000 for k in range(1, r.max_tokens + 1)]
