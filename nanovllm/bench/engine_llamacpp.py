@@ -55,11 +55,16 @@ def bin_dir() -> Path:
     return Path(os.environ.get("LLAMACPP_BIN_DIR", default))
 
 
-def server_settings(limits: EngineLimits, num_seqs: int, seq_len: int) -> dict[str, int]:
+def server_settings(
+    limits: EngineLimits, num_seqs: int | None = None, seq_len: int | None = None
+) -> dict[str, int]:
     """llama-server's sizes for the bench's limits and a workload of `num_seqs` requests of at
-    most `seq_len` tokens (the module docstring says why each)."""
+    most `seq_len` tokens (the module docstring says why each; without a workload, the limits'
+    `max_num_seqs` and `max_model_len`). The other llama.cpp engines take their threads and
+    batch size from here too."""
     threads = limits.threads or os.cpu_count() or 1
-    parallel = min(limits.max_num_seqs, num_seqs)
+    parallel = min(limits.max_num_seqs, num_seqs or limits.max_num_seqs)
+    seq_len = seq_len or limits.max_model_len
     return {"threads": threads, "parallel": parallel, "ctx_size": parallel * seq_len,
             "batch_size": limits.max_num_batched_tokens}  # fmt: skip
 
