@@ -149,7 +149,8 @@ def quantized_kernel_name(int8_activations: bool = False) -> str:
     """Which kernel `cpu_quantized_layers` gives an eager model's layers here, in words."""
     if int8_activations and cpu_quantized_matmul_int8.load() is not None:
         amx = int8_quantized_classes() is not INT8_QUANTIZED_CLASSES
-        return "int8 C kernel (AMX)" if amx else "int8 C kernel (VNNI or plain C)"
+        sums = "AMX" if amx else cpu_quantized_matmul_int8.instruction_set()
+        return f"int8 C kernel ({sums})"
     lib = cpu_quantized_matmul_fp32.load()
     if lib is not None:
         return "float32 C kernel (" + ("AVX2 FMA" if lib.has_avx2() else "plain C") + ")"
