@@ -16,7 +16,12 @@ import logging
 
 import torch
 
-from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, QTYPES, _check  # (the same codes)
+from nanovllm.kernels.cpu_quantized_matmul_int8 import (  # (the same codes)
+    BLOCK,
+    QTYPES,
+    _check,
+    eager_float32_on_cpu,
+)
 
 logger = logging.getLogger("nanovllm.kernels")
 
@@ -37,13 +42,7 @@ def _numba_kernels():
 
 def applies(x: torch.Tensor, qtype: str) -> bool:
     """Whether the kernel serves x times a `qtype` weight (see the module docstring)."""
-    return (
-        qtype in QTYPES
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and _numba_kernels() is not None
-    )
+    return qtype in QTYPES and eager_float32_on_cpu(x) and _numba_kernels() is not None
 
 
 def quantized_matmul(

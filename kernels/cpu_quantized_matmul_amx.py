@@ -33,7 +33,12 @@ from pathlib import Path
 
 import torch
 
-from nanovllm.kernels.cpu_quantized_matmul_int8 import BLOCK, _cpu_flags, compile_library
+from nanovllm.kernels.cpu_quantized_matmul_int8 import (
+    BLOCK,
+    _cpu_flags,
+    compile_library,
+    eager_float32_on_cpu,
+)
 
 logger = logging.getLogger("nanovllm.kernels")
 
@@ -73,13 +78,7 @@ def load() -> ctypes.CDLL | None:
 def applies(x: torch.Tensor, qtype: str) -> bool:
     """Whether the kernel serves x times a `qtype` weight: float32 x on a CPU, outside
     torch.compile (which cannot trace a ctypes call), the library built and the tiles granted."""
-    return (
-        qtype in QTYPES
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and load() is not None
-    )
+    return qtype in QTYPES and eager_float32_on_cpu(x) and load() is not None
 
 
 def quantized_matmul(

@@ -127,16 +127,16 @@ def instruction_set(lib: ctypes.CDLL | None = None) -> str:
     return "none" if lib is None else ISAS[lib.kernel_isa()]
 
 
+def eager_float32_on_cpu(x: torch.Tensor) -> bool:
+    """What every CPU quantized kernel (C or numba) needs of x: float32 on a CPU, outside
+    torch.compile (which can trace neither a ctypes nor a numba call)."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def applies(x: torch.Tensor, qtype: str) -> bool:
-    """Whether the kernel serves x times a `qtype` weight: float32 x on a CPU, outside
-    torch.compile (which cannot trace a ctypes call), the library built."""
-    return (
-        qtype in QTYPES
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and load() is not None
-    )
+    """Whether the kernel serves x times a `qtype` weight: `eager_float32_on_cpu`, the library
+    built."""
+    return qtype in QTYPES and eager_float32_on_cpu(x) and load() is not None
 
 
 def _check(x2: torch.Tensor, raw: torch.Tensor, qtype: str) -> None:
