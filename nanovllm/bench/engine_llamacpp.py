@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from nanovllm.bench.child_lifetime import preexec_dying_with_this_process
 from nanovllm.bench.engines import Engine, EngineLimits, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
 from nanovllm.bench.workload import BenchRequest, Workload
@@ -172,7 +173,10 @@ class LlamaCppEngine(Engine):
         self.port = _free_port()
         self.command = server_command(self.binary, self.model, self.port, settings)
         fd, self.log = tempfile.mkstemp(prefix="nanovllm-bench-llamacpp-", suffix=".log")
-        self.proc = subprocess.Popen(self.command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.command, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL,
+            preexec_fn=preexec_dying_with_this_process(),  # (child_lifetime.py says why)
+        )  # fmt: skip
         os.close(fd)
         self._wait_healthy()
         self.settings = settings

@@ -29,6 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from nanovllm.bench.child_lifetime import preexec_dying_with_this_process
 from nanovllm.bench.engine_llamacpp import bin_dir, server_settings
 from nanovllm.bench.engines import Engine, EngineUnavailable, TokenCallback
 from nanovllm.bench.records import EngineRun, RequestRecord
@@ -134,7 +135,10 @@ class LlamaCppBenchEngine(Engine):
         )  # fmt: skip
         start = time.perf_counter()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                preexec_fn=preexec_dying_with_this_process(),  # (child_lifetime.py says why)
+            )  # fmt: skip
         except subprocess.TimeoutExpired:
             raise EngineUnavailable(f"{TOOL} ran over {TIMEOUT_S:.0f} s") from None
         if done.returncode != 0:

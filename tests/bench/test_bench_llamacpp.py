@@ -8,9 +8,13 @@ from __future__ import annotations
 import ctypes
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -118,6 +122,64 @@ def test_the_plugin_against_a_fake_server(tmp_path, monkeypatch) -> None:
         expected = [(sum(r.prompt_token_ids) + k) % 1000 for k in range(1, r.max_tokens + 1)]
         assert rec.token_ids == expected and len(rec.token_times) == r.max_tokens
         assert rec.arrival_s == r.arrival_s <= rec.token_times[0] <= run.wall_s
+
+
+# A bench that starts the (fake) server, prints its pid, and waits to be killed.
+BENCH_KILLED_MIDWAY = """
+import sys, time
+from nanovllm.bench.engines import EngineLimits, make_engine
+from nanovllm.bench.workload import random_workload
+
+engine = make_engine("llamacpp", sys.argv[1], EngineLimits(threads=2))
+engine.load()
+engine.serve_workload(random_workload(2, (3, 6), (1, 5), 1000))
+print(engine.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_a_killed_bench_takes_its_server_with_it(tmp_path, monkeypatch) -> None:
+    """SIGKILL gives the bench no chance to close its engines: the server must still go."""
+    server = tmp_path / "llama-server"
+    server.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
+    server.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("LLAMACPP_BIN_DIR", str(tmp_path))
+    bench = subprocess.Popen(
+        [sys.executable, "-c", BENCH_KILLED_MIDWAY, str(model)], stdout=subprocess.PIPE, text=True
+    )
+    pid = int(bench.stdout.readline())
+    try:
+        assert _running(pid)
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), "llama-server outlived the bench that started it"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_whose_parent_is_already_gone_exits() -> None:
+    """The race `die_with_parent` closes: the parent died before the child asked for a signal."""
+    code = "from nanovllm.bench.child_lifetime import die_with_parent\n"
+    code += "die_with_parent(parent_pid=-1)\nprint('still running')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    expected = (1, "") if sys.platform.startswith("linux") else (0, "still running\n")
+    assert (done.returncode, done.stdout) == expected
 
 
 def test_it_is_skipped_with_its_reason(tmp_path, monkeypatch) -> None:
