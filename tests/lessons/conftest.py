@@ -30,3 +30,13 @@ def _triton_for_the_kernel_lesson(request):
 def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("NANOVLLM_HOME", str(tmp_path))
     return tmp_path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """CI runs this folder with two pytest-xdist workers (`.ci/run`). The tests that read their
+    command's result from the `commands` fixture (`commands_ahead.py`) all go to one of them, as
+    one group: that fixture starts every such test's command ahead, and the other worker would
+    start them all again."""
+    for item in items:
+        if "commands" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("commands"))
