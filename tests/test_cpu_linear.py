@@ -89,8 +89,34 @@ def test_the_mkl_check_refuses_a_product_that_is_wrong(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", wrong_past_the_first_row)
     assert not cpu_linear.mkl_packs_for_any_rows.__wrapped__()
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")
     monkeypatch.setattr(cpu_linear, "mkl_packs_for_any_rows", lambda: False)
     assert cpu_linear.packing_library() == "onednn"
+
+
+@pytest.mark.parametrize(
+    "vendor,mkl_passes,library",
+    [
+        ("GenuineIntel", True, "mkl"),
+        ("GenuineIntel", False, "onednn"),
+        ("AuthenticAMD", True, "onednn"),  # MKL's fast kernels are Intel's only
+        ("", True, "onednn"),  # (no /proc/cpuinfo: not known to be Intel)
+    ],
+)
+def test_mkl_packs_only_on_an_intel_cpu(vendor, mkl_passes, library, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_linear, "mkl_packs_for_any_rows", lambda: mkl_passes)
+    assert cpu_linear.packing_library() == library
+
+
+def test_the_vendor_is_read_from_proc_cpuinfo() -> None:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        assert cpu_linear.cpu_vendor() == ""
+        return
+    vendors = [line.split(":", 1)[1].strip() for line in text.splitlines() if "vendor_id" in line]
+    assert cpu_linear.cpu_vendor() == (vendors[0] if vendors else "")
 
 
 def test_only_float32_cpu_weights_are_packed() -> None:

@@ -139,9 +139,26 @@ def mkl_packs_for_any_rows() -> bool:
     return True
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it (`vendor_id` in /proc/cpuinfo: "GenuineIntel",
+    "AuthenticAMD"), or "" where there is no such line."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def packing_library() -> str:
-    """The library that packs and multiplies on this machine: MKL where it passes the check
-    above, else oneDNN."""
+    """The library that packs and multiplies on this machine: MKL on an Intel CPU where it
+    passes the check above, else oneDNN. MKL picks its fastest kernels for Intel's CPUs only:
+    on an AMD EPYC (Zen 4) its packed sgemm took 2.0x oneDNN's time for SmolLM2's 30 layers at
+    32 rows (nanovllm/bench/README.md, "MKL's packed sgemm")."""
+    if cpu_vendor() != "GenuineIntel":
+        return "onednn"
     return "mkl" if mkl_packs_for_any_rows() else "onednn"
 
 
