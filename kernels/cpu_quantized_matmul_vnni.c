@@ -44,10 +44,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QK 32  /* weights in a block */
-#define NR 32  /* features in a panel: two zmm of 16 */
-#define RX 4   /* rows of x in the micro-kernel */
-#define MB 256 /* rows of x in a row block */
+#define QK 32 /* weights in a block */
+#ifndef ZN
+#define ZN 2 /* zmm of 16 features in a panel */
+#endif
+#ifndef RX
+#define RX 4 /* rows of x in the micro-kernel */
+#endif
+#define NR (16 * ZN) /* features in a panel */
+#define MB 256       /* rows of x in a row block */
 #define PANEL_BLOCK_BYTES (8 * NR * 4 + 2 * NR * 4) /* wq, dw, mw of one block of a panel */
 
 static const int BLOCK_BYTES[3] = {34, 18, 20}; /* Q8_0, Q4_0, Q4_1 */
@@ -100,18 +105,25 @@ static void decode_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, in
     const int64_t bb = BLOCK_BYTES[qtype], row_bytes = nb * bb;
     const uint8_t *rows[NR];
     for (int f = 0; f < NR; f++) rows[f] = w + (n0 + f < N ? n0 + f : N - 1) * row_bytes;
+    /* the panel after next (its rows are one run of memory) asked for now: it arrives while
+     * this panel and the next are decoded and multiplied (the decode reads 32 rows at once, more
+     * streams than the hardware prefetcher follows) */
+    const int64_t next = n0 + 2 * NR < N ? n0 + 2 * NR : N, next_end = n0 + 3 * NR < N ? n0 + 3 * NR : N;
+    for (int64_t at = next * row_bytes; at < next_end * row_bytes; at += 64) _mm_prefetch((const char *)w + at, _MM_HINT_T1);
+    __m512i index[ZN]; /* each feature's row, from the first of its 16 */
+    for (int h = 0; h < ZN; h++) {
+        int32_t at[16];
+        for (int f = 0; f < 16; f++) at[f] = (int32_t)(rows[16 * h + f] - rows[16 * h]);
+        index[h] = _mm512_loadu_si512(at);
+    }
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *out = p + b * PANEL_BLOCK_BYTES;
         float *dw = (float *)(out + 8 * NR * 4), *mw = dw + NR;
-        uint16_t d16[NR], m16[NR];
-        for (int f = 0; f < NR; f++) {
-            const uint8_t *blk = rows[f] + b * bb;
-            d16[f] = (uint16_t)(blk[0] | (blk[1] << 8));
-            m16[f] = qtype == 2 ? (uint16_t)(blk[2] | (blk[3] << 8)) : 0;
-        }
-        for (int h = 0; h < NR / 16; h++) {
-            _mm512_storeu_ps(dw + 16 * h, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + 16 * h))));
-            _mm512_storeu_ps(mw + 16 * h, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m16 + 16 * h))));
+        for (int h = 0; h < NR / 16; h++) { /* the scales: one gather of 16 dwords (d, and m) */
+            __m512i dm = _mm512_i32gather_epi32(index[h], rows[16 * h] + b * bb, 1);
+            _mm512_storeu_ps(dw + 16 * h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+            _mm512_storeu_ps(mw + 16 * h, qtype == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
+                                                    : _mm512_setzero_ps());
         }
         for (int h = 0; h < NR / 16; h++) { /* 16 features at a time */
             const uint8_t *const *r16 = rows + 16 * h;
@@ -151,44 +163,41 @@ static void decode_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, in
 /* out[r, 0..NR) for R rows (R <= RX) of x times one decoded panel p; ldo: out's row stride,
  * store: the panel's features that exist (a mask of 32 bits) */
 static inline __attribute__((always_inline)) void micro_kernel(
-    float *out, int64_t ldo, uint32_t store, const int R, const int8_t *qx, int64_t K, const float *dx,
+    float *out, int64_t ldo, uint64_t store, const int R, const int8_t *qx, int64_t K, const float *dx,
     const float *sx, const int32_t *off, const uint8_t *p, int64_t nb, int qtype) {
-    __m512 acc[RX][2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 acc[RX][ZN];
+    for (int r = 0; r < R; r++)
+        for (int z = 0; z < ZN; z++) acc[r][z] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wq = p + b * PANEL_BLOCK_BYTES;
         const float *dw = (const float *)(wq + 8 * NR * 4), *mw = dw + NR;
-        __m512i s[RX][2];
-        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm512_set1_epi32(off[r * nb + b]);
+        __m512i s[RX][ZN];
+        for (int r = 0; r < R; r++)
+            for (int z = 0; z < ZN; z++) s[r][z] = _mm512_set1_epi32(off[r * nb + b]);
         for (int j = 0; j < 8; j++) {
-            __m512i w0 = _mm512_loadu_si512(wq + j * NR * 4), w1 = _mm512_loadu_si512(wq + j * NR * 4 + 64);
+            __m512i wz[ZN];
+            for (int z = 0; z < ZN; z++) wz[z] = _mm512_loadu_si512(wq + (j * NR + 16 * z) * 4);
             for (int r = 0; r < R; r++) {
                 int32_t quad;
                 memcpy(&quad, qx + r * K + b * QK + 4 * j, 4);
                 __m512i xq = _mm512_set1_epi32(quad);
-                s[r][0] = _mm512_dpbusd_epi32(s[r][0], w0, xq);
-                s[r][1] = _mm512_dpbusd_epi32(s[r][1], w1, xq);
+                for (int z = 0; z < ZN; z++) s[r][z] = _mm512_dpbusd_epi32(s[r][z], wz[z], xq);
             }
         }
-        __m512 d0 = _mm512_loadu_ps(dw), d1 = _mm512_loadu_ps(dw + 16);
-        for (int r = 0; r < R; r++) {
-            __m512 dxr = _mm512_set1_ps(dx[r * nb + b]);
-            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(d0, dxr), acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(d1, dxr), acc[r][1]);
+        for (int z = 0; z < ZN; z++) {
+            __m512 d = _mm512_loadu_ps(dw + 16 * z);
+            for (int r = 0; r < R; r++)
+                acc[r][z] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][z]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r][z]);
         }
-        if (qtype == 2) {
-            __m512 m0 = _mm512_loadu_ps(mw), m1 = _mm512_loadu_ps(mw + 16);
-            for (int r = 0; r < R; r++) {
-                __m512 sxr = _mm512_set1_ps(sx[r * nb + b]);
-                acc[r][0] = _mm512_fmadd_ps(m0, sxr, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(m1, sxr, acc[r][1]);
+        if (qtype == 2)
+            for (int z = 0; z < ZN; z++) {
+                __m512 m = _mm512_loadu_ps(mw + 16 * z);
+                for (int r = 0; r < R; r++) acc[r][z] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * nb + b]), acc[r][z]);
             }
-        }
     }
-    for (int r = 0; r < R; r++) {
-        _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)(store & 0xFFFF), acc[r][0]);
-        _mm512_mask_storeu_ps(out + r * ldo + 16, (__mmask16)(store >> 16), acc[r][1]);
-    }
+    for (int r = 0; r < R; r++)
+        for (int z = 0; z < ZN; z++)
+            _mm512_mask_storeu_ps(out + r * ldo + 16 * z, (__mmask16)(store >> (16 * z)), acc[r][z]);
 }
 
 /* rows m0..m1 of x times panel p (into out's columns n0..) */
@@ -196,7 +205,7 @@ static void panel_rows(float *out, int64_t N, int64_t n0, int64_t m0, int64_t m1
                        const float *dx, const float *sx, const int32_t *off, const uint8_t *p, int qtype) {
     const int64_t nb = K / QK;
     const int64_t features = N - n0 < NR ? N - n0 : NR;
-    const uint32_t store = features == 32 ? 0xFFFFFFFFu : ((1u << features) - 1);
+    const uint64_t store = features == 64 ? ~(uint64_t)0 : (((uint64_t)1 << features) - 1);
     for (int64_t m = m0; m < m1; m += RX) {
         const int64_t rows = m1 - m < RX ? m1 - m : RX;
         float *o = out + m * N + n0;
@@ -205,8 +214,15 @@ static void panel_rows(float *out, int64_t N, int64_t n0, int64_t m0, int64_t m1
         const int32_t *f = off + m * nb;
         /* (one copy of the micro-kernel per qtype and row count: the loops unroll fully) */
 #define CALL(R, T) micro_kernel(o, N, store, R, q, K, d, s, f, p, nb, T)
-#define ROWS(T) \
-    if (rows == 4) CALL(4, T); else if (rows == 3) CALL(3, T); else if (rows == 2) CALL(2, T); else CALL(1, T)
+#define ROWS(T)                                                                                        \
+    switch (rows) {                                                                                    \
+    case 1: CALL(1, T); break;                                                                         \
+    case 2: CALL(RX >= 2 ? 2 : 1, T); break;                                                           \
+    case 3: CALL(RX >= 3 ? 3 : 1, T); break;                                                           \
+    case 4: CALL(RX >= 4 ? 4 : 1, T); break;                                                           \
+    case 5: CALL(RX >= 5 ? 5 : 1, T); break;                                                           \
+    default: CALL(RX, T);                                                                              \
+    }
         if (qtype == 2) {
             ROWS(2);
         } else {
