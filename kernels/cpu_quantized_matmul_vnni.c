@@ -240,13 +240,19 @@ void quantized_matmul_vnni(float *out, const float *x, const uint8_t *w, int64_t
     int8_t *qx = malloc((size_t)(M * K) + 64);
     float *dx = malloc((size_t)(M * nb) * 4 + 64), *sx = malloc((size_t)(M * nb) * 4 + 64);
     int32_t *off = malloc((size_t)(M * nb) * 4 + 64);
+    /* (few rows: x is rounded before the threads start, one barrier less; a barrier costs a
+     * scheduler's time slice where the cores are shared) */
+    const int serial_x = M * nb < 4096;
+    if (serial_x) quantize_x(x, M, K, qtype, qx, dx, sx, off);
 #pragma omp parallel num_threads(num_threads)
     {
-        quantize_x(x, M, K, qtype, qx, dx, sx, off); /* (an omp for: the threads share it) */
+        if (!serial_x) quantize_x(x, M, K, qtype, qx, dx, sx, off); /* (an omp for: shared out) */
         uint8_t *p = aligned_alloc(64, (size_t)(nb * PANEL_BLOCK_BYTES));
         for (int64_t m0 = 0; m0 < M; m0 += MB) {
             const int64_t m1 = M - m0 < MB ? M : m0 + MB;
-#pragma omp for schedule(static)
+            /* (nowait: the row blocks write other rows of out; static: a thread gets the same
+             * panels in each row block) */
+#pragma omp for schedule(static) nowait
             for (int64_t panel = 0; panel < panels; panel++) {
                 decode_panel(w, panel * NR, N, nb, qtype, p);
                 panel_rows(out, N, panel * NR, m0, m1, qx, K, dx, sx, off, p, qtype);

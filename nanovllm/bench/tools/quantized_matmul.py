@@ -125,12 +125,18 @@ def main() -> None:
     parser.add_argument("--out", type=int, default=49152)
     parser.add_argument("--in", dest="in_features", type=int, default=576)
     parser.add_argument("--smollm2", action="store_true", help="each of SmolLM2-135M's shapes")
+    parser.add_argument(
+        "--shapes", default="", help="in:out pairs, e.g. 576:576,576:192 (instead of --out/--in)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--peak", action="store_true", help="one core's float32 FMA peak too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shapes = SMOLLM2_SHAPES if args.smollm2 else {"W": (args.out, args.in_features)}
+    if args.shapes:
+        pairs = [tuple(map(int, pair.split(":"))) for pair in args.shapes.split(",")]
+        shapes = {f"{i}>{o}": (o, i) for i, o in pairs}
     print(uptime(), f"| {args.threads} threads")
     lib = cpu_quantized_matmul_fp32.load()
     if args.peak and lib is not None:
