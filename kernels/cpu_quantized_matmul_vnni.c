@@ -33,10 +33,13 @@
  * the index right by one bit, and three such passes give (quad:3, feature:4), the layout wanted
  * (24 vpermt2d per 16 features and block). Q4's 16 packed bytes (4 dwords) are transposed the
  * same way in two passes before the nibbles are split (low nibbles: quads 0..3, high: 4..7).
+ * The float16 scales come with one gather of 16 dwords (d; Q4_1's m in the upper half) and
+ * vcvtph2ps. The decode asks for the panel after next with software prefetches.
  *
  * Threads (OpenMP) share out the panels; rows of x go in blocks of MB so that a block's quants
  * stay in the core's cache while every panel passes over them (a panel is decoded once per row
- * block).
+ * block). ZN and RX (-D at compile time) change the panel's width and the micro-kernel's rows;
+ * 2 and 4 were as fast as any other choice measured (kernels/README.md).
  */
 #include <immintrin.h>
 #include <math.h>

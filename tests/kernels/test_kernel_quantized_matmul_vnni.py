@@ -162,3 +162,22 @@ def test_the_int8_layers_use_it_and_agree_with_the_reference(monkeypatch, qtype,
     if cpu_quantized_int8.int8_quantized_classes() is cpu_quantized_int8.INT8_QUANTIZED_CLASSES:
         name = cpu_quantized.quantized_kernel_name(int8_activations=True)
         assert name == "int8 C kernel (AVX-512 VNNI, 16 features a vector)"
+
+
+def test_without_the_library_the_row_by_row_kernel_serves(monkeypatch):
+    """`load()` None (a CPU without avx512_vnni, a failed build): the int8 layers call the
+    row-by-row kernel as before, and the name says which sums it has."""
+    if cpu_quantized_matmul_int8.load() is None:
+        pytest.skip("no C compiler: the int8 kernel is not built")
+    monkeypatch.setattr(cpu_quantized_matmul_vnni, "load", lambda: None)
+    calls = []
+    int8 = cpu_quantized_matmul_int8.quantized_matmul
+    monkeypatch.setattr(
+        cpu_quantized_matmul_int8, "quantized_matmul", lambda *a: calls.append(a[2]) or int8(*a)
+    )
+    qweight = QuantizedTensor(torch.from_numpy(random_blocks(8, 2, "Q4_0", 1)), "Q4_0", 64)
+    y = cpu_quantized_int8.int8_quantized_linear(torch.randn(3, 64), qweight, None)
+    assert calls == ["Q4_0"] and y.shape == (3, 8)
+    if cpu_quantized_int8.int8_quantized_classes() is cpu_quantized_int8.INT8_QUANTIZED_CLASSES:
+        name = cpu_quantized.quantized_kernel_name(int8_activations=True)
+        assert name == f"int8 C kernel ({cpu_quantized_matmul_int8.instruction_set()})"
