@@ -90,6 +90,24 @@ def test_vnni_matmul_matches_its_oracle_and_the_int8_kernel(
 
 @needs_vnni
 @pytest.mark.parametrize("qtype", list(cpu_quantized_matmul_vnni.QTYPES))
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_prefill_in_row_blocks(qtype, threads):
+    """Past the property's sizes: 301 rows (two row blocks of 256, the last micro-kernel of one
+    row) x 16 blocks, enough blocks of x (4,816) that the threads round x between them."""
+    raw = random_blocks(45, 16, qtype, 3)
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((301, 512)).astype(np.float32))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = cpu_quantized_matmul_vnni.quantized_matmul(x, torch.from_numpy(raw), qtype)
+    finally:
+        torch.set_num_threads(before)
+    bound = float32_bound(x, raw, qtype)
+    assert ((y.double() - oracle(x, raw, qtype)).abs() <= bound + 1e-30).all()
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", list(cpu_quantized_matmul_vnni.QTYPES))
 def test_x_is_rounded_as_the_int8_kernel_rounds_it(qtype):
     """qx and dx bit for bit as the int8 kernel's C `quantize_rows_q8` (halves away from zero,
     C's roundf, at values k + 1/2 steps of their block; a block of zeros, dx = 0; random rows),
