@@ -45,6 +45,7 @@ from nanovllm.kernels import (
     cpu_quantized_matmul,
     cpu_quantized_matmul_fp32,
     cpu_quantized_matmul_int8,
+    cpu_quantized_matmul_vnni,
 )
 from nanovllm.models.model_layers import ModelLayers
 from nanovllm.models.quantized_linear import (
@@ -149,8 +150,11 @@ def quantized_kernel_name(int8_activations: bool = False) -> str:
     """Which kernel `cpu_quantized_layers` gives an eager model's layers here, in words."""
     if int8_activations and cpu_quantized_matmul_int8.load() is not None:
         amx = int8_quantized_classes() is not INT8_QUANTIZED_CLASSES
-        sums = "AMX" if amx else cpu_quantized_matmul_int8.instruction_set()
-        return f"int8 C kernel ({sums})"
+        if amx:
+            return "int8 C kernel (AMX)"
+        if cpu_quantized_matmul_vnni.load() is not None:
+            return f"int8 C kernel ({cpu_quantized_matmul_vnni.NAME})"
+        return f"int8 C kernel ({cpu_quantized_matmul_int8.instruction_set()})"
     lib = cpu_quantized_matmul_fp32.load()
     if lib is not None:
         return "float32 C kernel (" + ("AVX2 FMA" if lib.has_avx2() else "plain C") + ")"

@@ -3,7 +3,9 @@
 The numba layers (`cpu_quantized.py`) decode each weight to float32 and multiply in float32;
 these call `kernels/cpu_quantized_matmul_int8.py` instead, which rounds x to int8 blocks of 32
 (one scale each) and sums each block's products in int32 with AVX-512 VNNI (else AVX2), as
-llama.cpp's CPU kernels do. It reads the file's blocks as stored, like the numba kernel, and needs the
+llama.cpp's CPU kernels do. Where the CPU has AVX-512 VNNI, Q8_0, Q4_0 and Q4_1 weights go to
+`kernels/cpu_quantized_matmul_vnni.py` (16 output features in each vector: same rounding, about
+twice the row-by-row kernel's speed at 32 rows, kernels/README.md), at any number of rows. It reads the file's blocks as stored, like the numba kernel, and needs the
 system's C compiler once (the CPU backend falls back to numba without it).
 
 What x's rounding costs: each activation moves by up to 1/254 of its block's largest
@@ -11,7 +13,8 @@ magnitude, so the outputs differ from the reference (`dequantize_linear`) by abo
 percent of their scale, the same rounding llama.cpp applies on these files; a whole model's
 greedy tokens can then part from the reference's where two logits are close.
 A matmul with more than `KERNEL_MAX_ROWS` rows (a prefill) runs the reference, exactly as the
-numba layers do.
+numba layers do, except where the VNNI kernel with 16 features a vector takes it (Q8_0, Q4_0,
+Q4_1: about 0.3x dequantize + `F.linear` at 2,048 rows).
 
 On a CPU with AMX (`amx_int8`), the same arithmetic runs on tile registers instead
 (`kernels/cpu_quantized_matmul_amx.py`: 3-5x the VNNI kernel at 32 rows, kernels/README.md),
@@ -24,7 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from nanovllm.kernels import cpu_quantized_matmul_amx, cpu_quantized_matmul_int8
+from nanovllm.kernels import (
+    cpu_quantized_matmul_amx,
+    cpu_quantized_matmul_int8,
+    cpu_quantized_matmul_vnni,
+)
 from nanovllm.models.quantized_linear import (
     KERNEL_MAX_ROWS,
     QuantizedMergedColumnParallelLinear,
@@ -43,10 +50,14 @@ def int8_quantized_linear(
     amx: bool = False,
 ) -> torch.Tensor:  # [num_tokens, out]
     """x W^T + b: with `amx`, the AMX kernel where it applies (any number of rows); else the
-    VNNI kernel where it applies and x has few rows; else the reference."""
+    VNNI kernel with 16 features a vector where it applies (Q8_0, Q4_0, Q4_1, any number of
+    rows); else the row-by-row int8 kernel where it applies and x has few rows; else the
+    reference."""
     rows = x.numel() // x.shape[-1]
     if amx and cpu_quantized_matmul_amx.applies(x, qweight.qtype):
         y = cpu_quantized_matmul_amx.quantized_matmul(x, qweight.raw, qweight.qtype)
+    elif cpu_quantized_matmul_vnni.applies(x, qweight.qtype):
+        y = cpu_quantized_matmul_vnni.quantized_matmul(x, qweight.raw, qweight.qtype)
     elif rows <= KERNEL_MAX_ROWS and cpu_quantized_matmul_int8.applies(x, qweight.qtype):
         y = cpu_quantized_matmul_int8.quantized_matmul(x, qweight.raw, qweight.qtype)
     else:

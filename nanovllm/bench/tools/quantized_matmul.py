@@ -3,7 +3,9 @@
 For each block type and row count, the same product runs as `F.linear` on W dequantized to
 float32, through the float32 C kernel (`cpu_quantized_matmul_fp32`, "c": the CPU backend's
 default), the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
-int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI) and the AMX one
+int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI), the VNNI kernel with 16 features a
+vector (`cpu_quantized_matmul_vnni`, Q8_0/Q4_0/Q4_1, at any number of rows; "vnni-decode": its
+decode of the weight's panels alone, the part of a call that does not depend on the rows) and the AMX one
 (`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K, where the CPU has it), called in turn, and prints
 each one's fastest and median milliseconds, wall clock and the process's CPU time (all threads;
 on a loaded machine the steadier of the two), with `uptime` before and after. Above the kernels'
@@ -34,6 +36,7 @@ from nanovllm.kernels import (
     cpu_quantized_matmul_amx,
     cpu_quantized_matmul_fp32,
     cpu_quantized_matmul_int8,
+    cpu_quantized_matmul_vnni,
 )
 from nanovllm.models.gguf_quants import FORMATS, QuantizedTensor, dequantize
 from nanovllm.models.quantized_linear import KERNEL_MAX_ROWS, dequantize_linear
@@ -91,6 +94,10 @@ def matmul_ways(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> dict[str, Cal
         for name, kernel in (*exact, ("int8", cpu_quantized_matmul_int8)):
             if kernel.applies(x, qtype):
                 ways[name] = functools.partial(kernel.quantized_matmul, x, raw, qtype)
+    if cpu_quantized_matmul_vnni.applies(x, qtype):  # (at any number of rows)
+        vnni = cpu_quantized_matmul_vnni
+        ways["vnni"] = functools.partial(vnni.quantized_matmul, x, raw, qtype)
+        ways["vnni-decode"] = functools.partial(vnni.decode_only, raw, qtype)
     if cpu_quantized_matmul_amx.applies(x, qtype):
         ways["amx"] = functools.partial(cpu_quantized_matmul_amx.quantized_matmul, x, raw, qtype)
     return ways
@@ -118,12 +125,18 @@ def main() -> None:
     parser.add_argument("--out", type=int, default=49152)
     parser.add_argument("--in", dest="in_features", type=int, default=576)
     parser.add_argument("--smollm2", action="store_true", help="each of SmolLM2-135M's shapes")
+    parser.add_argument(
+        "--shapes", default="", help="in:out pairs, e.g. 576:576,576:192 (instead of --out/--in)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--peak", action="store_true", help="one core's float32 FMA peak too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shapes = SMOLLM2_SHAPES if args.smollm2 else {"W": (args.out, args.in_features)}
+    if args.shapes:
+        pairs = [tuple(map(int, pair.split(":"))) for pair in args.shapes.split(",")]
+        shapes = {f"{i}>{o}": (o, i) for i, o in pairs}
     print(uptime(), f"| {args.threads} threads")
     lib = cpu_quantized_matmul_fp32.load()
     if args.peak and lib is not None:
