@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from nanovllm.kernels.cpu_quantized_matmul_int8 import (
-    BLOCK,
     _cpu_flags,
+    check_blocks,
     compile_library,
     eager_float32_on_cpu,
 )
@@ -87,20 +87,13 @@ def quantized_matmul(
     qtype: str,  # one of QTYPES
 ) -> torch.Tensor:  # [num_tokens, out] float32
     """x W^T, x quantized to int8 blocks, the blocks' sums on AMX tiles (the module docstring)."""
-    if qtype not in QTYPES:
-        raise ValueError(f"qtype must be one of {list(QTYPES)}, got {qtype!r}")
+    check_blocks(x.shape[-1], raw, qtype, QTYPES)
     lib = load()
     if lib is None:
         raise RuntimeError("the AMX kernel is not available on this machine (see load())")
     x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     raw = raw.contiguous()
     (m, k), n = x2.shape, raw.shape[0]
-    size, nbytes = BLOCK[qtype]
-    if k % size or raw.shape[1] != k // size * nbytes:
-        raise ValueError(
-            f"x has {k} features; a {qtype} row of them is {k // size * nbytes} bytes "
-            f"(whole blocks of {size}), raw rows have {raw.shape[1]}"
-        )
     out = torch.empty(m, n, dtype=torch.float32)
     lib.quantized_matmul_amx(
         out.data_ptr(), x2.data_ptr(), raw.data_ptr(), m, n, k, QTYPES[qtype],

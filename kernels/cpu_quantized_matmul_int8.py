@@ -139,16 +139,21 @@ def applies(x: torch.Tensor, qtype: str) -> bool:
     return qtype in QTYPES and eager_float32_on_cpu(x) and load() is not None
 
 
-def _check(x2: torch.Tensor, raw: torch.Tensor, qtype: str) -> None:
-    if qtype not in QTYPES:
-        raise ValueError(f"qtype must be one of {list(QTYPES)}, got {qtype!r}")
-    k = x2.shape[1]
+def check_blocks(k: int, raw: torch.Tensor, qtype: str, qtypes=QTYPES) -> None:
+    """ValueError, naming the bad value, unless `qtype` is one of `qtypes` (a kernel's) and
+    `raw` [out, bytes] holds rows of whole `qtype` blocks for `k` input features."""
+    if qtype not in qtypes:
+        raise ValueError(f"qtype must be one of {list(qtypes)}, got {qtype!r}")
     size, nbytes = BLOCK[qtype]
-    if k % size or raw.shape[1] != k // size * nbytes:
+    if k % size or raw.dim() != 2 or raw.shape[1] != k // size * nbytes:
         raise ValueError(
             f"x has {k} features; a {qtype} row of them is {k // size * nbytes} bytes "
-            f"(whole blocks of {size}), raw rows have {raw.shape[1]}"
+            f"(whole blocks of {size}), raw has shape {tuple(raw.shape)}"
         )
+
+
+def _check(x2: torch.Tensor, raw: torch.Tensor, qtype: str) -> None:
+    check_blocks(x2.shape[1], raw, qtype)
 
 
 def quantized_matmul(

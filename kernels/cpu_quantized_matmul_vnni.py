@@ -51,6 +51,7 @@ import torch
 from nanovllm.kernels.cpu_quantized_matmul_int8 import (
     BLOCK,
     _cpu_flags,
+    check_blocks,
     compile_library,
     eager_float32_on_cpu,
 )
@@ -97,24 +98,13 @@ def applies(x: torch.Tensor, qtype: str) -> bool:
     return qtype in QTYPES and eager_float32_on_cpu(x) and load() is not None
 
 
-def _check(k: int, raw: torch.Tensor, qtype: str) -> None:
-    if qtype not in QTYPES:
-        raise ValueError(f"qtype must be one of {list(QTYPES)}, got {qtype!r}")
-    size, nbytes = BLOCK[qtype]
-    if k % size or raw.dim() != 2 or raw.shape[1] != k // size * nbytes:
-        raise ValueError(
-            f"x has {k} features; a {qtype} row of them is {k // size * nbytes} bytes "
-            f"(whole blocks of {size}), raw has shape {tuple(raw.shape)}"
-        )
-
-
 def quantized_matmul(
     x: torch.Tensor,  # [num_tokens, in] float32
     raw: torch.Tensor,  # [out, in / 32 * block_bytes] uint8: the weight's blocks
     qtype: str,  # one of QTYPES
 ) -> torch.Tensor:  # [num_tokens, out] float32
     """x W^T, x rounded to int8 blocks, 16 features a vector (the module docstring)."""
-    _check(x.shape[-1], raw, qtype)
+    check_blocks(x.shape[-1], raw, qtype, QTYPES)
     lib = load()
     if lib is None:
         raise RuntimeError("the VNNI kernel is not available on this machine (see load())")
@@ -133,5 +123,5 @@ def decode_only(raw: torch.Tensor, qtype: str) -> None:
     """Only the panels' decode, as one call of `quantized_matmul` does it (for measurements)."""
     raw = raw.contiguous()
     k = raw.shape[1] // BLOCK[qtype][1] * 32
-    _check(k, raw, qtype)
+    check_blocks(k, raw, qtype, QTYPES)
     load().decode_only_vnni(raw.data_ptr(), raw.shape[0], k, QTYPES[qtype], torch.get_num_threads())

@@ -97,13 +97,19 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def test_the_plugin_against_a_fake_server(tmp_path, monkeypatch) -> None:
+def _fake_llamacpp(tmp_path: Path, monkeypatch) -> Path:
+    """FAKE_SERVER as `llama-server` in the bench's llama.cpp folder; a GGUF file's path."""
     server = tmp_path / "llama-server"
     server.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
     server.chmod(0o755)
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     monkeypatch.setenv("LLAMACPP_BIN_DIR", str(tmp_path))
+    return model
+
+
+def test_the_plugin_against_a_fake_server(tmp_path, monkeypatch) -> None:
+    model = _fake_llamacpp(tmp_path, monkeypatch)
     engine = make_engine("llamacpp", str(model), EngineLimits(threads=2))
     try:
         info = engine.load()
@@ -150,12 +156,7 @@ def _running(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
 def test_a_killed_bench_takes_its_server_with_it(tmp_path, monkeypatch) -> None:
     """SIGKILL gives the bench no chance to close its engines: the server must still go."""
-    server = tmp_path / "llama-server"
-    server.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
-    server.chmod(0o755)
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    monkeypatch.setenv("LLAMACPP_BIN_DIR", str(tmp_path))
+    model = _fake_llamacpp(tmp_path, monkeypatch)
     bench = subprocess.Popen(
         [sys.executable, "-c", BENCH_KILLED_MIDWAY, str(model)], stdout=subprocess.PIPE, text=True
     )
