@@ -582,8 +582,9 @@ PLANTED_BUGS = [
                 "        return torch.ops.mkl._mkl_linear(x, packed.tensor, weight, None, rows)\n",
             ),
         ),
-        ("tests/test_parity.py", "-k", "qwen2"),
-        "Qwen2's q/k/v have biases; the MKL path must add them as F.linear does.",
+        ("tests/test_cpu_linear.py", "-k", "packed_product"),
+        "Qwen2's q/k/v have biases; the MKL path must add them as F.linear does. (The engine "
+        "packs for MKL only on an Intel CPU, so the check multiplies through both libraries.)",
     ),
     PlantedBug(
         "packed-weights-made-from-uninitialised-weights",

@@ -7,8 +7,9 @@ checks that a test marked `quick` is there for it. A new lesson or architecture 
 component: it is found from the catalog and the parity table, not written out here.
 
 The oracle is pytest's own collection: this run's, when the run collected the whole suite under
-one of the two tiers' `-m` expressions (the quick tier itself, or the full tier), else a
-`--collect-only -m quick` of the suite in a subprocess.
+one of the two tiers' `-m` expressions (the quick tier itself, or the full tier) and left out
+nothing (no `--ignore`, `--deselect` or `-k`), else a `--collect-only -m quick` of the suite in
+a subprocess.
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ def components() -> dict[str, str]:
 def quick_node_ids(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     """The node ids of the quick tier (relative to the repository, as pytest prints them)."""
     whole = [arg for arg in config.args if Path(arg).resolve() in (TESTS, TESTS.parent)]
-    if whole and config.getoption("markexpr") in TIER_MARKERS:
+    # (a run that leaves part of the suite out, as CI's first run leaves out tests/lessons,
+    # did not collect every quick test)
+    narrowed = any(
+        config.getoption(name) for name in ("ignore", "ignore_glob", "deselect", "keyword")
+    )
+    if whole and not narrowed and config.getoption("markexpr") in TIER_MARKERS:
         return [item.nodeid for item in items if item.get_closest_marker("quick") is not None]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "quick", "-p", "no:cacheprovider"],
@@ -100,3 +106,15 @@ def test_a_component_that_lost_its_quick_test_is_named() -> None:
     assert missing_components(everything) == []
     without_qwen2 = [node for node in everything if f"{PARITY}[qwen2" not in node]
     assert missing_components(without_qwen2) == ["greedy parity with transformers, qwen2"]
+
+
+def test_a_run_that_leaves_out_a_folder_collects_the_quick_tier_again(monkeypatch) -> None:
+    """CI's first run is the full tier with `--ignore=tests/lessons`: its own items lack the
+    lessons' quick tests, so the check collects the quick tier in a subprocess instead."""
+    options = {"markexpr": "not gpu", "ignore": ["tests/lessons"]}
+    config = type("Config", (), {"args": [str(TESTS)], "getoption": lambda self, n: options.get(n)})
+    collected = subprocess.CompletedProcess([], 0, "tests/lessons/test_x.py::test_quick\n", "")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: collected)
+    assert quick_node_ids(config(), items=[]) == ["tests/lessons/test_x.py::test_quick"]
+    options.pop("ignore")
+    assert quick_node_ids(config(), items=[]) == []  # (this run's own items: none)

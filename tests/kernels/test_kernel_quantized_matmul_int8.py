@@ -96,3 +96,22 @@ def test_extreme_blocks_sum_exactly():
         lib = cpu_quantized_matmul_int8.load_variant(flags)
         y = cpu_quantized_matmul_int8.quantized_matmul(x, raw, "Q8_0", lib)
         assert torch.equal(y, oracle), (flags, y, oracle)
+
+
+@pytest.mark.skipif(cpu_quantized_matmul_int8.load() is None, reason="no C compiler here")
+def test_the_oracle_rounds_halves_away_from_zero_as_the_kernel_does():
+    """Ties: x / dx exactly k + 1/2 (dx = 1 where the block's largest magnitude is 127). The
+    kernel's C roundf, as llama.cpp's, takes them away from zero (2.5 -> 3, -0.5 -> -1), where
+    torch.round would take them to even; random float32 rows hit such a value about once in
+    10^5, so a 100-row batch often has one. The oracle must round as the kernel does, bit for bit,
+    on ties and on random rows alike."""
+    halves = torch.tensor([127.0, -126.5, 2.5, -2.5, 0.5, -0.5, 1.5, 3.49999976] * 4)
+    x = torch.cat([halves.reshape(1, 32), torch.randn(3, 32) * 4.0])
+    qx, dx = cpu_quantized_matmul_int8.quantize_rows_ref(x)
+    assert qx[0, 0, :8].tolist() == [127.0, -127.0, 3.0, -3.0, 1.0, -1.0, 2.0, 3.0]
+    xu, dx8, sx = torch.empty(4, 32, dtype=torch.uint8), torch.empty(4, 8), torch.empty(4, 1)
+    cpu_quantized_matmul_int8.load().quantize_rows_q8(
+        x.data_ptr(), 4, 32, xu.data_ptr(), dx8.data_ptr(), sx.data_ptr()
+    )
+    assert torch.equal(qx.reshape(4, 32), xu.float() - 128.0)
+    assert torch.equal(dx.reshape(4), dx8[:, 0])

@@ -111,8 +111,7 @@ def test_a_prefill_in_row_blocks(qtype, threads):
 def test_x_is_rounded_as_the_int8_kernel_rounds_it(qtype):
     """qx and dx bit for bit as the int8 kernel's C `quantize_rows_q8` (halves away from zero,
     C's roundf, at values k + 1/2 steps of their block; a block of zeros, dx = 0; random rows),
-    sx and the offset term from them. (`quantize_rows_ref`'s torch.round takes halves to even:
-    the oracle differs there, on ties that random floats do not hit.)"""
+    sx and the offset term from them."""
     steps = torch.tensor([127.0, -127.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5] * 4)
     x = torch.cat([torch.stack([steps * 0.01, torch.zeros(32), steps * 3.0]).reshape(1, 96),
                    torch.randn(4, 96)])  # fmt: skip
