@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_parity import MODELS
@@ -112,9 +113,9 @@ def test_a_run_that_leaves_out_a_folder_collects_the_quick_tier_again(monkeypatc
     """CI's first run is the full tier with `--ignore=tests/lessons`: its own items lack the
     lessons' quick tests, so the check collects the quick tier in a subprocess instead."""
     options = {"markexpr": "not gpu", "ignore": ["tests/lessons"]}
-    config = type("Config", (), {"args": [str(TESTS)], "getoption": lambda self, n: options.get(n)})
+    config = SimpleNamespace(args=[str(TESTS)], getoption=options.get)
     collected = subprocess.CompletedProcess([], 0, "tests/lessons/test_x.py::test_quick\n", "")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: collected)
-    assert quick_node_ids(config(), items=[]) == ["tests/lessons/test_x.py::test_quick"]
+    assert quick_node_ids(config, items=[]) == ["tests/lessons/test_x.py::test_quick"]
     options.pop("ignore")
-    assert quick_node_ids(config(), items=[]) == []  # (this run's own items: none)
+    assert quick_node_ids(config, items=[]) == []  # (this run's own items: none)
