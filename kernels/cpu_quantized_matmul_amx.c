@@ -67,8 +67,17 @@ static void configure_tiles(void) { /* per thread: the tile shapes above */
 
 static inline float half_to_float(const uint8_t *p) { return _cvtsh_ss((uint16_t)(p[0] | (p[1] << 8))); }
 
+/* roundf on 16 floats (halves away from zero, as quantize_rows_q8 and the VNNI kernel round):
+ * t = trunc(y), then t +- 1 where |y - t| >= 0.5 (y - t is exact) */
+static inline __m512i round_half_away(__m512 y) {
+    __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(y, _mm512_set1_ps(-0.0f)));
+    return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
+}
+
 /* Rows [16 t, 16 t + 16) of x [M, K] (those past M as zeros) quantized in blocks of 32, as
- * quantize_rows_q8 does (dx = max |x| / 127, qx = round(x / dx), ties to even as torch.round),
+ * quantize_rows_q8 does (dx = max |x| / 127, qx = roundf(x / dx): halves away from zero),
  * into the tile layout: xp [nb, 8, 64] int8, dxp [nb, 16] and sxp [nb, 16] (dx * sum(qx)). */
 static void quantize_pack_tile(const float *x, int64_t M, int64_t K, int64_t t, int8_t *xp, float *dxp,
                                float *sxp) {
@@ -83,8 +92,8 @@ static void quantize_pack_tile(const float *x, int64_t M, int64_t K, int64_t t, 
                 float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
                 d = amax / 127.0f;
                 __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-                __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)); /* (rounds to nearest even) */
-                __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+                __m512i q0 = round_half_away(_mm512_mul_ps(v0, id));
+                __m512i q1 = round_half_away(_mm512_mul_ps(v1, id));
                 _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
                 _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
                 sum = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));

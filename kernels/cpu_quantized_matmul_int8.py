@@ -187,7 +187,8 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = x.to(torch.float32).reshape(x.shape[0], -1, 32)
     dx = blocks.abs().amax(-1, keepdim=True) / 127.0
     inverse = torch.where(dx != 0, 1.0 / dx, torch.zeros_like(dx))
-    # C's roundf (llama.cpp's too): halves away from zero, where torch.round takes them to even.
+    # C's roundf (as llama.cpp's quantize_row_q8_0_ref): halves away from zero, where
+    # torch.round takes them to even.
     # A float32 x / dx lands on k + 1/2 for about one value in 10^5 of random x: often enough in
     # a batch. (v - trunc(v) is exact, so the comparison with 0.5 is.)
     scaled = blocks * inverse
