@@ -38,6 +38,7 @@ from nanovllm.kernels.cpu_quantized_matmul_int8 import (
     check_blocks,
     compile_library,
     eager_float32_on_cpu,
+    matmul_rounding_x_in_c,
 )
 
 logger = logging.getLogger("nanovllm.kernels")
@@ -91,12 +92,4 @@ def quantized_matmul(
     lib = load()
     if lib is None:
         raise RuntimeError("the AMX kernel is not available on this machine (see load())")
-    x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
-    raw = raw.contiguous()
-    (m, k), n = x2.shape, raw.shape[0]
-    out = torch.empty(m, n, dtype=torch.float32)
-    lib.quantized_matmul_amx(
-        out.data_ptr(), x2.data_ptr(), raw.data_ptr(), m, n, k, QTYPES[qtype],
-        torch.get_num_threads(),
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], n)
+    return matmul_rounding_x_in_c(lib.quantized_matmul_amx, x, raw, QTYPES[qtype])

@@ -156,6 +156,18 @@ def _check(x2: torch.Tensor, raw: torch.Tensor, qtype: str) -> None:
     check_blocks(x2.shape[1], raw, qtype)
 
 
+def matmul_rounding_x_in_c(function, x: torch.Tensor, raw: torch.Tensor, code: int) -> torch.Tensor:
+    """x W^T through a C `function(out, x, w, M, N, K, qtype code, threads)` that rounds x to
+    int8 blocks itself (the VNNI and AMX kernels): x as a contiguous float32 [M, K], out
+    [..., N] float32. The caller has checked the shapes (`check_blocks`)."""
+    x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    raw = raw.contiguous()
+    (m, k), n = x2.shape, raw.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    function(out.data_ptr(), x2.data_ptr(), raw.data_ptr(), m, n, k, code, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
 def quantized_matmul(
     x: torch.Tensor,  # [num_tokens, in] float32
     raw: torch.Tensor,  # [out, in / 32 * block_bytes] uint8: the weight's blocks
