@@ -13,32 +13,36 @@
  *     Q4_0   sum_j qx_j (n_j - 8) = sum_j qx_j n_j - 8 s
  *     Q4_1   sum_j x_j w_j ~ dx dw sum_j qx_j n_j + mw sx          (w = dw n + mw)
  *
- * Layout. Output features go in panels of NR = 32 (two zmm of 16 features). A panel's weights
- * are decoded once per call (per row block) into the thread's scratch, block by block:
+ * Layout. Output features go in panels of NR = 32 (two zmm of 16 features). A panel is packed
+ * (pack_panel) block by block into the same number of bytes as its 32 rows' blocks, permuted:
  *
- *     wq [nb][8 quads][32 features][4 bytes] uint8   quad j: products 4j..4j+3 of the block
- *     dw [nb][32] float32, mw [nb][32] float32 (Q4_1's minimum; zeros otherwise)
+ *     Q8_0   wq [8 quads][32 features][4 bytes] (q + 128)   quad j: quants 4j..4j+3
+ *     Q4     wq [4 dwords][32 features][4 bytes]            dword j's low nibbles: quad j (quants
+ *                                                           4j..4j+3), its high ones: quad j + 4
+ *     then   d [32] float16 (and Q4_1's m [32] float16)
  *
- * so that one vpdpbusd takes a row of wq (16 features x one quad) and x's quad broadcast to all
- * 16 lanes: 64 products of one row of x, each lane a different feature. The micro-kernel holds
+ * so that one vpdpbusd takes a row of wq (16 features x one quad; Q4's nibbles split by an AND
+ * and a shift in the micro-kernel) and x's quad broadcast to all 16 lanes: 64 products of one
+ * row of x, each lane a different feature. Either every panel is packed once beforehand
+ * (pack_vnni; quantized_matmul_vnni_packed multiplies by them) or each call packs each panel
+ * into the thread's scratch (quantized_matmul_vnni). The micro-kernel holds
  * RX = 4 rows x 2 zmm: per block its 8 int32 accumulators start at the rows' offset terms, take
  * 8 quads x 8 vpdpbusd, then per (row, zmm) a conversion, the scales' product dw * dx and an FMA
  * into a float32 accumulator (+ an FMA of mw * sx for Q4_1): 64 vpdpbusd + 24 float ops per
  * 4 x 32 x 32 products, where float32 needs 256 FMAs and the row-by-row int8 kernel about 128
  * vector instructions.
  *
- * The decode transposes feature-major bytes (a feature's 32 quants = 8 dwords) into quad-major
+ * The packing transposes feature-major bytes (a feature's 32 quants = 8 dwords) into quad-major
  * dwords with vpermt2d: 16 features x 8 dwords in 8 zmm is a 128-dword array whose index bits
  * are (feature:4, quad:3); taking the even then the odd dwords of each pair of registers rotates
  * the index right by one bit, and three such passes give (quad:3, feature:4), the layout wanted
  * (24 vpermt2d per 16 features and block). Q4's 16 packed bytes (4 dwords) are transposed the
- * same way in two passes before the nibbles are split (low nibbles: quads 0..3, high: 4..7).
- * The float16 scales come with one gather of 16 dwords (d; Q4_1's m in the upper half) and
- * vcvtph2ps. The decode asks for the panel after next with software prefetches.
+ * same way in two passes. The float16 scales come with one gather of 16 dwords (d; Q4_1's m in
+ * the upper half). The packing asks for the panel after next with software prefetches.
  *
  * Threads (OpenMP) share out the panels; rows of x go in blocks of MB so that a block's quants
- * stay in the core's cache while every panel passes over them (a panel is decoded once per row
- * block). ZN and RX (-D at compile time) change the panel's width and the micro-kernel's rows;
+ * stay in the core's cache while every panel passes over them (a panel is packed, where it is
+ * packed per call, once per row block). ZN and RX (-D at compile time) change the panel's width and the micro-kernel's rows;
  * 2 and 4 were as fast as any other choice measured (kernels/README.md).
  */
 #include <immintrin.h>
@@ -56,9 +60,10 @@
 #endif
 #define NR (16 * ZN) /* features in a panel */
 #define MB 256       /* rows of x in a row block */
-#define PANEL_BLOCK_BYTES (8 * NR * 4 + 2 * NR * 4) /* wq, dw, mw of one block of a panel */
-
 static const int BLOCK_BYTES[3] = {34, 18, 20}; /* Q8_0, Q4_0, Q4_1 */
+/* one block of a packed panel: NR blocks' bytes, permuted; of them the quants (the rest: d, m) */
+#define PANEL_BLOCK_BYTES(qtype) (NR * BLOCK_BYTES[qtype])
+#define QUANT_BYTES(qtype) ((qtype) == 0 ? NR * 32 : NR * 16)
 
 /* x [M, K] float32 -> qx [M, K] int8, dx [M, nb], sx [M, nb] (dx * s), off [M, nb] int32 (the
  * offset term: -128 s for Q8_0, -8 s for Q4_0, 0 for Q4_1). roundf's halves away from zero, in
@@ -102,15 +107,15 @@ static inline void unzip(__m512i *v, int n) {
     for (int r = 0; r < n; r++) v[r] = t[r];
 }
 
-/* The panel of features n0..n0 + NR - 1 (past N: copies of row N - 1, never stored) decoded into
- * p [nb][PANEL_BLOCK_BYTES]: wq [8][NR][4] uint8, dw [NR] float32, mw [NR] float32 */
-static void decode_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, int qtype, uint8_t *p) {
-    const int64_t bb = BLOCK_BYTES[qtype], row_bytes = nb * bb;
+/* The panel of features n0..n0 + NR - 1 (past N: copies of row N - 1) packed into
+ * p [nb][PANEL_BLOCK_BYTES(qtype)] (the header's layout: a permutation of the panel's bytes) */
+static void pack_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, int qtype, uint8_t *p) {
+    const int64_t bb = BLOCK_BYTES[qtype], row_bytes = nb * bb, qbytes = QUANT_BYTES(qtype);
     const uint8_t *rows[NR];
     for (int f = 0; f < NR; f++) rows[f] = w + (n0 + f < N ? n0 + f : N - 1) * row_bytes;
     /* the panel after next (its rows are one run of memory) asked for now: it arrives while
-     * this panel and the next are decoded and multiplied (the decode reads 32 rows at once, more
-     * streams than the hardware prefetcher follows) */
+     * this panel and the next are packed and multiplied (the packing reads 32 rows at once,
+     * more streams than the hardware prefetcher follows) */
     const int64_t next = n0 + 2 * NR < N ? n0 + 2 * NR : N, next_end = n0 + 3 * NR < N ? n0 + 3 * NR : N;
     for (int64_t at = next * row_bytes; at < next_end * row_bytes; at += 64) _mm_prefetch((const char *)w + at, _MM_HINT_T1);
     __m512i index[ZN]; /* each feature's row, from the first of its 16 */
@@ -120,13 +125,12 @@ static void decode_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, in
         index[h] = _mm512_loadu_si512(at);
     }
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *out = p + b * PANEL_BLOCK_BYTES;
-        float *dw = (float *)(out + 8 * NR * 4), *mw = dw + NR;
+        uint8_t *out = p + b * PANEL_BLOCK_BYTES(qtype);
+        uint16_t *dw = (uint16_t *)(out + qbytes), *mw = dw + NR;
         for (int h = 0; h < NR / 16; h++) { /* the scales: one gather of 16 dwords (d, and m) */
             __m512i dm = _mm512_i32gather_epi32(index[h], rows[16 * h] + b * bb, 1);
-            _mm512_storeu_ps(dw + 16 * h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
-            _mm512_storeu_ps(mw + 16 * h, qtype == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
-                                                    : _mm512_setzero_ps());
+            _mm256_storeu_si256((__m256i *)(dw + 16 * h), _mm512_cvtepi32_epi16(dm));
+            if (qtype == 2) _mm256_storeu_si256((__m256i *)(mw + 16 * h), _mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
         }
         for (int h = 0; h < NR / 16; h++) { /* 16 features at a time */
             const uint8_t *const *r16 = rows + 16 * h;
@@ -152,49 +156,53 @@ static void decode_panel(const uint8_t *w, int64_t n0, int64_t N, int64_t nb, in
                 }
                 unzip(v, 4); /* (feature:4, dword:2) -> (dword:2, feature:4) */
                 unzip(v, 4);
-                const __m512i nibble = _mm512_set1_epi8(0x0F);
-                for (int j = 0; j < 4; j++) { /* byte i: quants i (low nibble) and i + 16 (high) */
-                    _mm512_storeu_si512(out + (j * NR + 16 * h) * 4, _mm512_and_si512(v[j], nibble));
-                    _mm512_storeu_si512(out + ((j + 4) * NR + 16 * h) * 4,
-                                        _mm512_and_si512(_mm512_srli_epi16(v[j], 4), nibble));
-                }
+                for (int j = 0; j < 4; j++) _mm512_storeu_si512(out + (j * NR + 16 * h) * 4, v[j]);
             }
         }
     }
 }
 
-/* out[r, 0..NR) for R rows (R <= RX) of x times one decoded panel p; ldo: out's row stride,
+/* out[r, 0..NR) for R rows (R <= RX) of x times one packed panel p; ldo: out's row stride,
  * store: the panel's features that exist (a mask of 32 bits) */
 static inline __attribute__((always_inline)) void micro_kernel(
     float *out, int64_t ldo, uint64_t store, const int R, const int8_t *qx, int64_t K, const float *dx,
     const float *sx, const int32_t *off, const uint8_t *p, int64_t nb, int qtype) {
+    const int64_t qbytes = QUANT_BYTES(qtype);
     __m512 acc[RX][ZN];
     for (int r = 0; r < R; r++)
         for (int z = 0; z < ZN; z++) acc[r][z] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wq = p + b * PANEL_BLOCK_BYTES;
-        const float *dw = (const float *)(wq + 8 * NR * 4), *mw = dw + NR;
+        const uint8_t *wq = p + b * PANEL_BLOCK_BYTES(qtype);
+        const uint16_t *dw = (const uint16_t *)(wq + qbytes), *mw = dw + NR;
         __m512i s[RX][ZN];
         for (int r = 0; r < R; r++)
             for (int z = 0; z < ZN; z++) s[r][z] = _mm512_set1_epi32(off[r * nb + b]);
-        for (int j = 0; j < 8; j++) {
-            __m512i wz[ZN];
-            for (int z = 0; z < ZN; z++) wz[z] = _mm512_loadu_si512(wq + (j * NR + 16 * z) * 4);
-            for (int r = 0; r < R; r++) {
-                int32_t quad;
-                memcpy(&quad, qx + r * K + b * QK + 4 * j, 4);
-                __m512i xq = _mm512_set1_epi32(quad);
-                for (int z = 0; z < ZN; z++) s[r][z] = _mm512_dpbusd_epi32(s[r][z], wz[z], xq);
+        /* Q8_0: quads 0..7 as stored; Q4: dword j's low nibbles are quad j, its high ones quad j + 4 */
+        for (int j = 0; j < (qtype == 0 ? 8 : 4); j++) {
+            __m512i wz[2][ZN];
+            for (int z = 0; z < ZN; z++) {
+                wz[0][z] = _mm512_loadu_si512(wq + (j * NR + 16 * z) * 4);
+                if (qtype != 0) {
+                    wz[1][z] = _mm512_and_si512(_mm512_srli_epi16(wz[0][z], 4), _mm512_set1_epi8(0x0F));
+                    wz[0][z] = _mm512_and_si512(wz[0][z], _mm512_set1_epi8(0x0F));
+                }
             }
+            for (int half = 0; half < (qtype == 0 ? 1 : 2); half++)
+                for (int r = 0; r < R; r++) {
+                    int32_t quad;
+                    memcpy(&quad, qx + r * K + b * QK + 4 * (j + 4 * half), 4);
+                    __m512i xq = _mm512_set1_epi32(quad);
+                    for (int z = 0; z < ZN; z++) s[r][z] = _mm512_dpbusd_epi32(s[r][z], wz[half][z], xq);
+                }
         }
         for (int z = 0; z < ZN; z++) {
-            __m512 d = _mm512_loadu_ps(dw + 16 * z);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dw + 16 * z)));
             for (int r = 0; r < R; r++)
                 acc[r][z] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][z]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r][z]);
         }
         if (qtype == 2)
             for (int z = 0; z < ZN; z++) {
-                __m512 m = _mm512_loadu_ps(mw + 16 * z);
+                __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mw + 16 * z)));
                 for (int r = 0; r < R; r++) acc[r][z] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * nb + b]), acc[r][z]);
             }
     }
@@ -226,20 +234,24 @@ static void panel_rows(float *out, int64_t N, int64_t n0, int64_t m0, int64_t m1
     case 5: CALL(RX >= 5 ? 5 : 1, T); break;                                                           \
     default: CALL(RX, T);                                                                              \
     }
-        if (qtype == 2) {
-            ROWS(2);
-        } else {
+        if (qtype == 0) {
             ROWS(0);
+        } else if (qtype == 1) {
+            ROWS(1);
+        } else {
+            ROWS(2);
         }
 #undef ROWS
 #undef CALL
     }
 }
 
-/* out [M, N] = x [M, K] W^T, W [N, K / 32 * block_bytes] in qtype's blocks (0 Q8_0, 1 Q4_0, 2 Q4_1) */
-void quantized_matmul_vnni(float *out, const float *x, const uint8_t *w, int64_t M, int64_t N, int64_t K,
-                           int qtype, int num_threads) {
-    const int64_t nb = K / QK, panels = (N + NR - 1) / NR;
+/* out [M, N] = x [M, K] W^T, W either as stored (w [N, K / 32 * block_bytes], each panel packed
+ * into the thread's scratch once per row block) or packed beforehand (prepacked: w is pack_vnni's
+ * [panels][nb][PANEL_BLOCK_BYTES]) */
+static void matmul(float *out, const float *x, const uint8_t *w, int prepacked, int64_t M, int64_t N, int64_t K,
+                   int qtype, int num_threads) {
+    const int64_t nb = K / QK, panels = (N + NR - 1) / NR, panel_bytes = nb * PANEL_BLOCK_BYTES(qtype);
     int8_t *qx = malloc((size_t)(M * K) + 64);
     float *dx = malloc((size_t)(M * nb) * 4 + 64), *sx = malloc((size_t)(M * nb) * 4 + 64);
     int32_t *off = malloc((size_t)(M * nb) * 4 + 64);
@@ -250,18 +262,25 @@ void quantized_matmul_vnni(float *out, const float *x, const uint8_t *w, int64_t
 #pragma omp parallel num_threads(num_threads)
     {
         if (!serial_x) quantize_x(x, M, K, qtype, qx, dx, sx, off); /* (an omp for: shared out) */
-        uint8_t *p = aligned_alloc(64, (size_t)(nb * PANEL_BLOCK_BYTES));
+        uint8_t *scratch = prepacked ? NULL : aligned_alloc(64, (size_t)panel_bytes);
         for (int64_t m0 = 0; m0 < M; m0 += MB) {
             const int64_t m1 = M - m0 < MB ? M : m0 + MB;
             /* (nowait: the row blocks write other rows of out; static: a thread gets the same
              * panels in each row block) */
 #pragma omp for schedule(static) nowait
             for (int64_t panel = 0; panel < panels; panel++) {
-                decode_panel(w, panel * NR, N, nb, qtype, p);
+                const uint8_t *p = w + panel * panel_bytes;
+                if (prepacked) { /* the panel after next asked for now (see pack_panel) */
+                    if (panel + 2 < panels)
+                        for (int64_t at = 0; at < panel_bytes; at += 64) _mm_prefetch((const char *)p + 2 * panel_bytes + at, _MM_HINT_T1);
+                } else {
+                    pack_panel(w, panel * NR, N, nb, qtype, scratch);
+                    p = scratch;
+                }
                 panel_rows(out, N, panel * NR, m0, m1, qx, K, dx, sx, off, p, qtype);
             }
         }
-        free(p);
+        free(scratch);
     }
     free(qx);
     free(dx);
@@ -269,19 +288,24 @@ void quantized_matmul_vnni(float *out, const float *x, const uint8_t *w, int64_t
     free(off);
 }
 
-/* For measurements: only the decode of every panel (what the decode costs per call). */
-void decode_only_vnni(const uint8_t *w, int64_t N, int64_t K, int qtype, int num_threads) {
+/* out [M, N] = x [M, K] W^T, W [N, K / 32 * block_bytes] in qtype's blocks (0 Q8_0, 1 Q4_0, 2 Q4_1) */
+void quantized_matmul_vnni(float *out, const float *x, const uint8_t *w, int64_t M, int64_t N, int64_t K,
+                           int qtype, int num_threads) {
+    matmul(out, x, w, 0, M, N, K, qtype, num_threads);
+}
+
+/* The same product, W packed beforehand by pack_vnni */
+void quantized_matmul_vnni_packed(float *out, const float *x, const uint8_t *packed, int64_t M, int64_t N,
+                                  int64_t K, int qtype, int num_threads) {
+    matmul(out, x, packed, 1, M, N, K, qtype, num_threads);
+}
+
+/* packed [ceil(N / 32)][K / 32][PANEL_BLOCK_BYTES] = every panel of W [N, K / 32 * block_bytes] packed */
+void pack_vnni(uint8_t *packed, const uint8_t *w, int64_t N, int64_t K, int qtype, int num_threads) {
     const int64_t nb = K / QK, panels = (N + NR - 1) / NR;
-#pragma omp parallel num_threads(num_threads)
-    {
-        uint8_t *p = aligned_alloc(64, (size_t)(nb * PANEL_BLOCK_BYTES));
-#pragma omp for schedule(static)
-        for (int64_t panel = 0; panel < panels; panel++) {
-            decode_panel(w, panel * NR, N, nb, qtype, p);
-            __asm__ volatile("" : : "r"(p) : "memory"); /* (the stores are kept) */
-        }
-        free(p);
-    }
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t panel = 0; panel < panels; panel++)
+        pack_panel(w, panel * NR, N, nb, qtype, packed + panel * nb * PANEL_BLOCK_BYTES(qtype));
 }
 
 /* For the tests: x's rounding alone (qx [M, K] int8, dx, sx [M, K / 32] float32, off int32) */

@@ -17,19 +17,22 @@ already the 16 outputs, so per block the scaling costs a conversion, a product a
 Layout (the C file's header has the formulas): `vpdpbusd` multiplies unsigned bytes by signed
 ones, so the weights are the unsigned side (Q8_0's quants + 128, Q4's nibbles 0..15 as stored),
 x stays signed, and the offset (-128 sum(qx) for Q8_0, -8 sum(qx) for Q4_0) starts each block's
-int32 sums, once per (row, block). Features go in panels of 32 (two vectors); each panel's
-blocks are decoded once per call into the thread's scratch, quad-major:
-wq [blocks][8 quads][32 features][4 bytes] with dw (and Q4_1's mw) [blocks][32] float32, by a
-SIMD transposition (24 two-register permutes per 16 features and block for Q8_0, 8 for Q4 plus
-the nibble split), and then used by every row of x.
+int32 sums, once per (row, block). Features go in panels of 32 (two vectors), each panel's
+blocks packed quad-major: [quads][32 features][4 bytes] (Q4: the 4 dwords of packed nibbles,
+split in the micro-kernel), then the 32 float16 scales (and Q4_1's minima). That is the panel's
+bytes permuted, no more of them. `pack` packs every panel once (`unpack` is its inverse, in
+torch); `quantized_matmul_packed` multiplies by the packed panels, and `quantized_matmul`, on the
+file's rows, packs each panel into the thread's scratch in each call (24 two-register permutes
+per 16 features and block for Q8_0, 8 for Q4), which at a decode step's 32 rows was 16-36% of
+the call (kernels/README.md). The int8 layers hold packed weights
+(`backends/cpu_quantized_packed.py`).
 
 Cost per block: a micro-kernel of 4 rows x 32 features does 8 quads x 8 `vpdpbusd` (4,096
 byte products) and 8 conversions, 8 products and 8 FMAs (16 FMAs for Q4_1): about 90 vector
-instructions where float32 needs 256 FMAs. The decode (the transposition) runs once per weight
-and call, amortized over the rows of x (kernels/README.md measures its share).
+instructions where float32 needs 256 FMAs.
 
 K-quants (Q4_K, Q5_K, Q6_K) are not covered (`applies` is False): their 6-bit sub-block scales
-and minima (and Q6_K's 16-weight halves, with a scale each) would have to be decoded per
+and minima (and Q6_K's 16-weight halves, with a scale each) would have to be unpacked per
 sub-block of 32 or 16 into the same layout and Q6_K would need its halves' products on
 separate lanes, which this layout does not keep; the int8 kernel keeps serving them.
 
@@ -61,7 +64,8 @@ logger = logging.getLogger("nanovllm.kernels")
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the C file's codes
 SOURCE = Path(__file__).with_suffix(".c")
-NAME = "AVX-512 VNNI, 16 features a vector"  # (for quantized_kernel_name)
+NAME = "AVX-512 VNNI, 16 features a vector"
+PANEL = 32  # features in a panel (the C file's NR)  # (for quantized_kernel_name)
 
 
 def _build(cpu_flags: str) -> ctypes.CDLL | None:
@@ -82,7 +86,8 @@ def _build(cpu_flags: str) -> ctypes.CDLL | None:
         return None
     pointer, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.quantized_matmul_vnni.argtypes = [pointer] * 3 + [i64, i64, i64, c_int, c_int]
-    lib.decode_only_vnni.argtypes = [pointer, i64, i64, c_int, c_int]
+    lib.quantized_matmul_vnni_packed.argtypes = [pointer] * 3 + [i64, i64, i64, c_int, c_int]
+    lib.pack_vnni.argtypes = [pointer, pointer, i64, i64, c_int, c_int]
     lib.quantize_x_vnni.argtypes = [pointer, i64, i64, c_int] + [pointer] * 4
     return lib
 
@@ -112,9 +117,83 @@ def quantized_matmul(
     return matmul_rounding_x_in_c(lib.quantized_matmul_vnni, x, raw, QTYPES[qtype])
 
 
-def decode_only(raw: torch.Tensor, qtype: str) -> None:
-    """Only the panels' decode, as one call of `quantized_matmul` does it (for measurements)."""
+def pack(raw: torch.Tensor, qtype: str) -> torch.Tensor:  # -> [panels * 32, row bytes] uint8
+    """W's blocks packed once, for `quantized_matmul_packed`: the panels of 32 features that a call
+    of `quantized_matmul` packs into scratch (the layout in the module docstring), all of them.
+    The same bytes, permuted (Q8_0's quants + 128), in as many bytes as W's rows padded to a
+    multiple of 32 (the padding: copies of the last row); `unpack` is its inverse."""
     raw = raw.contiguous()
-    k = raw.shape[1] // BLOCK[qtype][1] * 32
+    k = raw.shape[1] // BLOCK[qtype][1] * 32 if qtype in QTYPES else 0
     check_blocks(k, raw, qtype, QTYPES)
-    load().decode_only_vnni(raw.data_ptr(), raw.shape[0], k, QTYPES[qtype], torch.get_num_threads())
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the VNNI kernel is not available on this machine (see load())")
+    packed = torch.empty(-(-raw.shape[0] // PANEL) * PANEL, raw.shape[1], dtype=torch.uint8)
+    lib.pack_vnni(
+        packed.data_ptr(), raw.data_ptr(), raw.shape[0], k, QTYPES[qtype], torch.get_num_threads()
+    )
+    return packed
+
+
+def pack_ref(raw: torch.Tensor, qtype: str) -> torch.Tensor:  # -> [panels * 32, row bytes] uint8
+    """`pack` in torch (reshapes and permutes, on any CPU): the reference the C packing is tested
+    against, and `unpack`'s inverse."""
+    size, block_bytes = BLOCK[qtype]
+    n, nb = raw.shape[0], raw.shape[1] // block_bytes
+    padded = torch.cat([raw, raw[-1:].expand(-(-n // PANEL) * PANEL - n, -1)])
+    blocks = padded.view(-1, PANEL, nb, block_bytes)  # [panels, 32 features, nb, block]
+    scale_bytes = block_bytes - (32 if qtype == "Q8_0" else 16)  # d (and Q4_1's m) first
+    quants = blocks[..., scale_bytes:]  # [panels, 32, nb, quads * 4]
+    if qtype == "Q8_0":
+        quants = quants ^ 0x80
+    quads = quants.reshape(*quants.shape[:3], -1, 4).permute(0, 2, 3, 1, 4)  # [p, nb, quads, 32, 4]
+    halves = blocks[..., :scale_bytes].reshape(*blocks.shape[:3], -1, 2).permute(0, 2, 3, 1, 4)
+    panel_blocks = torch.cat([quads.flatten(2), halves.flatten(2)], dim=-1)  # [p, nb, 32 * block]
+    return panel_blocks.reshape(-1, nb * block_bytes)
+
+
+def unpack(
+    packed: torch.Tensor,  # [panels * 32, row bytes] uint8, from `pack`
+    qtype: str,
+    rows: torch.Tensor | None = None,  # [n] int64: which of W's rows (default: all 32 * panels)
+) -> torch.Tensor:  # [n, row bytes] uint8: those rows of W as the file stores them
+    """W's rows in the file's block layout again, from `pack`'s (torch's indexing, not C: the
+    tests' independent check of `pack`, and the token embedding's lookup of a few rows)."""
+    size, block_bytes = BLOCK[qtype]
+    nb = packed.shape[1] // block_bytes
+    quant_bytes = 32 if qtype == "Q8_0" else 16  # per block of one feature
+    panels = packed.view(-1, nb, PANEL * block_bytes)  # [panels, nb, a panel's block]
+    rows = torch.arange(packed.shape[0]) if rows is None else rows
+    panel, feature = rows // PANEL, rows % PANEL
+    chosen = panels[panel]  # [n, nb, a panel's block]
+    # quants: [n, nb, quads, 32 features, 4 bytes] -> each row's [n, nb, quads * 4]
+    quads = chosen[..., : PANEL * quant_bytes].view(len(rows), nb, quant_bytes // 4, PANEL, 4)
+    quants = quads[torch.arange(len(rows)), :, :, feature].reshape(len(rows), nb, quant_bytes)
+    if qtype == "Q8_0":
+        quants = quants ^ 0x80
+    # scales: float16 [n, nb, 32 features, 2 bytes] (then Q4_1's minima, the same)
+    halves = chosen[..., PANEL * quant_bytes :].view(len(rows), nb, -1, PANEL, 2)
+    scales = halves[torch.arange(len(rows)), :, :, feature].reshape(len(rows), nb, -1)
+    return torch.cat([scales, quants], dim=-1).reshape(len(rows), nb * block_bytes)
+
+
+def quantized_matmul_packed(
+    x: torch.Tensor,  # [num_tokens, in] float32
+    packed: torch.Tensor,  # from `pack`
+    qtype: str,  # one of QTYPES
+    out_features: int,  # W's rows (packed has them padded to a multiple of 32)
+) -> torch.Tensor:  # [num_tokens, out] float32
+    """`quantized_matmul` with W packed beforehand: the same arithmetic, without the packing."""
+    k = x.shape[-1]
+    check_blocks(k, packed, qtype, QTYPES)
+    if not 0 < out_features <= packed.shape[0] or packed.shape[0] % PANEL:
+        raise ValueError(
+            f"packed has {packed.shape[0]} rows (panels of {PANEL}); W's {out_features} do not fit"
+        )
+    x2 = x.detach().reshape(-1, k).to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], out_features, dtype=torch.float32)
+    load().quantized_matmul_vnni_packed(
+        out.data_ptr(), x2.data_ptr(), packed.data_ptr(), x2.shape[0], out_features, k,
+        QTYPES[qtype], torch.get_num_threads(),
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], out_features)

@@ -20,7 +20,8 @@ is built), each a subclass of the plain layer with its parameters:
 - a GGUF file's quantized weights multiplied as they are stored, by numba kernels
   (`cpu_quantized.py`);
 - every linear layer's matmul through a packed weight (`cpu_linear.py`: MKL's, else oneDNN's),
-  packed once the weights are loaded (`prepare_model`);
+  packed once the weights are loaded (`prepare_model`), and so are a GGUF file's blocks for the
+  VNNI int8 kernel (`cpu_quantized_packed.py`, in place of the file's layout);
 - the step's inputs from a persistent batch (`input_batch.py`), equal to `step_inputs`;
 - freed memory kept in the process rather than given back to the kernel and faulted in again
   (`cpu_malloc.py`: glibc's malloc thresholds, as vLLM's CPU backend preloads tcmalloc).
@@ -45,6 +46,7 @@ from nanovllm.backends.cpu_linear import can_prepack, packed_layers, prepack_lin
 from nanovllm.backends.cpu_malloc import keep_freed_memory
 from nanovllm.backends.cpu_moe import moe_layers
 from nanovllm.backends.cpu_quantized import cpu_quantized_layers
+from nanovllm.backends.cpu_quantized_int8 import prepack_int8_weights
 from nanovllm.backends.cpu_threads import thread_governor
 from nanovllm.backends.input_batch import InputBatch
 from nanovllm.backends.sampler import FastSampler
@@ -254,6 +256,7 @@ class CpuBackend(Backend):
     def prepare_model(self, model: CausalLM, enforce_eager: bool = True) -> None:
         keep_freed_memory()
         prepack_linear_weights(model)
+        prepack_int8_weights(model)
         super().prepare_model(model, enforce_eager)
 
     def runner_class(self, device: torch.device) -> type[ModelRunner]:

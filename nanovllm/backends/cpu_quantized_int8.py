@@ -5,8 +5,11 @@ these call `kernels/cpu_quantized_matmul_int8.py` instead, which rounds x to int
 (one scale each) and sums each block's products in int32 with AVX-512 VNNI (else AVX2), as
 llama.cpp's CPU kernels do. Where the CPU has AVX-512 VNNI, Q8_0, Q4_0 and Q4_1 weights go to
 `kernels/cpu_quantized_matmul_vnni.py` (16 output features in each vector: same rounding, about
-twice the row-by-row kernel's speed at 32 rows, kernels/README.md), at any number of rows. It reads the file's blocks as stored, like the numba kernel, and needs the
-system's C compiler once (the CPU backend falls back to numba without it).
+twice the row-by-row kernel's speed at 32 rows, kernels/README.md), at any number of rows, their
+weights packed once for it when the model is ready (`prepack_int8_weights`,
+`cpu_quantized_packed.py`: the same bytes, permuted, in place of the file's rows). The other
+kernels read the file's blocks as stored, like the numba kernel. All need the system's C
+compiler once (the CPU backend falls back to numba without it).
 
 What x's rounding costs: each activation moves by up to 1/254 of its block's largest
 magnitude, so the outputs differ from the reference (`dequantize_linear`) by about half a
@@ -26,7 +29,9 @@ the model is built (`int8_quantized_classes`); without AMX (one logged notice) t
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from nanovllm.backends.cpu_quantized_packed import VnniPackedTensor, prepack_quantized_weights
 from nanovllm.kernels import (
     cpu_quantized_matmul_amx,
     cpu_quantized_matmul_int8,
@@ -49,12 +54,16 @@ def int8_quantized_linear(
     bias: torch.Tensor | None,  # [out]
     amx: bool = False,
 ) -> torch.Tensor:  # [num_tokens, out]
-    """x W^T + b: with `amx`, the AMX kernel where it applies (any number of rows); else the
-    VNNI kernel with 16 features a vector where it applies (Q8_0, Q4_0, Q4_1, any number of
-    rows); else the row-by-row int8 kernel where it applies and x has few rows; else the
-    reference."""
+    """x W^T + b: a weight packed for the VNNI kernel (`cpu_quantized_packed.py`) through it;
+    with `amx`, the AMX kernel where it applies (any number of rows); else the VNNI kernel with
+    16 features a vector where it applies (Q8_0, Q4_0, Q4_1, any number of rows); else the
+    row-by-row int8 kernel where it applies and x has few rows; else the reference."""
     rows = x.numel() // x.shape[-1]
-    if amx and cpu_quantized_matmul_amx.applies(x, qweight.qtype):
+    if isinstance(qweight, VnniPackedTensor) and cpu_quantized_matmul_vnni.applies(
+        x, qweight.qtype
+    ):
+        y = qweight.matmul(x)
+    elif amx and cpu_quantized_matmul_amx.applies(x, qweight.qtype):
         y = cpu_quantized_matmul_amx.quantized_matmul(x, qweight.raw, qweight.qtype)
     elif cpu_quantized_matmul_vnni.applies(x, qweight.qtype):
         y = cpu_quantized_matmul_vnni.quantized_matmul(x, qweight.raw, qweight.qtype)
@@ -73,6 +82,13 @@ class Int8QuantizedMatmul:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int8_quantized_linear(x, self.quantized_weight(), bias, self.amx)
+
+
+def prepack_int8_weights(model: nn.Module) -> int:
+    """The VNNI layers' weights (not the AMX layers') packed once for the VNNI kernel where it
+    serves them (`cpu_quantized_packed.py`); returns how many were."""
+    layers = [m for m in model.modules() if isinstance(m, Int8QuantizedMatmul) and not m.amx]
+    return prepack_quantized_weights(layers)
 
 
 class Int8QuantizedQKVParallelLinear(Int8QuantizedMatmul, QuantizedQKVParallelLinear): ...

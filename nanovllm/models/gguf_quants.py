@@ -203,6 +203,10 @@ class QuantizedTensor:
             raise ValueError("QuantizedTensor: only contiguous rows can be sliced")
         return self.narrow(0, start, max(0, stop - start))
 
+    def rows(self, ids: torch.Tensor) -> QuantizedTensor:
+        """Rows `ids` (int64 [n]), in any order (an embedding's lookup)."""
+        return QuantizedTensor(self.raw.index_select(0, ids), self.qtype, self.shape[1])
+
     def copy_(self, src: QuantizedTensor) -> QuantizedTensor:
         if not isinstance(src, QuantizedTensor) or src.qtype != self.qtype:
             got = src.qtype if isinstance(src, QuantizedTensor) else type(src).__name__

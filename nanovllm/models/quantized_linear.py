@@ -114,8 +114,7 @@ class QuantizedVocabParallelEmbedding(QuantizedWeight, VocabParallelEmbedding):
     """The token embedding: the rows looked up, dequantized."""
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, dim]
-        rows = self.qweight.raw.index_select(0, ids)
-        values = QuantizedTensor(rows, self.qweight.qtype, self.embedding_dim).dequantize()
+        values = self.qweight.rows(ids).dequantize()
         return values.to(self.weight.dtype)  # (the model's dtype, as the plain table's)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

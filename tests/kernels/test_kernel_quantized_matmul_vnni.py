@@ -198,3 +198,83 @@ def test_without_the_library_the_row_by_row_kernel_serves(monkeypatch):
     if cpu_quantized_int8.int8_quantized_classes() is cpu_quantized_int8.INT8_QUANTIZED_CLASSES:
         name = cpu_quantized.quantized_kernel_name(int8_activations=True)
         assert name == f"int8 C kernel ({cpu_quantized_matmul_int8.instruction_set()})"
+
+
+@needs_vnni
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    qtype=st.sampled_from(list(cpu_quantized_matmul_vnni.QTYPES)),
+    rows=st.integers(1, 40),
+    out_features=st.integers(1, 70),  # panels of 32 features and a partial one (padded)
+    blocks=st.integers(1, 10),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_once_the_weight_gives_the_same_product_and_unpacks_to_the_file(
+    qtype, rows, out_features, blocks, threads, seed
+):
+    """`pack` (C) packs W's bytes as `pack_ref` (torch) does, `unpack` gives every row back as
+    the file stores it (the padding: the last row again), any rows in any order; and the
+    product with the packed panels is the per-call product bit for bit (the same micro-kernel),
+    within the oracle's bound."""
+    raw = torch.from_numpy(random_blocks(out_features, blocks, qtype, seed))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        packed = cpu_quantized_matmul_vnni.pack(raw, qtype)
+        x = torch.from_numpy(
+            np.random.default_rng(seed + 1).standard_normal((rows, 32 * blocks)).astype(np.float32)
+        )
+        y = cpu_quantized_matmul_vnni.quantized_matmul_packed(x, packed, qtype, out_features)
+        y_per_call = cpu_quantized_matmul_vnni.quantized_matmul(x, raw, qtype)
+    finally:
+        torch.set_num_threads(before)
+    panels = -(-out_features // 32)
+    assert packed.shape == (32 * panels, raw.shape[1]) and packed.dtype == torch.uint8
+    assert torch.equal(packed, cpu_quantized_matmul_vnni.pack_ref(raw, qtype))
+    unpacked = cpu_quantized_matmul_vnni.unpack(packed, qtype)
+    assert torch.equal(unpacked[:out_features], raw)
+    assert (unpacked[out_features:] == raw[-1]).all()  # the padding
+    ids = torch.from_numpy(np.random.default_rng(seed).integers(0, out_features, 7))
+    assert torch.equal(cpu_quantized_matmul_vnni.unpack(packed, qtype, ids), raw[ids])
+    assert torch.equal(y, y_per_call)
+    bound = float32_bound(x, raw.numpy(), qtype)
+    assert ((y.double() - oracle(x, raw.numpy(), qtype)).abs() <= bound + 1e-30).all()
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    qtype=st.sampled_from(list(cpu_quantized_matmul_vnni.QTYPES)),
+    out_features=st.integers(1, 70),
+    blocks=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_the_torch_packing_unpacks_to_the_file_on_any_cpu(qtype, out_features, blocks, seed):
+    """`pack_ref` and `unpack` (both torch): a permutation of the same bytes and its inverse;
+    each panel block's quants are quad-major (quad j of feature f at [j, f]), then the
+    float16 scales, feature by feature."""
+    raw = torch.from_numpy(random_blocks(out_features, blocks, qtype, seed))
+    packed = cpu_quantized_matmul_vnni.pack_ref(raw, qtype)
+    assert packed.shape == (32 * -(-out_features // 32), raw.shape[1])
+    assert torch.equal(cpu_quantized_matmul_vnni.unpack(packed, qtype)[:out_features], raw)
+    block_bytes = cpu_quantized_matmul_vnni.BLOCK[qtype][1]
+    first = packed.flatten()[: 32 * block_bytes]  # panel 0, block 0 (panels are contiguous)
+    f, j = min(out_features - 1, 5), 2  # feature f's quad j
+    quant_at = block_bytes - (32 if qtype == "Q8_0" else 16) + 4 * j
+    quad = raw[f, quant_at : quant_at + 4] ^ (0x80 if qtype == "Q8_0" else 0)
+    assert torch.equal(first[(j * 32 + f) * 4 : (j * 32 + f) * 4 + 4], quad)
+    quant_bytes = 32 * (32 if qtype == "Q8_0" else 16)
+    assert torch.equal(first[quant_bytes + 2 * f : quant_bytes + 2 * f + 2], raw[f, 0:2])
+
+
+@needs_vnni
+def test_the_packed_product_rejects_what_does_not_fit():
+    packed = cpu_quantized_matmul_vnni.pack(
+        torch.from_numpy(random_blocks(40, 2, "Q4_0", 0)), "Q4_0"
+    )
+    with pytest.raises(ValueError, match="W's 65 do not fit"):
+        cpu_quantized_matmul_vnni.quantized_matmul_packed(torch.zeros(1, 64), packed, "Q4_0", 65)
+    with pytest.raises(ValueError, match="x has 96 features"):
+        cpu_quantized_matmul_vnni.quantized_matmul_packed(torch.zeros(1, 96), packed, "Q4_0", 40)
+    with pytest.raises(ValueError, match="'Q4_K'"):
+        cpu_quantized_matmul_vnni.pack(torch.from_numpy(random_blocks(4, 1, "Q4_K", 0)), "Q4_K")

@@ -4,8 +4,9 @@ For each block type and row count, the same product runs as `F.linear` on W dequ
 float32, through the float32 C kernel (`cpu_quantized_matmul_fp32`, "c": the CPU backend's
 default), the numba kernel (`cpu_quantized_matmul`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), the
 int8 C kernel (`cpu_quantized_matmul_int8`, AVX-512 VNNI), the VNNI kernel with 16 features a
-vector (`cpu_quantized_matmul_vnni`, Q8_0/Q4_0/Q4_1, at any number of rows; "vnni-decode": its
-decode of the weight's panels alone, the part of a call that does not depend on the rows) and the AMX one
+vector (`cpu_quantized_matmul_vnni`, Q8_0/Q4_0/Q4_1, at any number of rows; "vnni-pack": its
+packing of the weight's panels alone, the part of a call that does not depend on the rows;
+"vnni-packed": the product with W packed beforehand, as the int8 layers hold it) and the AMX one
 (`cpu_quantized_matmul_amx`, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K, where the CPU has it), called in turn, and prints
 each one's fastest and median milliseconds, wall clock and the process's CPU time (all threads;
 on a loaded machine the steadier of the two), with `uptime` before and after. Above the kernels'
@@ -97,7 +98,11 @@ def matmul_ways(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> dict[str, Cal
     if cpu_quantized_matmul_vnni.applies(x, qtype):  # (at any number of rows)
         vnni = cpu_quantized_matmul_vnni
         ways["vnni"] = functools.partial(vnni.quantized_matmul, x, raw, qtype)
-        ways["vnni-decode"] = functools.partial(vnni.decode_only, raw, qtype)
+        ways["vnni-pack"] = functools.partial(vnni.pack, raw, qtype)
+        packed = vnni.pack(raw, qtype)
+        ways["vnni-packed"] = functools.partial(
+            vnni.quantized_matmul_packed, x, packed, qtype, raw.shape[0]
+        )
     if cpu_quantized_matmul_amx.applies(x, qtype):
         ways["amx"] = functools.partial(cpu_quantized_matmul_amx.quantized_matmul, x, raw, qtype)
     return ways
