@@ -116,3 +116,31 @@ def test_a_model_served_packed_generates_what_it_generates_unpacked(tmp_path, mo
     )
     assert packed_tokens == unpacked_tokens
     assert np.array(packed_tokens).shape == (3, 12)
+
+
+def test_two_ranks_serve_packed_weights_as_one_does(tmp_path):
+    """Tensor parallelism over quantized layers: each rank loads its shard of the file's blocks
+    (rows, or whole blocks of columns), then packs it; 2 ranks give the greedy tokens of 1.
+    (Row-parallel shards round x by the same blocks of 32 as one rank does; only the order of
+    the float sums differs, through the all-reduce.)"""
+    pytest.importorskip("gguf")
+    from tiny_gguf import write_gguf
+    from tiny_models import make_model
+
+    from nanovllm import LLM, SamplingParams
+
+    folder = make_model(tmp_path / "hf", arch="llama", tie=True, seed=7)
+    path = write_gguf(
+        folder, tmp_path / "tiny.gguf", dict(embed="Q4_0", attn="Q4_0", mlp="Q8_0", norm="F32")
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 42, 99], [200, 3, 7], [11, 12] * 5)]
+    tokens = []
+    for ranks in (1, 2):
+        llm = LLM(
+            str(path), num_kv_blocks=32, block_size=4, gguf_int8_activations=True,
+            tensor_parallel_size=ranks,
+        )  # fmt: skip
+        tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)])
+        del llm
+    assert tokens[0] == tokens[1]
