@@ -19,9 +19,16 @@
  *
  * Scores, 16 keys at once: per (query row, key) the head_dim / 16 FMAs leave one vector of 16
  * partial products; the 16 keys' vectors are then reduced together into ONE vector whose lane t
- * is key t's score (hsum16: 15 shuffles and 15 adds for 16 scores, instead of 16 horizontal sums
- * of 4 steps each). The exp is Cephes' expf polynomial on those 16 lanes at once (exp16; the
- * numba kernel's exp_nonpositive, same constants), then acc += p_t v_t with FMAs along head_dim.
+ * is key t's score (hsum16: 30 shuffles and 15 adds for 16 scores, where 16 horizontal sums
+ * take 4 shuffle-add steps each on a vector that holds one score). The exp is Cephes' expf
+ * polynomial on those 16 lanes at once (exp16; the numba kernel's exp_nonpositive, the same
+ * constants), then acc = acc * alpha + sum_t p_t v_t with nd FMAs per key, acc in registers
+ * (nd = head_dim / 16; head_dim 64 and 128 are compiled with nd a constant, loops unrolled).
+ *
+ * Prefetch: a decode reads every K/V line once, from DRAM, and the block table sends each block
+ * to an address the hardware prefetcher cannot guess. While it computes a chunk, the kernel asks
+ * for the next chunk's lines (K and V, the item's heads) into L2, a few per key of each row's
+ * score loop: asked all at once at the chunk's start they stalled the core (kernels/README.md).
  *
  * Layout: query, out [num_seqs, num_heads, head_dim]; caches [num_blocks, block_size,
  * num_kv_heads, head_dim]; block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] int32.
@@ -37,8 +44,12 @@
 #include <stdint.h>
 
 #define CHUNK 16 /* keys per score vector */
-#ifndef PF_MODE
-#define PF_MODE 1
+/* Tuning knobs (-D at compile time, for measuring; kernels/README.md): PREFETCH 0 asks for
+ * nothing ahead; PF_DIST is how many chunks ahead it asks; PF_HINT which cache level (T1: L2;
+ * T0, into L1, measured slower: a chunk of K and V with all KV heads is 24 KB of SmolLM2's, and
+ * two of them do not fit L1's 32 KB). */
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
 #ifndef PF_HINT
 #define PF_HINT _MM_HINT_T1
@@ -101,12 +112,19 @@ static inline __m512 max_all16(__m512 x) {
  * loops unrolled, q and acc in registers. Keys t >= c are never loaded. */
 static inline __attribute__((always_inline)) void
 row_chunk(const float *q, float *acc, __m512 *m, __m512 *l, const float *const *k,
-          const float *const *v, const int c, const int64_t nd) {
+          const float *const *v, const int c, const int64_t nd, const float *kc, const float *vc,
+          const int64_t *pf, int64_t pf_n) {
     /* scores: per key, nd FMAs leave a vector of 16 partial products; hsum16 turns the 16 keys'
      * vectors into one vector of 16 scores (lanes t >= c: 0, masked below) */
     __m512 part[CHUNK];
     for (int t = 0; t < CHUNK; t++) part[t] = _mm512_setzero_ps();
+#pragma GCC unroll 16
     for (int t = 0; t < c; t++) {
+        /* the row's share of the lines to ask for, a few per key */
+        for (int64_t i = t * pf_n / CHUNK; i < (t + 1) * pf_n / CHUNK; i++) {
+            _mm_prefetch((const char *)(kc + pf[i]), PF_HINT);
+            _mm_prefetch((const char *)(vc + pf[i]), PF_HINT);
+        }
         __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k[t]));
         for (int64_t j = 1; j < nd; j++)
             s = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), _mm512_loadu_ps(k[t] + 16 * j), s);
@@ -126,6 +144,7 @@ row_chunk(const float *q, float *acc, __m512 *m, __m512 *l, const float *const *
     _mm512_store_ps(pw, p);
     __m512 a[nd];
     for (int64_t j = 0; j < nd; j++) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * j), alpha);
+#pragma GCC unroll 16
     for (int t = 0; t < c; t++) {
         const __m512 pt = _mm512_set1_ps(pw[t]);
         for (int64_t j = 0; j < nd; j++)
@@ -168,7 +187,7 @@ static inline void prefetch_keys(const Args *a, const int64_t *offset, int64_t f
  * the thread's [rows, head_dim] scratch; m, l: [rows]. */
 static inline __attribute__((always_inline)) void
 attend_item(const Args *a, int64_t seq, int64_t first_kv, const int64_t nd, float *q, float *acc,
-            __m512 *m, __m512 *l) {
+            __m512 *m, __m512 *l, int64_t *pf) {
     const int64_t head_dim = 16 * nd, rows = a->kv_per_item * a->group;
     const int64_t first_head = first_kv * a->group;
     const int64_t seq_len = a->seq_lens[seq];
@@ -188,7 +207,7 @@ attend_item(const Args *a, int64_t seq, int64_t first_kv, const int64_t nd, floa
     int64_t offset[CHUNK], ahead[CHUNK];
     const float *kp[CHUNK], *vp[CHUNK];
     /* The first PF_DIST chunks asked for at once (nothing to compute yet). */
-    for (int64_t start = 0; PF_MODE && start < PF_DIST * CHUNK && start < seq_len;
+    for (int64_t start = 0; PREFETCH && start < PF_DIST * CHUNK && start < seq_len;
          start += CHUNK) {
         const int64_t end = start + CHUNK < seq_len ? start + CHUNK : seq_len;
         chunk_offsets(ahead, table, start, end, a->block_size, a->key_stride, head_offset);
@@ -202,11 +221,14 @@ attend_item(const Args *a, int64_t seq, int64_t first_kv, const int64_t nd, floa
          * chunk's rows: asked all at once, they queued and stalled the core (README). */
         const int64_t pf_start = start + PF_DIST * CHUNK;
         int64_t pf_keys = 0;
-        if (PF_MODE && pf_start < seq_len) {
+        if (PREFETCH && pf_start < seq_len) {
             pf_keys = seq_len - pf_start < CHUNK ? seq_len - pf_start : CHUNK;
             chunk_offsets(ahead, table, pf_start, pf_start + pf_keys, a->block_size,
                           a->key_stride, head_offset);
+            for (int64_t t = 0; t < pf_keys; t++)
+                for (int64_t b = 0; b < lines; b++) pf[t * lines + b] = ahead[t] + 16 * b;
         }
+        const int64_t pf_lines = pf_keys * lines;
         for (int64_t h = 0; h < a->kv_per_item; h++) {
             for (int t = 0; t < c; t++) {
                 kp[t] = a->key_cache + offset[t] + h * head_dim;
@@ -214,12 +236,13 @@ attend_item(const Args *a, int64_t seq, int64_t first_kv, const int64_t nd, floa
             }
             for (int64_t g = 0; g < a->group; g++) {
                 const int64_t r = h * a->group + g;
-                prefetch_keys(a, ahead, r, pf_keys, rows, lines);
+                const int64_t lo = r * pf_lines / rows, hi = (r + 1) * pf_lines / rows;
                 if (c == CHUNK)
                     row_chunk(q + r * head_dim, acc + r * head_dim, &m[r], &l[r], kp, vp, CHUNK,
-                              nd);
+                              nd, a->key_cache, a->value_cache, pf + lo, hi - lo);
                 else
-                    row_chunk(q + r * head_dim, acc + r * head_dim, &m[r], &l[r], kp, vp, c, nd);
+                    row_chunk(q + r * head_dim, acc + r * head_dim, &m[r], &l[r], kp, vp, c, nd,
+                              a->key_cache, a->value_cache, pf + lo, hi - lo);
             }
         }
     }
@@ -254,17 +277,18 @@ void paged_attention_decode_c(float *out,                  /* [num_seqs, num_hea
         float q[rows * head_dim] __attribute__((aligned(64)));
         float acc[rows * head_dim] __attribute__((aligned(64)));
         __m512 m[rows], l[rows];
+        int64_t pf[CHUNK * kv_per_item * nd]; /* offsets of the lines to ask for */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_seqs * items_per_seq; item++) {
             const int64_t seq = item / items_per_seq;
             const int64_t first_kv = (item % items_per_seq) * kv_per_item;
             /* head_dim 64 and 128 compiled with nd constant (unrolled, in registers) */
             if (nd == 4)
-                attend_item(&a, seq, first_kv, 4, q, acc, m, l);
+                attend_item(&a, seq, first_kv, 4, q, acc, m, l, pf);
             else if (nd == 8)
-                attend_item(&a, seq, first_kv, 8, q, acc, m, l);
+                attend_item(&a, seq, first_kv, 8, q, acc, m, l, pf);
             else
-                attend_item(&a, seq, first_kv, nd, q, acc, m, l);
+                attend_item(&a, seq, first_kv, nd, q, acc, m, l, pf);
         }
     }
 }

@@ -15,7 +15,9 @@ To look like the engine at work, not like a loop over one cached tensor:
 - the implementations take turns within each round (the order rotates), and each figure is the
   median over rounds, with the spread shown: the machine may be shared.
 
-Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `torch path` is the
+Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `C (AVX-512)`
+(decode only, where `cpu_paged_attention_c` was built) is the same plan, then
+`paged_attention_cpu_planned`, which sends a decode step to the C kernel; `torch path` is the
 engine's plain `TorchAttention` (its decodes gathered through the block tables, then one `bmm` per
 KV head), run on the metadata the engine builds (`step_metadata`); `reference` is the plain-torch
 oracle the fast path falls back to without numba. Timings are printed, never asserted.
@@ -33,7 +35,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from nanovllm.kernels.cpu_paged_attention import cpu_fast_path_available, paged_attention_cpu
+from nanovllm.kernels import cpu_paged_attention_c
+from nanovllm.kernels.cpu_paged_attention import (
+    cpu_fast_path_available,
+    paged_attention_cpu,
+    paged_attention_cpu_planned,
+    plan_paged_attention_cpu,
+)
 from nanovllm.kernels.reference import paged_attention_ref
 
 Impl = Callable[..., torch.Tensor]
@@ -170,6 +178,24 @@ class TorchPath:
         return step_metadata(positions, q_lens, lens, tables, block_size)[1]
 
 
+def c_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_attention_cpu`'s work through the planned call, which sends a decode step to the C
+    kernel: planned in every call, as the numba row is."""
+    plan = plan_paged_attention_cpu(
+        key_cache, block_tables, seq_lens, query_start_loc, query.shape[0], query.shape[1]
+    )
+    return paged_attention_cpu_planned(query, key_cache, value_cache, plan, scale)
+
+
+C_DECODE = "C (AVX-512)"  # decode cases only
 COPY = "copy_ (256 MB)"  # the roofline's entry among the implementations of a round
 BASELINE = "torch path"  # what the "vs torch" column divides by
 
@@ -251,6 +277,7 @@ def cpu_attention_bench(quick: bool) -> None:
     prefill_cases = PREFILL_CASES[:1] if quick else PREFILL_CASES
     impls: dict[str, Impl] = {
         "in place (numba)": paged_attention_cpu,
+        **({C_DECODE: c_decode} if cpu_paged_attention_c.load() is not None else {}),
         # The kernel's first split of the work: an item per (query tile, KV head).
         "in place, 1 KV head/item": functools.partial(paged_attention_cpu, kv_per_item=1),
         BASELINE: TorchPath(),
@@ -282,6 +309,7 @@ def cpu_attention_bench(quick: bool) -> None:
     print(_fmt_table(headers, rows) + "\n")
 
     impls.pop(COPY)
+    impls.pop(C_DECODE, None)  # (it serves decode steps only)
     headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs torch", "max err"]
     rows = []
     for case in prefill_cases:
