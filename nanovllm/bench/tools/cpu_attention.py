@@ -75,6 +75,7 @@ def _decodes(
 
 EMBEDDED = dict(heads=4, kv_heads=2, layers=4, hidden=256)  # the model that ships in the package
 SMALL_LLAMA = dict(heads=12, layers=12, hidden=768)  # a ~100M-parameter Llama
+SMOLLM2 = dict(heads=9, kv_heads=3, layers=30, hidden=576)  # SmolLM2-135M
 
 DECODE_CASES = [
     _decodes("embedded: 64 decodes, ctx 100-500", 64, 100, 500, **EMBEDDED),
@@ -82,6 +83,7 @@ DECODE_CASES = [
     _decodes("100M kvh 4: 64 decodes, ctx 64-256", 64, 64, 256, kv_heads=4, **SMALL_LLAMA),
     _decodes("100M kvh 12: 16 decodes, ctx 64-256", 16, 64, 256, kv_heads=12, **SMALL_LLAMA),
     _decodes("100M kvh 12: 64 decodes, ctx 64-256", 64, 64, 256, kv_heads=12, **SMALL_LLAMA),
+    _decodes("SmolLM2-135M: 32 decodes, ctx 150-230", 32, 150, 230, **SMOLLM2),
 ]
 PREFILL_CASES = [
     Case("embedded: 256-token chunk after 256 cached", (512,), (256,), 4, 2, 4, 256),
@@ -266,7 +268,7 @@ def _first_call(name: str, fn: Callable[[], object]) -> str:
     return f"{name} {time.perf_counter() - t:.1f} s"
 
 
-def cpu_attention_bench(quick: bool) -> None:
+def cpu_attention_bench(quick: bool, case_filter: str | None = None) -> None:
     if not cpu_fast_path_available():
         print("numba is not installed: the fast path is the torch reference; nothing to compare")
         return
@@ -275,6 +277,9 @@ def cpu_attention_bench(quick: bool) -> None:
     rounds = 3 if quick else 7
     decode_cases = DECODE_CASES[:1] if quick else DECODE_CASES
     prefill_cases = PREFILL_CASES[:1] if quick else PREFILL_CASES
+    if case_filter is not None:  # (the cases whose label holds it, of all of them)
+        decode_cases = [c for c in DECODE_CASES if case_filter in c.label]
+        prefill_cases = [c for c in PREFILL_CASES if case_filter in c.label]
     impls: dict[str, Impl] = {
         "in place (numba)": paged_attention_cpu,
         **({C_DECODE: c_decode} if cpu_paged_attention_c.load() is not None else {}),
@@ -304,9 +309,10 @@ def cpu_attention_bench(quick: bool) -> None:
         rows += _table_rows(case, times, errors, kv_bytes(case) / 1e9, copy_rate)
         rows.append(["", "copy_ rate (read + write)", "", "", f"{copy_rate:.1f}", "100%", "", ""])
         print(f"  done: {case.label} ({kv_bytes(case) / 1e6:.1f} MB of K/V per layer)", flush=True)
-    print("\ndecode: ms per layer call; bytes of K/V read / time, and as a share of the copy_ rate")
-    print("measured in the same rounds")
-    print(_fmt_table(headers, rows) + "\n")
+    if rows:
+        print("\ndecode: ms per layer call; bytes of K/V read / time, and as a share of the copy_")
+        print("rate measured in the same rounds")
+        print(_fmt_table(headers, rows) + "\n")
 
     impls.pop(COPY)
     impls.pop(C_DECODE, None)  # (it serves decode steps only)
@@ -316,8 +322,11 @@ def cpu_attention_bench(quick: bool) -> None:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
         rows += _table_rows(case, times, errors, attention_flops(case) / 1e9, None)
         print(f"  done: {case.label}", flush=True)
-    print("\nprefill with cached context, and fresh prefills: ms per layer call, causal GFLOP/s")
-    print(_fmt_table(headers, rows))
+    if rows:
+        print(
+            "\nprefill with cached context, and fresh prefills: ms per layer call, causal GFLOP/s"
+        )
+        print(_fmt_table(headers, rows))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -353,11 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one case of each kind, 3 rounds")
     parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads")
+    parser.add_argument(
+        "--case", default=None, help="only the cases whose label holds this (e.g. SmolLM2)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cpu_attention_bench(args.quick)
+    cpu_attention_bench(args.quick, args.case)
     return 0
 
 
