@@ -6,7 +6,7 @@
  * block_tables[i] lists (position p: block block_tables[i][p / block_size], slot p % block_size).
  * Per query head h (KV head h / group) it computes, over the keys t it sees,
  *
- *     s_t = scale * q . k_t                 out = sum_t exp(s_t - max s) v_t / sum_t exp(s_t - max s)
+ *     s_t = scale * q . k_t          out = sum_t exp(s_t - max_u s_u) v_t / sum_t exp(s_t - max_u s_u)
  *
  * with the online softmax, over chunks of CHUNK = 16 consecutive positions (a chunk may span
  * blocks when block_size < 16, or be part of one when it is larger):
