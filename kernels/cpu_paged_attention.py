@@ -17,6 +17,10 @@ Two implementations, one contract:
   what the fast path is tested against, and what this function runs when the fast path cannot:
   numba missing (the one-line notice below says so, once per process) or another dtype.
 
+Within the fast path, `paged_attention_cpu_planned` sends a decode-only step (one query token per
+sequence, no window, no soft cap, head_dim a multiple of 16) to `cpu_paged_attention_c`, the same
+online softmax in C with AVX-512, where that library was built; the numba kernel serves the rest.
+
 `cpu_fast_path_available()` tells a caller, before it builds a batch, which of the two it gets.
 
 An engine calls attention once per layer with the same metadata. What the fast path works out
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nanovllm.kernels import checks
+from nanovllm.kernels import checks, cpu_paged_attention_c
 from nanovllm.kernels.reference import paged_attention_ref
 
 if TYPE_CHECKING:  # (numba is optional: the plan's type is only named here)
@@ -220,7 +224,9 @@ def paged_attention_cpu_planned(
     logits_soft_cap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim] float32
     """`paged_attention_cpu` with the metadata's work done once for the step (`plan`): per
-    call, only what the query and the caches can change is checked (the plan holds the rest)."""
+    call, only what the query and the caches can change is checked (the plan holds the rest).
+    A decode-only plan without window or soft cap (`cpu_paged_attention_c.applies`) runs the
+    C kernel where it was built (AVX-512), anything else the numba kernel."""
     if (
         query.dtype != torch.float32
         or query.dim() != 3
@@ -237,6 +243,9 @@ def paged_attention_cpu_planned(
             f"{key_cache.dtype}, {tuple(value_cache.shape)} {value_cache.dtype} do not fit the "
             f"plan ({plan.num_tokens} tokens, a float32 cache of shape {plan.cache_shape})"
         )
+    if cpu_paged_attention_c.applies(query, plan, logits_soft_cap):
+        # A decode-only step without window or cap: the C kernel (AVX-512), where it was built.
+        return cpu_paged_attention_c.attend(query, key_cache, value_cache, plan, scale)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     _numba_kernel().attend_planned(
         out.numpy(),

@@ -573,6 +573,33 @@ PLANTED_BUGS = [
         "Keys past the last whole group of four (visible % 4 of them) still count.",
     ),
     PlantedBug(
+        "c-decode-kernel-takes-as-many-tokens-as-sequences-for-a-decode",
+        "nanovllm/kernels/cpu_paged_attention_c.py",
+        "is_decode_plan",
+        (
+            (
+                "    return plan.num_tokens == len(plan.seq_lens) and np.array_equal(starts, "
+                "np.arange(len(starts), dtype=starts.dtype))\n",
+                "    return plan.num_tokens == len(plan.seq_lens)\n",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention_c.py",),
+        "Three tokens for three sequences is not a decode when one sequence has two of them.",
+    ),
+    PlantedBug(
+        "c-decode-kernel-serves-a-sliding-window",
+        "nanovllm/kernels/cpu_paged_attention_c.py",
+        "applies",
+        (
+            (
+                " and (plan.sliding_window is None)",
+                "",
+            ),
+        ),
+        ("tests/kernels/test_kernel_cpu_paged_attention_c.py",),
+        "The C kernel has no window: a sliding layer's decode must stay with numba.",
+    ),
+    PlantedBug(
         "packed-linear-drops-the-bias",
         "nanovllm/backends/cpu_linear.py",
         "linear",

@@ -31,6 +31,17 @@ def test_torch_path_is_the_attention_of_the_reference(case: cpu_attention.Case) 
         torch.testing.assert_close(torch_path(*args), paged_attention_ref(*args))
 
 
+@pytest.mark.skipif(
+    not cpu_attention.cpu_fast_path_available()
+    or cpu_attention.cpu_paged_attention_c.load() is None,
+    reason="no numba, or the C attention kernel is not built here",
+)
+def test_the_c_row_is_the_attention_of_the_reference() -> None:
+    case = cpu_attention.Case("decodes", (37, 5, 64, 17), (1, 1, 1, 1), 9, 3, 1, 256)
+    for args in cpu_attention.make_layers(case):
+        torch.testing.assert_close(cpu_attention.c_decode(*args), paged_attention_ref(*args))
+
+
 def replace_layers(case: cpu_attention.Case) -> cpu_attention.Case:
     """Two layers: the second call reuses the metadata built for the first."""
     return cpu_attention.Case(

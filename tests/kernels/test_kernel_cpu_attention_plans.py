@@ -1,13 +1,17 @@
 """The CPU paged attention planned once per step against the plain call that plans every time.
 
 `paged_attention_cpu_planned` with `plan_paged_attention_cpu`'s plan must give the bits of
-`paged_attention_cpu` (the same kernel, the same work split); `CpuAttention` must make one plan
+`paged_attention_cpu` (the same kernel, the same work split; a decode-only step, which the planned
+call sends to the C kernel where it is built, is compared here with that kernel turned off, and
+tested against the reference in test_kernel_cpu_paged_attention_c.py); `CpuAttention` must make one plan
 per step and configuration (`AttentionPlans`), and never run a step with an earlier step's plan:
 new block tables (a block appended, a preempted request back with other blocks) and grown
 sequence lengths must be read, or the output differs from the reference's.
 """
 
 from __future__ import annotations
+
+from unittest import mock
 
 import pytest
 import torch
@@ -19,6 +23,7 @@ from kernel_testing import BatchSpec, assert_close, batch_specs, build_batch
 from nanovllm.backends import cpu_attention_plans
 from nanovllm.backends.cpu import CpuAttention
 from nanovllm.backends.cpu_attention_plans import AttentionPlans
+from nanovllm.kernels import cpu_paged_attention_c
 from nanovllm.kernels.cpu_paged_attention import (
     cpu_fast_path_available,
     paged_attention_cpu,
@@ -70,7 +75,8 @@ def test_the_planned_call_gives_the_plain_calls_bits(spec, window, soft_cap) -> 
     b = build_batch(spec)
     q, kc, vc, bt, sl, qsl, scale = b.args()
     plan = plan_paged_attention_cpu(kc, bt, sl, qsl, q.shape[0], q.shape[1], sliding_window=window)
-    planned = paged_attention_cpu_planned(q, kc, vc, plan, scale, logits_soft_cap=soft_cap)
+    with mock.patch.object(cpu_paged_attention_c, "applies", return_value=False):  # numba's bits
+        planned = paged_attention_cpu_planned(q, kc, vc, plan, scale, logits_soft_cap=soft_cap)
     plain = paged_attention_cpu(*b.args(), sliding_window=window, logits_soft_cap=soft_cap)
     assert torch.equal(planned, plain)
 

@@ -15,7 +15,9 @@ To look like the engine at work, not like a loop over one cached tensor:
 - the implementations take turns within each round (the order rotates), and each figure is the
   median over rounds, with the spread shown: the machine may be shared.
 
-Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `torch path` is the
+Implementations: `in place (numba)` is `paged_attention_cpu`, the fast path; `C (AVX-512)`
+(decode only, where `cpu_paged_attention_c` was built) is the same plan, then
+`paged_attention_cpu_planned`, which sends a decode step to the C kernel; `torch path` is the
 engine's plain `TorchAttention` (its decodes gathered through the block tables, then one `bmm` per
 KV head), run on the metadata the engine builds (`step_metadata`); `reference` is the plain-torch
 oracle the fast path falls back to without numba. Timings are printed, never asserted.
@@ -33,7 +35,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from nanovllm.kernels.cpu_paged_attention import cpu_fast_path_available, paged_attention_cpu
+from nanovllm.kernels import cpu_paged_attention_c
+from nanovllm.kernels.cpu_paged_attention import (
+    cpu_fast_path_available,
+    paged_attention_cpu,
+    paged_attention_cpu_planned,
+    plan_paged_attention_cpu,
+)
 from nanovllm.kernels.reference import paged_attention_ref
 
 Impl = Callable[..., torch.Tensor]
@@ -67,6 +75,7 @@ def _decodes(
 
 EMBEDDED = dict(heads=4, kv_heads=2, layers=4, hidden=256)  # the model that ships in the package
 SMALL_LLAMA = dict(heads=12, layers=12, hidden=768)  # a ~100M-parameter Llama
+SMOLLM2 = dict(heads=9, kv_heads=3, layers=30, hidden=576)  # SmolLM2-135M
 
 DECODE_CASES = [
     _decodes("embedded: 64 decodes, ctx 100-500", 64, 100, 500, **EMBEDDED),
@@ -74,6 +83,7 @@ DECODE_CASES = [
     _decodes("100M kvh 4: 64 decodes, ctx 64-256", 64, 64, 256, kv_heads=4, **SMALL_LLAMA),
     _decodes("100M kvh 12: 16 decodes, ctx 64-256", 16, 64, 256, kv_heads=12, **SMALL_LLAMA),
     _decodes("100M kvh 12: 64 decodes, ctx 64-256", 64, 64, 256, kv_heads=12, **SMALL_LLAMA),
+    _decodes("SmolLM2-135M: 32 decodes, ctx 150-230", 32, 150, 230, **SMOLLM2),
 ]
 PREFILL_CASES = [
     Case("embedded: 256-token chunk after 256 cached", (512,), (256,), 4, 2, 4, 256),
@@ -170,6 +180,24 @@ class TorchPath:
         return step_metadata(positions, q_lens, lens, tables, block_size)[1]
 
 
+def c_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_attention_cpu`'s work through the planned call, which sends a decode step to the C
+    kernel: planned in every call, as the numba row is."""
+    plan = plan_paged_attention_cpu(
+        key_cache, block_tables, seq_lens, query_start_loc, query.shape[0], query.shape[1]
+    )
+    return paged_attention_cpu_planned(query, key_cache, value_cache, plan, scale)
+
+
+C_DECODE = "C (AVX-512)"  # decode cases only
 COPY = "copy_ (256 MB)"  # the roofline's entry among the implementations of a round
 BASELINE = "torch path"  # what the "vs torch" column divides by
 
@@ -240,7 +268,7 @@ def _first_call(name: str, fn: Callable[[], object]) -> str:
     return f"{name} {time.perf_counter() - t:.1f} s"
 
 
-def cpu_attention_bench(quick: bool) -> None:
+def cpu_attention_bench(quick: bool, case_filter: str | None = None) -> None:
     if not cpu_fast_path_available():
         print("numba is not installed: the fast path is the torch reference; nothing to compare")
         return
@@ -249,8 +277,12 @@ def cpu_attention_bench(quick: bool) -> None:
     rounds = 3 if quick else 7
     decode_cases = DECODE_CASES[:1] if quick else DECODE_CASES
     prefill_cases = PREFILL_CASES[:1] if quick else PREFILL_CASES
+    if case_filter is not None:  # (the cases whose label holds it, of all of them)
+        decode_cases = [c for c in DECODE_CASES if case_filter in c.label]
+        prefill_cases = [c for c in PREFILL_CASES if case_filter in c.label]
     impls: dict[str, Impl] = {
         "in place (numba)": paged_attention_cpu,
+        **({C_DECODE: c_decode} if cpu_paged_attention_c.load() is not None else {}),
         # The kernel's first split of the work: an item per (query tile, KV head).
         "in place, 1 KV head/item": functools.partial(paged_attention_cpu, kv_per_item=1),
         BASELINE: TorchPath(),
@@ -277,19 +309,24 @@ def cpu_attention_bench(quick: bool) -> None:
         rows += _table_rows(case, times, errors, kv_bytes(case) / 1e9, copy_rate)
         rows.append(["", "copy_ rate (read + write)", "", "", f"{copy_rate:.1f}", "100%", "", ""])
         print(f"  done: {case.label} ({kv_bytes(case) / 1e6:.1f} MB of K/V per layer)", flush=True)
-    print("\ndecode: ms per layer call; bytes of K/V read / time, and as a share of the copy_ rate")
-    print("measured in the same rounds")
-    print(_fmt_table(headers, rows) + "\n")
+    if rows:
+        print("\ndecode: ms per layer call; bytes of K/V read / time, and as a share of the copy_")
+        print("rate measured in the same rounds")
+        print(_fmt_table(headers, rows) + "\n")
 
     impls.pop(COPY)
+    impls.pop(C_DECODE, None)  # (it serves decode steps only)
     headers = ["case", "implementation", "ms", "range", "GFLOP/s", "vs torch", "max err"]
     rows = []
     for case in prefill_cases:
         times, errors = measure(case, impls, rounds), max_error(case, impls)
         rows += _table_rows(case, times, errors, attention_flops(case) / 1e9, None)
         print(f"  done: {case.label}", flush=True)
-    print("\nprefill with cached context, and fresh prefills: ms per layer call, causal GFLOP/s")
-    print(_fmt_table(headers, rows))
+    if rows:
+        print(
+            "\nprefill with cached context, and fresh prefills: ms per layer call, causal GFLOP/s"
+        )
+        print(_fmt_table(headers, rows))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -325,11 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one case of each kind, 3 rounds")
     parser.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads")
+    parser.add_argument(
+        "--case", default=None, help="only the cases whose label holds this (e.g. SmolLM2)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cpu_attention_bench(args.quick)
+    cpu_attention_bench(args.quick, args.case)
     return 0
 
 
