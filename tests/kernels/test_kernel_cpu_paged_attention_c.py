@@ -172,7 +172,46 @@ def test_what_it_does_not_serve_goes_to_numba_with_the_right_answer(case) -> Non
     assert_within_float32(out, expected)
 
 
-@needs_c
+needs_numba = pytest.mark.skipif(not cpu_fast_path_available(), reason="no numba (no plans)")
+
+
+@needs_numba
+@pytest.mark.parametrize(
+    "case, served",
+    [
+        ("decode", True),
+        ("prefill", False),
+        ("a 0-token sequence", False),
+        ("sliding window", False),
+        ("soft cap", False),
+        ("head_dim 72", False),
+        ("bfloat16", False),
+    ],
+)
+def test_which_calls_it_serves_on_any_cpu(monkeypatch, case, served) -> None:
+    """`applies`, with the library standing in where the CPU cannot build it: only a
+    decode-only float32 plan without window or cap, head_dim a multiple of 16."""
+    monkeypatch.setattr(cpu_paged_attention_c, "load", lambda: object())
+    seq_lens, q_lens, head_dim = [30, 9, 17], None, 64
+    window, cap = (8 if case == "sliding window" else None), (5.0 if case == "soft cap" else None)
+    if case == "prefill":
+        q_lens = seq_lens
+    elif case == "a 0-token sequence":  # as many tokens as sequences, but not one each
+        q_lens = [2, 0, 1]
+    elif case == "head_dim 72":
+        head_dim = 72
+    q, _, _, tables, lens, starts, clean_k, _ = decode_batch(
+        seq_lens, 4, 2, 3, head_dim, seed=4, q_lens=q_lens
+    )
+    if case == "bfloat16":
+        q = q.to(torch.bfloat16)
+    plan = plan_paged_attention_cpu(
+        clean_k, tables, lens, starts, q.shape[0], q.shape[1], sliding_window=window
+    )
+    assert cpu_paged_attention_c.applies(q, plan, cap) is served
+
+
+@needs_numba
 def test_is_decode_plan_reads_the_query_starts() -> None:
     q, kc, *_ = decode_batch([3, 4], 4, 1, 1, 16, seed=3)
     starts = torch.tensor([0, 1, 2], dtype=torch.int32)
