@@ -39,6 +39,16 @@ def test_a_packed_tensor_answers_as_the_file_s_blocks_do(qtype):
     assert torch.equal(packed.dequantize(), weight.dequantize())
 
 
+def test_loading_into_a_packed_weight_is_a_clear_error():
+    weight = QuantizedTensor(torch.from_numpy(random_blocks(40, 3, "Q8_0", 1)), "Q8_0", 96)
+    packed = VnniPackedTensor(weight)
+    with pytest.raises(ValueError, match=r"narrow on a Q8_0 weight \(40, 96\) packed"):
+        packed.narrow(0, 0, 8)
+    with pytest.raises(ValueError, match="copy_ on a Q8_0 weight .* read-only"):
+        packed.copy_(weight)
+    assert torch.equal(packed.raw, weight.raw)  # (unchanged)
+
+
 @pytest.mark.parametrize("qtype", list(cpu_quantized_matmul_vnni.QTYPES))
 @pytest.mark.parametrize("rows", [1, 5, 100])
 def test_the_int8_layers_multiply_by_it_as_by_the_file_s_blocks(qtype, rows):

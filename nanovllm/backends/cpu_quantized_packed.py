@@ -28,9 +28,9 @@ from nanovllm.models.gguf_quants import QuantizedTensor
 class VnniPackedTensor:
     """A weight [out, in] in Q8_0, Q4_0 or Q4_1 as the VNNI kernel's panels (`pack`'s bytes).
 
-    Read-only: the weight loaders' `narrow` and `copy_` are not offered (a model is loaded, then
-    packed). `raw` unpacks every row (the file's layout again) for code that wants the file's
-    bytes; the layers do not use it.
+    Read-only: a model is loaded, then packed, so the weight loaders' `narrow` and `copy_` raise
+    a ValueError that says so. `raw` unpacks every row (the file's layout again) for code that
+    wants the file's bytes; the layers do not use it.
     """
 
     def __init__(self, weight: QuantizedTensor) -> None:
@@ -38,6 +38,19 @@ class VnniPackedTensor:
         self.shape = weight.shape
         # [panels * 32, row bytes] uint8
         self.packed = cpu_quantized_matmul_vnni.pack(weight.raw, weight.qtype)
+
+    def narrow(self, dim: int, start: int, length: int) -> QuantizedTensor:
+        raise ValueError(self._read_only("narrow"))
+
+    def copy_(self, src: object) -> VnniPackedTensor:
+        raise ValueError(self._read_only("copy_"))
+
+    def _read_only(self, what: str) -> str:
+        return (
+            f"{what} on a {self.qtype} weight {tuple(self.shape)} packed for the VNNI kernel: "
+            "packed weights are read-only; load the weights before the backend's prepare_model "
+            "packs them"
+        )
 
     @property
     def nbytes(self) -> int:
