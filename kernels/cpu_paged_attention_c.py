@@ -37,7 +37,6 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from nanovllm.kernels.cpu_quantized_matmul_int8 import _cpu_flags, compile_library
@@ -85,15 +84,6 @@ def load() -> ctypes.CDLL | None:
     return _build(_cpu_flags())
 
 
-def is_decode_plan(plan: AttentionPlan) -> bool:
-    """Whether every sequence of the plan has exactly one query token (query_start_loc is
-    0, 1, .., num_seqs)."""
-    starts = plan.query_start_loc
-    return plan.num_tokens == len(plan.seq_lens) and np.array_equal(
-        starts, np.arange(len(starts), dtype=starts.dtype)
-    )
-
-
 def applies(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     plan: AttentionPlan,
@@ -107,7 +97,7 @@ def applies(
         and plan.sliding_window is None
         and logits_soft_cap is None
         and load() is not None
-        and is_decode_plan(plan)
+        and plan.decode_only
     )
 
 

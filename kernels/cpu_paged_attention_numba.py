@@ -388,6 +388,7 @@ class AttentionPlan(NamedTuple):
     kv_per_item: int
     num_threads: int  # numba threads for `attend`
     sliding_window: int | None
+    decode_only: bool  # every sequence has exactly one query token (query_start_loc 0, 1, ..)
 
 
 def plan_attention(
@@ -453,6 +454,8 @@ def plan_attention(
         kv_per_item,
         num_threads,
         sliding_window,
+        num_tokens == len(seq_lens)
+        and np.array_equal(query_start_loc, np.arange(len(query_start_loc), dtype=np.int32)),
     )
 
 

@@ -574,13 +574,13 @@ PLANTED_BUGS = [
     ),
     PlantedBug(
         "c-decode-kernel-takes-as-many-tokens-as-sequences-for-a-decode",
-        "nanovllm/kernels/cpu_paged_attention_c.py",
-        "is_decode_plan",
+        "nanovllm/kernels/cpu_paged_attention_numba.py",
+        "plan_attention",
         (
             (
-                "    return plan.num_tokens == len(plan.seq_lens) and np.array_equal(starts, "
-                "np.arange(len(starts), dtype=starts.dtype))\n",
-                "    return plan.num_tokens == len(plan.seq_lens)\n",
+                "num_tokens == len(seq_lens) and np.array_equal(query_start_loc, "
+                "np.arange(len(query_start_loc), dtype=np.int32)))",
+                "num_tokens == len(seq_lens))",
             ),
         ),
         ("tests/kernels/test_kernel_cpu_paged_attention_c.py",),

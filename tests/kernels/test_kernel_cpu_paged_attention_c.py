@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from unittest import mock
 
-import numpy as np
 import pytest
 import torch
 from budget import examples
@@ -212,14 +211,15 @@ def test_which_calls_it_serves_on_any_cpu(monkeypatch, case, served) -> None:
 
 
 @needs_numba
-def test_is_decode_plan_reads_the_query_starts() -> None:
+def test_the_plan_says_decode_only_from_the_query_starts() -> None:
     q, kc, *_ = decode_batch([3, 4], 4, 1, 1, 16, seed=3)
-    starts = torch.tensor([0, 1, 2], dtype=torch.int32)
     tables = torch.tensor([[0], [1]], dtype=torch.int32)
+    starts = torch.tensor([0, 1, 2], dtype=torch.int32)
     plan = plan_paged_attention_cpu(kc, tables, torch.tensor([3, 4]), starts, 2, 1)
-    assert cpu_paged_attention_c.is_decode_plan(plan)
-    plan = plan._replace(query_start_loc=np.array([0, 2, 2], np.int32))
-    assert not cpu_paged_attention_c.is_decode_plan(plan)
+    assert plan.decode_only
+    starts = torch.tensor([0, 2, 2], dtype=torch.int32)  # two tokens, one sequence without any
+    plan = plan_paged_attention_cpu(kc, tables, torch.tensor([3, 4]), starts, 2, 1)
+    assert not plan.decode_only
 
 
 def test_a_cpu_without_avx512f_gets_one_notice_and_no_library(caplog) -> None:
