@@ -48,7 +48,10 @@ def test_sigterm_drains_streams_then_exits_0(long_model):
         long_model, "--shutdown-timeout", str(WINDOW_S), "--log-level", "warning"
     )
     try:
-        streams = {"medium": 150, "long-1": 3000, "long-2": 3000}
+        # The long streams start first and the medium one last, with SIGTERM sent as soon as
+        # its first chunk arrives: the medium stream then cannot finish before the signal
+        # however slowly the others were admitted (a loaded CI machine once let it).
+        streams = {"long-1": 3000, "long-2": 3000, "medium": 150}
         lines: dict[str, list[str]] = {name: [] for name in streams}
         threads = []
         for name, max_tokens in streams.items():
