@@ -27,10 +27,15 @@ from nanovllm.backends.cpu_linear import (
     prepack_linear_weights,
     unpack_linear_weights,
 )
+from nanovllm.kernels import cpu_linear_c
 
-# The libraries this torch can pack for: oneDNN always (else the module is skipped), MKL where
-# its packing passes the engine's check.
-LIBRARIES = ["onednn"] + (["mkl"] if cpu_linear.mkl_packs_for_any_rows() else [])
+# The libraries this machine can pack for: oneDNN always (else the module is skipped), MKL where
+# its packing passes the engine's check, our C panels kernel where it builds (AVX-512).
+LIBRARIES = (
+    ["onednn"]
+    + (["mkl"] if cpu_linear.mkl_packs_for_any_rows() else [])
+    + (["c"] if cpu_linear_c.load() is not None else [])
+)
 
 pytestmark = pytest.mark.skipif(
     not can_prepack(torch.zeros(1, 1)), reason="this torch has no oneDNN on the CPU"
@@ -104,9 +109,28 @@ def test_the_mkl_check_refuses_a_product_that_is_wrong(monkeypatch) -> None:
     ],
 )
 def test_mkl_packs_only_on_an_intel_cpu(vendor, mkl_passes, library, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_linear_c, "load", lambda: None)  # (the C kernel: tested below)
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(cpu_linear, "mkl_packs_for_any_rows", lambda: mkl_passes)
     assert cpu_linear.packing_library() == library
+
+
+@pytest.mark.parametrize(
+    "vendor,builds,library",
+    [
+        ("AuthenticAMD", True, "c"),
+        ("AuthenticAMD", False, "onednn"),  # no AVX-512 or no compiler: as before
+        ("", True, "c"),
+        ("GenuineIntel", True, None),  # not measured on Intel: MKL or oneDNN stay
+    ],
+)
+def test_the_c_kernel_packs_where_it_builds_on_a_cpu_that_is_not_intels(
+    vendor, builds, library, monkeypatch
+) -> None:
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_linear_c, "load", lambda: object() if builds else None)
+    monkeypatch.setattr(cpu_linear, "mkl_packs_for_any_rows", lambda: False)
+    assert cpu_linear.packing_library() == (library or "onednn")
 
 
 def test_the_vendor_is_read_from_proc_cpuinfo() -> None:

@@ -23,6 +23,10 @@ rows, against `F.linear`), and packs for oneDNN instead if the check fails or to
 m matters to speed: packed for one row, the 30 layers of SmolLM2 took 1.3-1.4x longer at 32 rows
 than packed for 32 or 256.
 
+**Our own kernel, on a CPU that is not Intel's.** `cpu_linear_c` packs a weight into panels of
+32 output features and multiplies 8 rows by a panel with its accumulators in registers; where
+it builds (AVX-512) on a non-Intel CPU, `packing_library()` picks it ("c").
+
 vLLM's CPU backend packs too (`dispatch_cpu_unquantized_gemm`: a oneDNN matmul handle made
 once per layer; it can also free the plain weight, which we keep, see below). The CPU backend
 builds the model with the packed versions of the engine's linear layers and LM head
@@ -75,6 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nanovllm.kernels import cpu_linear_c
 from nanovllm.models.embedding import ParallelLMHead
 from nanovllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.models.model_layers import ModelLayers
@@ -115,8 +120,8 @@ MKL_PACK_ROWS = 256
 class PackedWeight(NamedTuple):
     """A linear weight reordered once for one library's matmul kernels."""
 
-    library: str  # "mkl" or "onednn": the only library whose matmul can read `tensor`
-    tensor: torch.Tensor  # opaque (no strides): the reordered copy of the weight
+    library: str  # "c", "mkl" or "onednn": the only library whose matmul can read `tensor`
+    tensor: torch.Tensor  # the reordered copy of the weight (opaque, no strides, but for "c")
 
 
 @functools.cache
@@ -156,9 +161,12 @@ def packing_library() -> str:
     """The library that packs and multiplies on this machine: MKL on an Intel CPU where it
     passes the check above, else oneDNN. MKL picks its fastest kernels for Intel's CPUs only:
     on an AMD EPYC (Zen 4) its packed sgemm took 2.0x oneDNN's time for SmolLM2's 30 layers at
-    32 rows (nanovllm/bench/README.md, "MKL's packed sgemm")."""
+    32 rows (nanovllm/bench/README.md, "MKL's packed sgemm"). On a CPU that is not Intel's, the
+    C panels kernel (`cpu_linear_c`) where it builds (AVX-512): on the same AMD EPYC it took
+    0.80x oneDNN's time at 32 rows and the same at 2,048 (kernels/README.md, "A C linear
+    layer"); it was not measured on an Intel CPU, so there MKL or oneDNN stay."""
     if cpu_vendor() != "GenuineIntel":
-        return "onednn"
+        return "c" if cpu_linear_c.load() is not None else "onednn"
     return "mkl" if mkl_packs_for_any_rows() else "onednn"
 
 
@@ -168,6 +176,8 @@ def pack_weight(
     rows: int = MKL_PACK_ROWS,  # (MKL only) the rows of x it is packed for: see above
 ) -> PackedWeight:
     """`weight` reordered once for `library`'s matmul kernels."""
+    if library == "c":
+        return PackedWeight(library, cpu_linear_c.pack(weight))
     if library == "mkl":
         return PackedWeight(library, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
     return PackedWeight(library, torch.ops.mkldnn._reorder_linear_weight(weight))
@@ -182,6 +192,8 @@ def linear(
     """x W^T + b: through the packed weight when there is one, else `F.linear`."""
     if packed is None:
         return F.linear(x, weight, bias)
+    if packed.library == "c":
+        return cpu_linear_c.linear(x, packed.tensor, weight.shape[0], bias)
     if packed.library == "mkl":
         # The last argument is the row count the packing is used for: x's own (see above).
         rows = x.numel() // x.shape[-1]
