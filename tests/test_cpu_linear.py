@@ -222,8 +222,10 @@ def test_the_packing_benchmark_prints_every_way_side_by_side(capsys, monkeypatch
     tool.main()
     out = capsys.readouterr().out
     header, row = out.splitlines()[-2:]
-    ways = ["F.linear", "oneDNN"] + (
-        ["MKL, packed for 256", "MKL, packed for 1"] * ("mkl" in LIBRARIES)
+    ways = (
+        ["F.linear", "oneDNN"]
+        + ["MKL, packed for 256", "MKL, packed for 1"] * ("mkl" in LIBRARIES)
+        + ["C panels"] * ("c" in LIBRARIES)
     )
     assert all(way in header for way in ways)
     # One cell per way: milliseconds and the speed-up over oneDNN's (itself 1.00x).

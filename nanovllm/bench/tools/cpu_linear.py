@@ -10,7 +10,8 @@ row count, the milliseconds one pass took (the median of 8) through:
 - `F.linear` on the plain weights;
 - oneDNN's product with prepacked weights;
 - MKL's packed sgemm, the weights packed for 256 rows (what the engine runs), and packed for one
-  row (to show that the row count MKL packs for matters to speed).
+  row (to show that the row count MKL packs for matters to speed);
+- our C kernel's panels (`kernels/cpu_linear_c`), where it builds (AVX-512).
 
 and each one's speed-up over oneDNN's, side by side in one run. The figures on the team's
 machine are in nanovllm/bench/README.md ("MKL's packed sgemm").
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from nanovllm.backends import cpu_linear
 from nanovllm.backends.cpu_linear import linear, pack_weight
+from nanovllm.kernels import cpu_linear_c
 
 # [out, in] of one decoder layer's four linear weights: SmolLM2-135M's.
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
@@ -69,6 +71,8 @@ def main() -> None:
             ways[f"MKL, packed for {pack_rows}"] = (packed_product, packed("mkl", pack_rows))
     else:
         print("MKL's packed sgemm is not usable here (see backends/cpu_linear.py)")
+    if cpu_linear_c.load() is not None:
+        ways["C panels"] = (packed_product, packed("c"))
     print(
         f"{args.layers} layers of SmolLM2-135M's linear shapes, float32, "
         f"{torch.get_num_threads()} threads: ms per pass (speed-up over oneDNN)"
