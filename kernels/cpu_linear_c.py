@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 
 import torch
 
-from nanovllm.kernels.cpu_quantized_matmul_int8 import _cpu_flags, compile_library
-
-logger = logging.getLogger("nanovllm.kernels")
+from nanovllm.kernels.cpu_quantized_matmul_int8 import _cpu_flags, build_for_cpu
 
 SOURCE = Path(__file__).with_suffix(".c")
 PANEL = 32  # output features per panel (the C file's PANEL)
@@ -38,17 +34,11 @@ PANEL = 32  # output features per panel (the C file's PANEL)
 
 def _build(cpu_flags: str) -> ctypes.CDLL | None:
     """The library built for a CPU with these /proc/cpuinfo flags; else None, with one notice."""
-    try:
-        if "avx512f" not in cpu_flags.split():
-            raise OSError("the CPU does not list avx512f")
-        lib = ctypes.CDLL(str(compile_library(SOURCE, [])))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        logger.warning(
-            "nanovllm: the C linear kernel (AVX-512) is not used (%s); linear layers use "
-            "oneDNN's packed matmul instead.",
-            str(detail).strip()[:300],
-        )
+    lib = build_for_cpu(
+        SOURCE, cpu_flags, "avx512f", "the C linear kernel (AVX-512)",
+        "linear layers use oneDNN's packed matmul",
+    )  # fmt: skip
+    if lib is None:
         return None
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.linear_panels.argtypes = [pointer] * 4 + [i64] * 3 + [ctypes.c_int]

@@ -32,19 +32,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from nanovllm.kernels.cpu_quantized_matmul_int8 import _cpu_flags, compile_library
+from nanovllm.kernels.cpu_quantized_matmul_int8 import _cpu_flags, build_for_cpu
 
 if TYPE_CHECKING:  # (numba is optional: the plan's type is only named here)
     from nanovllm.kernels.cpu_paged_attention_numba import AttentionPlan
 
-logger = logging.getLogger("nanovllm.kernels")
 
 SOURCE = Path(__file__).with_suffix(".c")
 
@@ -52,17 +49,11 @@ SOURCE = Path(__file__).with_suffix(".c")
 def _build(cpu_flags: str) -> ctypes.CDLL | None:
     """The library built for a CPU with these /proc/cpuinfo lines; else None, with one notice
     saying why."""
-    try:
-        if "avx512f" not in cpu_flags.split():
-            raise OSError("the CPU does not list avx512f")
-        lib = ctypes.CDLL(str(compile_library(SOURCE, [])))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        logger.warning(
-            "nanovllm: the C decode attention kernel (AVX-512) is not used (%s); decode steps "
-            "use the numba kernel (cpu_paged_attention_numba) instead.",
-            str(detail).strip()[:300],
-        )
+    lib = build_for_cpu(
+        SOURCE, cpu_flags, "avx512f", "the C decode attention kernel (AVX-512)",
+        "decode steps use the numba kernel (cpu_paged_attention_numba)",
+    )  # fmt: skip
+    if lib is None:
         return None
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.paged_attention_decode_c.argtypes = (

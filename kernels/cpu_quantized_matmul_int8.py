@@ -84,6 +84,23 @@ def compile_library(source: Path, flags: list[str]) -> Path:
     return library
 
 
+def build_for_cpu(
+    source: Path, cpu_flags: str, needs: str, kernel: str, instead: str
+) -> ctypes.CDLL | None:
+    """`source` built and loaded for a CPU with these /proc/cpuinfo lines, which must list the
+    flag `needs`; else None, with one notice that `kernel` is not used and `instead` is."""
+    try:
+        if needs not in cpu_flags.split():
+            raise OSError(f"the CPU does not list {needs}")
+        return ctypes.CDLL(str(compile_library(source, [])))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        logger.warning(
+            "nanovllm: %s is not used (%s); %s instead.", kernel, str(detail).strip()[:300], instead
+        )
+        return None
+
+
 ISAS = {2: "AVX-512 VNNI", 1: "AVX2", 0: "plain C loops"}  # kernel_isa()'s codes
 
 

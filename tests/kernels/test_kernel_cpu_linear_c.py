@@ -9,6 +9,8 @@ derived bound, not a tolerance picked to pass. The packing's oracle is its torch
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from budget import examples
@@ -100,3 +102,12 @@ def test_bad_arguments_are_named() -> None:
         cpu_linear_c.linear(torch.randn(3, 24), panels, 40, torch.randn(39))
     with pytest.raises(ValueError, match="packs a 2-D float32 CPU weight, not torch.bfloat16"):
         cpu_linear_c.pack(w.bfloat16())
+
+
+def test_a_cpu_without_avx512f_gets_one_notice_and_no_library(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="nanovllm.kernels"):
+        lib = cpu_linear_c._build("flags : fpu sse2 avx avx2 fma")
+    assert lib is None
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "does not list avx512f" in notices[0], notices
+    assert "oneDNN's packed matmul instead" in notices[0]
