@@ -163,7 +163,7 @@ def packing_library() -> str:
     on an AMD EPYC (Zen 4) its packed sgemm took 2.0x oneDNN's time for SmolLM2's 30 layers at
     32 rows (nanovllm/bench/README.md, "MKL's packed sgemm"). On a CPU that is not Intel's, the
     C panels kernel (`cpu_linear_c`) where it builds (AVX-512): on the same AMD EPYC it took
-    0.80x oneDNN's time at 32 rows and the same at 2,048 (kernels/README.md, "A C linear
+    0.80x oneDNN's time at 32 rows and 0.99-1.04x at 2,048 (kernels/README.md, "A C linear
     layer"); it was not measured on an Intel CPU, so there MKL or oneDNN stay."""
     if cpu_vendor() != "GenuineIntel":
         return "c" if cpu_linear_c.load() is not None else "onednn"
