@@ -223,7 +223,12 @@ def decode(fakes) -> tuple[Fake, ServerThread]:
 
 @pytest.fixture
 def proxy(fakes, prefill, decode) -> ServerThread:
-    return fakes["proxy"][1]
+    """The module's proxy, its routing fresh: its /health polls prefill now, so a prefill that
+    an earlier test made answer 503 is used again at once (the watcher's next poll may be
+    seconds away, and a request sent before it would skip prefill)."""
+    server = fakes["proxy"][1]
+    assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+    return server
 
 
 def proxy_of(prefill_url: str, decode_url: str, **kwargs: Any) -> ServerThread:
@@ -586,7 +591,9 @@ def test_a_client_leaving_a_non_streamed_request_closes_the_upstream_one(
     async def leave() -> None:
         async with httpx.AsyncClient() as client:
             task = asyncio.create_task(client.post(proxy.url + "/v1/completions", json=BODY))
+            deadline = time.monotonic() + WAIT_S
             while not fake.received:
+                assert time.monotonic() < deadline, f"the {waiting_on} server got no request"
                 await asyncio.sleep(0.005)
             task.cancel()  # closes the connection
             await asyncio.gather(task, return_exceptions=True)
