@@ -35,7 +35,7 @@ PANEL = 32  # output features per panel (the C file's PANEL)
 def _build(cpu_flags: str) -> ctypes.CDLL | None:
     """The library built for a CPU with these /proc/cpuinfo flags; else None, with one notice."""
     lib = build_for_cpu(
-        SOURCE, cpu_flags, "avx512f", "the C linear kernel (AVX-512)",
+        SOURCE, cpu_flags, ("avx512f",), "the C linear kernel (AVX-512)",
         "linear layers use oneDNN's packed matmul",
     )  # fmt: skip
     if lib is None:
@@ -91,7 +91,7 @@ def linear(
     if (
         x.dtype != torch.float32
         or x.shape[-1] != in_features
-        or panels.shape[0] * PANEL < out_features
+        or panels.shape[0] != -(-out_features // PANEL)
     ):
         raise ValueError(
             f"x {x.dtype} {tuple(x.shape)} does not fit panels {tuple(panels.shape)} for "

@@ -50,7 +50,7 @@ def _build(cpu_flags: str) -> ctypes.CDLL | None:
     """The library built for a CPU with these /proc/cpuinfo lines; else None, with one notice
     saying why."""
     lib = build_for_cpu(
-        SOURCE, cpu_flags, "avx512f", "the C decode attention kernel (AVX-512)",
+        SOURCE, cpu_flags, ("avx512f",), "the C decode attention kernel (AVX-512)",
         "decode steps use the numba kernel (cpu_paged_attention_numba)",
     )  # fmt: skip
     if lib is None:

@@ -85,13 +85,14 @@ def compile_library(source: Path, flags: list[str]) -> Path:
 
 
 def build_for_cpu(
-    source: Path, cpu_flags: str, needs: str, kernel: str, instead: str
+    source: Path, cpu_flags: str, needs: tuple[str, ...], kernel: str, instead: str
 ) -> ctypes.CDLL | None:
-    """`source` built and loaded for a CPU with these /proc/cpuinfo lines, which must list the
-    flag `needs`; else None, with one notice that `kernel` is not used and `instead` is."""
+    """`source` built and loaded for a CPU with these /proc/cpuinfo lines, which must list every
+    flag in `needs`; else None, with one notice that `kernel` is not used and `instead` is."""
     try:
-        if needs not in cpu_flags.split():
-            raise OSError(f"the CPU does not list {needs}")
+        missing = set(needs) - set(cpu_flags.split())
+        if missing:
+            raise OSError(f"the CPU does not list {' '.join(sorted(missing))}")
         return ctypes.CDLL(str(compile_library(source, [])))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e

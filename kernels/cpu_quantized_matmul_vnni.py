@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 
 import torch
@@ -54,13 +52,11 @@ import torch
 from nanovllm.kernels.cpu_quantized_matmul_int8 import (
     BLOCK,
     _cpu_flags,
+    build_for_cpu,
     check_blocks,
-    compile_library,
     eager_float32_on_cpu,
     matmul_rounding_x_in_c,
 )
-
-logger = logging.getLogger("nanovllm.kernels")
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the C file's codes
 SOURCE = Path(__file__).with_suffix(".c")
@@ -71,18 +67,12 @@ PANEL = 32  # features in a panel (the C file's NR)  # (for quantized_kernel_nam
 def _build(cpu_flags: str) -> ctypes.CDLL | None:
     """The library built for a CPU with these /proc/cpuinfo lines; else None, with one notice
     saying why."""
-    try:
-        missing = {"avx512_vnni", "avx512bw", "avx512f"} - set(cpu_flags.split())
-        if missing:
-            raise OSError(f"the CPU does not list {' '.join(sorted(missing))}")
-        lib = ctypes.CDLL(str(compile_library(SOURCE, [])))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        logger.warning(
-            "nanovllm: the VNNI int8 matmul (16 features a vector) is not used (%s); int8 "
-            "activations use the row-by-row int8 kernel (cpu_quantized_matmul_int8) instead.",
-            str(detail).strip()[:300],
-        )
+    lib = build_for_cpu(
+        SOURCE, cpu_flags, ("avx512_vnni", "avx512bw", "avx512f"),
+        "the VNNI int8 matmul (16 features a vector)",
+        "int8 activations use the row-by-row int8 kernel (cpu_quantized_matmul_int8)",
+    )  # fmt: skip
+    if lib is None:
         return None
     pointer, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.quantized_matmul_vnni.argtypes = [pointer] * 3 + [i64, i64, i64, c_int, c_int]

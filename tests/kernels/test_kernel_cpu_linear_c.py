@@ -98,6 +98,8 @@ def test_bad_arguments_are_named() -> None:
         cpu_linear_c.linear(torch.randn(3, 24, dtype=torch.float64), panels, 40)
     with pytest.raises(ValueError, match="for 65 output features"):
         cpu_linear_c.linear(torch.randn(3, 24), panels, 65)
+    with pytest.raises(ValueError, match="for 20 output features"):  # panels of another weight
+        cpu_linear_c.linear(torch.randn(3, 24), panels, 20)
     with pytest.raises(ValueError, match=r"bias torch.float32 \(39,\)"):
         cpu_linear_c.linear(torch.randn(3, 24), panels, 40, torch.randn(39))
     with pytest.raises(ValueError, match="packs a 2-D float32 CPU weight, not torch.bfloat16"):
